@@ -1,0 +1,85 @@
+// Quantized KV cache for transformer inference (contract used by src/llm; implemented in
+// src/kv). One table of formats (kv_types), each selectable independently for K and V.
+//
+// Data layout handed in and out: for one layer, k/v are n_tokens * n_kv_heads * head_dim
+// floats, token-major then head (exactly what a fused QKV projection produces after RoPE).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tq {
+
+// Cache element formats. Names: f32 f16 q8_0 q4_0 q8_0h q4_0h tq1..tq8 tq2.5 tq3.5 tq3p tq4p.
+struct KvType {
+  uint8_t id = 0;  // index into the format table
+  bool operator==(const KvType& o) const noexcept { return id == o.id; }
+  bool operator!=(const KvType& o) const noexcept { return id != o.id; }
+};
+KvType parse_kv_type(const std::string& name);  // unknown: tq::Error listing the valid names
+std::string kv_type_name(KvType t);
+std::vector<std::string> kv_type_names();
+KvType kv_f16();
+// Bytes to store one head vector of head_dim values in format t (norms/scales included);
+// throws tq::Error when the type does not support head_dim.
+size_t kv_type_bytes(KvType t, int head_dim);
+
+struct KvCacheConfig {
+  int n_layers = 1;
+  int n_kv_heads = 1;
+  int head_dim = 128;
+  int max_tokens = 4096;          // capacity; appending past it is a tq::Error
+  std::string type_k = "f16";
+  std::string type_v = "f16";
+  int window = 0;                 // most recent tokens kept in f16, quantized on leaving
+  int boundary_layers = 0;        // first and last N layers use the boundary types
+  std::string boundary_type_k = "f16";
+  std::string boundary_type_v = "f16";
+  uint64_t seed = 0x5eed;         // rotations
+};
+
+class KvCache {
+ public:
+  explicit KvCache(const KvCacheConfig& cfg);
+  ~KvCache();
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+
+  const KvCacheConfig& config() const noexcept;
+  // Append n_tokens tokens to one layer (quantized on write, or into the f16 window).
+  // k, v: n_tokens * n_kv_heads * head_dim floats.
+  void append(int layer, int n_tokens, const float* k, const float* v);
+  int n_tokens(int layer) const;
+  void clear();  // drop all tokens, keep allocations
+  // Exact storage cost of one token over all layers, K and V, norms/scales included,
+  // as it will be once it has left the window (the window's f16 rows are reported apart).
+  double bytes_per_token() const;
+  size_t bytes_used() const;  // everything held now
+
+  struct Impl;
+  Impl& impl() noexcept { return *impl_; }
+  const Impl& impl() const noexcept { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+struct AttentionParams {
+  int n_heads = 1;        // query heads; a multiple of n_kv_heads (GQA)
+  float scale = 0;        // 0: 1/sqrt(head_dim)
+  int pos0 = -1;          // absolute position of the first query; -1: n_tokens - n_q
+  int n_threads = 0;      // 0: OpenMP default
+};
+
+// Causal attention of n_q queries against one layer of the cache: query i (at absolute
+// position pos0 + i) attends to cache tokens 0..pos0+i. q, out: n_q * n_heads * head_dim.
+void attention(const KvCache& cache, int layer, int n_q, const float* q, float* out,
+               const AttentionParams& p);
+// Reference: dequantize every cached row, then exact f32 attention. The test oracle.
+void attention_ref(const KvCache& cache, int layer, int n_q, const float* q, float* out,
+                   const AttentionParams& p);
+
+}  // namespace tq

@@ -1,0 +1,30 @@
+// SIMD level selection. Kernels are chosen per batch call through Highway's dynamic
+// dispatch (HWY_DYNAMIC_DISPATCH); the scalar reference (`*_ref`) is used instead when
+// the level is "scalar". The initial level comes from the environment variable TQ_SIMD
+// (scalar | sse4 | avx2 | avx3 | avx3_dl | auto); tests switch levels with set_level().
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace tq::simd {
+
+// Names of the levels this host can run, best first, always ending in "scalar".
+std::vector<std::string> available_levels();
+// Restrict dispatch to `level` (one of available_levels(), or "auto"). Throws tq::Error.
+void set_level(const std::string& level);
+// Name of the level in use: e.g. "avx3_dl" or "scalar".
+std::string current_level();
+// True when the scalar reference kernels must be used.
+bool use_scalar() noexcept;
+
+// RAII: switch level for a scope (tests).
+class ScopedLevel {
+ public:
+  explicit ScopedLevel(const std::string& level);
+  ~ScopedLevel();
+ private:
+  std::string prev_;
+};
+
+}  // namespace tq::simd
