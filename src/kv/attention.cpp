@@ -27,9 +27,11 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Generic task: queries qd (n_q x G x D, in the K domain), tokens [a, b) of one segment,
 // rows fetched by `fetch(t0, n, kbuf, vbuf)` in the (K domain, V domain).
+// prod_k: K is a prod (QJL) stream scored with its quantizer from the prepared query states
+// pq (n_q * G rows of query_state_floats()); kb is then not filled by fetch.
 template <class Fetch>
 void generic_task(const Shape& sh, const float* qd, const int* limits, int a, int b, Fetch&& fetch,
-                  const States& st) {
+                  const States& st, const Stream* prod_k = nullptr, const float* pq = nullptr) {
   const int D = sh.D, G = sh.G;
   std::vector<float> kb((size_t)kBlock * D), vb((size_t)kBlock * D), s(kBlock);
   for (int t = a; t < b; t += kBlock) {
@@ -45,12 +47,19 @@ void generic_task(const Shape& sh, const float* qd, const int* limits, int a, in
         const float* qv = qd + ((size_t)i * G + g) * D;
         const int k = i * G + g;
         float mx = kNegInf;
-        for (int j = 0; j < nt; ++j) {
-          const float* kr = kb.data() + (size_t)j * D;
-          float acc = 0;
-          for (int d = 0; d < D; ++d) acc += qv[d] * kr[d];
-          s[j] = acc * sh.scale;
-          mx = std::max(mx, s[j]);
+        if (prod_k) {
+          const size_t qs = prod_k->prod->query_state_floats();
+          prod_k->prod->score(pq + (size_t)k * qs, (size_t)nt,
+                              prod_k->block(t / kBlock) + (size_t)(t % kBlock) * prod_k->row_bytes, s.data());
+          for (int j = 0; j < nt; ++j) { s[j] *= sh.scale; mx = std::max(mx, s[j]); }
+        } else {
+          for (int j = 0; j < nt; ++j) {
+            const float* kr = kb.data() + (size_t)j * D;
+            float acc = 0;
+            for (int d = 0; d < D; ++d) acc += qv[d] * kr[d];
+            s[j] = acc * sh.scale;
+            mx = std::max(mx, s[j]);
+          }
         }
         const float m_new = std::max(st.m(k), mx);
         const float alpha = st.m(k) == kNegInf ? 0.f : std::exp(st.m(k) - m_new);
@@ -173,11 +182,18 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
       const float* qd = &qk[(size_t)h * n_q * G * D];
       if (!exact && n_q == 1 && !scalar && fused_decode(sh, sk, sv, qd, P.limits[0], a, b, st))
         continue;
+      const bool prod = sk.fmt->kind == Kind::tq_prod;
       auto fetch = [&](int t0, int n, float* kb, float* vb) {
-        I.decode_domain(sk, 0, t0, n, kb);
+        if (!prod) I.decode_domain(sk, 0, t0, n, kb);
         I.decode_domain(sv, 1, t0, n, vb);
       };
-      generic_task(sh, qd, P.limits.data(), a, b, fetch, st);
+      std::vector<float> pq;
+      if (prod) {
+        const size_t qs = sk.prod->query_state_floats();
+        pq.resize((size_t)n_q * G * qs);
+        for (int k = 0; k < n_q * G; ++k) sk.prod->prepare_query(qd + (size_t)k * D, &pq[k * qs]);
+      }
+      generic_task(sh, qd, P.limits.data(), a, b, fetch, st, prod ? &sk : nullptr, pq.data());
     } else {
       const float* qd = &qo[(size_t)h * n_q * G * D];
       auto fetch = [&](int t0, int n, float* kb, float* vb) {

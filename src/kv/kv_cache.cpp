@@ -41,12 +41,7 @@ const Format& format(KvType t) {
 int num_formats() { return kNumFormats; }
 
 // Whether the implementation of a format is available in this build.
-static bool format_implemented(const Format& f) {
-  switch (f.kind) {
-    case Kind::f32: case Kind::f16: case Kind::q8_0: case Kind::q4_0: return !f.rotated;
-    default: return false;
-  }
-}
+static bool format_implemented(const Format&) { return true; }
 
 // ------------------------------------------------------------------ bit-plane tiles
 // K tiles: tile (s, k) = s * (D/4) + k; bit 4 i + j: token 16 s + i, dim 4 k + j.
@@ -158,6 +153,8 @@ static void check_dim(const Format& f, int D) {
            kMaxHeadDim);
   if (f.kind == Kind::q8_0 || f.kind == Kind::q4_0)
     TQ_CHECK(D % 32 == 0, "kv type %s: head_dim %d not supported (need a multiple of 32)", f.name, D);
+  if (f.kind == Kind::tq_split)
+    TQ_CHECK(D % 64 == 0, "kv type %s: head_dim %d not supported (need a multiple of 64)", f.name, D);
 }
 
 }  // namespace kv
@@ -187,6 +184,53 @@ size_t kv_type_bytes(KvType t, int head_dim) {
   TQ_CHECK(t.id < kNumFormats, "invalid kv type id %d", (int)t.id);
   check_dim(kFormats[t.id], head_dim);
   return row_bytes_for(kFormats[t.id], head_dim);
+}
+
+// ------------------------------------------------------------------ tq parts
+static double norm2(const float* x, int n) {
+  double e = 0;
+  for (int i = 0; i < n; ++i) e += (double)x[i] * x[i];
+  return std::sqrt(e);
+}
+
+// One TurboQuant mse part of a row: y = the rotated part (dim values), s = ||x part||.
+// Writes the corrected norm s / ||c[idx]|| (fp16) and the codes into the block's tiles.
+static void encode_tq_part(const Codebook& cb, int dim, int side, const float* y, double s,
+                           uint16_t* norm, uint8_t* tiles, int slot, uint8_t* idx, float* u) {
+  const float inv = s > 0 ? (float)(1.0 / s) : 0.f;
+  for (int i = 0; i < dim; ++i) u[i] = y[i] * inv;
+  quantize_rotated(cb, (size_t)dim, u, idx);
+  double c2 = 0;
+  for (int i = 0; i < dim; ++i) c2 += (double)cb.centroids[idx[i]] * cb.centroids[idx[i]];
+  const double stored = (s > 0 && c2 > 0) ? s / std::sqrt(c2) : 0.0;
+  *norm = fp32_to_fp16((float)stored);
+  if (side == 0) set_tile_codes_k(tiles, dim, cb.bits, slot, idx);
+  else set_tile_codes_v(tiles, dim, cb.bits, slot, idx);
+}
+
+static void decode_tq_part(const Codebook& cb, int dim, int side, const uint8_t* tiles, int slot,
+                           float norm, uint8_t* idx, float* out) {
+  if (side == 0) get_tile_codes_k(tiles, dim, cb.bits, slot, idx);
+  else get_tile_codes_v(tiles, dim, cb.bits, slot, idx);
+  for (int i = 0; i < dim; ++i) out[i] = norm * cb.centroids[idx[i]];
+}
+
+// Outlier channels (tq2.5 / tq3.5), chosen online: the D/4 channels with the largest sum of
+// squares over every token this stream has seen (appended, window included) when its first
+// token is quantized; frozen from then on (ties: lower channel index). Costs D bits per
+// stream (counted in bytes_used).
+static void freeze_split(Stream& s) {
+  std::vector<int> order(s.dim);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return s.chan_energy[a] > s.chan_energy[b]; });
+  std::vector<int> hi(order.begin(), order.begin() + s.d_hi), lo(order.begin() + s.d_hi, order.end());
+  std::sort(hi.begin(), hi.end());
+  std::sort(lo.begin(), lo.end());
+  s.perm = hi;
+  s.perm.insert(s.perm.end(), lo.begin(), lo.end());
+  s.split_frozen = true;
+  s.domain = Domain::split;
 }
 
 // ------------------------------------------------------------------ Impl: transforms
@@ -242,6 +286,8 @@ void KvCache::Impl::to_orig(const Stream& s, int side, int n, float* x) const {
 void KvCache::Impl::encode_rows(Stream& s, int side, int n, const float* x, size_t stride) {
   const int D = s.dim;
   std::vector<float> y((size_t)D);
+  std::vector<uint8_t> idx((size_t)D);
+  std::vector<float> u((size_t)D);
   for (int r = 0; r < n; ++r) {
     const float* xr = x + (size_t)r * stride;
     const int t = s.n_quant;
@@ -264,7 +310,26 @@ void KvCache::Impl::encode_rows(Stream& s, int side, int n, const float* x, size
         else quantize_q4_0(D, src, reinterpret_cast<BlockQ4_0*>(row));
         break;
       }
-      default: TQ_ASSERT(false);
+      case Kind::tq: {
+        to_domain(s, side, 1, xr, y.data());
+        encode_tq_part(*s.cb, D, s.side, y.data(), norm2(xr, D),
+                       reinterpret_cast<uint16_t*>(blk) + slot, blk + s.norms_bytes, slot, idx.data(), u.data());
+        break;
+      }
+      case Kind::tq_split: {
+        if (!s.split_frozen) freeze_split(s);
+        to_domain(s, side, 1, xr, y.data());
+        double e_hi = 0, e_lo = 0;
+        for (int i = 0; i < s.d_hi; ++i) e_hi += (double)xr[s.perm[i]] * xr[s.perm[i]];
+        for (int i = s.d_hi; i < D; ++i) e_lo += (double)xr[s.perm[i]] * xr[s.perm[i]];
+        encode_tq_part(*s.cb_hi, s.d_hi, s.side, y.data(), std::sqrt(e_hi),
+                       reinterpret_cast<uint16_t*>(blk) + slot, blk + s.norms_bytes, slot, idx.data(), u.data());
+        encode_tq_part(*s.cb, s.d_lo, s.side, y.data() + s.d_hi, std::sqrt(e_lo),
+                       reinterpret_cast<uint16_t*>(blk) + kBlock + slot,
+                       blk + s.norms_bytes + s.tiles_hi_bytes, slot, idx.data(), u.data());
+        break;
+      }
+      case Kind::tq_prod: s.prod->encode(1, xr, row); break;
     }
     s.n_quant++;
   }
@@ -272,6 +337,7 @@ void KvCache::Impl::encode_rows(Stream& s, int side, int n, const float* x, size
 
 void KvCache::Impl::decode_domain(const Stream& s, int side, int t0, int n, float* out) const {
   const int D = s.dim;
+  std::vector<uint8_t> idx((size_t)D);
   for (int r = 0; r < n; ++r) {
     const int t = t0 + r;
     const uint8_t* blk = s.block(t / kBlock);
@@ -282,7 +348,21 @@ void KvCache::Impl::decode_domain(const Stream& s, int side, int t0, int n, floa
       case Kind::f16: fp16_to_fp32_n((size_t)D, reinterpret_cast<const uint16_t*>(row), o); break;
       case Kind::q8_0: dequantize_q8_0(D, reinterpret_cast<const BlockQ8_0*>(row), o); break;
       case Kind::q4_0: dequantize_q4_0(D, reinterpret_cast<const BlockQ4_0*>(row), o); break;
-      default: TQ_ASSERT(false);
+      case Kind::tq: {
+        const uint8_t* tiles = blk + s.norms_bytes;
+        decode_tq_part(*s.cb, D, s.side, tiles, t % kBlock,
+                       fp16_to_fp32(reinterpret_cast<const uint16_t*>(blk)[t % kBlock]), idx.data(), o);
+        break;
+      }
+      case Kind::tq_split: {
+        const uint16_t* norms = reinterpret_cast<const uint16_t*>(blk);
+        decode_tq_part(*s.cb_hi, s.d_hi, s.side, blk + s.norms_bytes, t % kBlock,
+                       fp16_to_fp32(norms[t % kBlock]), idx.data(), o);
+        decode_tq_part(*s.cb, s.d_lo, s.side, blk + s.norms_bytes + s.tiles_hi_bytes, t % kBlock,
+                       fp16_to_fp32(norms[kBlock + t % kBlock]), idx.data(), o + s.d_hi);
+        break;
+      }
+      case Kind::tq_prod: s.prod->decode(1, row, o); break;  // original domain
     }
   }
 }
@@ -305,10 +385,23 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
     check_dim(format(t), D);
     TQ_CHECK(format_implemented(format(t)), "kv type %s: not implemented in this build", format(t).name);
   }
-  bool need_rot = false;
-  for (KvType t : {tk, tv, bk, bv}) need_rot |= format(t).kind == Kind::q8_0 && format(t).rotated;
-  for (KvType t : {tk, tv, bk, bv}) need_rot |= format(t).kind == Kind::q4_0 && format(t).rotated;
-  (void)need_rot;
+  for (KvType t : {tk, tv, bk, bv}) {
+    const Format& f = format(t);
+    if (f.rotated && f.kind != Kind::tq_split && !I.rot)
+      I.rot = make_rotation(RotationSpec{RotationKind::hadamard}, D, cfg.seed);
+    if (f.kind == Kind::tq_split && !I.rot_hi) {
+      I.rot_hi = make_rotation(RotationSpec{RotationKind::hadamard}, D / 4, cfg.seed + 1);
+      I.rot_lo = make_rotation(RotationSpec{RotationKind::hadamard}, D - D / 4, cfg.seed + 2);
+    }
+    if (f.kind == Kind::tq_prod && !I.prod_q[f.bits]) {
+      QuantizerConfig qc;
+      qc.dim = D;
+      qc.bits = f.bits;
+      qc.seed = cfg.seed + 3;
+      I.prod_q[f.bits] = make_quantizer(QuantizerKind::prod, qc);
+      TQ_ASSERT(I.prod_q[f.bits]->code_bytes() == row_bytes_for(f, D));
+    }
+  }
 
   I.layers.resize(cfg.n_layers);
   for (int l = 0; l < cfg.n_layers; ++l) {
@@ -324,7 +417,26 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
         s.row_bytes = row_bytes_for(*s.fmt, D);
         s.block_bytes = s.row_bytes * kBlock;
         s.domain = s.fmt->rotated ? Domain::rot : Domain::orig;
+        s.side = side;
         s.window = cfg.window;
+        const Format& f = *s.fmt;
+        if (f.kind == Kind::tq) {
+          s.cb = &get_codebook(D, f.bits);
+          s.norms_bytes = kBlock * 2;
+          TQ_ASSERT(s.block_bytes == s.norms_bytes + tiles_bytes(D, f.bits));
+        } else if (f.kind == Kind::tq_split) {
+          s.d_hi = D / 4;
+          s.d_lo = D - s.d_hi;
+          s.cb_hi = &get_codebook(s.d_hi, f.bits_hi);
+          s.cb = &get_codebook(s.d_lo, f.bits);
+          s.norms_bytes = 2 * kBlock * 2;
+          s.tiles_hi_bytes = tiles_bytes(s.d_hi, f.bits_hi);
+          TQ_ASSERT(s.block_bytes == s.norms_bytes + s.tiles_hi_bytes + tiles_bytes(s.d_lo, f.bits));
+          s.domain = Domain::orig;  // until the outlier channels are frozen
+          s.chan_energy.assign(D, 0.0);
+        } else if (f.kind == Kind::tq_prod) {
+          s.prod = I.prod_q[f.bits].get();
+        }
         if (cfg.window > 0) s.ring = make_aligned<uint16_t>((size_t)cfg.window * D);
       }
     }
@@ -345,7 +457,14 @@ void KvCache::clear() {
   for (auto& L : impl_->layers) {
     L.n_tokens = 0;
     for (auto* vec : {&L.k, &L.v})
-      for (auto& s : *vec) s.n_quant = 0;
+      for (auto& s : *vec) {
+        s.n_quant = 0;
+        if (s.fmt->kind == Kind::tq_split) {
+          s.split_frozen = false;
+          s.domain = Domain::orig;
+          s.chan_energy.assign(s.dim, 0.0);
+        }
+      }
   }
 }
 
@@ -372,6 +491,9 @@ void KvCache::append(int layer, int n_tokens, const float* k, const float* v) {
     for (int h = 0; h < H; ++h) {
       Stream& s = vec[h];
       const float* xh = x + (size_t)h * D;
+      if (s.fmt->kind == Kind::tq_split && !s.split_frozen)
+        for (int r = 0; r < n_tokens; ++r)
+          for (int d = 0; d < D; ++d) s.chan_energy[d] += (double)xh[(size_t)r * stride + d] * xh[(size_t)r * stride + d];
       if (W == 0) {
         I.encode_rows(s, side, n_tokens, xh, stride);
         continue;

@@ -79,14 +79,16 @@ struct Stream {
   size_t row_bytes = 0;    // exact bytes per token (norms/scales included)
   size_t block_bytes = 0;  // kBlock * row_bytes
   Domain domain = Domain::orig;
+  int side = 0;            // 0: K (K tile layout), 1: V (V tile layout)
   int n_quant = 0;         // tokens in blocks
   std::vector<AlignedPtr<uint8_t>> chunks;
   // tq / tq_split
   const Codebook* cb = nullptr;     // regular (or only) codebook
   const Codebook* cb_hi = nullptr;  // tq_split outlier codebook
   int d_hi = 0, d_lo = 0;           // tq_split channel counts
-  size_t norms_bytes = 0;           // per block
+  size_t norms_bytes = 0;           // per block: 32 (tq) or 64 (split) fp16 norms
   size_t tiles_hi_bytes = 0;        // per block (split outlier tiles)
+  const Quantizer* prod = nullptr;  // tq_prod
   // tq_split: channel selection (online, frozen at the first quantized token)
   bool split_frozen = false;
   std::vector<double> chan_energy;  // sum of x^2 per channel over tokens seen before freezing
@@ -117,7 +119,7 @@ struct KvCache::Impl {
   std::unique_ptr<Rotation> rot;        // D-dim randomized Hadamard (rotated formats)
   std::unique_ptr<Rotation> rot_hi;     // split: D/4
   std::unique_ptr<Rotation> rot_lo;     // split: 3D/4
-  std::unique_ptr<Quantizer> prod_q[2]; // per side when a prod type is used (shared rotation + S)
+  std::unique_ptr<Quantizer> prod_q[9]; // prod quantizers by total bits (tq3p, tq4p)
   mutable std::mutex alloc_mu;
 
   void encode_rows(kv::Stream& s, int side, int n, const float* x, size_t stride);  // into blocks
