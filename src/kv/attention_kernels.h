@@ -37,4 +37,10 @@ struct States {
 bool fused_decode(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit,
                   int a, int b, const States& st);
 
+// tq (mse, 1..4 bits) K and V on AVX-512 VNNI: int8 lookup tables (see attention_vnni.cpp).
+// Returns false when the host or the current SIMD level cannot run it or the shape is not
+// handled (then the caller uses the generic float path).
+bool decode_tq_vnni(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit,
+                    int a, int b, const States& st);
+
 }  // namespace tq::kv

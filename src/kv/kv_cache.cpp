@@ -301,7 +301,14 @@ void KvCache::Impl::encode_rows(Stream& s, int side, int n, const float* x, size
     uint8_t* row = blk + (size_t)slot * s.row_bytes;
     switch (s.fmt->kind) {
       case Kind::f32: std::memcpy(row, xr, sizeof(float) * D); break;
-      case Kind::f16: fp32_to_fp16_n((size_t)D, xr, reinterpret_cast<uint16_t*>(row)); break;
+      case Kind::f16:
+        if (s.side == 0) {  // K: dim-major within the block (32 tokens of one dim contiguous)
+          uint16_t* kb = reinterpret_cast<uint16_t*>(blk);
+          for (int d = 0; d < D; ++d) kb[(size_t)d * kBlock + slot] = fp32_to_fp16(xr[d]);
+        } else {
+          fp32_to_fp16_n((size_t)D, xr, reinterpret_cast<uint16_t*>(row));
+        }
+        break;
       case Kind::q8_0:
       case Kind::q4_0: {
         const float* src = xr;
@@ -345,7 +352,14 @@ void KvCache::Impl::decode_domain(const Stream& s, int side, int t0, int n, floa
     float* o = out + (size_t)r * D;
     switch (s.fmt->kind) {
       case Kind::f32: std::memcpy(o, row, sizeof(float) * D); break;
-      case Kind::f16: fp16_to_fp32_n((size_t)D, reinterpret_cast<const uint16_t*>(row), o); break;
+      case Kind::f16:
+        if (s.side == 0) {
+          const uint16_t* kb = reinterpret_cast<const uint16_t*>(blk);
+          for (int d = 0; d < D; ++d) o[d] = fp16_to_fp32(kb[(size_t)d * kBlock + t % kBlock]);
+        } else {
+          fp16_to_fp32_n((size_t)D, reinterpret_cast<const uint16_t*>(row), o);
+        }
+        break;
       case Kind::q8_0: dequantize_q8_0(D, reinterpret_cast<const BlockQ8_0*>(row), o); break;
       case Kind::q4_0: dequantize_q4_0(D, reinterpret_cast<const BlockQ4_0*>(row), o); break;
       case Kind::tq: {
