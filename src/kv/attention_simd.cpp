@@ -1,0 +1,125 @@
+// Fused decode-attention kernels, Highway-dispatched (every x86 level; scalar: the generic path).
+//
+//   DecodeF16   f16 K (dim-major blocks) and f16 V (rows): per 32-token block, scores of the G
+//               query heads of one kv head as FMAs of broadcast query values with K columns (no
+//               horizontal sums), block softmax with a vector exp, V rows accumulated for the G
+//               heads with each row converted once. Float arithmetic: equals the reference up
+//               to summation order (test tolerance 1e-5 relative).
+//   tq kernels  in attention_vnni.cpp (AVX-512 VNNI, int8 lookup tables).
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kv/attention_simd.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+#include <hwy/contrib/math/math-inl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "kv/attention_kernels.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace tq::kv {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+template <int G>
+void DecodeF16G(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a,
+                int b, const States& st) {
+  const hn::ScalableTag<float> df;
+  const hn::Rebind<hwy::float16_t, decltype(df)> dh;
+  constexpr size_t kMaxNV = 8;
+  const size_t N = hn::Lanes(df);
+  const size_t NV = kBlock / N;  // score vectors per head per block
+  if (NV > kMaxNV || kBlock % N != 0) return;
+  const int D = sh.D;
+  const int end = std::min(b, limit);
+  HWY_ALIGN float pbuf[G][kBlock];
+  float alpha[G];
+  using V = hn::Vec<decltype(df)>;
+  const V neg_inf = hn::Set(df, -std::numeric_limits<float>::infinity());
+  const V vscale = hn::Set(df, sh.scale);
+  for (int t0 = a; t0 < end; t0 += kBlock) {
+    const int nt = std::min(kBlock, end - t0);
+    const hwy::float16_t* kb = reinterpret_cast<const hwy::float16_t*>(sk.block(t0 / kBlock));
+    const hwy::float16_t* vb = reinterpret_cast<const hwy::float16_t*>(sv.block(t0 / kBlock));
+    // Scores: acc[g][j] lanes = tokens j*N .. j*N+N-1.
+    V acc[G][kMaxNV];
+    for (int g = 0; g < G; ++g)
+      for (size_t j = 0; j < NV; ++j) acc[g][j] = hn::Zero(df);
+    for (int d = 0; d < D; ++d) {
+      V col[kMaxNV];
+      for (size_t j = 0; j < NV; ++j) col[j] = hn::PromoteTo(df, hn::LoadU(dh, kb + (size_t)d * kBlock + j * N));
+      for (int g = 0; g < G; ++g) {
+        const V qg = hn::Set(df, qd[(size_t)g * D + d]);
+        for (size_t j = 0; j < NV; ++j) acc[g][j] = hn::MulAdd(qg, col[j], acc[g][j]);
+      }
+    }
+    // Block softmax per head.
+    for (int g = 0; g < G; ++g) {
+      V mx = neg_inf;
+      for (size_t j = 0; j < NV; ++j) {
+        const auto valid = hn::FirstN(df, (size_t)std::max(0, nt - (int)(j * N)));
+        acc[g][j] = hn::IfThenElse(valid, hn::Mul(acc[g][j], vscale), neg_inf);
+        mx = hn::Max(mx, acc[g][j]);
+      }
+      const float mb = hn::GetLane(hn::MaxOfLanes(df, mx));
+      float& m = st.m(g);
+      const float m_new = std::max(m, mb);
+      alpha[g] = m == -std::numeric_limits<float>::infinity() ? 0.f : std::exp(m - m_new);
+      m = m_new;
+      const V vm = hn::Set(df, m_new);
+      V sum = hn::Zero(df);
+      for (size_t j = 0; j < NV; ++j) {
+        const auto valid = hn::FirstN(df, (size_t)std::max(0, nt - (int)(j * N)));
+        const V p = hn::IfThenElseZero(valid, hn::Exp(df, hn::Sub(acc[g][j], vm)));
+        sum = hn::Add(sum, p);
+        hn::Store(p, df, pbuf[g] + j * N);
+      }
+      st.l(g) = st.l(g) * alpha[g] + hn::GetLane(hn::SumOfLanes(df, sum));
+    }
+    // V: out[g] = out[g] * alpha[g] + sum_t p[g][t] V[t].
+    for (int dv = 0; dv < D; dv += (int)N) {
+      V o[G];
+      for (int g = 0; g < G; ++g) o[g] = hn::Mul(hn::LoadU(df, st.acc(g) + dv), hn::Set(df, alpha[g]));
+      for (int t = 0; t < nt; ++t) {
+        const V v = hn::PromoteTo(df, hn::LoadU(dh, vb + (size_t)t * D + dv));
+        for (int g = 0; g < G; ++g) o[g] = hn::MulAdd(hn::Set(df, pbuf[g][t]), v, o[g]);
+      }
+      for (int g = 0; g < G; ++g) hn::StoreU(o[g], df, st.acc(g) + dv);
+    }
+  }
+}
+
+bool DecodeF16(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a, int b,
+               const States& st) {
+  const hn::ScalableTag<float> df;
+  if (kBlock % hn::Lanes(df) != 0 || kBlock / hn::Lanes(df) > 8 || sh.D % hn::Lanes(df) != 0) return false;
+  switch (sh.G) {
+    case 1: DecodeF16G<1>(sh, sk, sv, qd, limit, a, b, st); return true;
+    case 2: DecodeF16G<2>(sh, sk, sv, qd, limit, a, b, st); return true;
+    case 3: DecodeF16G<3>(sh, sk, sv, qd, limit, a, b, st); return true;
+    case 4: DecodeF16G<4>(sh, sk, sv, qd, limit, a, b, st); return true;
+    case 8: DecodeF16G<8>(sh, sk, sv, qd, limit, a, b, st); return true;
+    default: return false;
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace tq::kv
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace tq::kv {
+HWY_EXPORT(DecodeF16);
+
+bool fused_decode(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a,
+                  int b, const States& st) {
+  if (sk.fmt->kind == Kind::f16 && sv.fmt->kind == Kind::f16)
+    return HWY_DYNAMIC_DISPATCH(DecodeF16)(sh, sk, sv, qd, limit, a, b, st);
+  if (sk.fmt->kind == Kind::tq && sv.fmt->kind == Kind::tq) return decode_tq_vnni(sh, sk, sv, qd, limit, a, b, st);
+  return false;
+}
+
+}  // namespace tq::kv
+#endif

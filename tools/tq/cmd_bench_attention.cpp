@@ -1,0 +1,237 @@
+// tq bench attention: decode-attention speed, memory and accuracy per KV cache type, all
+// types measured side by side in one run (steps interleaved across types).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <sstream>
+#include <vector>
+
+#include "cli.h"
+#include "tq/common.h"
+#include "tq/error.h"
+#include "tq/kv_cache.h"
+#include "tq/simd.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> r;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) r.push_back(item);
+  return r;
+}
+
+// Synthetic K/V: K ~ N(0,1) with a few large outlier channels (x8 on every 37th channel
+// starting at 5, plus a per-head offset), V ~ N(0,1). Generated in batches, deterministically.
+struct Gen {
+  int kvh, D;
+  uint64_t seed;
+  void batch(int t0, int n, std::vector<float>& k, std::vector<float>& v) const {
+    tq::Rng rng(seed * 1000003ull + (uint64_t)t0);
+    k.resize((size_t)n * kvh * D);
+    v.resize(k.size());
+    for (size_t i = 0; i < k.size(); ++i) {
+      const int d = (int)(i % D);
+      k[i] = (float)rng.normal() * ((d % 37 == 5) ? 8.f : 1.f);
+      v[i] = (float)rng.normal();
+    }
+  }
+};
+
+struct Row {
+  std::string name, type_k, type_v;
+  std::unique_ptr<tq::KvCache> cache;
+  double append_s = 0;
+  std::vector<std::vector<double>> ms;  // per thread setting
+  std::vector<float> out;
+};
+
+void setup(CLI::App& app) {
+  struct Opts {
+    int head_dim = 128, n_heads = 32, n_kv_heads = 8, context = 32768, steps = 9, window = 0;
+    std::string kv = "f16,q8_0,q4_0,q4_0h,tq3,tq4", threads = "1";
+    uint64_t seed = 1;
+    bool json = false, exact = false;
+  };
+  auto o = std::make_shared<Opts>();
+  auto* bench = tq::cli::group(app, "bench", "Benchmarks that print figures (and JSON with --json)");
+  auto* sub = tq::cli::subcommand(*bench, "attention",
+      "Decode attention (one query per head) over a KV cache filled with synthetic vectors (K: Gaussian\n"
+      "with outlier channels, V: Gaussian), for each cache type side by side. Reports per type and\n"
+      "thread count: ms_per_step (median over steps, steps interleaved across types),\n"
+      "bytes_per_token (one layer, K+V, all kv heads), speedup_vs_f16 (same threads), max_abs_err and\n"
+      "rel_err of the output vs exact f32 attention on the unquantized vectors, and the write\n"
+      "throughput append_tokens_per_s (prefill batches of 1024 tokens, one layer, all kv heads).\n"
+      "A type 'tq4:tq3' uses tq4 for K and tq3 for V.");
+  sub->add_option("--head-dim", o->head_dim, "head dimension D")->capture_default_str();
+  sub->add_option("--n-heads", o->n_heads, "query heads")->capture_default_str();
+  sub->add_option("--n-kv-heads", o->n_kv_heads, "kv heads (n-heads must be a multiple)")->capture_default_str();
+  sub->add_option("--context", o->context, "cached tokens")->capture_default_str();
+  sub->add_option("--kv", o->kv, "comma-separated cache types (K:V for different types)")->capture_default_str();
+  sub->add_option("--threads", o->threads, "comma-separated thread counts, e.g. 1,2")->capture_default_str();
+  sub->add_option("--steps", o->steps, "decode steps per type and thread count (median reported)")
+      ->capture_default_str();
+  sub->add_option("--window", o->window, "recent tokens kept in f16")->capture_default_str();
+  sub->add_option("--seed", o->seed, "data seed")->capture_default_str();
+  sub->add_flag("--exact", o->exact, "float scoring from codes (no int8 lookup tables)");
+  sub->add_flag("--json", o->json, "print one JSON object on stdout");
+  sub->callback([o] {
+    TQ_CHECK(o->context >= 1, "--context must be >= 1");
+    TQ_CHECK(o->steps >= 1, "--steps must be >= 1");
+    TQ_CHECK(o->n_kv_heads >= 1 && o->n_heads % o->n_kv_heads == 0,
+             "--n-heads %d must be a multiple of --n-kv-heads %d", o->n_heads, o->n_kv_heads);
+    const int D = o->head_dim, KVH = o->n_kv_heads, H = o->n_heads, N = o->context;
+    std::vector<int> threads;
+    for (const auto& t : split_list(o->threads)) threads.push_back(std::stoi(t));
+    TQ_CHECK(!threads.empty(), "--threads is empty");
+    const Gen gen{KVH, D, o->seed};
+    const int kBatch = 1024;
+
+    // Query and the exact f32 answer on the unquantized vectors (double accumulation).
+    std::vector<float> q((size_t)H * D);
+    {
+      tq::Rng rng(o->seed ^ 0xabcdefull);
+      for (auto& x : q) x = (float)rng.normal();
+    }
+    const int G = H / KVH;
+    const double scale = 1.0 / std::sqrt((double)D);
+    std::vector<double> m(H, -INFINITY), l(H, 0), acc((size_t)H * D, 0);
+    std::vector<float> kb, vb;
+    for (int t0 = 0; t0 < N; t0 += kBatch) {
+      const int n = std::min(kBatch, N - t0);
+      gen.batch(t0, n, kb, vb);
+      for (int h = 0; h < H; ++h) {
+        const int kh = h / G;
+        for (int t = 0; t < n; ++t) {
+          const float* kr = &kb[((size_t)t * KVH + kh) * D];
+          const float* vr = &vb[((size_t)t * KVH + kh) * D];
+          double s = 0;
+          for (int d = 0; d < D; ++d) s += (double)q[(size_t)h * D + d] * kr[d];
+          s *= scale;
+          const double mn = std::max(m[h], s);
+          const double a = std::exp(m[h] - mn), w = std::exp(s - mn);
+          l[h] = l[h] * a + w;
+          for (int d = 0; d < D; ++d) acc[(size_t)h * D + d] = acc[(size_t)h * D + d] * a + w * vr[d];
+          m[h] = mn;
+        }
+      }
+    }
+    std::vector<float> exact((size_t)H * D);
+    for (int h = 0; h < H; ++h)
+      for (int d = 0; d < D; ++d) exact[(size_t)h * D + d] = (float)(acc[(size_t)h * D + d] / l[h]);
+
+    // Fill one cache per type (timing only the appends).
+    std::vector<Row> rows;
+    const auto types = split_list(o->kv);
+    TQ_CHECK(!types.empty(), "--kv is empty");
+    tq::cli::Progress prog("fill", types.size() * (size_t)N);
+    size_t done = 0;
+    for (const auto& t : types) {
+      Row r;
+      r.name = t;
+      const auto colon = t.find(':');
+      r.type_k = colon == std::string::npos ? t : t.substr(0, colon);
+      r.type_v = colon == std::string::npos ? t : t.substr(colon + 1);
+      tq::KvCacheConfig cfg;
+      cfg.n_layers = 1;
+      cfg.n_kv_heads = KVH;
+      cfg.head_dim = D;
+      cfg.max_tokens = N;
+      cfg.type_k = r.type_k;
+      cfg.type_v = r.type_v;
+      cfg.window = o->window;
+      r.cache = std::make_unique<tq::KvCache>(cfg);
+      for (int t0 = 0; t0 < N; t0 += kBatch) {
+        const int n = std::min(kBatch, N - t0);
+        gen.batch(t0, n, kb, vb);
+        const auto a = Clock::now();
+        r.cache->append(0, n, kb.data(), vb.data());
+        r.append_s += std::chrono::duration<double>(Clock::now() - a).count();
+        done += n;
+        prog.update(done);
+      }
+      r.ms.resize(threads.size());
+      r.out.resize((size_t)H * D);
+      rows.push_back(std::move(r));
+    }
+    prog.finish();
+
+    // Decode steps, interleaved across types.
+    tq::AttentionParams p;
+    p.n_heads = H;
+    p.exact = o->exact;
+    for (size_t ti = 0; ti < threads.size(); ++ti) {
+      p.n_threads = threads[ti];
+      for (auto& r : rows) tq::attention(*r.cache, 0, 1, q.data(), r.out.data(), p);  // warm up
+      for (int s = 0; s < o->steps; ++s)
+        for (auto& r : rows) {
+          const auto a = Clock::now();
+          tq::attention(*r.cache, 0, 1, q.data(), r.out.data(), p);
+          r.ms[ti].push_back(std::chrono::duration<double, std::milli>(Clock::now() - a).count());
+        }
+    }
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      const size_t n = v.size();
+      return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    };
+    nlohmann::json results = nlohmann::json::array();
+    for (size_t ti = 0; ti < threads.size(); ++ti) {
+      double f16_ms = 0;
+      for (auto& r : rows)
+        if (r.name == "f16") f16_ms = median(r.ms[ti]);
+      for (auto& r : rows) {
+        double num = 0, den = 0, mx = 0;
+        for (size_t i = 0; i < exact.size(); ++i) {
+          const double e = (double)r.out[i] - exact[i];
+          num += e * e;
+          den += (double)exact[i] * exact[i];
+          mx = std::max(mx, std::fabs(e));
+        }
+        const double ms = median(r.ms[ti]);
+        nlohmann::json j;
+        j["kv"] = r.name;
+        j["type_k"] = r.type_k;
+        j["type_v"] = r.type_v;
+        j["threads"] = threads[ti];
+        j["ms_per_step"] = ms;
+        j["ms_min"] = *std::min_element(r.ms[ti].begin(), r.ms[ti].end());
+        j["bytes_per_token"] = r.cache->bytes_per_token();
+        j["k_bytes_per_head"] = tq::kv_type_bytes(tq::parse_kv_type(r.type_k), D);
+        j["v_bytes_per_head"] = tq::kv_type_bytes(tq::parse_kv_type(r.type_v), D);
+        if (f16_ms > 0) j["speedup_vs_f16"] = f16_ms / ms; else j["speedup_vs_f16"] = nullptr;
+        j["max_abs_err"] = mx;
+        j["rel_err"] = std::sqrt(num / den);
+        j["append_tokens_per_s"] = N / r.append_s;
+        results.push_back(j);
+      }
+    }
+    if (o->json) {
+      tq::cli::print_json({{"head_dim", D}, {"n_heads", H}, {"n_kv_heads", KVH}, {"context", N},
+                           {"steps", o->steps}, {"window", o->window}, {"exact", o->exact},
+                           {"simd", tq::simd::current_level()}, {"results", results}});
+      return;
+    }
+    std::printf("decode attention: D=%d heads=%d kv_heads=%d context=%d steps=%d window=%d simd=%s%s\n", D, H,
+                KVH, N, o->steps, o->window, tq::simd::current_level().c_str(), o->exact ? " exact" : "");
+    std::printf("%-12s %3s %10s %8s %10s %10s %10s %12s\n", "kv", "thr", "ms/step", "vs f16", "B/token",
+                "rel_err", "max_abs", "append tok/s");
+    for (const auto& j : results) {
+      const std::string sp = j["speedup_vs_f16"].is_null() ? "-" : tq::strprintf("%.2fx", j["speedup_vs_f16"].get<double>());
+      std::printf("%-12s %3d %10.3f %8s %10.0f %10.2e %10.2e %12.0f\n", j["kv"].get<std::string>().c_str(),
+                  j["threads"].get<int>(), j["ms_per_step"].get<double>(), sp.c_str(),
+                  j["bytes_per_token"].get<double>(), j["rel_err"].get<double>(), j["max_abs_err"].get<double>(),
+                  j["append_tokens_per_s"].get<double>());
+    }
+  });
+}
+
+tq::cli::Registrar reg("bench_attention", setup);
+
+}  // namespace
