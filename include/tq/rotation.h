@@ -49,7 +49,7 @@ class Rotation {
   uint64_t seed_;
 };
 
-// dim >= 1 (haar needs dim <= 16384); throws tq::Error on bad arguments.
+// dim >= 1 (haar needs dim <= 8192); throws tq::Error on bad arguments.
 std::unique_ptr<Rotation> make_rotation(const RotationSpec& spec, int dim, uint64_t seed);
 
 // In-place normalized fast Walsh-Hadamard transform of n rows of length m (a power of two)

@@ -1,0 +1,70 @@
+// Bit packing (include/tq/bitpack.h). The fast path packs groups of 8 indices (8 * b bits
+// = b bytes) through a 64-bit little-endian word; the tail and the references go bit by bit.
+#include "tq/bitpack.h"
+
+#include <bit>
+#include <cstring>
+
+#include "tq/error.h"
+
+static_assert(std::endian::native == std::endian::little, "turboquant assumes a little-endian host");
+
+namespace tq {
+
+size_t packed_bytes(size_t n, int bits) {
+  TQ_CHECK(bits >= 1 && bits <= 8, "bit width must be in 1..8 (got %d)", bits);
+  return checked_add(checked_mul(n, static_cast<size_t>(bits), "packed bits"), 7, "packed bits") / 8;
+}
+
+void pack_bits_ref(size_t n, int bits, const uint8_t* idx, uint8_t* out) noexcept {
+  const size_t nbytes = (n * bits + 7) / 8;
+  std::memset(out, 0, nbytes);
+  for (size_t j = 0; j < n; ++j)
+    for (int k = 0; k < bits; ++k) {
+      const size_t bit = j * bits + k;
+      if ((idx[j] >> k) & 1u) out[bit >> 3] |= static_cast<uint8_t>(1u << (bit & 7));
+    }
+}
+
+void unpack_bits_ref(size_t n, int bits, const uint8_t* in, uint8_t* idx) noexcept {
+  for (size_t j = 0; j < n; ++j) {
+    unsigned v = 0;
+    for (int k = 0; k < bits; ++k) {
+      const size_t bit = j * bits + k;
+      v |= ((in[bit >> 3] >> (bit & 7)) & 1u) << k;
+    }
+    idx[j] = static_cast<uint8_t>(v);
+  }
+}
+
+void pack_bits(size_t n, int bits, const uint8_t* idx, uint8_t* out) noexcept {
+  const uint64_t mask = (1u << bits) - 1;
+  size_t g = 0;
+  for (; g + 8 <= n; g += 8) {
+    uint64_t w = 0;
+    for (int k = 0; k < 8; ++k) w |= (idx[g + k] & mask) << (k * bits);
+    std::memcpy(out + (g / 8) * bits, &w, static_cast<size_t>(bits));
+  }
+  if (g < n) {
+    uint64_t w = 0;
+    for (size_t k = 0; g + k < n; ++k) w |= (idx[g + k] & mask) << (k * bits);
+    std::memcpy(out + (g / 8) * bits, &w, ((n - g) * bits + 7) / 8);
+  }
+}
+
+void unpack_bits(size_t n, int bits, const uint8_t* in, uint8_t* idx) noexcept {
+  const uint64_t mask = (1u << bits) - 1;
+  size_t g = 0;
+  for (; g + 8 <= n; g += 8) {
+    uint64_t w = 0;
+    std::memcpy(&w, in + (g / 8) * bits, static_cast<size_t>(bits));
+    for (int k = 0; k < 8; ++k) idx[g + k] = static_cast<uint8_t>((w >> (k * bits)) & mask);
+  }
+  if (g < n) {
+    uint64_t w = 0;
+    std::memcpy(&w, in + (g / 8) * bits, ((n - g) * bits + 7) / 8);
+    for (size_t k = 0; g + k < n; ++k) idx[g + k] = static_cast<uint8_t>((w >> (k * bits)) & mask);
+  }
+}
+
+}  // namespace tq

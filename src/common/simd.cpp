@@ -1,0 +1,111 @@
+// SIMD level control on top of Highway's dynamic dispatch (see include/tq/simd.h).
+#include "tq/simd.h"
+
+#include <hwy/highway.h>
+#include <hwy/targets.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cstdlib>
+#include <mutex>
+
+#include "tq/error.h"
+
+namespace tq::simd {
+
+namespace {
+
+std::string lower(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+struct State {
+  std::mutex mu;
+  std::vector<std::pair<std::string, int64_t>> targets;  // best first, as found at start-up
+  std::atomic<bool> scalar{false};
+  std::string level = "auto";
+};
+
+void apply_locked(State& st, const std::string& level);
+
+State& state() {
+  static State* st = [] {
+    auto* s = new State;
+    for (int64_t t : hwy::SupportedAndGeneratedTargets()) s->targets.emplace_back(lower(hwy::TargetName(t)), t);
+    if (const char* env = std::getenv("TQ_SIMD"); env && *env) {
+      try {
+        apply_locked(*s, lower(env));
+      } catch (const Error& e) {
+        std::fprintf(stderr, "tq: warning: ignoring TQ_SIMD: %s\n", e.what());
+      }
+    }
+    return s;
+  }();
+  return *st;
+}
+
+void apply_locked(State& st, const std::string& level) {
+  if (level == "auto") {
+    hwy::SetSupportedTargetsForTest(0);
+    st.scalar = false;
+  } else if (level == "scalar") {
+    hwy::SetSupportedTargetsForTest(0);
+    st.scalar = true;
+  } else {
+    auto it = std::find_if(st.targets.begin(), st.targets.end(), [&](auto& p) { return p.first == level; });
+    if (it == st.targets.end()) {
+      std::string valid = "auto";
+      for (auto& p : st.targets) valid += ", " + p.first;
+      valid += ", scalar";
+      TQ_CHECK(false, "unknown or unsupported SIMD level '%s' (valid here: %s)", level.c_str(), valid.c_str());
+    }
+    hwy::SetSupportedTargetsForTest(it->second);
+    st.scalar = false;
+  }
+  st.level = level;
+}
+
+}  // namespace
+
+std::vector<std::string> available_levels() {
+  State& st = state();
+  std::vector<std::string> out;
+  for (auto& p : st.targets) out.push_back(p.first);
+  out.push_back("scalar");
+  return out;
+}
+
+void set_level(const std::string& level) {
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  apply_locked(st, lower(level));
+}
+
+std::string current_level() {
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  if (st.scalar) return "scalar";
+  if (st.level != "auto") return st.level;
+  return st.targets.empty() ? "scalar" : st.targets.front().first;
+}
+
+bool use_scalar() noexcept { return state().scalar.load(std::memory_order_relaxed); }
+
+ScopedLevel::ScopedLevel(const std::string& level) {
+  {
+    State& st = state();
+    std::lock_guard<std::mutex> lock(st.mu);
+    prev_ = st.scalar ? "scalar" : st.level;
+  }
+  set_level(level);
+}
+ScopedLevel::~ScopedLevel() {
+  try {
+    set_level(prev_);
+  } catch (...) {
+  }
+}
+
+}  // namespace tq::simd
