@@ -15,11 +15,13 @@
 
 namespace tq {
 
-void fwht_ref(size_t n, int m, float* x, size_t stride) noexcept {
-  if (m <= 1) return;
+void fwht_signed_ref(size_t n, int m, float* x, size_t stride, const float* pre, const float* post) noexcept {
+  if (m < 1) return;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(m)));
   for (size_t r = 0; r < n; ++r) {
     float* row = x + r * stride;
+    if (pre)
+      for (int i = 0; i < m; ++i) row[i] *= pre[i];
     for (int h = 1; h < m; h <<= 1) {
       for (int i = 0; i < m; i += 2 * h) {
         for (int j = i; j < i + h; ++j) {
@@ -30,8 +32,12 @@ void fwht_ref(size_t n, int m, float* x, size_t stride) noexcept {
       }
     }
     for (int i = 0; i < m; ++i) row[i] *= scale;
+    if (post)
+      for (int i = 0; i < m; ++i) row[i] *= post[i];
   }
 }
+
+void fwht_ref(size_t n, int m, float* x, size_t stride) noexcept { fwht_signed_ref(n, m, x, stride, nullptr, nullptr); }
 
 RotationSpec parse_rotation(const std::string& name) {
   if (name == "haar") return {RotationKind::haar, 0};
@@ -92,11 +98,30 @@ class HadamardRotation final : public Rotation {
 
   void forward(size_t n, const float* x, float* y) const override {
     copy_if_needed(n, dim_, x, y);
-    for (const Stage& s : stages_) apply(s, n, y);
+    for (size_t k = 0; k < stages_.size(); ++k) {
+      const Stage& s = stages_[k];
+      // signs over exactly the range of the next WHT: one fused pass
+      if (!s.signs.empty() && k + 1 < stages_.size() && stages_[k + 1].signs.empty() &&
+          stages_[k + 1].off == s.off && stages_[k + 1].len == s.len) {
+        fwht_signed(n, s.len, y + s.off, static_cast<size_t>(dim_), s.signs.data(), nullptr);
+        ++k;
+      } else {
+        apply(s, n, y);
+      }
+    }
   }
   void inverse(size_t n, const float* x, float* y) const override {
     copy_if_needed(n, dim_, x, y);
-    for (auto it = stages_.rbegin(); it != stages_.rend(); ++it) apply(*it, n, y);
+    for (size_t k = stages_.size(); k-- > 0;) {
+      const Stage& s = stages_[k];
+      if (s.signs.empty() && k > 0 && !stages_[k - 1].signs.empty() && stages_[k - 1].off == s.off &&
+          stages_[k - 1].len == s.len) {
+        fwht_signed(n, s.len, y + s.off, static_cast<size_t>(dim_), nullptr, stages_[k - 1].signs.data());
+        --k;
+      } else {
+        apply(s, n, y);
+      }
+    }
   }
 
  private:
