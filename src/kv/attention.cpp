@@ -33,6 +33,7 @@ template <class Fetch>
 void generic_task(const Shape& sh, const float* qd, const int* limits, int a, int b, Fetch&& fetch,
                   const States& st, const Stream* prod_k = nullptr, const float* pq = nullptr) {
   const int D = sh.D, G = sh.G;
+  const bool scalar = simd::use_scalar();
   std::vector<float> kb((size_t)kBlock * D), vb((size_t)kBlock * D), s(kBlock);
   for (int t = a; t < b; t += kBlock) {
     const int nb = std::min(kBlock, b - t);
@@ -43,6 +44,11 @@ void generic_task(const Shape& sh, const float* qd, const int* limits, int a, in
     for (int i = 0; i < sh.n_q; ++i) {
       const int nt = std::min(nb, limits[i] - t);
       if (nt <= 0) continue;
+      if (!scalar && !prod_k) {
+        attend_rows(D, G, sh.scale, qd + (size_t)i * G * D, kb.data(), vb.data(), nt,
+                    States{st.base + (size_t)i * G * st.stride(), D});
+        continue;
+      }
       for (int g = 0; g < G; ++g) {
         const float* qv = qd + ((size_t)i * G + g) * D;
         const int k = i * G + g;

@@ -43,4 +43,10 @@ bool fused_decode(const Shape& sh, const Stream& sk, const Stream& sv, const flo
 bool decode_tq_vnni(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit,
                     int a, int b, const States& st);
 
+// SIMD (Highway) pieces of the generic path. kR, vR: nt x D floats (rows in the stream domain).
+void attend_rows(int D, int G, float scale, const float* qd, const float* kR, const float* vR, int nt,
+                 const States& st);
+void decode_q8_rows(int D, int n, const uint8_t* rows, float* out);  // n rows of D/32 BlockQ8_0
+void decode_q4_rows(int D, int n, const uint8_t* rows, float* out);  // n rows of D/32 BlockQ4_0
+
 }  // namespace tq::kv

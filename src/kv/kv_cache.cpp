@@ -5,8 +5,10 @@
 #include <cstring>
 #include <numeric>
 
+#include "kv/attention_kernels.h"
 #include "kv/kv_internal.h"
 #include "tq/error.h"
+#include "tq/simd.h"
 
 namespace tq {
 namespace kv {
@@ -344,6 +346,16 @@ void KvCache::Impl::encode_rows(Stream& s, int side, int n, const float* x, size
 
 void KvCache::Impl::decode_domain(const Stream& s, int side, int t0, int n, float* out) const {
   const int D = s.dim;
+  if ((s.fmt->kind == Kind::q8_0 || s.fmt->kind == Kind::q4_0) && !simd::use_scalar()) {
+    for (int r = 0; r < n;) {  // rows are contiguous within a block
+      const int t = t0 + r, m = std::min(n - r, kBlock - t % kBlock);
+      const uint8_t* rows = s.block(t / kBlock) + (size_t)(t % kBlock) * s.row_bytes;
+      if (s.fmt->kind == Kind::q8_0) decode_q8_rows(D, m, rows, out + (size_t)r * D);
+      else decode_q4_rows(D, m, rows, out + (size_t)r * D);
+      r += m;
+    }
+    return;
+  }
   std::vector<uint8_t> idx((size_t)D);
   for (int r = 0; r < n; ++r) {
     const int t = t0 + r;
