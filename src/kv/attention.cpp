@@ -205,8 +205,8 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
       auto fetch = [&](int t0, int n, float* kb, float* vb) {
         for (int r = 0; r < n; ++r) {
           const int t = t0 + r;
-          fp16_to_fp32_n((size_t)D, sk.ring.get() + (size_t)(t % W) * D, kb + (size_t)r * D);
-          fp16_to_fp32_n((size_t)D, sv.ring.get() + (size_t)(t % W) * D, vb + (size_t)r * D);
+          f16_to_f32(D, sk.ring.get() + (size_t)(t % W) * D, kb + (size_t)r * D);
+          f16_to_f32(D, sv.ring.get() + (size_t)(t % W) * D, vb + (size_t)r * D);
         }
       };
       generic_task(sh, qd, P.limits.data(), nq_tok, sh.n_tokens, fetch, st);

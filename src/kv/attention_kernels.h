@@ -49,4 +49,8 @@ void attend_rows(int D, int G, float scale, const float* qd, const float* kR, co
 void decode_q8_rows(int D, int n, const uint8_t* rows, float* out);  // n rows of D/32 BlockQ8_0
 void decode_q4_rows(int D, int n, const uint8_t* rows, float* out);  // n rows of D/32 BlockQ4_0
 
+// binary16 <-> binary32 (round to nearest even), SIMD; the scalar level uses tq::fp*_n.
+void f32_to_f16(int n, const float* x, uint16_t* h);
+void f16_to_f32(int n, const uint16_t* h, float* x);
+
 }  // namespace tq::kv

@@ -18,6 +18,7 @@
 
 #include "kv/attention_kernels.h"
 #include "tq/common.h"
+#include "tq/simd.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace tq::kv {
@@ -29,10 +30,10 @@ void DecodeF16G(const Shape& sh, const Stream& sk, const Stream& sv, const float
                 int b, const States& st) {
   const hn::ScalableTag<float> df;
   const hn::Rebind<hwy::float16_t, decltype(df)> dh;
-  constexpr size_t kMaxNV = 8;
-  const size_t N = hn::Lanes(df);
-  const size_t NV = kBlock / N;  // score vectors per head per block
-  if (NV > kMaxNV || kBlock % N != 0) return;
+  constexpr size_t N = hn::MaxLanes(decltype(df)());
+  constexpr size_t NV = kBlock / N;  // score vectors per head per block (compile time: registers)
+  constexpr size_t kMaxNV = NV;
+  static_assert(kBlock % N == 0, "block is a whole number of vectors");
   const int D = sh.D;
   const int end = std::min(b, limit);
   HWY_ALIGN float pbuf[G][kBlock];
@@ -95,7 +96,7 @@ void DecodeF16G(const Shape& sh, const Stream& sk, const Stream& sv, const float
 bool DecodeF16(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a, int b,
                const States& st) {
   const hn::ScalableTag<float> df;
-  if (kBlock % hn::Lanes(df) != 0 || kBlock / hn::Lanes(df) > 8 || sh.D % hn::Lanes(df) != 0) return false;
+  if (hn::Lanes(df) != hn::MaxLanes(df) || kBlock / hn::Lanes(df) > 8 || sh.D % hn::Lanes(df) != 0) return false;
   switch (sh.G) {
     case 1: DecodeF16G<1>(sh, sk, sv, qd, limit, a, b, st); return true;
     case 2: DecodeF16G<2>(sh, sk, sv, qd, limit, a, b, st); return true;
@@ -200,6 +201,25 @@ void DecodeQ4Rows(int D, int n, const uint8_t* rows, float* out) {
   }
 }
 
+void F32ToF16(int n, const float* x, uint16_t* h) {
+  const hn::ScalableTag<float> df;
+  const hn::Rebind<hwy::float16_t, decltype(df)> dh;
+  const int N = (int)hn::Lanes(df);
+  int i = 0;
+  for (; i + N <= n; i += N)
+    hn::StoreU(hn::DemoteTo(dh, hn::LoadU(df, x + i)), dh, reinterpret_cast<hwy::float16_t*>(h + i));
+  for (; i < n; ++i) h[i] = fp32_to_fp16(x[i]);
+}
+void F16ToF32(int n, const uint16_t* h, float* x) {
+  const hn::ScalableTag<float> df;
+  const hn::Rebind<hwy::float16_t, decltype(df)> dh;
+  const int N = (int)hn::Lanes(df);
+  int i = 0;
+  for (; i + N <= n; i += N)
+    hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(h + i))), df, x + i);
+  for (; i < n; ++i) x[i] = fp16_to_fp32(h[i]);
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace tq::kv
 HWY_AFTER_NAMESPACE();
@@ -210,6 +230,17 @@ HWY_EXPORT(DecodeF16);
 HWY_EXPORT(AttendRows);
 HWY_EXPORT(DecodeQ8Rows);
 HWY_EXPORT(DecodeQ4Rows);
+HWY_EXPORT(F32ToF16);
+HWY_EXPORT(F16ToF32);
+
+void f32_to_f16(int n, const float* x, uint16_t* h) {
+  if (simd::use_scalar()) return fp32_to_fp16_n((size_t)n, x, h);
+  HWY_DYNAMIC_DISPATCH(F32ToF16)(n, x, h);
+}
+void f16_to_f32(int n, const uint16_t* h, float* x) {
+  if (simd::use_scalar()) return fp16_to_fp32_n((size_t)n, h, x);
+  HWY_DYNAMIC_DISPATCH(F16ToF32)(n, h, x);
+}
 
 void attend_rows(int D, int G, float scale, const float* qd, const float* kR, const float* vR, int nt,
                  const States& st) {

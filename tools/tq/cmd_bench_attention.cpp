@@ -50,14 +50,25 @@ struct Row {
   double append_s = 0;
   std::vector<std::vector<double>> ms;  // per thread setting
   std::vector<float> out;
+  double append1_us = 0;  // median single-token append (decode-time write), one layer
+  double rel_fused_ref = -1, rel_exact_ref = -1;  // same codes: fused / exact mode vs attention_ref
 };
+
+double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+    den += (double)b[i] * b[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
 
 void setup(CLI::App& app) {
   struct Opts {
     int head_dim = 128, n_heads = 32, n_kv_heads = 8, context = 32768, steps = 9, window = 0;
     std::string kv = "f16,q8_0,q4_0,q4_0h,tq3,tq4", threads = "1";
     uint64_t seed = 1;
-    bool json = false, exact = false;
+    bool json = false, exact = false, grouped = false, no_ref = false;
   };
   auto o = std::make_shared<Opts>();
   auto* bench = tq::cli::group(app, "bench", "Benchmarks that print figures (and JSON with --json)");
@@ -80,6 +91,10 @@ void setup(CLI::App& app) {
   sub->add_option("--window", o->window, "recent tokens kept in f16")->capture_default_str();
   sub->add_option("--seed", o->seed, "data seed")->capture_default_str();
   sub->add_flag("--exact", o->exact, "float scoring from codes (no int8 lookup tables)");
+  sub->add_flag("--no-ref", o->no_ref,
+                "skip the same-codes check (fused and exact-mode output vs attention_ref on the cache)");
+  sub->add_flag("--grouped", o->grouped,
+                "run all steps of one type back to back (warm caches) instead of interleaving types");
   sub->add_flag("--json", o->json, "print one JSON object on stdout");
   sub->callback([o] {
     TQ_CHECK(o->context >= 1, "--context must be >= 1");
@@ -92,6 +107,7 @@ void setup(CLI::App& app) {
     TQ_CHECK(!threads.empty(), "--threads is empty");
     const Gen gen{KVH, D, o->seed};
     const int kBatch = 1024;
+    const int kAppend1 = 33;  // single-token appends timed after the decode steps
 
     // Query and the exact f32 answer on the unquantized vectors (double accumulation).
     std::vector<float> q((size_t)H * D);
@@ -142,7 +158,7 @@ void setup(CLI::App& app) {
       cfg.n_layers = 1;
       cfg.n_kv_heads = KVH;
       cfg.head_dim = D;
-      cfg.max_tokens = N;
+      cfg.max_tokens = N + kAppend1;
       cfg.type_k = r.type_k;
       cfg.type_v = r.type_v;
       cfg.window = o->window;
@@ -169,12 +185,46 @@ void setup(CLI::App& app) {
     for (size_t ti = 0; ti < threads.size(); ++ti) {
       p.n_threads = threads[ti];
       for (auto& r : rows) tq::attention(*r.cache, 0, 1, q.data(), r.out.data(), p);  // warm up
-      for (int s = 0; s < o->steps; ++s)
-        for (auto& r : rows) {
+      auto step = [&](Row& r) {
+        const auto a = Clock::now();
+        tq::attention(*r.cache, 0, 1, q.data(), r.out.data(), p);
+        r.ms[ti].push_back(std::chrono::duration<double, std::milli>(Clock::now() - a).count());
+      };
+      if (o->grouped) {
+        for (auto& r : rows)
+          for (int s = 0; s < o->steps; ++s) step(r);
+      } else {
+        for (int s = 0; s < o->steps; ++s)
+          for (auto& r : rows) step(r);
+      }
+    }
+    // Same codes: fused kernels (as timed) and exact mode vs the dequantize-then-exact oracle.
+    if (!o->no_ref) {
+      std::vector<float> ref((size_t)H * D), ex((size_t)H * D);
+      for (auto& r : rows) {
+        tq::AttentionParams pr = p;
+        pr.n_threads = threads.back();
+        tq::attention_ref(*r.cache, 0, 1, q.data(), ref.data(), pr);
+        r.rel_fused_ref = rel_diff(r.out, ref);
+        pr.exact = true;
+        tq::attention(*r.cache, 0, 1, q.data(), ex.data(), pr);
+        r.rel_exact_ref = rel_diff(ex, ref);
+      }
+    }
+    // Decode-time writes: single tokens (quantize on write), after the steps.
+    {
+      std::vector<float> k1, v1;
+      gen.batch(N, kAppend1, k1, v1);
+      for (auto& r : rows) {
+        std::vector<double> us;
+        for (int i = 0; i < kAppend1; ++i) {
           const auto a = Clock::now();
-          tq::attention(*r.cache, 0, 1, q.data(), r.out.data(), p);
-          r.ms[ti].push_back(std::chrono::duration<double, std::milli>(Clock::now() - a).count());
+          r.cache->append(0, 1, k1.data() + (size_t)i * KVH * D, v1.data() + (size_t)i * KVH * D);
+          us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - a).count());
         }
+        std::sort(us.begin(), us.end());
+        r.append1_us = us[us.size() / 2];
+      }
     }
     auto median = [](std::vector<double> v) {
       std::sort(v.begin(), v.end());
@@ -208,26 +258,36 @@ void setup(CLI::App& app) {
         if (f16_ms > 0) j["speedup_vs_f16"] = f16_ms / ms; else j["speedup_vs_f16"] = nullptr;
         j["max_abs_err"] = mx;
         j["rel_err"] = std::sqrt(num / den);
+        if (r.rel_fused_ref >= 0) {
+          j["rel_err_fused_vs_ref"] = r.rel_fused_ref;
+          j["rel_err_exact_vs_ref"] = r.rel_exact_ref;
+        }
         j["append_tokens_per_s"] = N / r.append_s;
+        j["append_us_per_token"] = r.append1_us;
+        if (f16_ms > 0) j["append_pct_of_f16_step"] = 100.0 * r.append1_us / (1000.0 * f16_ms);
         results.push_back(j);
       }
     }
     if (o->json) {
       tq::cli::print_json({{"head_dim", D}, {"n_heads", H}, {"n_kv_heads", KVH}, {"context", N},
                            {"steps", o->steps}, {"window", o->window}, {"exact", o->exact},
+                           {"interleaved", !o->grouped},
                            {"simd", tq::simd::current_level()}, {"results", results}});
       return;
     }
-    std::printf("decode attention: D=%d heads=%d kv_heads=%d context=%d steps=%d window=%d simd=%s%s\n", D, H,
-                KVH, N, o->steps, o->window, tq::simd::current_level().c_str(), o->exact ? " exact" : "");
-    std::printf("%-12s %3s %10s %8s %10s %10s %10s %12s\n", "kv", "thr", "ms/step", "vs f16", "B/token",
-                "rel_err", "max_abs", "append tok/s");
+    std::printf("decode attention: D=%d heads=%d kv_heads=%d context=%d steps=%d window=%d simd=%s%s%s\n", D,
+                H, KVH, N, o->steps, o->window, tq::simd::current_level().c_str(), o->exact ? " exact" : "",
+                o->grouped ? " grouped" : " interleaved");
+    std::printf("%-12s %3s %10s %8s %10s %10s %10s %12s %10s %10s %10s\n", "kv", "thr", "ms/step", "vs f16", "B/token",
+                "rel_err", "max_abs", "append tok/s", "append1 us", "fused~ref", "exact~ref");
     for (const auto& j : results) {
       const std::string sp = j["speedup_vs_f16"].is_null() ? "-" : tq::strprintf("%.2fx", j["speedup_vs_f16"].get<double>());
-      std::printf("%-12s %3d %10.3f %8s %10.0f %10.2e %10.2e %12.0f\n", j["kv"].get<std::string>().c_str(),
+      const double fr = j.contains("rel_err_fused_vs_ref") ? j["rel_err_fused_vs_ref"].get<double>() : -1;
+      const double er = j.contains("rel_err_exact_vs_ref") ? j["rel_err_exact_vs_ref"].get<double>() : -1;
+      std::printf("%-12s %3d %10.3f %8s %10.0f %10.2e %10.2e %12.0f %10.1f %10.2e %10.2e\n", j["kv"].get<std::string>().c_str(),
                   j["threads"].get<int>(), j["ms_per_step"].get<double>(), sp.c_str(),
                   j["bytes_per_token"].get<double>(), j["rel_err"].get<double>(), j["max_abs_err"].get<double>(),
-                  j["append_tokens_per_s"].get<double>());
+                  j["append_tokens_per_s"].get<double>(), j["append_us_per_token"].get<double>(), fr, er);
     }
   });
 }
