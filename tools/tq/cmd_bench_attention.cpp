@@ -50,6 +50,7 @@ struct Row {
   double append_s = 0;
   std::vector<std::vector<double>> ms;  // per thread setting
   std::vector<float> out;
+  std::vector<float> out_err;  // outputs of the n_err queries (fused kernels, as timed)
   double append1_us = 0;  // median single-token append (decode-time write), one layer
   double rel_fused_ref = -1, rel_exact_ref = -1;  // same codes: fused / exact mode vs attention_ref
 };
@@ -65,7 +66,7 @@ double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
 
 void setup(CLI::App& app) {
   struct Opts {
-    int head_dim = 128, n_heads = 32, n_kv_heads = 8, context = 32768, steps = 9, window = 0;
+    int head_dim = 128, n_heads = 32, n_kv_heads = 8, context = 32768, steps = 9, window = 0, err_queries = 4;
     std::string kv = "f16,q8_0,q4_0,q4_0h,tq3,tq4", threads = "1";
     uint64_t seed = 1;
     bool json = false, exact = false, grouped = false, no_ref = false;
@@ -90,6 +91,8 @@ void setup(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--window", o->window, "recent tokens kept in f16")->capture_default_str();
   sub->add_option("--seed", o->seed, "data seed")->capture_default_str();
+  sub->add_option("--err-queries", o->err_queries, "queries averaged in rel_err / max_abs_err vs exact")
+      ->capture_default_str()->check(CLI::Range(1, 64));
   sub->add_flag("--exact", o->exact, "float scoring from codes (no int8 lookup tables)");
   sub->add_flag("--no-ref", o->no_ref,
                 "skip the same-codes check (fused and exact-mode output vs attention_ref on the cache)");
@@ -109,38 +112,48 @@ void setup(CLI::App& app) {
     const int kBatch = 1024;
     const int kAppend1 = 33;  // single-token appends timed after the decode steps
 
-    // Query and the exact f32 answer on the unquantized vectors (double accumulation).
-    std::vector<float> q((size_t)H * D);
-    {
-      tq::Rng rng(o->seed ^ 0xabcdefull);
-      for (auto& x : q) x = (float)rng.normal();
-    }
+    // Queries (query 0 is timed; all n_err are used for the error vs exact) and the exact
+    // f32 answers on the unquantized vectors (double accumulation).
+    const int n_err = o->err_queries;
     const int G = H / KVH;
     const double scale = 1.0 / std::sqrt((double)D);
-    std::vector<double> m(H, -INFINITY), l(H, 0), acc((size_t)H * D, 0);
+    std::vector<float> qs((size_t)n_err * H * D);
+    {
+      tq::Rng rng(o->seed ^ 0xabcdefull);
+      for (auto& x : qs) x = (float)rng.normal();
+    }
+    const std::vector<float> q(qs.begin(), qs.begin() + (size_t)H * D);
+    const int HQ = n_err * H;
+    std::vector<double> m(HQ, -INFINITY), l(HQ, 0), acc((size_t)HQ * D, 0);
     std::vector<float> kb, vb;
     for (int t0 = 0; t0 < N; t0 += kBatch) {
       const int n = std::min(kBatch, N - t0);
       gen.batch(t0, n, kb, vb);
-      for (int h = 0; h < H; ++h) {
-        const int kh = h / G;
+      for (int hq = 0; hq < HQ; ++hq) {
+        const int kh = (hq % H) / G;
+        const float* qv = &qs[(size_t)hq * D];
+        double* ac = &acc[(size_t)hq * D];
         for (int t = 0; t < n; ++t) {
           const float* kr = &kb[((size_t)t * KVH + kh) * D];
           const float* vr = &vb[((size_t)t * KVH + kh) * D];
           double s = 0;
-          for (int d = 0; d < D; ++d) s += (double)q[(size_t)h * D + d] * kr[d];
+          for (int d = 0; d < D; ++d) s += (double)qv[d] * kr[d];
           s *= scale;
-          const double mn = std::max(m[h], s);
-          const double a = std::exp(m[h] - mn), w = std::exp(s - mn);
-          l[h] = l[h] * a + w;
-          for (int d = 0; d < D; ++d) acc[(size_t)h * D + d] = acc[(size_t)h * D + d] * a + w * vr[d];
-          m[h] = mn;
+          if (s > m[hq]) {
+            const double a = std::exp(m[hq] - s);
+            l[hq] *= a;
+            for (int d = 0; d < D; ++d) ac[d] *= a;
+            m[hq] = s;
+          }
+          const double w = std::exp(s - m[hq]);
+          l[hq] += w;
+          for (int d = 0; d < D; ++d) ac[d] += w * vr[d];
         }
       }
     }
-    std::vector<float> exact((size_t)H * D);
-    for (int h = 0; h < H; ++h)
-      for (int d = 0; d < D; ++d) exact[(size_t)h * D + d] = (float)(acc[(size_t)h * D + d] / l[h]);
+    std::vector<float> exact((size_t)HQ * D);
+    for (int hq = 0; hq < HQ; ++hq)
+      for (int d = 0; d < D; ++d) exact[(size_t)hq * D + d] = (float)(acc[(size_t)hq * D + d] / l[hq]);
 
     // Fill one cache per type (timing only the appends).
     std::vector<Row> rows;
@@ -198,6 +211,14 @@ void setup(CLI::App& app) {
           for (auto& r : rows) step(r);
       }
     }
+    // Outputs of all error queries (fused kernels as timed).
+    for (auto& r : rows) {
+      r.out_err.resize((size_t)HQ * D);
+      tq::AttentionParams pe = p;
+      pe.n_threads = threads.back();
+      for (int e = 0; e < n_err; ++e)
+        tq::attention(*r.cache, 0, 1, &qs[(size_t)e * H * D], &r.out_err[(size_t)e * H * D], pe);
+    }
     // Same codes: fused kernels (as timed) and exact mode vs the dequantize-then-exact oracle.
     if (!o->no_ref) {
       std::vector<float> ref((size_t)H * D), ex((size_t)H * D);
@@ -239,7 +260,7 @@ void setup(CLI::App& app) {
       for (auto& r : rows) {
         double num = 0, den = 0, mx = 0;
         for (size_t i = 0; i < exact.size(); ++i) {
-          const double e = (double)r.out[i] - exact[i];
+          const double e = (double)r.out_err[i] - exact[i];
           num += e * e;
           den += (double)exact[i] * exact[i];
           mx = std::max(mx, std::fabs(e));
@@ -270,7 +291,7 @@ void setup(CLI::App& app) {
     }
     if (o->json) {
       tq::cli::print_json({{"head_dim", D}, {"n_heads", H}, {"n_kv_heads", KVH}, {"context", N},
-                           {"steps", o->steps}, {"window", o->window}, {"exact", o->exact},
+                           {"steps", o->steps}, {"window", o->window}, {"exact", o->exact}, {"err_queries", n_err},
                            {"interleaved", !o->grouped},
                            {"simd", tq::simd::current_level()}, {"results", results}});
       return;
