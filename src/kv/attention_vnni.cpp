@@ -143,69 +143,123 @@ __m512i byte_table(const Codebook& cb, bool offset, float* cscale) {
 inline float hmax(__m512 v) { return _mm512_reduce_max_ps(v); }
 inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
 
+// A tq stream is one part (tqB) or two (tq2.5 / tq3.5: outlier and regular channels), each
+// with its own codebook, fp16 norms and bit-plane tiles, covering dims [off, off + dim) of
+// the stream's domain.
+struct Part {
+  int off = 0, dim = 0, bits = 0;
+  const Codebook* cb = nullptr;
+  size_t norm_off = 0, tiles_off = 0;  // bytes within a block
+};
+int parts_of(const Stream& s, Part* p) {
+  if (s.fmt->kind == Kind::tq) {
+    p[0] = Part{0, s.dim, s.cb->bits, s.cb, 0, s.norms_bytes};
+    return 1;
+  }
+  p[0] = Part{0, s.d_hi, s.cb_hi->bits, s.cb_hi, 0, s.norms_bytes};
+  p[1] = Part{s.d_hi, s.d_lo, s.cb->bits, s.cb, kBlock * 2, s.norms_bytes + s.tiles_hi_bytes};
+  return 2;
+}
+
+template <int G>
+bool pick(int bits_k, int bits_v, ScoreFn* sc, AccumFn* ac) {
+  *sc = pick_score<G>(bits_k);
+  *ac = pick_accum<G>(bits_v);
+  return *sc && *ac;
+}
+bool pick_g(int G, int bits_k, int bits_v, ScoreFn* sc, AccumFn* ac) {
+  switch (G) {
+    case 1: return pick<1>(bits_k, bits_v, sc, ac);
+    case 2: return pick<2>(bits_k, bits_v, sc, ac);
+    case 3: return pick<3>(bits_k, bits_v, sc, ac);
+    case 4: return pick<4>(bits_k, bits_v, sc, ac);
+    case 8: return pick<8>(bits_k, bits_v, sc, ac);
+  }
+  return false;
+}
+
+inline __m512 load_norms16(const uint8_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
 bool run(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a, int b,
          const States& st) {
-  const int D = sh.D, G = sh.G, nq = D / 4;
-  ScoreFn score = nullptr;
-  AccumFn accum = nullptr;
-  switch (G) {
-    case 1: score = pick_score<1>(sk.cb->bits); accum = pick_accum<1>(sv.cb->bits); break;
-    case 2: score = pick_score<2>(sk.cb->bits); accum = pick_accum<2>(sv.cb->bits); break;
-    case 3: score = pick_score<3>(sk.cb->bits); accum = pick_accum<3>(sv.cb->bits); break;
-    case 4: score = pick_score<4>(sk.cb->bits); accum = pick_accum<4>(sv.cb->bits); break;
-    case 8: score = pick_score<8>(sk.cb->bits); accum = pick_accum<8>(sv.cb->bits); break;
-    default: return false;
-  }
-  if (!score || !accum) return false;
+  const int D = sh.D, G = sh.G;
+  Part pk[2], pv[2];
+  const int npk = parts_of(sk, pk), npv = parts_of(sv, pv);
+  ScoreFn score[2] = {};
+  AccumFn accum[2] = {};
+  AccumFn unused_a;
+  ScoreFn unused_s;
+  for (int i = 0; i < npk; ++i)
+    if (!pick_g(G, pk[i].bits, 1, &score[i], &unused_a)) return false;
+  for (int i = 0; i < npv; ++i)
+    if (!pick_g(G, 1, pv[i].bits, &unused_s, &accum[i])) return false;
   constexpr int kMaxG = 8;
-  alignas(64) int8_t q8[kMaxG * kMaxHeadDim];
-  alignas(64) int32_t raw[kMaxG * 32];
-  alignas(64) uint8_t w8[kMaxG * 32];
+  alignas(64) int8_t q8[kMaxG * kMaxHeadDim];      // per K part: G x dim
+  alignas(64) int32_t raw[2][kMaxG * 32];
+  alignas(64) uint8_t w8[2][kMaxG * 32];
   alignas(64) int32_t accv[kMaxG * kMaxHeadDim];
-  float kscale[kMaxG], qoff[kMaxG], wscale[kMaxG], alpha[kMaxG];
-  float ck, cv;
-  const __m512i tblK = byte_table(*sk.cb, true, &ck);
-  const __m512i tblV = byte_table(*sv.cb, false, &cv);
-  for (int g = 0; g < G; ++g) {
-    const float* qg = qd + (size_t)g * D;
-    float amax = 0;
-    for (int d = 0; d < D; ++d) amax = std::max(amax, std::fabs(qg[d]));
-    const float sq = amax > 0 ? amax / 127.f : 1.f;
-    const float inv = 1.f / sq;
-    int sum = 0;
-    for (int d = 0; d < D; ++d) {
-      const int v = (int)std::lrint(qg[d] * inv);
-      q8[g * D + d] = (int8_t)v;
-      sum += v;
+  float kscale[2][kMaxG], qoff[2][kMaxG], wscale[kMaxG], alpha[kMaxG];
+  __m512i tblK[2], tblV[2];
+  float ck[2], cv[2];
+  for (int i = 0; i < npk; ++i) tblK[i] = byte_table(*pk[i].cb, true, &ck[i]);
+  for (int i = 0; i < npv; ++i) tblV[i] = byte_table(*pv[i].cb, false, &cv[i]);
+  size_t q8_off[2] = {0, 0};
+  for (int i = 0; i < npk; ++i) {
+    q8_off[i] = (size_t)G * pk[i].off;
+    for (int g = 0; g < G; ++g) {
+      const float* qg = qd + (size_t)g * D + pk[i].off;
+      int8_t* out = q8 + q8_off[i] + (size_t)g * pk[i].dim;
+      float amax = 0;
+      for (int d = 0; d < pk[i].dim; ++d) amax = std::max(amax, std::fabs(qg[d]));
+      const float sq = amax > 0 ? amax / 127.f : 1.f;
+      const float inv = 1.f / sq;
+      int sum = 0;
+      for (int d = 0; d < pk[i].dim; ++d) {
+        const int v = (int)std::lrint(qg[d] * inv);
+        out[d] = (int8_t)v;
+        sum += v;
+      }
+      kscale[i][g] = sq * ck[i] * sh.scale;
+      qoff[i][g] = 128.f * (float)sum;
     }
-    kscale[g] = sq * ck * sh.scale;
-    qoff[g] = 128.f * (float)sum;
   }
-  const int32_t* q32 = reinterpret_cast<const int32_t*>(q8);
   const float neg_inf = -std::numeric_limits<float>::infinity();
+  const __m512 ninf = _mm512_set1_ps(neg_inf);
   const int end = std::min(b, limit);
   const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
   for (int t0 = a; t0 < end; t0 += kBlock) {
     const int nt = std::min(kBlock, end - t0);
     const uint8_t* kb = sk.block(t0 / kBlock);
     const uint8_t* vb = sv.block(t0 / kBlock);
-    score(kb + sk.norms_bytes, D, nt, q32, tblK, raw);
+    for (int i = 0; i < npk; ++i)
+      score[i](kb + pk[i].tiles_off, pk[i].dim, nt, reinterpret_cast<const int32_t*>(q8 + q8_off[i]), tblK[i],
+               raw[i]);
     const __mmask16 valid0 = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(nt));
     const __mmask16 valid1 = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(nt - 16));
-    const uint16_t* kn = reinterpret_cast<const uint16_t*>(kb);
-    const uint16_t* vn = reinterpret_cast<const uint16_t*>(vb);
-    const __m512 kn0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(kn)));
-    const __m512 kn1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(kn + 16)));
-    const __m512 vn0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vn)));
-    const __m512 vn1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vn + 16)));
-    bool any_w = false;
+    __m512 kn0[2], kn1[2], vn0[2], vn1[2];
+    for (int i = 0; i < npk; ++i) {
+      kn0[i] = load_norms16(kb + pk[i].norm_off);
+      kn1[i] = load_norms16(kb + pk[i].norm_off + 32);
+    }
+    for (int i = 0; i < npv; ++i) {
+      vn0[i] = load_norms16(vb + pv[i].norm_off);
+      vn1[i] = load_norms16(vb + pv[i].norm_off + 32);
+    }
+    bool any_w[2] = {false, false};
+    float wsc[2][kMaxG];
     for (int g = 0; g < G; ++g) {
-      const __m512 off = _mm512_set1_ps(qoff[g]), ks = _mm512_set1_ps(kscale[g]);
-      const __m512 ninf = _mm512_set1_ps(neg_inf);
-      __m512 s0 = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_load_si512(raw + g * 32)), off);
-      __m512 s1 = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_load_si512(raw + g * 32 + 16)), off);
-      s0 = _mm512_mask_mul_ps(ninf, valid0, _mm512_mul_ps(s0, ks), kn0);
-      s1 = _mm512_mask_mul_ps(ninf, valid1, _mm512_mul_ps(s1, ks), kn1);
+      __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+      for (int i = 0; i < npk; ++i) {
+        const __m512 off = _mm512_set1_ps(qoff[i][g]), ks = _mm512_set1_ps(kscale[i][g]);
+        const __m512 r0 = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_load_si512(raw[i] + g * 32)), off);
+        const __m512 r1 = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_load_si512(raw[i] + g * 32 + 16)), off);
+        s0 = _mm512_fmadd_ps(_mm512_mul_ps(r0, ks), kn0[i], s0);
+        s1 = _mm512_fmadd_ps(_mm512_mul_ps(r1, ks), kn1[i], s1);
+      }
+      s0 = _mm512_mask_mov_ps(ninf, valid0, s0);
+      s1 = _mm512_mask_mov_ps(ninf, valid1, s1);
       const float mb = hmax(_mm512_max_ps(s0, s1));
       float& m = st.m(g);
       const float m_new = std::max(m, mb);
@@ -215,33 +269,40 @@ bool run(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, i
       const __m512 p0 = _mm512_maskz_mov_ps(valid0, exp512(_mm512_sub_ps(s0, vm)));
       const __m512 p1 = _mm512_maskz_mov_ps(valid1, exp512(_mm512_sub_ps(s1, vm)));
       st.l(g) = st.l(g) * alpha[g] + hsum(_mm512_add_ps(p0, p1));
-      const __m512 w0 = _mm512_mul_ps(p0, vn0), w1 = _mm512_mul_ps(p1, vn1);
-      const float wmax = hmax(_mm512_max_ps(w0, w1));
-      if (wmax > 0) {
-        const __m512 f = _mm512_set1_ps(255.f / wmax);
-        const __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(w0, f));
-        const __m512i i1 = _mm512_cvtps_epi32(_mm512_mul_ps(w1, f));
-        _mm_store_si128(reinterpret_cast<__m128i*>(w8 + g * 32), _mm512_cvtusepi32_epi8(i0));
-        _mm_store_si128(reinterpret_cast<__m128i*>(w8 + g * 32 + 16), _mm512_cvtusepi32_epi8(i1));
-        wscale[g] = wmax / 255.f * cv;
-        any_w = true;
-      } else {
-        std::memset(w8 + g * 32, 0, 32);
-        wscale[g] = 0;
+      for (int i = 0; i < npv; ++i) {
+        const __m512 w0 = _mm512_mul_ps(p0, vn0[i]), w1 = _mm512_mul_ps(p1, vn1[i]);
+        const float wmax = hmax(_mm512_max_ps(w0, w1));
+        if (wmax > 0) {
+          const __m512 f = _mm512_set1_ps(255.f / wmax);
+          const __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(w0, f));
+          const __m512i i1 = _mm512_cvtps_epi32(_mm512_mul_ps(w1, f));
+          _mm_store_si128(reinterpret_cast<__m128i*>(w8[i] + g * 32), _mm512_cvtusepi32_epi8(i0));
+          _mm_store_si128(reinterpret_cast<__m128i*>(w8[i] + g * 32 + 16), _mm512_cvtusepi32_epi8(i1));
+          wsc[i][g] = wmax / 255.f * cv[i];
+          any_w[i] = true;
+        } else {
+          std::memset(w8[i] + g * 32, 0, 32);
+          wsc[i][g] = 0;
+        }
       }
     }
-    if (any_w) accum(vb + sv.norms_bytes, D, nt, reinterpret_cast<const int32_t*>(w8), tblV, accv);
-    for (int g = 0; g < G; ++g) {
-      float* o = st.acc(g);
-      const __m512 al = _mm512_set1_ps(alpha[g]), ws = _mm512_set1_ps(wscale[g]);
-      for (int d = 0; d < D; d += 16) {
-        __m512 x = _mm512_mul_ps(_mm512_loadu_ps(o + d), al);
-        if (any_w) x = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(accv + (size_t)g * D + d)), ws, x);
-        _mm512_storeu_ps(o + d, x);
+    for (int i = 0; i < npv; ++i) {
+      const Part& P = pv[i];
+      if (any_w[i])
+        accum[i](vb + P.tiles_off, P.dim, nt, reinterpret_cast<const int32_t*>(w8[i]), tblV[i], accv);
+      for (int g = 0; g < G; ++g) {
+        float* o = st.acc(g) + P.off;
+        const __m512 al = _mm512_set1_ps(alpha[g]), ws = _mm512_set1_ps(wsc[i][g]);
+        for (int d = 0; d < P.dim; d += 16) {
+          __m512 x = _mm512_mul_ps(_mm512_loadu_ps(o + d), al);
+          if (any_w[i])
+            x = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(accv + (size_t)g * P.dim + d)), ws, x);
+          _mm512_storeu_ps(o + d, x);
+        }
       }
     }
   }
-  (void)nq;
+  (void)wscale;
   return true;
 }
 
@@ -258,7 +319,12 @@ bool host_ok() {
 
 bool decode_tq_vnni(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a,
                     int b, const States& st) {
-  if (!host_ok() || sk.cb->bits > 4 || sv.cb->bits > 4 || sh.D % 16 != 0 || sh.D > kMaxHeadDim) return false;
+  for (const Stream* s : {&sk, &sv}) {
+    if (s->fmt->kind != Kind::tq && s->fmt->kind != Kind::tq_split) return false;
+    if (s->cb->bits > 4 || (s->cb_hi && s->cb_hi->bits > 4)) return false;
+    if (s->fmt->kind == Kind::tq_split && !s->split_frozen) return false;
+  }
+  if (!host_ok() || sh.D % 16 != 0 || sh.D > kMaxHeadDim) return false;
   if (simd::current_level() != "avx3_dl") return false;
   return run(sh, sk, sv, qd, limit, a, b, st);
 }

@@ -50,14 +50,26 @@ struct Row {
   double append_s = 0;
   std::vector<std::vector<double>> ms;  // per thread setting
   std::vector<float> out;
+  std::vector<float> out_err;  // outputs of the n_err queries (fused kernels, as timed)
+  double append1_us = 0;  // median single-token append (decode-time write), one layer
+  double rel_fused_ref = -1, rel_exact_ref = -1;  // same codes: fused / exact mode vs attention_ref
 };
+
+double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+    den += (double)b[i] * b[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
 
 void setup(CLI::App& app) {
   struct Opts {
-    int head_dim = 128, n_heads = 32, n_kv_heads = 8, context = 32768, steps = 9, window = 0;
+    int head_dim = 128, n_heads = 32, n_kv_heads = 8, context = 32768, steps = 9, window = 0, err_queries = 4;
     std::string kv = "f16,q8_0,q4_0,q4_0h,tq3,tq4", threads = "1";
     uint64_t seed = 1;
-    bool json = false, exact = false;
+    bool json = false, exact = false, grouped = false, no_ref = false;
   };
   auto o = std::make_shared<Opts>();
   auto* bench = tq::cli::group(app, "bench", "Benchmarks that print figures (and JSON with --json)");
@@ -79,7 +91,13 @@ void setup(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--window", o->window, "recent tokens kept in f16")->capture_default_str();
   sub->add_option("--seed", o->seed, "data seed")->capture_default_str();
+  sub->add_option("--err-queries", o->err_queries, "queries averaged in rel_err / max_abs_err vs exact")
+      ->capture_default_str()->check(CLI::Range(1, 64));
   sub->add_flag("--exact", o->exact, "float scoring from codes (no int8 lookup tables)");
+  sub->add_flag("--no-ref", o->no_ref,
+                "skip the same-codes check (fused and exact-mode output vs attention_ref on the cache)");
+  sub->add_flag("--grouped", o->grouped,
+                "run all steps of one type back to back (warm caches) instead of interleaving types");
   sub->add_flag("--json", o->json, "print one JSON object on stdout");
   sub->callback([o] {
     TQ_CHECK(o->context >= 1, "--context must be >= 1");
@@ -92,39 +110,50 @@ void setup(CLI::App& app) {
     TQ_CHECK(!threads.empty(), "--threads is empty");
     const Gen gen{KVH, D, o->seed};
     const int kBatch = 1024;
+    const int kAppend1 = 33;  // single-token appends timed after the decode steps
 
-    // Query and the exact f32 answer on the unquantized vectors (double accumulation).
-    std::vector<float> q((size_t)H * D);
-    {
-      tq::Rng rng(o->seed ^ 0xabcdefull);
-      for (auto& x : q) x = (float)rng.normal();
-    }
+    // Queries (query 0 is timed; all n_err are used for the error vs exact) and the exact
+    // f32 answers on the unquantized vectors (double accumulation).
+    const int n_err = o->err_queries;
     const int G = H / KVH;
     const double scale = 1.0 / std::sqrt((double)D);
-    std::vector<double> m(H, -INFINITY), l(H, 0), acc((size_t)H * D, 0);
+    std::vector<float> qs((size_t)n_err * H * D);
+    {
+      tq::Rng rng(o->seed ^ 0xabcdefull);
+      for (auto& x : qs) x = (float)rng.normal();
+    }
+    const std::vector<float> q(qs.begin(), qs.begin() + (size_t)H * D);
+    const int HQ = n_err * H;
+    std::vector<double> m(HQ, -INFINITY), l(HQ, 0), acc((size_t)HQ * D, 0);
     std::vector<float> kb, vb;
     for (int t0 = 0; t0 < N; t0 += kBatch) {
       const int n = std::min(kBatch, N - t0);
       gen.batch(t0, n, kb, vb);
-      for (int h = 0; h < H; ++h) {
-        const int kh = h / G;
+      for (int hq = 0; hq < HQ; ++hq) {
+        const int kh = (hq % H) / G;
+        const float* qv = &qs[(size_t)hq * D];
+        double* ac = &acc[(size_t)hq * D];
         for (int t = 0; t < n; ++t) {
           const float* kr = &kb[((size_t)t * KVH + kh) * D];
           const float* vr = &vb[((size_t)t * KVH + kh) * D];
           double s = 0;
-          for (int d = 0; d < D; ++d) s += (double)q[(size_t)h * D + d] * kr[d];
+          for (int d = 0; d < D; ++d) s += (double)qv[d] * kr[d];
           s *= scale;
-          const double mn = std::max(m[h], s);
-          const double a = std::exp(m[h] - mn), w = std::exp(s - mn);
-          l[h] = l[h] * a + w;
-          for (int d = 0; d < D; ++d) acc[(size_t)h * D + d] = acc[(size_t)h * D + d] * a + w * vr[d];
-          m[h] = mn;
+          if (s > m[hq]) {
+            const double a = std::exp(m[hq] - s);
+            l[hq] *= a;
+            for (int d = 0; d < D; ++d) ac[d] *= a;
+            m[hq] = s;
+          }
+          const double w = std::exp(s - m[hq]);
+          l[hq] += w;
+          for (int d = 0; d < D; ++d) ac[d] += w * vr[d];
         }
       }
     }
-    std::vector<float> exact((size_t)H * D);
-    for (int h = 0; h < H; ++h)
-      for (int d = 0; d < D; ++d) exact[(size_t)h * D + d] = (float)(acc[(size_t)h * D + d] / l[h]);
+    std::vector<float> exact((size_t)HQ * D);
+    for (int hq = 0; hq < HQ; ++hq)
+      for (int d = 0; d < D; ++d) exact[(size_t)hq * D + d] = (float)(acc[(size_t)hq * D + d] / l[hq]);
 
     // Fill one cache per type (timing only the appends).
     std::vector<Row> rows;
@@ -142,7 +171,7 @@ void setup(CLI::App& app) {
       cfg.n_layers = 1;
       cfg.n_kv_heads = KVH;
       cfg.head_dim = D;
-      cfg.max_tokens = N;
+      cfg.max_tokens = N + kAppend1;
       cfg.type_k = r.type_k;
       cfg.type_v = r.type_v;
       cfg.window = o->window;
@@ -169,12 +198,54 @@ void setup(CLI::App& app) {
     for (size_t ti = 0; ti < threads.size(); ++ti) {
       p.n_threads = threads[ti];
       for (auto& r : rows) tq::attention(*r.cache, 0, 1, q.data(), r.out.data(), p);  // warm up
-      for (int s = 0; s < o->steps; ++s)
-        for (auto& r : rows) {
+      auto step = [&](Row& r) {
+        const auto a = Clock::now();
+        tq::attention(*r.cache, 0, 1, q.data(), r.out.data(), p);
+        r.ms[ti].push_back(std::chrono::duration<double, std::milli>(Clock::now() - a).count());
+      };
+      if (o->grouped) {
+        for (auto& r : rows)
+          for (int s = 0; s < o->steps; ++s) step(r);
+      } else {
+        for (int s = 0; s < o->steps; ++s)
+          for (auto& r : rows) step(r);
+      }
+    }
+    // Outputs of all error queries (fused kernels as timed).
+    for (auto& r : rows) {
+      r.out_err.resize((size_t)HQ * D);
+      tq::AttentionParams pe = p;
+      pe.n_threads = threads.back();
+      for (int e = 0; e < n_err; ++e)
+        tq::attention(*r.cache, 0, 1, &qs[(size_t)e * H * D], &r.out_err[(size_t)e * H * D], pe);
+    }
+    // Same codes: fused kernels (as timed) and exact mode vs the dequantize-then-exact oracle.
+    if (!o->no_ref) {
+      std::vector<float> ref((size_t)H * D), ex((size_t)H * D);
+      for (auto& r : rows) {
+        tq::AttentionParams pr = p;
+        pr.n_threads = threads.back();
+        tq::attention_ref(*r.cache, 0, 1, q.data(), ref.data(), pr);
+        r.rel_fused_ref = rel_diff(r.out, ref);
+        pr.exact = true;
+        tq::attention(*r.cache, 0, 1, q.data(), ex.data(), pr);
+        r.rel_exact_ref = rel_diff(ex, ref);
+      }
+    }
+    // Decode-time writes: single tokens (quantize on write), after the steps.
+    {
+      std::vector<float> k1, v1;
+      gen.batch(N, kAppend1, k1, v1);
+      for (auto& r : rows) {
+        std::vector<double> us;
+        for (int i = 0; i < kAppend1; ++i) {
           const auto a = Clock::now();
-          tq::attention(*r.cache, 0, 1, q.data(), r.out.data(), p);
-          r.ms[ti].push_back(std::chrono::duration<double, std::milli>(Clock::now() - a).count());
+          r.cache->append(0, 1, k1.data() + (size_t)i * KVH * D, v1.data() + (size_t)i * KVH * D);
+          us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - a).count());
         }
+        std::sort(us.begin(), us.end());
+        r.append1_us = us[us.size() / 2];
+      }
     }
     auto median = [](std::vector<double> v) {
       std::sort(v.begin(), v.end());
@@ -189,7 +260,7 @@ void setup(CLI::App& app) {
       for (auto& r : rows) {
         double num = 0, den = 0, mx = 0;
         for (size_t i = 0; i < exact.size(); ++i) {
-          const double e = (double)r.out[i] - exact[i];
+          const double e = (double)r.out_err[i] - exact[i];
           num += e * e;
           den += (double)exact[i] * exact[i];
           mx = std::max(mx, std::fabs(e));
@@ -208,26 +279,36 @@ void setup(CLI::App& app) {
         if (f16_ms > 0) j["speedup_vs_f16"] = f16_ms / ms; else j["speedup_vs_f16"] = nullptr;
         j["max_abs_err"] = mx;
         j["rel_err"] = std::sqrt(num / den);
+        if (r.rel_fused_ref >= 0) {
+          j["rel_err_fused_vs_ref"] = r.rel_fused_ref;
+          j["rel_err_exact_vs_ref"] = r.rel_exact_ref;
+        }
         j["append_tokens_per_s"] = N / r.append_s;
+        j["append_us_per_token"] = r.append1_us;
+        if (f16_ms > 0) j["append_pct_of_f16_step"] = 100.0 * r.append1_us / (1000.0 * f16_ms);
         results.push_back(j);
       }
     }
     if (o->json) {
       tq::cli::print_json({{"head_dim", D}, {"n_heads", H}, {"n_kv_heads", KVH}, {"context", N},
-                           {"steps", o->steps}, {"window", o->window}, {"exact", o->exact},
+                           {"steps", o->steps}, {"window", o->window}, {"exact", o->exact}, {"err_queries", n_err},
+                           {"interleaved", !o->grouped},
                            {"simd", tq::simd::current_level()}, {"results", results}});
       return;
     }
-    std::printf("decode attention: D=%d heads=%d kv_heads=%d context=%d steps=%d window=%d simd=%s%s\n", D, H,
-                KVH, N, o->steps, o->window, tq::simd::current_level().c_str(), o->exact ? " exact" : "");
-    std::printf("%-12s %3s %10s %8s %10s %10s %10s %12s\n", "kv", "thr", "ms/step", "vs f16", "B/token",
-                "rel_err", "max_abs", "append tok/s");
+    std::printf("decode attention: D=%d heads=%d kv_heads=%d context=%d steps=%d window=%d simd=%s%s%s\n", D,
+                H, KVH, N, o->steps, o->window, tq::simd::current_level().c_str(), o->exact ? " exact" : "",
+                o->grouped ? " grouped" : " interleaved");
+    std::printf("%-12s %3s %10s %8s %10s %10s %10s %12s %10s %10s %10s\n", "kv", "thr", "ms/step", "vs f16", "B/token",
+                "rel_err", "max_abs", "append tok/s", "append1 us", "fused~ref", "exact~ref");
     for (const auto& j : results) {
       const std::string sp = j["speedup_vs_f16"].is_null() ? "-" : tq::strprintf("%.2fx", j["speedup_vs_f16"].get<double>());
-      std::printf("%-12s %3d %10.3f %8s %10.0f %10.2e %10.2e %12.0f\n", j["kv"].get<std::string>().c_str(),
+      const double fr = j.contains("rel_err_fused_vs_ref") ? j["rel_err_fused_vs_ref"].get<double>() : -1;
+      const double er = j.contains("rel_err_exact_vs_ref") ? j["rel_err_exact_vs_ref"].get<double>() : -1;
+      std::printf("%-12s %3d %10.3f %8s %10.0f %10.2e %10.2e %12.0f %10.1f %10.2e %10.2e\n", j["kv"].get<std::string>().c_str(),
                   j["threads"].get<int>(), j["ms_per_step"].get<double>(), sp.c_str(),
                   j["bytes_per_token"].get<double>(), j["rel_err"].get<double>(), j["max_abs_err"].get<double>(),
-                  j["append_tokens_per_s"].get<double>());
+                  j["append_tokens_per_s"].get<double>(), j["append_us_per_token"].get<double>(), fr, er);
     }
   });
 }
