@@ -457,3 +457,23 @@ TEST(Errors, CheckedArithmetic) {
 }
 
 }  // namespace
+
+namespace {
+// On anisotropic (key-like) data the rotation matters: dense and Hadamard rotations bring
+// the distortion back to the isotropic value, 2-D / 4-D block rotations only partly.
+TEST(Quantizer, RotationQualityOnOutlierData) {
+  const size_t n = small_tests() ? 1000 : 3000;
+  auto mse_of = [&](const char* rot) {
+    auto q = tq::make_quantizer(tq::QuantizerKind::mse, cfg_for(128, 3, rot, false));
+    return tq::measure_distortion(*q, n, 9, "outlier").mse;
+  };
+  const double haar = mse_of("haar"), had = mse_of("hadamard"), giv = mse_of("givens"), iso = mse_of("iso4"),
+               none = mse_of("identity");
+  EXPECT_NEAR(haar, 0.0340, 0.05 * 0.0340);
+  EXPECT_LT(had, 0.0340 * 1.05);
+  EXPECT_GT(giv, 2 * had);
+  EXPECT_GT(iso, 2 * had);
+  EXPECT_LT(iso, none);
+  EXPECT_LT(giv, none);
+}
+}  // namespace
