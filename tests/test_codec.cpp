@@ -477,3 +477,29 @@ TEST(Quantizer, RotationQualityOnOutlierData) {
   EXPECT_LT(giv, none);
 }
 }  // namespace
+
+namespace {
+TEST(Quantizer, RejectsNullPointersAndOverflowingSizes) {
+  for (auto kind : {tq::QuantizerKind::mse, tq::QuantizerKind::prod}) {
+    auto q = tq::make_quantizer(kind, cfg_for(64, 3, "hadamard"));
+    std::vector<float> x(64, 1.0f), st(q->query_state_floats());
+    std::vector<uint8_t> c(q->code_bytes());
+    float out;
+    EXPECT_THROW(q->encode(1, nullptr, c.data()), tq::Error);
+    EXPECT_THROW(q->encode(1, x.data(), nullptr), tq::Error);
+    EXPECT_THROW(q->decode(1, nullptr, x.data()), tq::Error);
+    EXPECT_THROW(q->score(st.data(), 1, nullptr, &out), tq::Error);
+    EXPECT_THROW(q->prepare_query(nullptr, st.data()), tq::Error);
+    EXPECT_NO_THROW(q->encode(0, nullptr, nullptr));  // an empty batch needs no buffers
+    const size_t huge = std::numeric_limits<size_t>::max() / 8;
+    EXPECT_THROW(q->encode(huge, x.data(), c.data()), tq::Error);
+    EXPECT_THROW(q->decode(huge, c.data(), x.data()), tq::Error);
+  }
+  for (const auto& name : kRotations) {
+    auto rot = tq::make_rotation(tq::parse_rotation(name), 16, 1);
+    std::vector<float> x(16);
+    EXPECT_THROW(rot->forward(1, nullptr, x.data()), tq::Error) << name;
+    EXPECT_THROW(rot->inverse(1, x.data(), nullptr), tq::Error) << name;
+  }
+}
+}  // namespace

@@ -75,6 +75,8 @@ int floor_pow2(int x) {
 }
 
 void copy_if_needed(size_t n, int d, const float* x, float* y) {
+  if (n == 0) return;
+  TQ_CHECK(x != nullptr && y != nullptr, "rotation: null pointer for a batch of %zu vectors", n);
   if (x != y) std::memmove(y, x, checked_mul(n, static_cast<size_t>(d), "rotation batch") * sizeof(float));
 }
 
@@ -224,9 +226,10 @@ class BlockMatrixRotation final : public Rotation {
   }
   void run(size_t n, const float* x, float* y, bool transpose) const {
     const int d = dim_;
+    copy_if_needed(n, d, x, y);  // validates; the blocks then work in place
     float tmp[4];
     for (size_t r = 0; r < n; ++r) {
-      const float* xr = x + r * d;
+      const float* xr = y + r * d;
       float* yr = y + r * d;
       for (const Block& b : blocks_) {
         for (int i = 0; i < b.k; ++i) {
@@ -260,6 +263,9 @@ class HaarRotation final : public Rotation {
  private:
   Eigen::MatrixXf q_;  // column-major d x d; forward: y = Q x
   void run(size_t n, const float* x, float* y, bool inv) const {
+    if (n == 0) return;
+    TQ_CHECK(x != nullptr && y != nullptr, "rotation: null pointer for a batch of %zu vectors", n);
+    checked_mul(n, static_cast<size_t>(dim_) * sizeof(float), "rotation batch");
     using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
     const Eigen::Index d = dim_;
     const size_t chunk = 256;
