@@ -227,17 +227,36 @@ class BlockMatrixRotation final : public Rotation {
   void run(size_t n, const float* x, float* y, bool transpose) const {
     const int d = dim_;
     copy_if_needed(n, d, x, y);  // validates; the blocks then work in place
-    float tmp[4];
     for (size_t r = 0; r < n; ++r) {
-      const float* xr = y + r * d;
-      float* yr = y + r * d;
+      float* row = y + r * d;
       for (const Block& b : blocks_) {
-        for (int i = 0; i < b.k; ++i) {
-          float s = 0;
-          for (int j = 0; j < b.k; ++j) s += (transpose ? b.m[j * b.k + i] : b.m[i * b.k + j]) * xr[b.off + j];
-          tmp[i] = s;
+        float* v = row + b.off;
+        const float* m = b.m.data();
+        if (b.k == 4) {  // unrolled 4x4 (iso4)
+          const float a0 = v[0], a1 = v[1], a2 = v[2], a3 = v[3];
+          if (!transpose) {
+            v[0] = m[0] * a0 + m[1] * a1 + m[2] * a2 + m[3] * a3;
+            v[1] = m[4] * a0 + m[5] * a1 + m[6] * a2 + m[7] * a3;
+            v[2] = m[8] * a0 + m[9] * a1 + m[10] * a2 + m[11] * a3;
+            v[3] = m[12] * a0 + m[13] * a1 + m[14] * a2 + m[15] * a3;
+          } else {
+            v[0] = m[0] * a0 + m[4] * a1 + m[8] * a2 + m[12] * a3;
+            v[1] = m[1] * a0 + m[5] * a1 + m[9] * a2 + m[13] * a3;
+            v[2] = m[2] * a0 + m[6] * a1 + m[10] * a2 + m[14] * a3;
+            v[3] = m[3] * a0 + m[7] * a1 + m[11] * a2 + m[15] * a3;
+          }
+        } else if (b.k == 2) {  // givens: [c -s; s c]
+          const float a0 = v[0], a1 = v[1];
+          if (!transpose) {
+            v[0] = m[0] * a0 + m[1] * a1;
+            v[1] = m[2] * a0 + m[3] * a1;
+          } else {
+            v[0] = m[0] * a0 + m[2] * a1;
+            v[1] = m[1] * a0 + m[3] * a1;
+          }
+        } else {
+          v[0] *= m[0];
         }
-        for (int i = 0; i < b.k; ++i) yr[b.off + i] = tmp[i];
       }
     }
   }
