@@ -33,6 +33,7 @@ template <class Fetch>
 void generic_task(const Shape& sh, const float* qd, const int* limits, int a, int b, Fetch&& fetch,
                   const States& st, const Stream* prod_k = nullptr, const float* pq = nullptr) {
   const int D = sh.D, G = sh.G;
+  const bool scalar = simd::use_scalar();
   std::vector<float> kb((size_t)kBlock * D), vb((size_t)kBlock * D), s(kBlock);
   for (int t = a; t < b; t += kBlock) {
     const int nb = std::min(kBlock, b - t);
@@ -43,6 +44,11 @@ void generic_task(const Shape& sh, const float* qd, const int* limits, int a, in
     for (int i = 0; i < sh.n_q; ++i) {
       const int nt = std::min(nb, limits[i] - t);
       if (nt <= 0) continue;
+      if (!scalar && !prod_k) {
+        attend_rows(D, G, sh.scale, qd + (size_t)i * G * D, kb.data(), vb.data(), nt,
+                    States{st.base + (size_t)i * G * st.stride(), D});
+        continue;
+      }
       for (int g = 0; g < G; ++g) {
         const float* qv = qd + ((size_t)i * G + g) * D;
         const int k = i * G + g;
@@ -199,8 +205,8 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
       auto fetch = [&](int t0, int n, float* kb, float* vb) {
         for (int r = 0; r < n; ++r) {
           const int t = t0 + r;
-          fp16_to_fp32_n((size_t)D, sk.ring.get() + (size_t)(t % W) * D, kb + (size_t)r * D);
-          fp16_to_fp32_n((size_t)D, sv.ring.get() + (size_t)(t % W) * D, vb + (size_t)r * D);
+          f16_to_f32(D, sk.ring.get() + (size_t)(t % W) * D, kb + (size_t)r * D);
+          f16_to_f32(D, sv.ring.get() + (size_t)(t % W) * D, vb + (size_t)r * D);
         }
       };
       generic_task(sh, qd, P.limits.data(), nq_tok, sh.n_tokens, fetch, st);

@@ -37,4 +37,20 @@ struct States {
 bool fused_decode(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit,
                   int a, int b, const States& st);
 
+// tq (mse, 1..4 bits) K and V on AVX-512 VNNI: int8 lookup tables (see attention_vnni.cpp).
+// Returns false when the host or the current SIMD level cannot run it or the shape is not
+// handled (then the caller uses the generic float path).
+bool decode_tq_vnni(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit,
+                    int a, int b, const States& st);
+
+// SIMD (Highway) pieces of the generic path. kR, vR: nt x D floats (rows in the stream domain).
+void attend_rows(int D, int G, float scale, const float* qd, const float* kR, const float* vR, int nt,
+                 const States& st);
+void decode_q8_rows(int D, int n, const uint8_t* rows, float* out);  // n rows of D/32 BlockQ8_0
+void decode_q4_rows(int D, int n, const uint8_t* rows, float* out);  // n rows of D/32 BlockQ4_0
+
+// binary16 <-> binary32 (round to nearest even), SIMD; the scalar level uses tq::fp*_n.
+void f32_to_f16(int n, const float* x, uint16_t* h);
+void f16_to_f32(int n, const uint16_t* h, float* x);
+
 }  // namespace tq::kv

@@ -1,12 +1,18 @@
 // KvCache: the table of formats, storage, the write (quantize) path and memory accounting.
 // Layouts are described in kv_internal.h and docs/sections/kv.md.
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
 
+#include "kv/attention_kernels.h"
 #include "kv/kv_internal.h"
 #include "tq/error.h"
+#include "tq/simd.h"
 
 namespace tq {
 namespace kv {
@@ -67,16 +73,53 @@ static void get_codes(const uint8_t* tiles, int dim, int bits, int tok, uint8_t*
     codes[d] = (uint8_t)c;
   }
 }
+// Bits p of 16 codes -> 16-bit mask (bit i = bit p of c[i]).
+static inline unsigned plane16(const uint8_t* c, int p) noexcept {
+#if defined(__SSE2__)
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(c));
+  return (unsigned)_mm_movemask_epi8(_mm_slli_epi16(v, 7 - p));
+#else
+  unsigned m = 0;
+  for (int i = 0; i < 16; ++i) m |= ((c[i] >> p) & 1u) << i;
+  return m;
+#endif
+}
+// 16 bits -> every 4th bit of a 64-bit word (bit i -> bit 4 i).
+static inline uint64_t spread4(uint64_t x) noexcept {
+  x &= 0xFFFFull;
+  x = (x | (x << 24)) & 0x000000FF000000FFull;
+  x = (x | (x << 12)) & 0x000F000F000F000Full;
+  x = (x | (x << 6)) & 0x0303030303030303ull;
+  x = (x | (x << 3)) & 0x1111111111111111ull;
+  return x;
+}
+
+// Writes the codes of token `tok` (dim multiple of 16). K: the 4 dims of a quad are one
+// nibble of a plane; V: the 16 dims of a group are every 4th bit of a plane word.
 template <bool kIsK>
 static void set_codes(uint8_t* tiles, int dim, int bits, int tok, const uint8_t* codes) noexcept {
-  for (int d = 0; d < dim; ++d) {
-    int tile, bit;
-    if (kIsK) tile_pos_k(dim, tok, d, tile, bit); else tile_pos_v(dim, tok, d, tile, bit);
-    uint8_t* t = tiles + (size_t)tile * bits * 8;
-    const uint8_t m = (uint8_t)(1u << (bit & 7));
-    for (int p = 0; p < bits; ++p) {
-      uint8_t& byte = t[p * 8 + (bit >> 3)];
-      byte = ((codes[d] >> p) & 1u) ? (byte | m) : (byte & ~m);
+  if (kIsK) {
+    const int nq = dim >> 2, i = tok & 15, sh = (i & 1) * 4;
+    uint8_t* base = tiles + (size_t)(tok >> 4) * nq * bits * 8 + (i >> 1);
+    for (int d16 = 0; d16 < dim; d16 += 16)
+      for (int p = 0; p < bits; ++p) {
+        const unsigned m = plane16(codes + d16, p);
+        for (int q = 0; q < 4; ++q) {
+          uint8_t& byte = base[((size_t)((d16 >> 2) + q) * bits + p) * 8];
+          byte = (uint8_t)((byte & ~(0xF << sh)) | (((m >> (4 * q)) & 0xF) << sh));
+        }
+      }
+  } else {
+    const int j = tok & 3;
+    const uint64_t clear = ~(0x1111111111111111ull << j);
+    for (int e = 0; e < dim / 16; ++e) {
+      uint8_t* t = tiles + ((size_t)e * 8 + (tok >> 2)) * bits * 8;
+      for (int p = 0; p < bits; ++p) {
+        uint64_t w;
+        std::memcpy(&w, t + p * 8, 8);
+        w = (w & clear) | (spread4(plane16(codes + 16 * e, p)) << j);
+        std::memcpy(t + p * 8, &w, 8);
+      }
     }
   }
 }
@@ -285,58 +328,84 @@ void KvCache::Impl::to_orig(const Stream& s, int side, int n, float* x) const {
 // ------------------------------------------------------------------ Impl: encode / decode
 void KvCache::Impl::encode_rows(Stream& s, int side, int n, const float* x, size_t stride) {
   const int D = s.dim;
-  std::vector<float> y((size_t)D);
+  if (n <= 0) return;
+  if (s.fmt->kind == Kind::tq_split && !s.split_frozen) freeze_split(s);
+  std::vector<float> xb((size_t)kBlock * D), yb((size_t)kBlock * D), u((size_t)D);
   std::vector<uint8_t> idx((size_t)D);
-  std::vector<float> u((size_t)D);
-  for (int r = 0; r < n; ++r) {
-    const float* xr = x + (size_t)r * stride;
+  std::vector<uint16_t> h((size_t)D);
+  int r = 0;
+  while (r < n) {  // segments that stay inside one block
     const int t = s.n_quant;
-    const int b = t / kBlock, slot = t % kBlock;
+    const int b = t / kBlock, slot0 = t % kBlock;
+    const int m = std::min(n - r, kBlock - slot0);
     if (b / kBlocksPerChunk >= (int)s.chunks.size()) {
       const size_t bytes = checked_mul(s.block_bytes, kBlocksPerChunk, "kv chunk bytes");
       s.chunks.emplace_back(make_aligned<uint8_t>(bytes));
     }
     uint8_t* blk = s.block(b);
-    if (slot == 0) std::memset(blk, 0, s.block_bytes);
-    uint8_t* row = blk + (size_t)slot * s.row_bytes;
-    switch (s.fmt->kind) {
-      case Kind::f32: std::memcpy(row, xr, sizeof(float) * D); break;
-      case Kind::f16: fp32_to_fp16_n((size_t)D, xr, reinterpret_cast<uint16_t*>(row)); break;
-      case Kind::q8_0:
-      case Kind::q4_0: {
-        const float* src = xr;
-        if (s.domain == Domain::rot) { to_domain(s, side, 1, xr, y.data()); src = y.data(); }
-        if (s.fmt->kind == Kind::q8_0) quantize_q8_0(D, src, reinterpret_cast<BlockQ8_0*>(row));
-        else quantize_q4_0(D, src, reinterpret_cast<BlockQ4_0*>(row));
-        break;
+    if (slot0 == 0) std::memset(blk, 0, s.block_bytes);
+    for (int j = 0; j < m; ++j)
+      std::memcpy(&xb[(size_t)j * D], x + (size_t)(r + j) * stride, sizeof(float) * D);
+    if (s.domain != Domain::orig) to_domain(s, side, m, xb.data(), yb.data());
+    for (int j = 0; j < m; ++j) {
+      const int slot = slot0 + j;
+      const float* xr = &xb[(size_t)j * D];
+      const float* yr = &yb[(size_t)j * D];
+      uint8_t* row = blk + (size_t)slot * s.row_bytes;
+      switch (s.fmt->kind) {
+        case Kind::f32: std::memcpy(row, xr, sizeof(float) * D); break;
+        case Kind::f16:
+          if (s.side == 0) {  // K: dim-major within the block (32 tokens of one dim contiguous)
+            f32_to_f16(D, xr, h.data());
+            uint16_t* kb = reinterpret_cast<uint16_t*>(blk);
+            for (int d = 0; d < D; ++d) kb[(size_t)d * kBlock + slot] = h[d];
+          } else {
+            f32_to_f16(D, xr, reinterpret_cast<uint16_t*>(row));
+          }
+          break;
+        case Kind::q8_0:
+        case Kind::q4_0: {
+          const float* src = s.domain == Domain::rot ? yr : xr;
+          if (s.fmt->kind == Kind::q8_0) quantize_q8_0(D, src, reinterpret_cast<BlockQ8_0*>(row));
+          else quantize_q4_0(D, src, reinterpret_cast<BlockQ4_0*>(row));
+          break;
+        }
+        case Kind::tq:
+          encode_tq_part(*s.cb, D, s.side, yr, norm2(xr, D), reinterpret_cast<uint16_t*>(blk) + slot,
+                         blk + s.norms_bytes, slot, idx.data(), u.data());
+          break;
+        case Kind::tq_split: {
+          double e_hi = 0, e_lo = 0;
+          for (int i = 0; i < s.d_hi; ++i) e_hi += (double)xr[s.perm[i]] * xr[s.perm[i]];
+          for (int i = s.d_hi; i < D; ++i) e_lo += (double)xr[s.perm[i]] * xr[s.perm[i]];
+          encode_tq_part(*s.cb_hi, s.d_hi, s.side, yr, std::sqrt(e_hi), reinterpret_cast<uint16_t*>(blk) + slot,
+                         blk + s.norms_bytes, slot, idx.data(), u.data());
+          encode_tq_part(*s.cb, s.d_lo, s.side, yr + s.d_hi, std::sqrt(e_lo),
+                         reinterpret_cast<uint16_t*>(blk) + kBlock + slot, blk + s.norms_bytes + s.tiles_hi_bytes,
+                         slot, idx.data(), u.data());
+          break;
+        }
+        case Kind::tq_prod: break;
       }
-      case Kind::tq: {
-        to_domain(s, side, 1, xr, y.data());
-        encode_tq_part(*s.cb, D, s.side, y.data(), norm2(xr, D),
-                       reinterpret_cast<uint16_t*>(blk) + slot, blk + s.norms_bytes, slot, idx.data(), u.data());
-        break;
-      }
-      case Kind::tq_split: {
-        if (!s.split_frozen) freeze_split(s);
-        to_domain(s, side, 1, xr, y.data());
-        double e_hi = 0, e_lo = 0;
-        for (int i = 0; i < s.d_hi; ++i) e_hi += (double)xr[s.perm[i]] * xr[s.perm[i]];
-        for (int i = s.d_hi; i < D; ++i) e_lo += (double)xr[s.perm[i]] * xr[s.perm[i]];
-        encode_tq_part(*s.cb_hi, s.d_hi, s.side, y.data(), std::sqrt(e_hi),
-                       reinterpret_cast<uint16_t*>(blk) + slot, blk + s.norms_bytes, slot, idx.data(), u.data());
-        encode_tq_part(*s.cb, s.d_lo, s.side, y.data() + s.d_hi, std::sqrt(e_lo),
-                       reinterpret_cast<uint16_t*>(blk) + kBlock + slot,
-                       blk + s.norms_bytes + s.tiles_hi_bytes, slot, idx.data(), u.data());
-        break;
-      }
-      case Kind::tq_prod: s.prod->encode(1, xr, row); break;
     }
-    s.n_quant++;
+    if (s.fmt->kind == Kind::tq_prod) s.prod->encode((size_t)m, xb.data(), blk + (size_t)slot0 * s.row_bytes);
+    s.n_quant += m;
+    r += m;
   }
 }
 
 void KvCache::Impl::decode_domain(const Stream& s, int side, int t0, int n, float* out) const {
   const int D = s.dim;
+  if ((s.fmt->kind == Kind::q8_0 || s.fmt->kind == Kind::q4_0) && !simd::use_scalar()) {
+    for (int r = 0; r < n;) {  // rows are contiguous within a block
+      const int t = t0 + r, m = std::min(n - r, kBlock - t % kBlock);
+      const uint8_t* rows = s.block(t / kBlock) + (size_t)(t % kBlock) * s.row_bytes;
+      if (s.fmt->kind == Kind::q8_0) decode_q8_rows(D, m, rows, out + (size_t)r * D);
+      else decode_q4_rows(D, m, rows, out + (size_t)r * D);
+      r += m;
+    }
+    return;
+  }
   std::vector<uint8_t> idx((size_t)D);
   for (int r = 0; r < n; ++r) {
     const int t = t0 + r;
@@ -345,7 +414,14 @@ void KvCache::Impl::decode_domain(const Stream& s, int side, int t0, int n, floa
     float* o = out + (size_t)r * D;
     switch (s.fmt->kind) {
       case Kind::f32: std::memcpy(o, row, sizeof(float) * D); break;
-      case Kind::f16: fp16_to_fp32_n((size_t)D, reinterpret_cast<const uint16_t*>(row), o); break;
+      case Kind::f16:
+        if (s.side == 0) {
+          const uint16_t* kb = reinterpret_cast<const uint16_t*>(blk);
+          for (int d = 0; d < D; ++d) o[d] = fp16_to_fp32(kb[(size_t)d * kBlock + t % kBlock]);
+        } else {
+          f16_to_f32(D, reinterpret_cast<const uint16_t*>(row), o);
+        }
+        break;
       case Kind::q8_0: dequantize_q8_0(D, reinterpret_cast<const BlockQ8_0*>(row), o); break;
       case Kind::q4_0: dequantize_q4_0(D, reinterpret_cast<const BlockQ4_0*>(row), o); break;
       case Kind::tq: {
@@ -503,10 +579,10 @@ void KvCache::append(int layer, int n_tokens, const float* k, const float* v) {
         const int t = L.n_tokens + r;  // absolute position of the new token
         uint16_t* slot = s.ring.get() + (size_t)(t % W) * D;
         if (t >= W) {  // token t - W leaves the window: quantize it
-          fp16_to_fp32_n((size_t)D, slot, tmp.data());
+          f16_to_f32(D, slot, tmp.data());
           I.encode_rows(s, side, 1, tmp.data(), (size_t)D);
         }
-        fp32_to_fp16_n((size_t)D, xh + (size_t)r * stride, slot);
+        f32_to_f16(D, xh + (size_t)r * stride, slot);
       }
     }
   }

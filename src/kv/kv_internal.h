@@ -5,7 +5,8 @@
 // layout depends on the format (see docs/sections/kv.md "Layouts"):
 //
 //   f32    32 rows x D floats, row-major                              (32 bits / value)
-//   f16    32 rows x D binary16, row-major                            (16 bits / value)
+//   f16    V: 32 rows x D binary16, row-major; K: dim-major (D x 32 tokens) so that one
+//          vector load gives one dim of 16 tokens (scores without horizontal sums) (16 bits)
 //   q8_0   32 rows x D/32 BlockQ8_0 {fp16 d; int8 qs[32]}             (8.5 bits / value)
 //   q4_0   32 rows x D/32 BlockQ4_0 {fp16 d; uint8 qs[16]}            (4.5 bits / value)
 //          q4_0: value j in low nibble of qs[j], value j+16 in the high nibble (ggml order)
