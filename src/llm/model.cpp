@@ -42,6 +42,7 @@ const LlamaConfig& LlamaModel::config() const noexcept { return impl_->cfg; }
 LlamaModel LlamaModel::load(const GgufFile& g) {
   LlamaModel m;
   Impl& I = *m.impl_;
+  openblas_set_num_threads(1);
   LlamaConfig& c = I.cfg;
   c.arch = g.get_string("general.architecture");
   TQ_CHECK(c.arch == "llama", "%s: architecture '%s' is not supported (only 'llama')", g.path().c_str(),
@@ -127,7 +128,7 @@ KvCacheConfig LlamaModel::kv_config(int max_tokens) const {
 
 void LlamaModel::set_threads(int n) {
   impl_->n_threads = n > 0 ? n : omp_get_num_procs();
-  openblas_set_num_threads(impl_->n_threads);
+  openblas_set_num_threads(1);  // parallelism comes from OpenMP around it (see matmul)
 }
 int LlamaModel::threads() const noexcept { return impl_->n_threads > 0 ? impl_->n_threads : omp_get_max_threads(); }
 void LlamaModel::set_attention_impl(AttentionImpl a) noexcept { impl_->attn = a; }
@@ -135,12 +136,22 @@ void LlamaModel::set_ubatch(int n) noexcept { impl_->ubatch = std::max(1, n); }
 
 namespace {
 
-// y[n, out] = x[n, in] * W^T, W: out rows of `in` floats.
-void matmul(const float* x, const float* w, float* y, int n, int in, int out) {
-  if (n == 1) {
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w, in, x, 1, 0.0f, y, 1);
-  } else {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
+// y[n, out] = x[n, in] * W^T, W: out rows of `in` floats. One thread pool only: OpenMP
+// splits the output columns and every thread calls single-threaded OpenBLAS (an OpenBLAS
+// pthread pool next to spinning OpenMP workers halved the speed on 2 cores).
+void matmul(const float* x, const float* w, float* y, int n, int in, int out, int nt) {
+  const int chunks = std::max(1, std::min(nt, out / 64));
+#pragma omp parallel for num_threads(chunks) schedule(static) if (chunks > 1)
+  for (int c = 0; c < chunks; ++c) {
+    const int o0 = static_cast<int>(static_cast<int64_t>(out) * c / chunks);
+    const int o1 = static_cast<int>(static_cast<int64_t>(out) * (c + 1) / chunks);
+    if (n == 1) {
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, o1 - o0, in, 1.0f, w + static_cast<size_t>(o0) * in, in, x, 1,
+                  0.0f, y + o0, 1);
+    } else {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, o1 - o0, in, 1.0f, x, in,
+                  w + static_cast<size_t>(o0) * in, in, 0.0f, y + o0, out);
+    }
   }
 }
 
@@ -209,9 +220,9 @@ void LlamaModel::forward(KvCache& cache, const int32_t* tokens, int n_total, flo
     for (int l = 0; l < c.n_layers; ++l) {
       const Layer& L = I.layers[l];
       rmsnorm(x.data(), L.attn_norm.data(), h.data(), n, E, c.rms_eps, nt);
-      matmul(h.data(), L.wq.data(), q.data(), n, E, E);
-      matmul(h.data(), L.wk.data(), k.data(), n, E, KV);
-      matmul(h.data(), L.wv.data(), v.data(), n, E, KV);
+      matmul(h.data(), L.wq.data(), q.data(), n, E, E, nt);
+      matmul(h.data(), L.wk.data(), k.data(), n, E, KV, nt);
+      matmul(h.data(), L.wv.data(), v.data(), n, E, KV, nt);
       rope(q.data(), n, c.n_heads, D, c.rope_dim, pos0, c.rope_base, nt);
       rope(k.data(), n, c.n_kv_heads, D, c.rope_dim, pos0, c.rope_base, nt);
       cache.append(l, n, k.data(), v.data());
@@ -221,17 +232,17 @@ void LlamaModel::forward(KvCache& cache, const int32_t* tokens, int n_total, flo
       ap.n_threads = nt;
       if (I.attn == AttentionImpl::Fused) attention(cache, l, n, q.data(), att.data(), ap);
       else attention_ref(cache, l, n, q.data(), att.data(), ap);
-      matmul(att.data(), L.wo.data(), tmp.data(), n, E, E);
+      matmul(att.data(), L.wo.data(), tmp.data(), n, E, E, nt);
       const size_t ne = static_cast<size_t>(n) * E;
 #pragma omp parallel for num_threads(nt) schedule(static) if (ne > 65536)
       for (size_t j = 0; j < ne; ++j) x[j] += tmp[j];
       rmsnorm(x.data(), L.ffn_norm.data(), h.data(), n, E, c.rms_eps, nt);
-      matmul(h.data(), L.wg.data(), g.data(), n, E, F);
-      matmul(h.data(), L.wu.data(), u.data(), n, E, F);
+      matmul(h.data(), L.wg.data(), g.data(), n, E, F, nt);
+      matmul(h.data(), L.wu.data(), u.data(), n, E, F, nt);
       const size_t nf = static_cast<size_t>(n) * F;
 #pragma omp parallel for num_threads(nt) schedule(static) if (nf > 65536)
       for (size_t j = 0; j < nf; ++j) g[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
-      matmul(g.data(), L.wd.data(), tmp.data(), n, F, E);
+      matmul(g.data(), L.wd.data(), tmp.data(), n, F, E, nt);
 #pragma omp parallel for num_threads(nt) schedule(static) if (ne > 65536)
       for (size_t j = 0; j < ne; ++j) x[j] += tmp[j];
     }
@@ -242,7 +253,7 @@ void LlamaModel::forward(KvCache& cache, const int32_t* tokens, int n_total, flo
 
 void LlamaModel::logits(const float* hidden, int n, float* out) const {
   const Impl& I = *impl_;
-  matmul(hidden, I.out_w(), out, n, I.cfg.n_embd, I.cfg.n_vocab);
+  matmul(hidden, I.out_w(), out, n, I.cfg.n_embd, I.cfg.n_vocab, threads());
 }
 
 std::vector<float> LlamaModel::forward_last(KvCache& cache, const std::vector<int32_t>& tokens) const {
