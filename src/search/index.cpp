@@ -135,8 +135,14 @@ void Index::Impl::resize(size_t n_new) {
   } else {
     gcodes.resize(checked_mul(n_new, m, "index codes"), 0);
   }
-  scale.resize(n_new, 0.f);
-  if (has_norm) norm.resize(n_new, 0.f);
+  // scale / norm are padded to whole 32-vector blocks (zeros) for the block-wise scorer.
+  const size_t padded = (n_new + kBlock - 1) / kBlock * kBlock;
+  scale.resize(std::min(scale.size(), n_new));
+  scale.resize(padded, 0.f);
+  if (has_norm) {
+    norm.resize(std::min(norm.size(), n_new));
+    norm.resize(padded, 0.f);
+  }
   ids.resize(n_new, 0);
   if (cfg.keep_vectors) vectors.resize(checked_mul(n_new, static_cast<size_t>(d), "kept vectors"), 0.f);
 }
@@ -307,9 +313,12 @@ struct TopR {
     h.clear();
     threshold = -std::numeric_limits<float>::infinity();
   }
-  static bool cmp(const std::pair<float, uint32_t>& a, const std::pair<float, uint32_t>& b) {
-    return a.first > b.first || (a.first == b.first && a.second < b.second);
-  }
+  struct Better {
+    bool operator()(const std::pair<float, uint32_t>& a, const std::pair<float, uint32_t>& b) const noexcept {
+      return a.first > b.first || (a.first == b.first && a.second < b.second);
+    }
+  };
+  static constexpr Better cmp{};
   void push(float s, uint32_t i) {
     if (h.size() < cap) {
       h.emplace_back(s, i);
@@ -380,7 +389,7 @@ void Index::search(size_t nq, const float* q, const SearchParams& p, float* scor
     std::vector<float> bias(kQueryBatch), delta(kQueryBatch);
     std::vector<TopR> top(kQueryBatch);
     std::vector<uint32_t> acc(kChunkBlocks * kBlock);
-    std::vector<float> sc(kChunkBlocks * kBlock);
+    std::vector<float> sc(kChunkBlocks * kBlock), bmax(kChunkBlocks);
     std::vector<float> pstate(I.quant ? I.quant->query_state_floats() : 0);
 
     // Internal score, higher is better: ip/cosine: scale * dot; l2: 2 scale dot - ||x||^2.
@@ -456,19 +465,18 @@ void Index::search(size_t nq, const float* q, const SearchParams& p, float* scor
           for (size_t b = 0; b < bq; ++b) {
             fast_scan_u8(nb, I.mp, I.blocks.data() + cb * I.mp * 16, qlut.data() + b * I.mp * 16,
                          acc.data());
-            const float bb = bias[b], dl = delta[b];
             const size_t cnt = v1 - v0;
-            const float* scl = I.scale.data() + v0;
-            if (l2) {
-              const float* nr = I.norm.data() + v0;
-              for (size_t r = 0; r < cnt; ++r)
-                sc[r] = 2.f * scl[r] * (bb + dl * static_cast<float>(acc[r])) - nr[r] * nr[r];
-            } else {
-              for (size_t r = 0; r < cnt; ++r) sc[r] = scl[r] * (bb + dl * static_cast<float>(acc[r]));
-            }
+            // Scores for whole blocks (padding vectors score garbage and are skipped below).
+            fast_scan_scores(nb * kBlock, acc.data(), I.scale.data() + v0,
+                             l2 ? I.norm.data() + v0 : nullptr, bias[b], delta[b], sc.data(),
+                             bmax.data());
             TopR& t = top[b];
-            for (size_t r = 0; r < cnt; ++r)
-              if (sc[r] > t.threshold || t.h.size() < t.cap) t.push(sc[r], static_cast<uint32_t>(v0 + r));
+            for (size_t bi = 0; bi < nb; ++bi) {
+              if (bmax[bi] <= t.threshold && t.h.size() >= t.cap) continue;
+              const size_t r0 = bi * kBlock, r1e = std::min(cnt, r0 + kBlock);
+              for (size_t r = r0; r < r1e; ++r)
+                if (sc[r] > t.threshold || t.h.size() < t.cap) t.push(sc[r], static_cast<uint32_t>(v0 + r));
+            }
           }
         }
       } else if (I.quant) {
