@@ -120,4 +120,12 @@ void fast_scan_u8(size_t n_blocks, size_t m_groups, const uint8_t* codes, const 
 void fast_scan_u8_ref(size_t n_blocks, size_t m_groups, const uint8_t* codes, const uint8_t* lut,
                       uint32_t* out) noexcept;
 
+// Scores of n fast-scan sums (n a multiple of 32 for the SIMD path): dot = bias + step * acc,
+// out = scale * dot (norm == nullptr) or 2 scale dot - norm^2 (l2); block_max[b] = the best
+// of out[32 b .. 32 b + 31]. Float results may differ from the reference by FMA rounding.
+void fast_scan_scores(size_t n, const uint32_t* acc, const float* scale, const float* norm,
+                      float bias, float step, float* out, float* block_max) noexcept;
+void fast_scan_scores_ref(size_t n, const uint32_t* acc, const float* scale, const float* norm,
+                          float bias, float step, float* out, float* block_max) noexcept;
+
 }  // namespace tq

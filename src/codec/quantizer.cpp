@@ -85,6 +85,14 @@ float load_norm(NormFormat f, const uint8_t* p) noexcept {
   return fp16_to_fp32(h);
 }
 
+// Batch arguments: non-null pointers when n > 0, and n * row sizes that fit in memory.
+void check_batch(const char* op, size_t n, size_t row_bytes_a, const void* a, size_t row_bytes_b, const void* b) {
+  if (n == 0) return;
+  TQ_CHECK(a != nullptr && b != nullptr, "%s: null pointer for a batch of %zu vectors", op, n);
+  checked_mul(n, row_bytes_a, op);
+  checked_mul(n, row_bytes_b, op);
+}
+
 void check_rows_finite(size_t n, int d, const float* x, size_t row0) {
   for (size_t r = 0; r < n; ++r)
     TQ_CHECK(all_finite(static_cast<size_t>(d), x + r * d), "vector %zu contains NaN or Inf", row0 + r);
@@ -126,6 +134,7 @@ class MseQuantizer final : public Quantizer {
 
   void encode(size_t n, const float* x, uint8_t* codes) const override {
     const int d = cfg_.dim;
+    check_batch("encode", n, d * sizeof(float), x, code_bytes_, codes);
     std::vector<float> y(kChunk * d);
     std::vector<uint8_t> idx(d);
     for (size_t r0 = 0; r0 < n; r0 += kChunk) {
@@ -148,6 +157,7 @@ class MseQuantizer final : public Quantizer {
 
   void decode(size_t n, const uint8_t* codes, float* x) const override {
     const int d = cfg_.dim;
+    check_batch("decode", n, code_bytes_, codes, d * sizeof(float), x);
     std::vector<uint8_t> idx(d);
     for (size_t r = 0; r < n; ++r) {
       const uint8_t* c = codes + r * code_bytes_;
@@ -159,11 +169,14 @@ class MseQuantizer final : public Quantizer {
 
   size_t query_state_floats() const noexcept override { return static_cast<size_t>(cfg_.dim); }
   void prepare_query(const float* q, float* state) const override {
+    check_batch("prepare_query", 1, sizeof(float), q, sizeof(float), state);
     check_rows_finite(1, cfg_.dim, q, 0);
     rot_->forward(1, q, state);
   }
   void score(const float* state, size_t n, const uint8_t* codes, float* out) const override {
     const int d = cfg_.dim;
+    check_batch("score", n, code_bytes_, codes, sizeof(float), out);
+    TQ_CHECK(n == 0 || state != nullptr, "score: null query state");
     std::vector<uint8_t> idx(d);
     for (size_t r = 0; r < n; ++r) {
       const uint8_t* c = codes + r * code_bytes_;
@@ -196,6 +209,7 @@ class ProdQuantizer final : public Quantizer {
 
   void encode(size_t n, const float* x, uint8_t* codes) const override {
     const int d = cfg_.dim;
+    check_batch("encode", n, d * sizeof(float), x, code_bytes_, codes);
     std::vector<float> y(kChunk * d), sr(d);
     std::vector<uint8_t> idx(d), sg(d);
     for (size_t r0 = 0; r0 < n; r0 += kChunk) {
@@ -226,6 +240,7 @@ class ProdQuantizer final : public Quantizer {
 
   void decode(size_t n, const uint8_t* codes, float* x) const override {
     const int d = cfg_.dim;
+    check_batch("decode", n, code_bytes_, codes, d * sizeof(float), x);
     std::vector<uint8_t> idx(d), sg(d);
     std::vector<float> z(d);
     for (size_t r = 0; r < n; ++r) {
@@ -255,12 +270,15 @@ class ProdQuantizer final : public Quantizer {
 
   size_t query_state_floats() const noexcept override { return 2 * static_cast<size_t>(cfg_.dim); }
   void prepare_query(const float* q, float* state) const override {
+    check_batch("prepare_query", 1, sizeof(float), q, sizeof(float), state);
     check_rows_finite(1, cfg_.dim, q, 0);
     rot_->forward(1, q, state);
     matvec(S_, cfg_.dim, state, state + cfg_.dim);
   }
   void score(const float* state, size_t n, const uint8_t* codes, float* out) const override {
     const int d = cfg_.dim;
+    check_batch("score", n, code_bytes_, codes, sizeof(float), out);
+    TQ_CHECK(n == 0 || state != nullptr, "score: null query state");
     const float* sq = state + d;
     std::vector<uint8_t> idx(d), sg(d);
     for (size_t r = 0; r < n; ++r) {

@@ -4,6 +4,7 @@
 // block-diagonal 2x2 / 4x4 orthogonal matrices. Haar is a dense matrix (Eigen GEMM).
 #define EIGEN_DONT_PARALLELIZE
 #include <Eigen/Dense>
+#include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
@@ -75,6 +76,8 @@ int floor_pow2(int x) {
 }
 
 void copy_if_needed(size_t n, int d, const float* x, float* y) {
+  if (n == 0) return;
+  TQ_CHECK(x != nullptr && y != nullptr, "rotation: null pointer for a batch of %zu vectors", n);
   if (x != y) std::memmove(y, x, checked_mul(n, static_cast<size_t>(d), "rotation batch") * sizeof(float));
 }
 
@@ -224,17 +227,37 @@ class BlockMatrixRotation final : public Rotation {
   }
   void run(size_t n, const float* x, float* y, bool transpose) const {
     const int d = dim_;
-    float tmp[4];
+    copy_if_needed(n, d, x, y);  // validates; the blocks then work in place
     for (size_t r = 0; r < n; ++r) {
-      const float* xr = x + r * d;
-      float* yr = y + r * d;
+      float* row = y + r * d;
       for (const Block& b : blocks_) {
-        for (int i = 0; i < b.k; ++i) {
-          float s = 0;
-          for (int j = 0; j < b.k; ++j) s += (transpose ? b.m[j * b.k + i] : b.m[i * b.k + j]) * xr[b.off + j];
-          tmp[i] = s;
+        float* v = row + b.off;
+        const float* m = b.m.data();
+        if (b.k == 4) {  // unrolled 4x4 (iso4)
+          const float a0 = v[0], a1 = v[1], a2 = v[2], a3 = v[3];
+          if (!transpose) {
+            v[0] = m[0] * a0 + m[1] * a1 + m[2] * a2 + m[3] * a3;
+            v[1] = m[4] * a0 + m[5] * a1 + m[6] * a2 + m[7] * a3;
+            v[2] = m[8] * a0 + m[9] * a1 + m[10] * a2 + m[11] * a3;
+            v[3] = m[12] * a0 + m[13] * a1 + m[14] * a2 + m[15] * a3;
+          } else {
+            v[0] = m[0] * a0 + m[4] * a1 + m[8] * a2 + m[12] * a3;
+            v[1] = m[1] * a0 + m[5] * a1 + m[9] * a2 + m[13] * a3;
+            v[2] = m[2] * a0 + m[6] * a1 + m[10] * a2 + m[14] * a3;
+            v[3] = m[3] * a0 + m[7] * a1 + m[11] * a2 + m[15] * a3;
+          }
+        } else if (b.k == 2) {  // givens: [c -s; s c]
+          const float a0 = v[0], a1 = v[1];
+          if (!transpose) {
+            v[0] = m[0] * a0 + m[1] * a1;
+            v[1] = m[2] * a0 + m[3] * a1;
+          } else {
+            v[0] = m[0] * a0 + m[2] * a1;
+            v[1] = m[1] * a0 + m[3] * a1;
+          }
+        } else {
+          v[0] *= m[0];
         }
-        for (int i = 0; i < b.k; ++i) yr[b.off + i] = tmp[i];
       }
     }
   }
@@ -259,17 +282,22 @@ class HaarRotation final : public Rotation {
 
  private:
   Eigen::MatrixXf q_;  // column-major d x d; forward: y = Q x
+  // Batched products through OpenBLAS (runtime-dispatched AVX-512 kernels; Eigen here is
+  // compiled for the baseline ISA). Rows: Y = X Q^T (forward) or X = Y Q (inverse).
   void run(size_t n, const float* x, float* y, bool inv) const {
-    using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-    const Eigen::Index d = dim_;
+    if (n == 0) return;
+    TQ_CHECK(x != nullptr && y != nullptr, "rotation: null pointer for a batch of %zu vectors", n);
+    checked_mul(n, static_cast<size_t>(dim_) * sizeof(float), "rotation batch");
+    const int d = dim_;
     const size_t chunk = 256;
     std::vector<float> buf(chunk * dim_);
     for (size_t r0 = 0; r0 < n; r0 += chunk) {
-      const Eigen::Index m = static_cast<Eigen::Index>(std::min(chunk, n - r0));
-      Eigen::Map<const RowMat> X(x + r0 * dim_, m, d);
-      Eigen::Map<RowMat> B(buf.data(), m, d);
-      if (inv) B.noalias() = X * q_;               // rows: x = Q^T y  ->  X Q
-      else B.noalias() = X * q_.transpose();       // rows: y = Q x    ->  X Q^T
+      const int m = static_cast<int>(std::min(chunk, n - r0));
+      // q_ is column-major, i.e. row-major Q^T: element (i, j) of Q at data[j * d + i].
+      // Row-major X (m x d) times Q^T: B = X * Q^T  ->  op(B) = NoTrans(X) * Trans(Q) where Q
+      // viewed row-major is the transpose of the stored column-major buffer.
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, inv ? CblasTrans : CblasNoTrans, m, d, d, 1.0f, x + r0 * dim_, d,
+                  q_.data(), d, 0.0f, buf.data(), d);
       std::memcpy(y + r0 * dim_, buf.data(), static_cast<size_t>(m) * dim_ * sizeof(float));
     }
   }

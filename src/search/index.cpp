@@ -135,8 +135,14 @@ void Index::Impl::resize(size_t n_new) {
   } else {
     gcodes.resize(checked_mul(n_new, m, "index codes"), 0);
   }
-  scale.resize(n_new, 0.f);
-  if (has_norm) norm.resize(n_new, 0.f);
+  // scale / norm are padded to whole 32-vector blocks (zeros) for the block-wise scorer.
+  const size_t padded = (n_new + kBlock - 1) / kBlock * kBlock;
+  scale.resize(std::min(scale.size(), n_new));
+  scale.resize(padded, 0.f);
+  if (has_norm) {
+    norm.resize(std::min(norm.size(), n_new));
+    norm.resize(padded, 0.f);
+  }
   ids.resize(n_new, 0);
   if (cfg.keep_vectors) vectors.resize(checked_mul(n_new, static_cast<size_t>(d), "kept vectors"), 0.f);
 }
@@ -189,9 +195,15 @@ void check_rows_finite(size_t n, int d, const float* x, const char* what) {
   }
 }
 
+// Sum of squares with 8 independent float partial sums (vectorizes; no serial dependency).
 double sqnorm(int d, const float* x) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int j = 0;
+  for (; j + 8 <= d; j += 8)
+    for (int t = 0; t < 8; ++t) acc[t] += x[j + t] * x[j + t];
   double s = 0;
-  for (int j = 0; j < d; ++j) s += static_cast<double>(x[j]) * x[j];
+  for (; j < d; ++j) s += static_cast<double>(x[j]) * x[j];
+  for (int t = 0; t < 8; ++t) s += acc[t];
   return s;
 }
 
@@ -201,7 +213,16 @@ void Index::add(size_t n, const float* x, const int64_t* ids) {
   Impl& I = *impl_;
   if (n == 0) return;
   TQ_CHECK(x != nullptr, "index add: null data");
-  check_rows_finite(n, I.d, x, "index add");
+  // Norms first (in parallel); a non-finite sum of squares means a NaN/Inf component.
+  std::vector<float> norms(n);
+  bool bad = false;
+#pragma omp parallel for schedule(static) reduction(|| : bad)
+  for (size_t i = 0; i < n; ++i) {
+    const double s2 = sqnorm(I.d, x + i * static_cast<size_t>(I.d));
+    bad |= !std::isfinite(s2);
+    norms[i] = static_cast<float>(std::sqrt(s2));
+  }
+  if (bad) check_rows_finite(n, I.d, x, "index add");  // throws, naming the vector
   const size_t n0 = I.n;
   const size_t n1 = checked_add(n0, n, "index size");
   TQ_CHECK(n1 < (size_t{1} << 32), "index add: %zu vectors is more than the supported 2^32 - 1", n1);
@@ -216,15 +237,15 @@ void Index::add(size_t n, const float* x, const int64_t* ids) {
   const size_t last = (n1 + kChunk - 1) / kChunk;
 #pragma omp parallel reduction(|| : overflow)
   {
-    std::vector<float> u(kChunk * d), y(kChunk * d), nrm(kChunk);
-    std::vector<uint8_t> idx(d);
+    std::vector<float> u(kChunk * d), y(kChunk * d), nrm(kChunk), cvals(d);
+    std::vector<uint8_t> idx(d), cidx(kChunk * d), gc(kBlock * I.m);
 #pragma omp for schedule(dynamic, 1)
     for (size_t c = first; c < last; ++c) {
       const size_t i0 = std::max(n0, c * kChunk), i1 = std::min(n1, (c + 1) * kChunk);
       const size_t cnt = i1 - i0;
       for (size_t r = 0; r < cnt; ++r) {
         const float* xr = x + (i0 + r - n0) * d;
-        const double s = std::sqrt(sqnorm(I.d, xr));
+        const double s = norms[i0 + r - n0];
         nrm[r] = static_cast<float>(s);
         const float inv = s > 0 ? static_cast<float>(1.0 / s) : 0.f;
         for (size_t j = 0; j < d; ++j) u[r * d + j] = xr[j] * inv;
@@ -254,33 +275,63 @@ void Index::add(size_t n, const float* x, const int64_t* ids) {
       I.rot->forward(cnt, u.data(), y.data());
       for (size_t r = 0; r < cnt; ++r) {
         const float* yr = y.data() + r * d;
-        double cc = 0, yc = 0;
+        uint8_t* ir = cidx.data() + r * d;
         for (const Segment& s : I.segs) {
-          quantize_rotated(*s.cb, static_cast<size_t>(s.len), yr + s.begin, idx.data() + s.begin);
-          for (int j = s.begin; j < s.begin + s.len; ++j) {
-            const double cj = s.cb->centroids[idx[j]];
-            cc += cj * cj;
-            yc += cj * yr[j];
-          }
+          quantize_rotated(*s.cb, static_cast<size_t>(s.len), yr + s.begin, ir + s.begin);
+          const float* cent = s.cb->centroids.data();
+          for (int j = s.begin; j < s.begin + s.len; ++j) cvals[j] = cent[ir[j]];
+        }
+        float cc = 0, yc = 0;  // ||c||^2 and <y, c>
+        for (size_t j = 0; j < d; ++j) {
+          cc += cvals[j] * cvals[j];
+          yc += cvals[j] * yr[j];
         }
         const double len = cosine ? (nrm[r] > 0 ? 1.0 : 0.0) : nrm[r];
         double sc = len;
         if (len > 0) {
           switch (I.cfg.scale) {
             case ScaleMode::plain: sc = len; break;
-            case ScaleMode::corrected: sc = cc > 0 ? len / std::sqrt(cc) : len; break;
-            case ScaleMode::eden: sc = yc > 1e-6 ? len / yc : (cc > 0 ? len / std::sqrt(cc) : len); break;
+            case ScaleMode::corrected: sc = cc > 0 ? len / std::sqrt(static_cast<double>(cc)) : len; break;
+            case ScaleMode::eden: sc = yc > 1e-6f ? len / yc : (cc > 0 ? len / std::sqrt(static_cast<double>(cc)) : len); break;
             case ScaleMode::lsq: sc = cc > 0 ? len * yc / cc : len; break;
           }
         }
         const size_t i = i0 + r;
-        I.set_indices(i, idx.data());
         I.scale[i] = I.round_norm(static_cast<float>(sc));
         overflow |= !std::isfinite(I.scale[i]);
         if (I.has_norm) {
           I.norm[i] = I.round_norm(nrm[r]);
           overflow |= !std::isfinite(I.norm[i]);
         }
+      }
+      // Codes. Fast layout: whole fresh blocks (no earlier vector in them) are written row by
+      // row (16 bytes per group) from the chunk's group codes; a block shared with vectors of
+      // an earlier add() is updated nibble by nibble.
+      size_t r = 0;
+      while (r < cnt) {
+        const size_t i = i0 + r;
+        if (!I.fast_ok || i % kBlock != 0) {
+          I.set_indices(i, cidx.data() + r * d);
+          ++r;
+          continue;
+        }
+        const size_t nv = std::min(kBlock, cnt - r);
+        std::fill(gc.begin(), gc.end(), uint8_t{0});
+        for (size_t v = 0; v < nv; ++v) {
+          const uint8_t* ir = cidx.data() + (r + v) * d;
+          uint8_t* g8 = gc.data() + v * I.m;
+          for (size_t g = 0; g < I.m; ++g) {
+            const Group& gr = I.groups[g];
+            unsigned code = 0;
+            for (int t = 0; t < gr.ndims; ++t) code |= static_cast<unsigned>(ir[gr.dim0 + t]) << (t * gr.bpd);
+            g8[g] = static_cast<uint8_t>(code);
+          }
+        }
+        uint8_t* blk = I.blocks.data() + (i / kBlock) * I.mp * 16;
+        for (size_t g = 0; g < I.m; ++g)
+          for (size_t j = 0; j < 16; ++j)
+            blk[g * 16 + j] = static_cast<uint8_t>(gc[j * I.m + g] | (gc[(j + 16) * I.m + g] << 4));
+        r += nv;
       }
     }
   }
@@ -307,9 +358,12 @@ struct TopR {
     h.clear();
     threshold = -std::numeric_limits<float>::infinity();
   }
-  static bool cmp(const std::pair<float, uint32_t>& a, const std::pair<float, uint32_t>& b) {
-    return a.first > b.first || (a.first == b.first && a.second < b.second);
-  }
+  struct Better {
+    bool operator()(const std::pair<float, uint32_t>& a, const std::pair<float, uint32_t>& b) const noexcept {
+      return a.first > b.first || (a.first == b.first && a.second < b.second);
+    }
+  };
+  static constexpr Better cmp{};
   void push(float s, uint32_t i) {
     if (h.size() < cap) {
       h.emplace_back(s, i);
@@ -380,7 +434,7 @@ void Index::search(size_t nq, const float* q, const SearchParams& p, float* scor
     std::vector<float> bias(kQueryBatch), delta(kQueryBatch);
     std::vector<TopR> top(kQueryBatch);
     std::vector<uint32_t> acc(kChunkBlocks * kBlock);
-    std::vector<float> sc(kChunkBlocks * kBlock);
+    std::vector<float> sc(kChunkBlocks * kBlock), bmax(kChunkBlocks);
     std::vector<float> pstate(I.quant ? I.quant->query_state_floats() : 0);
 
     // Internal score, higher is better: ip/cosine: scale * dot; l2: 2 scale dot - ||x||^2.
@@ -456,19 +510,18 @@ void Index::search(size_t nq, const float* q, const SearchParams& p, float* scor
           for (size_t b = 0; b < bq; ++b) {
             fast_scan_u8(nb, I.mp, I.blocks.data() + cb * I.mp * 16, qlut.data() + b * I.mp * 16,
                          acc.data());
-            const float bb = bias[b], dl = delta[b];
             const size_t cnt = v1 - v0;
-            const float* scl = I.scale.data() + v0;
-            if (l2) {
-              const float* nr = I.norm.data() + v0;
-              for (size_t r = 0; r < cnt; ++r)
-                sc[r] = 2.f * scl[r] * (bb + dl * static_cast<float>(acc[r])) - nr[r] * nr[r];
-            } else {
-              for (size_t r = 0; r < cnt; ++r) sc[r] = scl[r] * (bb + dl * static_cast<float>(acc[r]));
-            }
+            // Scores for whole blocks (padding vectors score garbage and are skipped below).
+            fast_scan_scores(nb * kBlock, acc.data(), I.scale.data() + v0,
+                             l2 ? I.norm.data() + v0 : nullptr, bias[b], delta[b], sc.data(),
+                             bmax.data());
             TopR& t = top[b];
-            for (size_t r = 0; r < cnt; ++r)
-              if (sc[r] > t.threshold || t.h.size() < t.cap) t.push(sc[r], static_cast<uint32_t>(v0 + r));
+            for (size_t bi = 0; bi < nb; ++bi) {
+              if (bmax[bi] <= t.threshold && t.h.size() >= t.cap) continue;
+              const size_t r0 = bi * kBlock, r1e = std::min(cnt, r0 + kBlock);
+              for (size_t r = r0; r < r1e; ++r)
+                if (sc[r] > t.threshold || t.h.size() < t.cap) t.push(sc[r], static_cast<uint32_t>(v0 + r));
+            }
           }
         }
       } else if (I.quant) {

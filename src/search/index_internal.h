@@ -48,8 +48,8 @@ struct Index::Impl {
   size_t n = 0;
   std::vector<uint8_t> blocks;  // fast layout: ceil(n / 32) * mp * 16 bytes
   std::vector<uint8_t> gcodes;  // other widths: n * m bytes
-  std::vector<float> scale;     // n: multiplies the code inner product
-  std::vector<float> norm;      // n: ||x|| (l2 only)
+  std::vector<float> scale;     // n (padded with zeros to whole blocks): multiplies <Pi q, c>
+  std::vector<float> norm;      // n (padded likewise): ||x|| (l2 only)
   std::vector<int64_t> ids;     // n
   std::vector<float> vectors;   // n * d when keep_vectors (normalised for cosine)
   // codec prod
