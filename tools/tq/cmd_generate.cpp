@@ -71,6 +71,7 @@ void setup(CLI::App& app) {
                            {"kv_bits_per_value", tq::kv_bits_per_value(L->model, cache.bytes_per_token())}});
     } else {
       std::printf("\n");
+      std::fflush(stdout);
       std::fprintf(stderr,
                    "prompt: %zu tokens, %.1f tok/s | generation: %zu tokens, %.1f tok/s | threads %d\n"
                    "kv cache %s: %zu bytes held, %.1f bytes/token (%.2f bits/value)\n",
