@@ -199,7 +199,14 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
       const float* qd = &qk[(size_t)h * n_q * G * D];
       const bool prod_k = sk.fmt->kind == Kind::tq_prod;
       const float* qf = prod_k ? &pqk[(size_t)h * n_q * G * 2 * D] : qd;  // prod: [Pi q, S Pi q]
-      if (n_q == 1 && !scalar && fused_decode(sh, sk, sv, qf, P.limits[0], a, b, st, exact)) continue;
+      // Fused kernels run one query at a time (prefill: each query with its own causal limit);
+      // whether one applies depends only on the types, so the first query decides.
+      if (!scalar && fused_decode(sh, sk, sv, qf, P.limits[0], a, b, st, exact)) {
+        for (int i = 1; i < n_q; ++i)
+          fused_decode(sh, sk, sv, qf + (size_t)i * G * sh.qstride, P.limits[i], a, b,
+                       States{st.base + (size_t)i * G * st.stride(), D}, exact);
+        continue;
+      }
       const bool prod = sk.fmt->kind == Kind::tq_prod;
       auto fetch = [&](int t0, int n, float* kb, float* vb) {
         if (!prod) I.decode_domain(sk, 0, t0, n, kb);
