@@ -40,3 +40,8 @@ enum class AtomicWriteFault : uint8_t { none = 0, after_partial_write = 1, befor
 void set_atomic_write_fault(AtomicWriteFault f) noexcept;
 
 }  // namespace tq
+
+namespace tq {
+// XXH3 64-bit hash (xxHash), the checksum of tq's binary files.
+uint64_t checksum64(const void* data, size_t n) noexcept;
+}  // namespace tq

@@ -158,3 +158,9 @@ std::vector<uint8_t> read_file_bytes(const std::string& path, size_t max_bytes) 
 }
 
 }  // namespace tq
+
+#include <xxhash.h>
+
+namespace tq {
+uint64_t checksum64(const void* data, size_t n) noexcept { return XXH3_64bits(data, n); }
+}  // namespace tq

@@ -1,0 +1,336 @@
+#!/usr/bin/env python3
+"""Side-by-side nearest-neighbour benchmark: tq index vs FAISS (PQ, SQ4/SQ8, TurboQuant SQ,
+RaBitQ) and rabitqlib, on the same data, the same threads, at matched bits per dimension.
+
+Not a build dependency and not in CI. Setup: bash scripts/bench-search-setup.sh
+Run:     .venv/bin/python bench/search_vs_faiss.py --dataset glove --threads 2 \\
+             --tq build/tq --out bench/results/glove
+Datasets:
+  glove     ../shared/data/glove100 (100k base, 10k queries, cosine; ground truth shipped)
+  fashion   data/fashion-mnist (scripts/fetch-fashion-mnist.sh; 60k train as base, 10k test
+            as queries, L2; exact ground truth computed here with faiss.IndexFlatL2)
+  glove1m   the GloVe base replicated 10x with small Gaussian perturbations (1M vectors,
+            cosine; exact ground truth for --nq queries computed here with IndexFlatIP)
+Writes <out>/results.json, <out>/results.md (Markdown table) and PNG plots
+(recall_at_k.png, build_time.png, qps_recall.png).
+"""
+import argparse
+import json
+import os
+import struct
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KS = [1, 2, 4, 8, 16, 32, 64]
+
+
+# ----------------------------------------------------------------------------- data io
+def read_vecs(path, dtype):
+    raw = np.fromfile(path, dtype=np.uint8)
+    d = struct.unpack("<i", raw[:4].tobytes())[0]
+    elem = np.dtype(dtype).itemsize
+    rec = 4 + d * elem
+    assert raw.size % rec == 0, f"{path}: bad size"
+    rows = raw.reshape(-1, rec)[:, 4:]
+    return np.ascontiguousarray(rows).view(dtype).reshape(-1, d)
+
+
+def write_vecs(path, x):
+    x = np.ascontiguousarray(x)
+    n, d = x.shape
+    head = np.full((n, 1), d, dtype=np.int32).view(np.uint8)
+    body = x.view(np.uint8).reshape(n, -1)
+    tmp = path + ".tmp"
+    np.concatenate([head, body], axis=1).tofile(tmp)
+    os.replace(tmp, path)
+
+
+def normalize(x):
+    n = np.linalg.norm(x, axis=1, keepdims=True)
+    n[n == 0] = 1
+    return (x / n).astype(np.float32)
+
+
+def exact_gt(xb, xq, metric, k, threads):
+    import faiss
+    faiss.omp_set_num_threads(threads)
+    ix = faiss.IndexFlatL2(xb.shape[1]) if metric == "l2" else faiss.IndexFlatIP(xb.shape[1])
+    ix.add(xb)
+    _, gt = ix.search(xq, k)
+    return gt.astype(np.int32)
+
+
+def load_dataset(args):
+    """Returns dict(name, metric, base_path, query_path, gt_path, xb, xq, gt)."""
+    cache = os.path.join(REPO, "data", "bench")
+    os.makedirs(cache, exist_ok=True)
+    if args.dataset == "glove":
+        g = args.glove_dir
+        bp, qp, gp = (os.path.join(g, f) for f in
+                      ("glove100_base.fvecs", "glove100_query.fvecs", "glove100_gt100.ivecs"))
+        xb, xq = read_vecs(bp, np.float32), read_vecs(qp, np.float32)
+        gt = read_vecs(gp, np.int32)
+        if args.nq < len(xq):
+            xq, gt = xq[:args.nq], gt[:args.nq]
+            qp, gp = os.path.join(cache, f"glove_q{args.nq}.fvecs"), os.path.join(cache, f"glove_gt{args.nq}.ivecs")
+            write_vecs(qp, xq)
+            write_vecs(gp, gt)
+        return dict(name="GloVe-100", metric="cosine", base_path=bp, query_path=qp, gt_path=gp, xb=xb, xq=xq, gt=gt)
+    if args.dataset == "fashion":
+        fdir = os.path.join(REPO, "data", "fashion-mnist")
+        bp, qp = os.path.join(fdir, "train.bvecs"), os.path.join(fdir, "test.bvecs")
+        if not os.path.exists(bp):
+            sys.exit("run scripts/fetch-fashion-mnist.sh first")
+        xb = read_vecs(bp, np.uint8).astype(np.float32)
+        xq = read_vecs(qp, np.uint8).astype(np.float32)[:args.nq]
+        qp2 = os.path.join(cache, f"fashion_q{len(xq)}.fvecs")
+        gp = os.path.join(cache, f"fashion_gt{len(xq)}.ivecs")
+        if not os.path.exists(gp):
+            write_vecs(qp2, xq)
+            write_vecs(gp, exact_gt(xb, xq, "l2", 100, args.threads))
+        return dict(name="Fashion-MNIST", metric="l2", base_path=bp, query_path=qp2, gt_path=gp,
+                    xb=xb, xq=xq, gt=read_vecs(gp, np.int32))
+    if args.dataset == "glove1m":
+        g = args.glove_dir
+        bp = os.path.join(cache, "glove1m_base.fvecs")
+        qp = os.path.join(cache, f"glove1m_q{args.nq}.fvecs")
+        gp = os.path.join(cache, f"glove1m_gt{args.nq}.ivecs")
+        if not os.path.exists(gp):
+            x = read_vecs(os.path.join(g, "glove100_base.fvecs"), np.float32)
+            rng = np.random.default_rng(12345)
+            sigma = args.perturb * x.std(axis=0, keepdims=True)
+            parts = [x] + [x + sigma * rng.standard_normal(x.shape).astype(np.float32) for _ in range(9)]
+            xb = np.concatenate(parts).astype(np.float32)
+            write_vecs(bp, xb)
+            xq = read_vecs(os.path.join(g, "glove100_query.fvecs"), np.float32)[:args.nq]
+            write_vecs(qp, xq)
+            write_vecs(gp, exact_gt(normalize(xb), normalize(xq), "ip", 100, args.threads))
+        xb, xq = read_vecs(bp, np.float32), read_vecs(qp, np.float32)
+        return dict(name="GloVe-100 x10 (1M, perturbed)", metric="cosine", base_path=bp, query_path=qp,
+                    gt_path=gp, xb=xb, xq=xq, gt=read_vecs(gp, np.int32))
+    sys.exit(f"unknown dataset {args.dataset}")
+
+
+def recalls(ids, gt):
+    r = {}
+    for k in KS:
+        r[str(k)] = float(np.mean([gt[i, 0] in ids[i, :k] for i in range(len(gt))]))
+    r10 = float(np.mean([len(set(ids[i, :10]) & set(gt[i, :10])) / 10 for i in range(len(gt))]))
+    return r, r10
+
+
+def rss_mb():
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+# ----------------------------------------------------------------------------- methods
+def run_tq(args, ds, bits, extra=(), label=None):
+    cmd = [args.tq, "index", "eval", "--base", ds["base_path"], "--queries", ds["query_path"],
+           "--gt", ds["gt_path"], "--bits", str(bits), "--metric", ds["metric"],
+           "--threads", str(args.threads), "--reps", str(args.reps), "--json"] + list(extra)
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    j = json.loads(out)
+    return dict(method=label or f"tq mse {bits}b", family="tq", bits=bits,
+                bytes_per_vector=j["bytes_per_vector"], train_s=0.0, build_s=j["build_s"],
+                qps=j["qps"], recall_1_at_k=j["recall_1_at_k"], recall_10_at_10=j["recall_10_at_10"],
+                peak_rss_mb=j["peak_rss_mb"], cmd=" ".join(cmd))
+
+
+def timed_search(search, xq, reps):
+    times, res = [], None
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        res = search(xq)
+        times.append(time.perf_counter() - t0)
+    return res, float(np.median(times))
+
+
+def run_faiss(args, ds, label, family, bits, make, needs_train, bytes_per_vector=None):
+    import faiss
+    faiss.omp_set_num_threads(args.threads)
+    cos = ds["metric"] == "cosine"
+    xb = normalize(ds["xb"]) if cos else ds["xb"]
+    xq = normalize(ds["xq"]) if cos else ds["xq"]
+    ix = make(xb.shape[1])
+    t0 = time.perf_counter()
+    if needs_train:
+        tn = args.train_n if args.train_n > 0 else len(xb)
+        ix.train(xb[:tn])
+    t1 = time.perf_counter()
+    ix.add(xb)
+    t2 = time.perf_counter()
+    (_, ids), ts = timed_search(lambda q: ix.search(q, KS[-1]), xq, args.faiss_reps)
+    r, r10 = recalls(ids, ds["gt"])
+    inner = faiss.downcast_index(ix.index) if isinstance(ix, faiss.IndexPreTransform) else ix
+    bpv = bytes_per_vector if bytes_per_vector is not None else getattr(inner, "code_size", None)
+    return dict(method=label, family=family, bits=bits, bytes_per_vector=bpv, train_s=t1 - t0,
+                build_s=t2 - t0, qps=len(xq) / ts, recall_1_at_k=r, recall_10_at_10=r10,
+                peak_rss_mb=rss_mb(), cmd="faiss " + faiss.__version__)
+
+
+def run_rabitqlib(args, ds, bits):
+    import rabitqlib
+    cos = ds["metric"] == "cosine"
+    xb = normalize(ds["xb"]) if cos else ds["xb"]
+    xq = normalize(ds["xq"]) if cos else ds["xq"]
+    n, d = xb.shape
+    metric = "ip" if cos else "l2"
+    t0 = time.perf_counter()
+    ix = rabitqlib.IvfIndex(d, n, 1, bits, metric)
+    cent = xb.mean(axis=0, keepdims=True).astype(np.float32)
+    ix.build(xb, cent, np.zeros(n, dtype=np.uint32), num_threads=args.threads)
+    t1 = time.perf_counter()
+
+    def search(q):
+        return ix.search(q, KS[-1], 1, num_threads=args.threads)
+    res, ts = timed_search(search, xq, args.faiss_reps)
+    ids = np.asarray(res[1] if isinstance(res, tuple) and len(res) > 1 else res)
+    if ids.dtype.kind == "f":  # (ids, dists) order varies by version: pick the integer array
+        ids = np.asarray(res[0])
+    r, r10 = recalls(ids.astype(np.int64), ds["gt"])
+    # Code bytes: bits * d / 8 plus RaBitQ's per-vector factors (3 floats in the paper's layout).
+    return dict(method=f"rabitqlib {bits}b (1 cluster)", family="rabitqlib", bits=bits,
+                bytes_per_vector=None, train_s=0.0, build_s=t1 - t0, qps=len(xq) / ts,
+                recall_1_at_k=r, recall_10_at_10=r10, peak_rss_mb=rss_mb(), cmd="rabitqlib")
+
+
+def methods(args, ds):
+    import faiss
+    d = ds["xb"].shape[1]
+    mt = faiss.METRIC_L2 if ds["metric"] == "l2" else faiss.METRIC_INNER_PRODUCT
+    SQ = faiss.ScalarQuantizer
+    out = []
+    for bits in args.bits:
+        out.append(("tq", bits, lambda b=bits: run_tq(args, ds, b)))
+        if bits == 4:
+            out.append(("tq", bits, lambda b=bits: run_tq(args, ds, b, ["--rerank", "0"], f"tq mse {b}b no-rerank")))
+        m = d * bits // 8
+        if not args.skip_pq and d % m == 0:
+            out.append(("faiss-pq", bits, lambda m=m, b=bits: run_faiss(
+                args, ds, f"FAISS PQ {m}x8", "faiss-pq", b, lambda dd: faiss.IndexPQ(dd, m, 8, mt), True)))
+        if bits in (4, 8):
+            qt = SQ.QT_4bit if bits == 4 else SQ.QT_8bit
+            out.append(("faiss-sq", bits, lambda qt=qt, b=bits: run_faiss(
+                args, ds, f"FAISS SQ{b}", "faiss-sq", b, lambda dd: faiss.IndexScalarQuantizer(dd, qt, mt), True)))
+        tq_types = {1: "QT_1bit_tqmse", 2: "QT_2bit_tqmse", 3: "QT_3bit_tqmse", 4: "QT_4bit_tqmse", 8: "QT_8bit_tqmse"}
+        if ds["metric"] == "cosine" and bits in tq_types and hasattr(SQ, tq_types[bits]):
+            qt = getattr(SQ, tq_types[bits])
+
+            def mk(dd, qt=qt):
+                return faiss.IndexPreTransform(faiss.RandomRotationMatrix(dd, dd),
+                                               faiss.IndexScalarQuantizer(dd, qt, mt))
+            out.append(("faiss-tq", bits, lambda mk=mk, b=bits: run_faiss(
+                args, ds, f"FAISS TurboQuant-MSE {b}b (SQ tqmse, rotated)", "faiss-tq", b, mk, True)))
+
+        def mk_rq(dd, b=bits):
+            return faiss.IndexPreTransform(faiss.RandomRotationMatrix(dd, dd), faiss.IndexRaBitQ(dd, mt, b))
+        out.append(("faiss-rabitq", bits, lambda mk=mk_rq, b=bits: run_faiss(
+            args, ds, f"FAISS RaBitQ {b}b (rotated)", "faiss-rabitq", b, mk, True)))
+        if not args.skip_rabitqlib:
+            out.append(("rabitqlib", bits, lambda b=bits: run_rabitqlib(args, ds, b)))
+    return out
+
+
+# ----------------------------------------------------------------------------- report
+def write_report(args, ds, res):
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(dict(dataset=ds["name"], n=len(ds["xb"]), nq=len(ds["xq"]), threads=args.threads,
+                       date=time.strftime("%Y-%m-%d"), results=res), f, indent=1)
+    lines = [f"Dataset: {ds['name']}, n={len(ds['xb'])}, nq={len(ds['xq'])}, metric={ds['metric']}, "
+             f"threads={args.threads}, date {time.strftime('%Y-%m-%d')}", "",
+             "| method | bits/dim | bytes/vec | R@1@1 | R@1@2 | R@1@4 | R@1@16 | R@1@64 | R10@10 | train s | build s | QPS |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in res:
+        rk = r["recall_1_at_k"]
+        lines.append("| {} | {} | {} | {:.4f} | {:.4f} | {:.4f} | {:.4f} | {:.4f} | {:.4f} | {:.3f} | {:.3f} | {:.0f} |".format(
+            r["method"], r["bits"], r["bytes_per_vector"] if r["bytes_per_vector"] is not None else "?",
+            rk["1"], rk["2"], rk["4"], rk["16"], rk["64"], r["recall_10_at_10"], r["train_s"], r["build_s"], r["qps"]))
+    md = "\n".join(lines) + "\n"
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(md)
+    print(md)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as e:  # plots are optional
+        print("no plots:", e)
+        return
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for r in res:
+        ax.plot(KS, [r["recall_1_at_k"][str(k)] for k in KS], marker="o",
+                linestyle="-" if r["family"] == "tq" else "--", label=r["method"])
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("k")
+    ax.set_ylabel("Recall@1@k")
+    ax.set_title(f"{ds['name']}: Recall@1@k")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.out, "recall_at_k.png"), dpi=110)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    names = [r["method"] for r in res]
+    ax.barh(names, [max(r["build_s"], 1e-4) for r in res])
+    ax.set_xscale("log")
+    ax.set_xlabel("build time, s (train + add; log scale)")
+    ax.set_title(f"{ds['name']}: build time, {args.threads} threads")
+    ax.tick_params(axis="y", labelsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.out, "build_time.png"), dpi=110)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for r in res:
+        ax.scatter(r["recall_1_at_k"]["1"], r["qps"], s=40)
+        ax.annotate(r["method"], (r["recall_1_at_k"]["1"], r["qps"]), fontsize=7)
+    ax.set_yscale("log")
+    ax.set_xlabel("Recall@1@1")
+    ax.set_ylabel(f"QPS (k={KS[-1]}, {args.threads} threads, log)")
+    ax.set_title(f"{ds['name']}: speed vs recall")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.out, "qps_recall.png"), dpi=110)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dataset", default="glove", choices=["glove", "fashion", "glove1m"])
+    ap.add_argument("--glove-dir", default=os.path.join(os.path.dirname(REPO), "shared", "data", "glove100"))
+    ap.add_argument("--tq", default=os.path.join(REPO, "build", "tq"))
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--bits", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--nq", type=int, default=10000)
+    ap.add_argument("--reps", type=int, default=3, help="tq timed runs (median)")
+    ap.add_argument("--faiss-reps", type=int, default=1, help="FAISS/rabitqlib timed searches (median)")
+    ap.add_argument("--train-n", type=int, default=0, help="PQ/SQ training vectors (0: whole base)")
+    ap.add_argument("--perturb", type=float, default=0.05, help="glove1m: noise, in per-dim std units")
+    ap.add_argument("--skip-pq", action="store_true")
+    ap.add_argument("--skip-rabitqlib", action="store_true")
+    ap.add_argument("--only", nargs="*", default=None, help="families to run (tq faiss-pq faiss-sq faiss-tq faiss-rabitq rabitqlib)")
+    args = ap.parse_args()
+    if args.out is None:
+        args.out = os.path.join(REPO, "bench", "results", args.dataset)
+    ds = load_dataset(args)
+    res = []
+    for fam, bits, fn in methods(args, ds):
+        if args.only and fam not in args.only:
+            continue
+        t0 = time.time()
+        try:
+            r = fn()
+        except Exception as e:  # keep going: one library's failure is reported, not fatal
+            print(f"[{fam} {bits}b] failed: {e}", file=sys.stderr)
+            continue
+        res.append(r)
+        print(f"[{time.time() - t0:7.1f}s] {r['method']}: R@1@1={r['recall_1_at_k']['1']:.4f} "
+              f"build={r['build_s']:.3f}s qps={r['qps']:.0f} bytes={r['bytes_per_vector']}", file=sys.stderr, flush=True)
+    write_report(args, ds, res)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+// tq::Index: a flat (exhaustive) nearest-neighbour index whose database is TurboQuant codes,
+// scored directly on the codes (no decoding), persisted in a checksummed versioned file.
+//
+// Encoding (codec mse, the default): for each vector x (normalised first for cosine),
+//   y = Pi x / ||x||   (Pi: seeded rotation, randomized Hadamard by default)
+//   idx_j = nearest Lloyd-Max centroid of y_j (codebook for (dim, bits)),  c = cent[idx]
+//   scale = ||x|| / ||c||          (ScaleMode::corrected, "norm correction", default)
+//         | ||x||                  (plain: the paper's stored norm)
+//         | ||x|| / <y, c>         (eden: EDEN's unbiased scale)
+//         | ||x|| <y, c> / ||c||^2 (lsq: least-squares optimal scale)
+//   <q, x> ~= scale * <Pi q, c>;   l2: ||q - x||^2 ~= ||q||^2 + ||x||^2 - 2 <q, x>.
+// Fractional widths b + 0.5 split the rotated channels: the first ceil(d/2) channels get
+// b + 1 bits, the rest b bits (two independent codebooks; see docs/sections/search.md).
+// Codec prod stores TurboQuant_prod codes (tq::Quantizer, kind prod) for comparison and is
+// scored with Quantizer::score (no fast scan).
+//
+// Search: the query is rotated once; per-query lookup tables (LUT) over groups of code bits
+// (4 bits per group: one 4-bit channel, two 2-bit channels or four 1-bit channels; a 3-bit
+// channel uses a 16-entry table with 8 live entries) are quantized to uint8 and scanned
+// with SIMD byte shuffles over blocks of 32 vectors ("fast scan"); the best `rerank`
+// candidates are then re-scored with the exact float LUT (still from codes), optionally
+// followed by an exact re-rank with full vectors when they are kept (keep_vectors).
+// Widths above 4 bits per channel use float LUTs (no fast scan).
+//
+// Scores returned: inner product (ip), cosine similarity (cosine) — higher is nearer — or
+// squared L2 distance (l2) — lower is nearer. Missing results (k > size) get id -1.
+// Errors (bad config, wrong dimension, NaN/Inf input, corrupt file): tq::Error.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "tq/codebook.h"
+#include "tq/quantizer.h"
+#include "tq/rotation.h"
+
+namespace tq {
+
+enum class Metric : uint8_t { ip = 0, l2 = 1, cosine = 2 };
+Metric parse_metric(const std::string& s);  // "ip" | "l2" | "cosine"
+const char* metric_name(Metric m) noexcept;
+
+enum class ScaleMode : uint8_t { plain = 0, corrected = 1, eden = 2, lsq = 3 };
+ScaleMode parse_scale_mode(const std::string& s);  // "plain" | "corrected" | "eden" | "lsq"
+const char* scale_mode_name(ScaleMode m) noexcept;
+
+struct IndexConfig {
+  int dim = 0;
+  Metric metric = Metric::cosine;
+  double bits = 4;                      // 1..8, or a half-integer in 1.5..7.5
+  QuantizerKind codec = QuantizerKind::mse;  // mse or prod
+  ScaleMode scale = ScaleMode::corrected;    // mse only
+  NormFormat norm = NormFormat::f16;    // storage of the per-vector scale and norm
+  RotationSpec rotation{};              // default randomized Hadamard
+  uint64_t seed = 0x5eed;
+  Law law = Law::beta;
+  bool keep_vectors = false;            // also keep the float vectors (for rerank_full)
+};
+
+struct SearchParams {
+  int k = 10;
+  int n_threads = 0;    // 0: OpenMP default
+  bool fast_scan = true;  // uint8-LUT SIMD scan where the width allows; false: float LUTs
+  int rerank = -1;      // fast-scan candidates re-scored with exact float LUTs; -1: auto
+                        // (max(2k, k + 32)); 0: return the uint8-LUT scores
+  int rerank_full = 0;  // candidates re-scored with the kept float vectors (0: off)
+};
+
+class Index {
+ public:
+  explicit Index(const IndexConfig& cfg);
+  ~Index();
+  Index(Index&&) noexcept;
+  Index& operator=(Index&&) noexcept;
+
+  const IndexConfig& config() const noexcept;
+  int dim() const noexcept;
+  size_t size() const noexcept;
+
+  // x: n * dim floats (row-major), finite. ids: n int64 (nullptr: size(), size()+1, ...).
+  void add(size_t n, const float* x, const int64_t* ids = nullptr);
+  // q: nq * dim finite floats. scores, ids: nq * k each (row per query, best first).
+  void search(size_t nq, const float* q, const SearchParams& p, float* scores,
+              int64_t* ids) const;
+  // The same, checking that the queries have query_dim == dim() components.
+  void search(size_t nq, size_t query_dim, const float* q, const SearchParams& p, float* scores,
+              int64_t* ids) const;
+
+  // Bytes per vector as stored in the file: codes + scale (+ norm for l2), without the id.
+  size_t code_bytes() const noexcept;
+  // Bytes held in memory per vector (fast-scan layout, floats, id, kept vectors).
+  double memory_bytes_per_vector() const noexcept;
+  // Human-readable description, e.g. "mse 4 bits hadamard corrected f16 cosine".
+  std::string describe() const;
+
+  // Persistence (see docs/sections/search.md "File format"): atomic save; load validates
+  // every field and the xxHash checksum before building anything.
+  void save(const std::string& path) const;
+  static Index load(const std::string& path);
+  static Index from_bytes(const uint8_t* data, size_t size, const std::string& name);
+
+  struct Impl;
+  const Impl& impl() const noexcept { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Exact (brute force, float) search for ground truth and tests; same score conventions.
+void exact_search(Metric metric, size_t n, int dim, const float* x, size_t nq, const float* q,
+                  int k, float* scores, int64_t* ids, int n_threads = 0);
+
+// Fast-scan kernels over blocks of 32 vectors (exposed for tests and benchmarks).
+// codes: n_blocks * m_groups * 16 bytes (layout in docs/sections/search.md); lut: m_groups *
+// 16 uint8; out: n_blocks * 32 exact integer sums. m_groups is a multiple of 4.
+void fast_scan_u8(size_t n_blocks, size_t m_groups, const uint8_t* codes, const uint8_t* lut,
+                  uint32_t* out) noexcept;
+void fast_scan_u8_ref(size_t n_blocks, size_t m_groups, const uint8_t* codes, const uint8_t* lut,
+                      uint32_t* out) noexcept;
+
+// Scores of n fast-scan sums (n a multiple of 32 for the SIMD path): dot = bias + step * acc,
+// out = scale * dot (norm == nullptr) or 2 scale dot - norm^2 (l2); block_max[b] = the best
+// of out[32 b .. 32 b + 31]. Float results may differ from the reference by FMA rounding.
+void fast_scan_scores(size_t n, const uint32_t* acc, const float* scale, const float* norm,
+                      float bias, float step, float* out, float* block_max) noexcept;
+void fast_scan_scores_ref(size_t n, const uint32_t* acc, const float* scale, const float* norm,
+                          float bias, float step, float* out, float* block_max) noexcept;
+
+}  // namespace tq

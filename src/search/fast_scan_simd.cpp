@@ -1,0 +1,197 @@
+// Fast-scan kernel: uint8 lookup tables applied with 16-entry byte shuffles (Highway
+// TableLookupBytes, which shuffles within each 128-bit block) over blocks of 32 vectors.
+//
+// Layout of one block (m_groups * 16 bytes): for group g, 16 bytes; byte j holds the 4-bit
+// group code of vector j in its low nibble and that of vector j + 16 in its high nibble.
+// The LUT of group g is 16 bytes at lut + 16 g. One vector register of N bytes covers
+// N / 16 consecutive groups (1 on SSE4, 2 on AVX2, 4 on AVX-512), so both codes and LUTs
+// are consumed in their natural order and each 128-bit block is a different group.
+//
+// Accumulation: the shuffled bytes are split into even / odd bytes as uint16 lanes (mask and
+// shift) and summed in uint16; every 64 iterations the partial sums of the N / 16 blocks are
+// added together (<= 4 * 64 * 255 < 65536), interleaved back into vector order and flushed
+// into uint32, so the results are exact integers for any m_groups and are identical
+// to fast_scan_u8_ref. HWY_SCALAR (1-byte vectors) falls back to the reference.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "search/fast_scan_simd.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <algorithm>
+#include <limits>
+
+#include "tq/index.h"
+#include "tq/simd.h"
+
+#ifndef TQ_FAST_SCAN_REF_ONCE
+#define TQ_FAST_SCAN_REF_ONCE
+namespace tq {
+void fast_scan_u8_ref(size_t n_blocks, size_t m_groups, const uint8_t* codes, const uint8_t* lut,
+                      uint32_t* out) noexcept {
+  for (size_t b = 0; b < n_blocks; ++b) {
+    const uint8_t* blk = codes + b * m_groups * 16;
+    uint32_t* o = out + b * 32;
+    for (int v = 0; v < 32; ++v) o[v] = 0;
+    for (size_t g = 0; g < m_groups; ++g) {
+      const uint8_t* c = blk + g * 16;
+      const uint8_t* t = lut + g * 16;
+      for (int j = 0; j < 16; ++j) {
+        o[j] += t[c[j] & 15];
+        o[j + 16] += t[c[j] >> 4];
+      }
+    }
+  }
+}
+
+void fast_scan_scores_ref(size_t n, const uint32_t* acc, const float* scale, const float* norm,
+                          float bias, float step, float* out, float* block_max) noexcept {
+  for (size_t b = 0; b * 32 < n; ++b) {
+    float mx = -std::numeric_limits<float>::infinity();
+    for (size_t r = b * 32; r < std::min(n, b * 32 + 32); ++r) {
+      const float dot = bias + step * static_cast<float>(acc[r]);
+      out[r] = norm ? 2.f * scale[r] * dot - norm[r] * norm[r] : scale[r] * dot;
+      mx = std::max(mx, out[r]);
+    }
+    block_max[b] = mx;
+  }
+}
+}  // namespace tq
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace tq {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+void FastScanU8(size_t n_blocks, size_t m_groups, const uint8_t* HWY_RESTRICT codes,
+                const uint8_t* HWY_RESTRICT lut, uint32_t* HWY_RESTRICT out) {
+#if HWY_TARGET == HWY_SCALAR
+  fast_scan_u8_ref(n_blocks, m_groups, codes, lut, out);
+#else
+  const hn::CappedTag<uint8_t, 64> d8;
+  const hn::Repartition<uint16_t, decltype(d8)> d16;
+  const size_t N = hn::Lanes(d8);
+  const size_t G = N / 16;  // groups per register
+  if (G == 0 || m_groups % G != 0) {
+    fast_scan_u8_ref(n_blocks, m_groups, codes, lut, out);
+    return;
+  }
+  const size_t iters = m_groups / G;
+  const auto mask4 = hn::Set(d8, 0x0F);
+  const auto mask8 = hn::Set(d16, 0x00FF);
+  // 128-bit views for the flush: the G blocks of a register hold the same 16 vectors.
+  const hn::FixedTag<uint16_t, 8> h16;
+  const hn::FixedTag<uint32_t, 4> h32;
+  HWY_ALIGN uint16_t le[32], lo[32], he[32], ho[32];
+  auto sum_blocks = [&](const uint16_t* a) {
+    auto s = hn::Load(h16, a);
+    for (size_t k = 1; k < G; ++k) s = hn::Add(s, hn::Load(h16, a + 8 * k));
+    return s;
+  };
+  // o[base + 0..15] += the 16 sums whose even/odd vectors are in e / od.
+  auto flush16 = [&](uint32_t* HWY_RESTRICT o, const uint16_t* e, const uint16_t* od) {
+    const auto se = sum_blocks(e), so = sum_blocks(od);
+    const auto v0 = hn::InterleaveLower(h16, se, so);  // vectors 0..7
+    const auto v1 = hn::InterleaveUpper(h16, se, so);  // vectors 8..15
+    const hn::FixedTag<uint16_t, 4> q16;
+    hn::StoreU(hn::Add(hn::LoadU(h32, o + 0), hn::PromoteTo(h32, hn::LowerHalf(q16, v0))), h32, o + 0);
+    hn::StoreU(hn::Add(hn::LoadU(h32, o + 4), hn::PromoteTo(h32, hn::UpperHalf(q16, v0))), h32, o + 4);
+    hn::StoreU(hn::Add(hn::LoadU(h32, o + 8), hn::PromoteTo(h32, hn::LowerHalf(q16, v1))), h32, o + 8);
+    hn::StoreU(hn::Add(hn::LoadU(h32, o + 12), hn::PromoteTo(h32, hn::UpperHalf(q16, v1))), h32, o + 12);
+  };
+  // At most 64 iterations per flush: a u16 lane then holds <= 64 * 255 and the sum over
+  // G <= 4 blocks stays <= 65280.
+  constexpr size_t kFlush = 64;
+  for (size_t b = 0; b < n_blocks; ++b) {
+    const uint8_t* HWY_RESTRICT blk = codes + b * m_groups * 16;
+    uint32_t* HWY_RESTRICT o = out + b * 32;
+    for (int v = 0; v < 32; ++v) o[v] = 0;
+    size_t it = 0;
+    while (it < iters) {
+      const size_t end = iters - it > kFlush ? it + kFlush : iters;
+      auto acc_le = hn::Zero(d16), acc_lo = hn::Zero(d16);
+      auto acc_he = hn::Zero(d16), acc_ho = hn::Zero(d16);
+      for (; it < end; ++it) {
+        const auto c = hn::LoadU(d8, blk + it * N);
+        const auto t = hn::LoadU(d8, lut + it * N);
+        const auto c_lo = hn::And(c, mask4);
+        const auto c_hi = hn::And(hn::BitCast(d8, hn::ShiftRight<4>(hn::BitCast(d16, c))), mask4);
+        const auto r_lo = hn::BitCast(d16, hn::TableLookupBytes(t, c_lo));
+        const auto r_hi = hn::BitCast(d16, hn::TableLookupBytes(t, c_hi));
+        acc_le = hn::Add(acc_le, hn::And(r_lo, mask8));
+        acc_lo = hn::Add(acc_lo, hn::ShiftRight<8>(r_lo));
+        acc_he = hn::Add(acc_he, hn::And(r_hi, mask8));
+        acc_ho = hn::Add(acc_ho, hn::ShiftRight<8>(r_hi));
+      }
+      hn::Store(acc_le, d16, le);
+      hn::Store(acc_lo, d16, lo);
+      hn::Store(acc_he, d16, he);
+      hn::Store(acc_ho, d16, ho);
+      flush16(o, le, lo);
+      flush16(o + 16, he, ho);
+    }
+  }
+#endif
+}
+
+void FastScanScores(size_t n, const uint32_t* HWY_RESTRICT acc, const float* HWY_RESTRICT scale,
+                    const float* HWY_RESTRICT norm, float bias, float step, float* HWY_RESTRICT out,
+                    float* HWY_RESTRICT block_max) {
+  const hn::CappedTag<float, 16> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const size_t N = hn::Lanes(df);
+  if (N > 32 || 32 % N != 0 || n % 32 != 0) {
+    fast_scan_scores_ref(n, acc, scale, norm, bias, step, out, block_max);
+    return;
+  }
+  const auto vb = hn::Set(df, bias), vs = hn::Set(df, step), two = hn::Set(df, 2.f);
+  for (size_t b = 0; b * 32 < n; ++b) {
+    auto mx = hn::Set(df, -std::numeric_limits<float>::infinity());
+    for (size_t r = b * 32; r < b * 32 + 32; r += N) {
+      // acc < 2^31 always (m_groups * 255), so the signed conversion is exact.
+      const auto a = hn::ConvertTo(df, hn::BitCast(di, hn::LoadU(hn::RebindToUnsigned<decltype(df)>(), acc + r)));
+      const auto dot = hn::MulAdd(vs, a, vb);
+      auto sc = hn::Mul(hn::LoadU(df, scale + r), dot);
+      if (norm) {
+        const auto nr = hn::LoadU(df, norm + r);
+        sc = hn::NegMulAdd(nr, nr, hn::Mul(two, sc));
+      }
+      hn::StoreU(sc, df, out + r);
+      mx = hn::Max(mx, sc);
+    }
+    block_max[b] = hn::GetLane(hn::MaxOfLanes(df, mx));
+  }
+}
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace HWY_NAMESPACE
+}  // namespace tq
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace tq {
+HWY_EXPORT(FastScanU8);
+HWY_EXPORT(FastScanScores);
+
+void fast_scan_scores(size_t n, const uint32_t* acc, const float* scale, const float* norm,
+                      float bias, float step, float* out, float* block_max) noexcept {
+  if (simd::use_scalar()) {
+    fast_scan_scores_ref(n, acc, scale, norm, bias, step, out, block_max);
+    return;
+  }
+  HWY_DYNAMIC_DISPATCH(FastScanScores)(n, acc, scale, norm, bias, step, out, block_max);
+}
+
+void fast_scan_u8(size_t n_blocks, size_t m_groups, const uint8_t* codes, const uint8_t* lut,
+                  uint32_t* out) noexcept {
+  if (simd::use_scalar()) {
+    fast_scan_u8_ref(n_blocks, m_groups, codes, lut, out);
+    return;
+  }
+  HWY_DYNAMIC_DISPATCH(FastScanU8)(n_blocks, m_groups, codes, lut, out);
+}
+}  // namespace tq
+#endif

@@ -1,0 +1,642 @@
+// tq::Index: build (encode in batches) and search (fast scan + float-LUT re-rank).
+// Layouts and the file format are documented in docs/sections/search.md.
+#include "tq/index.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "search/index_internal.h"
+#include "tq/bitpack.h"
+#include "tq/common.h"
+#include "tq/error.h"
+
+namespace tq {
+
+Metric parse_metric(const std::string& s) {
+  if (s == "ip") return Metric::ip;
+  if (s == "l2") return Metric::l2;
+  if (s == "cosine") return Metric::cosine;
+  TQ_CHECK(false, "unknown metric '%s' (valid: ip, l2, cosine)", s.c_str());
+  return Metric::ip;
+}
+const char* metric_name(Metric m) noexcept {
+  switch (m) {
+    case Metric::ip: return "ip";
+    case Metric::l2: return "l2";
+    case Metric::cosine: return "cosine";
+  }
+  return "?";
+}
+ScaleMode parse_scale_mode(const std::string& s) {
+  if (s == "plain") return ScaleMode::plain;
+  if (s == "corrected") return ScaleMode::corrected;
+  if (s == "eden") return ScaleMode::eden;
+  if (s == "lsq") return ScaleMode::lsq;
+  TQ_CHECK(false, "unknown scale mode '%s' (valid: plain, corrected, eden, lsq)", s.c_str());
+  return ScaleMode::plain;
+}
+const char* scale_mode_name(ScaleMode m) noexcept {
+  switch (m) {
+    case ScaleMode::plain: return "plain";
+    case ScaleMode::corrected: return "corrected";
+    case ScaleMode::eden: return "eden";
+    case ScaleMode::lsq: return "lsq";
+  }
+  return "?";
+}
+
+// ---------------------------------------------------------------------------------------
+// Impl: configuration, layout
+
+Index::Impl::Impl(const IndexConfig& c) : cfg(c) {
+  d = cfg.dim;
+  TQ_CHECK(d >= 2 && d <= 65536, "index: dim %d outside [2, 65536]", d);
+  const double b2f = cfg.bits * 2.0;
+  bits_x2 = static_cast<int>(std::lround(b2f));
+  TQ_CHECK(std::isfinite(b2f) && std::fabs(b2f - bits_x2) < 1e-9 && bits_x2 >= 2 && bits_x2 <= 16,
+           "index: bits %g must be an integer 1..8 or a half-integer 1.5..7.5", cfg.bits);
+  TQ_CHECK(cfg.codec == QuantizerKind::mse || cfg.codec == QuantizerKind::prod,
+           "index: codec must be mse or prod");
+  TQ_CHECK(static_cast<unsigned>(cfg.metric) <= 2, "index: bad metric");
+  TQ_CHECK(static_cast<unsigned>(cfg.scale) <= 3, "index: bad scale mode");
+  TQ_CHECK(cfg.norm == NormFormat::f16 || cfg.norm == NormFormat::f32, "index: bad norm format");
+  norm_bytes = cfg.norm == NormFormat::f16 ? 2 : 4;
+  has_norm = cfg.metric == Metric::l2;
+  if (cfg.codec == QuantizerKind::prod) {
+    TQ_CHECK(bits_x2 % 2 == 0 && bits_x2 >= 4,
+             "index: codec prod needs an integer width of at least 2 bits (got %g)", cfg.bits);
+    QuantizerConfig qc;
+    qc.dim = d;
+    qc.bits = bits_x2 / 2;
+    qc.rotation = cfg.rotation;
+    qc.seed = cfg.seed;
+    qc.law = cfg.law;
+    qc.norm = cfg.norm;
+    qc.norm_correction = false;
+    quant = make_quantizer(QuantizerKind::prod, qc);
+    code_bytes = quant->code_bytes() + (has_norm ? norm_bytes : 0);
+    return;
+  }
+  rot = make_rotation(cfg.rotation, d, cfg.seed);
+  if (bits_x2 % 2 == 0) {
+    segs.push_back({0, d, bits_x2 / 2, nullptr});
+  } else {
+    const int lo = bits_x2 / 2, n_hi = (d + 1) / 2;
+    segs.push_back({0, n_hi, lo + 1, nullptr});
+    segs.push_back({n_hi, d - n_hi, lo, nullptr});
+  }
+  fast_ok = true;
+  for (auto& s : segs) {
+    s.cb = &get_codebook(d, s.bits, cfg.law);
+    const int per = s.bits <= 4 ? 4 / s.bits : 1;
+    for (int j = s.begin; j < s.begin + s.len; j += per)
+      groups.push_back({j, std::min(per, s.begin + s.len - j), s.bits});
+    if (s.bits > 4) fast_ok = false;
+    seg_bytes += packed_bytes(static_cast<size_t>(s.len), s.bits);
+  }
+  m = groups.size();
+  mp = (m + 3) / 4 * 4;
+  int max_gb = 0;
+  for (auto& g : groups) max_gb = std::max(max_gb, g.gbits());
+  lut_stride = fast_ok ? 16 : (size_t{1} << max_gb);
+  code_bytes = norm_bytes * (has_norm ? 2 : 1) + seg_bytes;
+}
+
+void Index::Impl::get_indices(size_t i, uint8_t* idx) const noexcept {
+  for (size_t g = 0; g < m; ++g) {
+    const Group& gr = groups[g];
+    const uint8_t c = group_code(i, g);
+    const uint8_t mask = static_cast<uint8_t>((1u << gr.bpd) - 1);
+    for (int t = 0; t < gr.ndims; ++t) idx[gr.dim0 + t] = (c >> (t * gr.bpd)) & mask;
+  }
+}
+
+void Index::Impl::set_indices(size_t i, const uint8_t* idx) noexcept {
+  for (size_t g = 0; g < m; ++g) {
+    const Group& gr = groups[g];
+    unsigned c = 0;
+    for (int t = 0; t < gr.ndims; ++t) c |= static_cast<unsigned>(idx[gr.dim0 + t]) << (t * gr.bpd);
+    set_group_code(i, g, static_cast<uint8_t>(c));
+  }
+}
+
+void Index::Impl::resize(size_t n_new) {
+  if (quant) {
+    pcodes.resize(checked_mul(n_new, quant->code_bytes(), "index codes"), 0);
+  } else if (fast_ok) {
+    const size_t nb = (n_new + kBlock - 1) / kBlock;
+    blocks.resize(checked_mul(checked_mul(nb, mp, "index blocks"), 16, "index blocks"), 0);
+  } else {
+    gcodes.resize(checked_mul(n_new, m, "index codes"), 0);
+  }
+  // scale / norm are padded to whole 32-vector blocks (zeros) for the block-wise scorer.
+  const size_t padded = (n_new + kBlock - 1) / kBlock * kBlock;
+  scale.resize(std::min(scale.size(), n_new));
+  scale.resize(padded, 0.f);
+  if (has_norm) {
+    norm.resize(std::min(norm.size(), n_new));
+    norm.resize(padded, 0.f);
+  }
+  ids.resize(n_new, 0);
+  if (cfg.keep_vectors) vectors.resize(checked_mul(n_new, static_cast<size_t>(d), "kept vectors"), 0.f);
+}
+
+float Index::Impl::round_norm(float v) const noexcept {
+  return cfg.norm == NormFormat::f16 ? fp16_to_fp32(fp32_to_fp16(v)) : v;
+}
+
+// ---------------------------------------------------------------------------------------
+// Index: construction, add
+
+Index::Index(const IndexConfig& cfg) : impl_(std::make_unique<Impl>(cfg)) {}
+Index::~Index() = default;
+Index::Index(Index&&) noexcept = default;
+Index& Index::operator=(Index&&) noexcept = default;
+
+const IndexConfig& Index::config() const noexcept { return impl_->cfg; }
+int Index::dim() const noexcept { return impl_->d; }
+size_t Index::size() const noexcept { return impl_->n; }
+size_t Index::code_bytes() const noexcept { return impl_->code_bytes; }
+
+double Index::memory_bytes_per_vector() const noexcept {
+  const Impl& I = *impl_;
+  double b = 0;
+  if (I.quant) b += static_cast<double>(I.quant->code_bytes());
+  else if (I.fast_ok) b += static_cast<double>(I.mp) * 16.0 / kBlock;
+  else b += static_cast<double>(I.m);
+  b += 4.0 + (I.has_norm ? 4.0 : 0.0) + 8.0;  // scale, norm, id
+  if (I.cfg.keep_vectors) b += 4.0 * I.d;
+  return b;
+}
+
+std::string Index::describe() const {
+  const Impl& I = *impl_;
+  return strprintf("%s %g bits %s %s %s %s%s", quantizer_kind_name(I.cfg.codec), I.bits_x2 / 2.0,
+                   rotation_name(I.cfg.rotation).c_str(),
+                   I.quant ? "-" : scale_mode_name(I.cfg.scale),
+                   I.cfg.norm == NormFormat::f16 ? "f16" : "f32", metric_name(I.cfg.metric),
+                   I.fast_ok ? " fast-scan" : "");
+}
+
+namespace {
+
+void check_rows_finite(size_t n, int d, const float* x, const char* what) {
+  for (size_t i = 0; i < n; ++i) {
+    const float* r = x + i * static_cast<size_t>(d);
+    for (int j = 0; j < d; ++j)
+      TQ_CHECK(std::isfinite(r[j]), "%s: vector %zu, component %d is %s", what, i, j,
+               std::isnan(r[j]) ? "NaN" : "Inf");
+  }
+}
+
+// Sum of squares with 8 independent float partial sums (vectorizes; no serial dependency).
+double sqnorm(int d, const float* x) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int j = 0;
+  for (; j + 8 <= d; j += 8)
+    for (int t = 0; t < 8; ++t) acc[t] += x[j + t] * x[j + t];
+  double s = 0;
+  for (; j < d; ++j) s += static_cast<double>(x[j]) * x[j];
+  for (int t = 0; t < 8; ++t) s += acc[t];
+  return s;
+}
+
+}  // namespace
+
+void Index::add(size_t n, const float* x, const int64_t* ids) {
+  Impl& I = *impl_;
+  if (n == 0) return;
+  TQ_CHECK(x != nullptr, "index add: null data");
+  // Norms first (in parallel); a non-finite sum of squares means a NaN/Inf component.
+  std::vector<float> norms(n);
+  bool bad = false;
+#pragma omp parallel for schedule(static) reduction(|| : bad)
+  for (size_t i = 0; i < n; ++i) {
+    const double s2 = sqnorm(I.d, x + i * static_cast<size_t>(I.d));
+    bad |= !std::isfinite(s2);
+    norms[i] = static_cast<float>(std::sqrt(s2));
+  }
+  if (bad) check_rows_finite(n, I.d, x, "index add");  // throws, naming the vector
+  const size_t n0 = I.n;
+  const size_t n1 = checked_add(n0, n, "index size");
+  TQ_CHECK(n1 < (size_t{1} << 32), "index add: %zu vectors is more than the supported 2^32 - 1", n1);
+  I.resize(n1);
+  const size_t d = static_cast<size_t>(I.d);
+  const bool cosine = I.cfg.metric == Metric::cosine;
+  bool overflow = false;
+
+  // Chunks aligned to absolute multiples of 256 so that two threads never share a block.
+  const size_t kChunk = 256;
+  const size_t first = n0 / kChunk;
+  const size_t last = (n1 + kChunk - 1) / kChunk;
+#pragma omp parallel reduction(|| : overflow)
+  {
+    std::vector<float> u(kChunk * d), y(kChunk * d), nrm(kChunk), cvals(d);
+    std::vector<uint8_t> idx(d), cidx(kChunk * d), gc(kBlock * I.m);
+#pragma omp for schedule(dynamic, 1)
+    for (size_t c = first; c < last; ++c) {
+      const size_t i0 = std::max(n0, c * kChunk), i1 = std::min(n1, (c + 1) * kChunk);
+      const size_t cnt = i1 - i0;
+      for (size_t r = 0; r < cnt; ++r) {
+        const float* xr = x + (i0 + r - n0) * d;
+        const double s = norms[i0 + r - n0];
+        nrm[r] = static_cast<float>(s);
+        const float inv = s > 0 ? static_cast<float>(1.0 / s) : 0.f;
+        for (size_t j = 0; j < d; ++j) u[r * d + j] = xr[j] * inv;
+        if (I.cfg.keep_vectors) {
+          float* kv = I.vectors.data() + (i0 + r) * d;
+          if (cosine) std::memcpy(kv, u.data() + r * d, d * sizeof(float));
+          else std::memcpy(kv, xr, d * sizeof(float));
+        }
+      }
+      if (I.quant) {
+        // prod: the quantizer normalises itself; cosine encodes the unit vector.
+        std::vector<float> src(cnt * d);
+        for (size_t r = 0; r < cnt; ++r) {
+          const float* xr = x + (i0 + r - n0) * d;
+          std::memcpy(src.data() + r * d, cosine ? u.data() + r * d : xr, d * sizeof(float));
+        }
+        I.quant->encode(cnt, src.data(), I.pcodes.data() + i0 * I.quant->code_bytes());
+        for (size_t r = 0; r < cnt; ++r) {
+          I.scale[i0 + r] = 1.f;
+          if (I.has_norm) {
+            I.norm[i0 + r] = I.round_norm(nrm[r]);
+            overflow |= !std::isfinite(I.norm[i0 + r]);
+          }
+        }
+        continue;
+      }
+      I.rot->forward(cnt, u.data(), y.data());
+      for (size_t r = 0; r < cnt; ++r) {
+        const float* yr = y.data() + r * d;
+        uint8_t* ir = cidx.data() + r * d;
+        for (const Segment& s : I.segs) {
+          quantize_rotated(*s.cb, static_cast<size_t>(s.len), yr + s.begin, ir + s.begin);
+          const float* cent = s.cb->centroids.data();
+          for (int j = s.begin; j < s.begin + s.len; ++j) cvals[j] = cent[ir[j]];
+        }
+        float cc = 0, yc = 0;  // ||c||^2 and <y, c>
+        for (size_t j = 0; j < d; ++j) {
+          cc += cvals[j] * cvals[j];
+          yc += cvals[j] * yr[j];
+        }
+        const double len = cosine ? (nrm[r] > 0 ? 1.0 : 0.0) : nrm[r];
+        double sc = len;
+        if (len > 0) {
+          switch (I.cfg.scale) {
+            case ScaleMode::plain: sc = len; break;
+            case ScaleMode::corrected: sc = cc > 0 ? len / std::sqrt(static_cast<double>(cc)) : len; break;
+            case ScaleMode::eden: sc = yc > 1e-6f ? len / yc : (cc > 0 ? len / std::sqrt(static_cast<double>(cc)) : len); break;
+            case ScaleMode::lsq: sc = cc > 0 ? len * yc / cc : len; break;
+          }
+        }
+        const size_t i = i0 + r;
+        I.scale[i] = I.round_norm(static_cast<float>(sc));
+        overflow |= !std::isfinite(I.scale[i]);
+        if (I.has_norm) {
+          I.norm[i] = I.round_norm(nrm[r]);
+          overflow |= !std::isfinite(I.norm[i]);
+        }
+      }
+      // Codes. Fast layout: whole fresh blocks (no earlier vector in them) are written row by
+      // row (16 bytes per group) from the chunk's group codes; a block shared with vectors of
+      // an earlier add() is updated nibble by nibble.
+      size_t r = 0;
+      while (r < cnt) {
+        const size_t i = i0 + r;
+        if (!I.fast_ok || i % kBlock != 0) {
+          I.set_indices(i, cidx.data() + r * d);
+          ++r;
+          continue;
+        }
+        const size_t nv = std::min(kBlock, cnt - r);
+        std::fill(gc.begin(), gc.end(), uint8_t{0});
+        for (size_t v = 0; v < nv; ++v) {
+          const uint8_t* ir = cidx.data() + (r + v) * d;
+          uint8_t* g8 = gc.data() + v * I.m;
+          for (size_t g = 0; g < I.m; ++g) {
+            const Group& gr = I.groups[g];
+            unsigned code = 0;
+            for (int t = 0; t < gr.ndims; ++t) code |= static_cast<unsigned>(ir[gr.dim0 + t]) << (t * gr.bpd);
+            g8[g] = static_cast<uint8_t>(code);
+          }
+        }
+        uint8_t* blk = I.blocks.data() + (i / kBlock) * I.mp * 16;
+        for (size_t g = 0; g < I.m; ++g)
+          for (size_t j = 0; j < 16; ++j)
+            blk[g * 16 + j] = static_cast<uint8_t>(gc[j * I.m + g] | (gc[(j + 16) * I.m + g] << 4));
+        r += nv;
+      }
+    }
+  }
+  if (overflow) {
+    I.resize(n0);
+    TQ_CHECK(false, "index add: a vector norm overflows the f16 norm format; use norm f32");
+  }
+  for (size_t r = 0; r < n; ++r) I.ids[n0 + r] = ids ? ids[r] : static_cast<int64_t>(n0 + r);
+  I.n = n1;
+}
+
+// ---------------------------------------------------------------------------------------
+// Search
+
+namespace {
+
+// Best-R selection (higher score is better) over vector indices.
+struct TopR {
+  size_t cap = 0;
+  std::vector<std::pair<float, uint32_t>> h;  // min-heap on score
+  float threshold = -std::numeric_limits<float>::infinity();
+  void reset(size_t c) {
+    cap = c;
+    h.clear();
+    threshold = -std::numeric_limits<float>::infinity();
+  }
+  struct Better {
+    bool operator()(const std::pair<float, uint32_t>& a, const std::pair<float, uint32_t>& b) const noexcept {
+      return a.first > b.first || (a.first == b.first && a.second < b.second);
+    }
+  };
+  static constexpr Better cmp{};
+  void push(float s, uint32_t i) {
+    if (h.size() < cap) {
+      h.emplace_back(s, i);
+      std::push_heap(h.begin(), h.end(), cmp);
+      if (h.size() == cap) threshold = h.front().first;
+    } else if (s > threshold) {
+      std::pop_heap(h.begin(), h.end(), cmp);
+      h.back() = {s, i};
+      std::push_heap(h.begin(), h.end(), cmp);
+      threshold = h.front().first;
+    }
+  }
+  // Sorted best first.
+  std::vector<std::pair<float, uint32_t>> sorted() const {
+    auto v = h;
+    std::sort(v.begin(), v.end(), cmp);
+    return v;
+  }
+};
+
+}  // namespace
+
+void Index::search(size_t nq, const float* q, const SearchParams& p, float* scores,
+                   int64_t* out_ids) const {
+  const Impl& I = *impl_;
+  TQ_CHECK(p.k >= 1 && p.k <= 1 << 20, "index search: k = %d outside [1, 2^20]", p.k);
+  TQ_CHECK(p.rerank >= -1, "index search: rerank must be >= -1");
+  TQ_CHECK(p.rerank_full >= 0, "index search: rerank_full must be >= 0");
+  TQ_CHECK(p.rerank_full == 0 || I.cfg.keep_vectors,
+           "index search: rerank_full needs an index built with keep_vectors");
+  TQ_CHECK(p.n_threads >= 0, "index search: n_threads must be >= 0");
+  if (nq == 0) return;
+  TQ_CHECK(q != nullptr && scores != nullptr && out_ids != nullptr, "index search: null pointer");
+  check_rows_finite(nq, I.d, q, "index search: query");
+  const size_t d = static_cast<size_t>(I.d);
+  const size_t k = static_cast<size_t>(p.k);
+  const bool l2 = I.cfg.metric == Metric::l2;
+  const bool cosine = I.cfg.metric == Metric::cosine;
+  const bool fast = I.fast_ok && p.fast_scan && !I.quant;
+  const size_t rerank = p.rerank < 0 ? std::max(2 * k, k + 32) : static_cast<size_t>(p.rerank);
+  // Stage sizes: scan keeps r1 candidates, float-LUT re-rank keeps r2, full re-rank keeps k.
+  const size_t r2 = std::max(k, static_cast<size_t>(p.rerank_full));
+  const size_t r1 = fast && rerank > 0 ? std::max(r2, rerank) : r2;
+  const float worst = l2 ? std::numeric_limits<float>::infinity() : -std::numeric_limits<float>::infinity();
+
+  // Prepared queries: normalised (cosine), ||q||^2 (l2), rotated (mse).
+  std::vector<float> qn(nq * d), qr(I.quant ? 0 : nq * d), qsq(nq);
+  for (size_t i = 0; i < nq; ++i) {
+    const float* src = q + i * d;
+    const double s2 = sqnorm(I.d, src);
+    qsq[i] = static_cast<float>(s2);
+    const float inv = cosine ? (s2 > 0 ? static_cast<float>(1.0 / std::sqrt(s2)) : 0.f) : 1.f;
+    for (size_t j = 0; j < d; ++j) qn[i * d + j] = src[j] * inv;
+  }
+  if (!I.quant) I.rot->forward(nq, qn.data(), qr.data());
+
+  const size_t n = I.n;
+  const size_t nblocks = (n + kBlock - 1) / kBlock;
+  const size_t kQueryBatch = 8;
+  const size_t kChunkBlocks = 64;  // 2048 vectors per pass over the codes
+  const size_t n_qb = (nq + kQueryBatch - 1) / kQueryBatch;
+  const int threads = p.n_threads > 0 ? p.n_threads : omp_get_max_threads();
+
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> flut(kQueryBatch * I.m * I.lut_stride);
+    std::vector<uint8_t> qlut(kQueryBatch * I.mp * 16);
+    std::vector<float> bias(kQueryBatch), delta(kQueryBatch);
+    std::vector<TopR> top(kQueryBatch);
+    std::vector<uint32_t> acc(kChunkBlocks * kBlock);
+    std::vector<float> sc(kChunkBlocks * kBlock), bmax(kChunkBlocks);
+    std::vector<float> pstate(I.quant ? I.quant->query_state_floats() : 0);
+
+    // Internal score, higher is better: ip/cosine: scale * dot; l2: 2 scale dot - ||x||^2.
+    auto internal = [&](size_t i, float dot) {
+      const float s = I.scale[i] * dot;
+      return l2 ? 2.f * s - I.norm[i] * I.norm[i] : s;
+    };
+    auto exact_lut_dot = [&](const float* lut, size_t i) {
+      float s = 0;
+      for (size_t g = 0; g < I.m; ++g) s += lut[g * I.lut_stride + I.group_code(i, g)];
+      return s;
+    };
+
+#pragma omp for schedule(dynamic, 1)
+    for (size_t qb = 0; qb < n_qb; ++qb) {
+      const size_t q0 = qb * kQueryBatch, q1 = std::min(nq, q0 + kQueryBatch);
+      const size_t bq = q1 - q0;
+      // Float LUTs: lut[g][code] = sum_t qr[dim0 + t] * cent[(code >> t bpd) & mask].
+      if (!I.quant) {
+        for (size_t b = 0; b < bq; ++b) {
+          const float* y = qr.data() + (q0 + b) * d;
+          float* lut = flut.data() + b * I.m * I.lut_stride;
+          size_t g = 0;
+          for (const Segment& s : I.segs) {
+            const auto& cent = s.cb->centroids;
+            for (; g < I.m && I.groups[g].dim0 < s.begin + s.len; ++g) {
+              const Group& gr = I.groups[g];
+              const size_t entries = size_t{1} << gr.gbits();
+              const unsigned mask = (1u << gr.bpd) - 1;
+              float* t = lut + g * I.lut_stride;
+              for (size_t c = 0; c < I.lut_stride; ++c) t[c] = 0.f;
+              for (size_t c = 0; c < entries; ++c) {
+                float v = 0;
+                for (int j = 0; j < gr.ndims; ++j) v += y[gr.dim0 + j] * cent[(c >> (j * gr.bpd)) & mask];
+                t[c] = v;
+              }
+              // Unused entries (3-bit channels, short last group) repeat entry 0: never read.
+              for (size_t c = entries; c < I.lut_stride; ++c) t[c] = t[0];
+            }
+          }
+          if (fast) {
+            // uint8 LUT: per-group minimum as bias, one step for all groups.
+            float maxrange = 0, bsum = 0;
+            for (size_t gi = 0; gi < I.m; ++gi) {
+              const float* t = lut + gi * 16;
+              const float mn = *std::min_element(t, t + 16), mx = *std::max_element(t, t + 16);
+              maxrange = std::max(maxrange, mx - mn);
+              bsum += mn;
+            }
+            const float step = maxrange > 0 ? maxrange / 255.f : 1.f;
+            const float inv = 1.f / step;
+            uint8_t* q8 = qlut.data() + b * I.mp * 16;
+            std::memset(q8, 0, I.mp * 16);
+            for (size_t gi = 0; gi < I.m; ++gi) {
+              const float* t = lut + gi * 16;
+              const float mn = *std::min_element(t, t + 16);
+              for (int c = 0; c < 16; ++c) {
+                const float v = std::nearbyint((t[c] - mn) * inv);
+                q8[gi * 16 + c] = static_cast<uint8_t>(std::clamp(v, 0.f, 255.f));
+              }
+            }
+            bias[b] = bsum;
+            delta[b] = step;
+          }
+        }
+      }
+      for (size_t b = 0; b < bq; ++b) top[b].reset(r1);
+
+      if (fast) {
+        for (size_t cb = 0; cb < nblocks; cb += kChunkBlocks) {
+          const size_t nb = std::min(kChunkBlocks, nblocks - cb);
+          const size_t v0 = cb * kBlock, v1 = std::min(n, (cb + nb) * kBlock);
+          for (size_t b = 0; b < bq; ++b) {
+            fast_scan_u8(nb, I.mp, I.blocks.data() + cb * I.mp * 16, qlut.data() + b * I.mp * 16,
+                         acc.data());
+            const size_t cnt = v1 - v0;
+            // Scores for whole blocks (padding vectors score garbage and are skipped below).
+            fast_scan_scores(nb * kBlock, acc.data(), I.scale.data() + v0,
+                             l2 ? I.norm.data() + v0 : nullptr, bias[b], delta[b], sc.data(),
+                             bmax.data());
+            TopR& t = top[b];
+            for (size_t bi = 0; bi < nb; ++bi) {
+              if (bmax[bi] <= t.threshold && t.h.size() >= t.cap) continue;
+              const size_t r0 = bi * kBlock, r1e = std::min(cnt, r0 + kBlock);
+              for (size_t r = r0; r < r1e; ++r)
+                if (sc[r] > t.threshold || t.h.size() < t.cap) t.push(sc[r], static_cast<uint32_t>(v0 + r));
+            }
+          }
+        }
+      } else if (I.quant) {
+        const size_t cbytes = I.quant->code_bytes();
+        for (size_t b = 0; b < bq; ++b) {
+          I.quant->prepare_query(qn.data() + (q0 + b) * d, pstate.data());
+          for (size_t v0 = 0; v0 < n; v0 += sc.size()) {
+            const size_t cnt = std::min(sc.size(), n - v0);
+            I.quant->score(pstate.data(), cnt, I.pcodes.data() + v0 * cbytes, sc.data());
+            for (size_t r = 0; r < cnt; ++r) top[b].push(internal(v0 + r, sc[r]), static_cast<uint32_t>(v0 + r));
+          }
+        }
+      } else {
+        for (size_t v0 = 0; v0 < n; v0 += sc.size()) {
+          const size_t cnt = std::min(sc.size(), n - v0);
+          for (size_t b = 0; b < bq; ++b) {
+            const float* lut = flut.data() + b * I.m * I.lut_stride;
+            for (size_t r = 0; r < cnt; ++r)
+              top[b].push(internal(v0 + r, exact_lut_dot(lut, v0 + r)), static_cast<uint32_t>(v0 + r));
+          }
+        }
+      }
+
+      for (size_t b = 0; b < bq; ++b) {
+        auto cand = top[b].sorted();
+        if (fast && rerank > 0) {
+          const float* lut = flut.data() + b * I.m * I.lut_stride;
+          for (auto& c : cand) c.first = internal(c.second, exact_lut_dot(lut, c.second));
+          std::sort(cand.begin(), cand.end(), TopR::cmp);
+          if (cand.size() > r2) cand.resize(r2);
+        }
+        if (p.rerank_full > 0) {
+          const float* qv = (cosine ? qn.data() : q) + (q0 + b) * d;
+          for (auto& c : cand) {
+            const float* xv = I.vectors.data() + static_cast<size_t>(c.second) * d;
+            double s = 0;
+            if (l2) {
+              for (size_t j = 0; j < d; ++j) s += static_cast<double>(qv[j] - xv[j]) * (qv[j] - xv[j]);
+              s = qsq[q0 + b] - s;  // internal: higher is better, maps back to s below
+            } else {
+              for (size_t j = 0; j < d; ++j) s += static_cast<double>(qv[j]) * xv[j];
+            }
+            c.first = static_cast<float>(s);
+          }
+          std::sort(cand.begin(), cand.end(), TopR::cmp);
+        }
+        float* so = scores + (q0 + b) * k;
+        int64_t* io = out_ids + (q0 + b) * k;
+        for (size_t r = 0; r < k; ++r) {
+          if (r < cand.size()) {
+            so[r] = l2 ? qsq[q0 + b] - cand[r].first : cand[r].first;
+            io[r] = I.ids[cand[r].second];
+          } else {
+            so[r] = worst;
+            io[r] = -1;
+          }
+        }
+      }
+    }
+  }
+}
+
+void Index::search(size_t nq, size_t query_dim, const float* q, const SearchParams& p,
+                   float* scores, int64_t* ids) const {
+  TQ_CHECK(query_dim == static_cast<size_t>(impl_->d),
+           "index search: queries have %zu components, the index has dim %d", query_dim, impl_->d);
+  search(nq, q, p, scores, ids);
+}
+
+// ---------------------------------------------------------------------------------------
+// Exact search
+
+void exact_search(Metric metric, size_t n, int dim, const float* x, size_t nq, const float* q,
+                  int k, float* scores, int64_t* ids, int n_threads) {
+  TQ_CHECK(dim >= 1 && k >= 1, "exact_search: bad dim or k");
+  check_rows_finite(nq, dim, q, "exact_search: query");
+  const size_t d = static_cast<size_t>(dim);
+  const bool l2 = metric == Metric::l2, cosine = metric == Metric::cosine;
+  std::vector<float> xinv(n, 1.f);
+  if (cosine)
+    for (size_t i = 0; i < n; ++i) {
+      const double s = sqnorm(dim, x + i * d);
+      xinv[i] = s > 0 ? static_cast<float>(1.0 / std::sqrt(s)) : 0.f;
+    }
+  const int threads = n_threads > 0 ? n_threads : omp_get_max_threads();
+#pragma omp parallel for schedule(dynamic, 4) num_threads(threads)
+  for (size_t qi = 0; qi < nq; ++qi) {
+    const float* qv = q + qi * d;
+    const double qs = sqnorm(dim, qv);
+    const float qinv = cosine ? (qs > 0 ? static_cast<float>(1.0 / std::sqrt(qs)) : 0.f) : 1.f;
+    TopR t;
+    t.reset(static_cast<size_t>(k));
+    for (size_t i = 0; i < n; ++i) {
+      const float* xv = x + i * d;
+      float s = 0;
+      if (l2) {
+        for (size_t j = 0; j < d; ++j) s += (qv[j] - xv[j]) * (qv[j] - xv[j]);
+        s = -s;
+      } else {
+        for (size_t j = 0; j < d; ++j) s += qv[j] * xv[j];
+        if (cosine) s *= qinv * xinv[i];
+      }
+      t.push(s, static_cast<uint32_t>(i));
+    }
+    auto v = t.sorted();
+    for (size_t r = 0; r < static_cast<size_t>(k); ++r) {
+      if (r < v.size()) {
+        scores[qi * k + r] = l2 ? -v[r].first : v[r].first;
+        ids[qi * k + r] = static_cast<int64_t>(v[r].second);
+      } else {
+        scores[qi * k + r] = l2 ? std::numeric_limits<float>::infinity() : -std::numeric_limits<float>::infinity();
+        ids[qi * k + r] = -1;
+      }
+    }
+  }
+}
+
+}  // namespace tq

@@ -1,0 +1,312 @@
+// Index persistence: one versioned, checksummed, little-endian file, written atomically.
+//
+// File layout (all integers little-endian):
+//   [IndexFileHeader: 128 bytes]
+//   [codes: count * code_bytes]   per vector, see record layout below
+//   [ids:   count * 8]            int64
+//   [vectors: count * dim * 4]    float32, only when flags & 1 (keep_vectors)
+// Per-vector record, codec mse: [scale: f16|f32] [norm ||x||: f16|f32, l2 only]
+//   [segment codes: bitpack.h stream of the segment's channel indices, one per segment]
+// codec prod: [tq::Quantizer prod code] [norm, l2 only].
+// Load checks, in order, before allocating or building anything: size >= 128, magic,
+// version, header size, header checksum, every enum/parameter, count <= 2^32 - 1, each
+// section's offset and size recomputed from the parameters with overflow checks, total
+// size == file size, payload checksum; then every stored float is checked to be finite.
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "search/index_internal.h"
+#include "tq/bitpack.h"
+#include "tq/common.h"
+#include "tq/error.h"
+#include "tq/fileio.h"
+#include "tq/index.h"
+
+namespace tq {
+
+namespace {
+
+constexpr char kMagic[8] = {'T', 'Q', 'I', 'N', 'D', 'E', 'X', '\0'};
+
+// The header as a documented struct; it is (de)serialized field by field in explicit
+// little-endian order, so the in-memory struct layout never reaches the disk.
+struct IndexFileHeader {
+  char magic[8];            //   0 "TQINDEX\0"
+  uint32_t version;         //   8 kFileVersion
+  uint32_t header_bytes;    //  12 128
+  uint32_t dim;             //  16 2..65536
+  uint8_t metric;           //  20 Metric
+  uint8_t codec;            //  21 QuantizerKind (mse | prod)
+  uint8_t scale_mode;       //  22 ScaleMode
+  uint8_t norm_format;      //  23 NormFormat
+  uint8_t rotation_kind;    //  24 RotationKind
+  uint8_t law;              //  25 Law
+  uint8_t bits_x2;          //  26 2 * bits, 2..16
+  uint8_t flags;            //  27 bit 0: keep_vectors
+  uint32_t rotation_block;  //  28 block width for RotationKind::block, else 0
+  uint64_t seed;            //  32 rotation seed (the rotation is rebuilt from it)
+  uint64_t count;           //  40 vectors
+  uint64_t code_bytes;      //  48 bytes per vector record
+  uint64_t codes_offset;    //  56 = 128
+  uint64_t codes_size;      //  64 = count * code_bytes
+  uint64_t ids_offset;      //  72 = codes_offset + codes_size
+  uint64_t ids_size;        //  80 = count * 8
+  uint64_t vectors_offset;  //  88 = ids_offset + ids_size
+  uint64_t vectors_size;    //  96 = count * dim * 4 or 0
+  uint64_t file_size;       // 104 = vectors_offset + vectors_size
+  uint64_t payload_xxh3;    // 112 XXH3-64 of bytes [128, file_size)
+  uint64_t header_xxh3;     // 120 XXH3-64 of bytes [0, 120)
+};
+static_assert(sizeof(IndexFileHeader) == 128, "index file header is 128 bytes");
+static_assert(offsetof(IndexFileHeader, seed) == 32, "layout");
+static_assert(offsetof(IndexFileHeader, payload_xxh3) == 112, "layout");
+static_assert(offsetof(IndexFileHeader, header_xxh3) == 120, "layout");
+
+struct Out {
+  std::vector<uint8_t> b;
+  void u8(uint8_t v) { b.push_back(v); }
+  void u32(uint32_t v) { for (int i = 0; i < 4; ++i) b.push_back(static_cast<uint8_t>(v >> (8 * i))); }
+  void u64(uint64_t v) { for (int i = 0; i < 8; ++i) b.push_back(static_cast<uint8_t>(v >> (8 * i))); }
+};
+uint32_t ld32(const uint8_t* p) {
+  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
+         static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
+}
+uint64_t ld64(const uint8_t* p) { return ld32(p) | static_cast<uint64_t>(ld32(p + 4)) << 32; }
+void st16(uint8_t* p, uint16_t v) { p[0] = static_cast<uint8_t>(v); p[1] = static_cast<uint8_t>(v >> 8); }
+void st32(uint8_t* p, uint32_t v) { for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i)); }
+uint32_t f2u(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+float u2f(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+
+void put_norm(uint8_t* p, float v, NormFormat f) {
+  if (f == NormFormat::f16) st16(p, fp32_to_fp16(v));
+  else st32(p, f2u(v));
+}
+float get_norm(const uint8_t* p, NormFormat f) {
+  if (f == NormFormat::f16) return fp16_to_fp32(static_cast<uint16_t>(p[0] | p[1] << 8));
+  return u2f(ld32(p));
+}
+
+void serialize_header(const IndexFileHeader& h, uint8_t* out) {
+  Out o;
+  for (char c : h.magic) o.u8(static_cast<uint8_t>(c));
+  o.u32(h.version); o.u32(h.header_bytes); o.u32(h.dim);
+  o.u8(h.metric); o.u8(h.codec); o.u8(h.scale_mode); o.u8(h.norm_format);
+  o.u8(h.rotation_kind); o.u8(h.law); o.u8(h.bits_x2); o.u8(h.flags);
+  o.u32(h.rotation_block); o.u64(h.seed); o.u64(h.count); o.u64(h.code_bytes);
+  o.u64(h.codes_offset); o.u64(h.codes_size); o.u64(h.ids_offset); o.u64(h.ids_size);
+  o.u64(h.vectors_offset); o.u64(h.vectors_size); o.u64(h.file_size); o.u64(h.payload_xxh3);
+  o.u64(h.header_xxh3);
+  TQ_ASSERT(o.b.size() == 128);
+  std::memcpy(out, o.b.data(), 128);
+}
+
+IndexFileHeader parse_header(const uint8_t* p) {
+  IndexFileHeader h;
+  std::memcpy(h.magic, p, 8);
+  h.version = ld32(p + 8); h.header_bytes = ld32(p + 12); h.dim = ld32(p + 16);
+  h.metric = p[20]; h.codec = p[21]; h.scale_mode = p[22]; h.norm_format = p[23];
+  h.rotation_kind = p[24]; h.law = p[25]; h.bits_x2 = p[26]; h.flags = p[27];
+  h.rotation_block = ld32(p + 28); h.seed = ld64(p + 32); h.count = ld64(p + 40);
+  h.code_bytes = ld64(p + 48); h.codes_offset = ld64(p + 56); h.codes_size = ld64(p + 64);
+  h.ids_offset = ld64(p + 72); h.ids_size = ld64(p + 80); h.vectors_offset = ld64(p + 88);
+  h.vectors_size = ld64(p + 96); h.file_size = ld64(p + 104); h.payload_xxh3 = ld64(p + 112);
+  h.header_xxh3 = ld64(p + 120);
+  return h;
+}
+
+}  // namespace
+
+void Index::save(const std::string& path) const {
+  const Impl& I = *impl_;
+  const size_t n = I.n, d = static_cast<size_t>(I.d);
+  IndexFileHeader h{};
+  std::memcpy(h.magic, kMagic, 8);
+  h.version = kFileVersion;
+  h.header_bytes = 128;
+  h.dim = static_cast<uint32_t>(I.d);
+  h.metric = static_cast<uint8_t>(I.cfg.metric);
+  h.codec = static_cast<uint8_t>(I.cfg.codec);
+  h.scale_mode = static_cast<uint8_t>(I.cfg.scale);
+  h.norm_format = static_cast<uint8_t>(I.cfg.norm);
+  h.rotation_kind = static_cast<uint8_t>(I.cfg.rotation.kind);
+  h.law = static_cast<uint8_t>(I.cfg.law);
+  h.bits_x2 = static_cast<uint8_t>(I.bits_x2);
+  h.flags = I.cfg.keep_vectors ? 1 : 0;
+  h.rotation_block = static_cast<uint32_t>(I.cfg.rotation.kind == RotationKind::block ? I.cfg.rotation.block : 0);
+  h.seed = I.cfg.seed;
+  h.count = n;
+  h.code_bytes = I.code_bytes;
+  h.codes_offset = 128;
+  h.codes_size = checked_mul(n, I.code_bytes, "index codes");
+  h.ids_offset = h.codes_offset + h.codes_size;
+  h.ids_size = checked_mul(n, 8, "index ids");
+  h.vectors_offset = h.ids_offset + h.ids_size;
+  h.vectors_size = I.cfg.keep_vectors ? checked_mul(checked_mul(n, d, "vectors"), 4, "vectors") : 0;
+  h.file_size = h.vectors_offset + h.vectors_size;
+
+  std::vector<uint8_t> buf(h.file_size);
+  uint8_t* codes = buf.data() + h.codes_offset;
+  std::vector<uint8_t> idx(d);
+  for (size_t i = 0; i < n; ++i) {
+    uint8_t* r = codes + i * I.code_bytes;
+    if (I.quant) {
+      const size_t qb = I.quant->code_bytes();
+      std::memcpy(r, I.pcodes.data() + i * qb, qb);
+      if (I.has_norm) put_norm(r + qb, I.norm[i], I.cfg.norm);
+      continue;
+    }
+    put_norm(r, I.scale[i], I.cfg.norm);
+    r += I.norm_bytes;
+    if (I.has_norm) {
+      put_norm(r, I.norm[i], I.cfg.norm);
+      r += I.norm_bytes;
+    }
+    I.get_indices(i, idx.data());
+    for (const Segment& s : I.segs) {
+      pack_bits(static_cast<size_t>(s.len), s.bits, idx.data() + s.begin, r);
+      r += packed_bytes(static_cast<size_t>(s.len), s.bits);
+    }
+  }
+  uint8_t* idp = buf.data() + h.ids_offset;
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t v = static_cast<uint64_t>(I.ids[i]);
+    st32(idp + 8 * i, static_cast<uint32_t>(v));
+    st32(idp + 8 * i + 4, static_cast<uint32_t>(v >> 32));
+  }
+  if (I.cfg.keep_vectors) {
+    uint8_t* vp = buf.data() + h.vectors_offset;
+    for (size_t i = 0; i < n * d; ++i) st32(vp + 4 * i, f2u(I.vectors[i]));
+  }
+  h.payload_xxh3 = checksum64(buf.data() + 128, buf.size() - 128);
+  serialize_header(h, buf.data());
+  h.header_xxh3 = checksum64(buf.data(), 120);
+  serialize_header(h, buf.data());
+  atomic_write_file(path, buf.data(), buf.size());
+}
+
+Index Index::load(const std::string& path) {
+  const auto bytes = read_file_bytes(path);
+  return from_bytes(bytes.data(), bytes.size(), path);
+}
+
+Index Index::from_bytes(const uint8_t* data, size_t size, const std::string& name) {
+  const char* nm = name.c_str();
+  TQ_CHECK(size > 0, "%s: empty file (0 bytes), not a tq index", nm);
+  TQ_CHECK(size >= 128, "%s: %zu bytes, too short for the 128-byte tq index header (truncated?)", nm, size);
+  const IndexFileHeader h = parse_header(data);
+  TQ_CHECK(std::memcmp(h.magic, kMagic, 8) == 0, "%s: bad magic, not a tq index file", nm);
+  TQ_CHECK(h.version == kFileVersion, "%s: tq index file version %u, this build reads version %u", nm,
+           h.version, kFileVersion);
+  TQ_CHECK(h.header_bytes == 128, "%s: header size %u, expected 128", nm, h.header_bytes);
+  TQ_CHECK(checksum64(data, 120) == h.header_xxh3, "%s: header checksum mismatch (corrupted header)", nm);
+  TQ_CHECK(h.dim >= 2 && h.dim <= 65536, "%s: dim %u outside [2, 65536]", nm, h.dim);
+  TQ_CHECK(h.metric <= 2, "%s: unknown metric code %u", nm, h.metric);
+  TQ_CHECK(h.codec <= 1, "%s: unknown codec code %u", nm, h.codec);
+  TQ_CHECK(h.scale_mode <= 3, "%s: unknown scale mode %u", nm, h.scale_mode);
+  TQ_CHECK(h.norm_format <= 1, "%s: unknown norm format %u", nm, h.norm_format);
+  TQ_CHECK(h.rotation_kind <= 5, "%s: unknown rotation kind %u", nm, h.rotation_kind);
+  TQ_CHECK(h.law <= 1, "%s: unknown codebook law %u", nm, h.law);
+  TQ_CHECK(h.bits_x2 >= 2 && h.bits_x2 <= 16, "%s: bits*2 = %u outside [2, 16]", nm, h.bits_x2);
+  TQ_CHECK(h.flags <= 1, "%s: unknown flags 0x%x", nm, h.flags);
+  const auto rk = static_cast<RotationKind>(h.rotation_kind);
+  if (rk == RotationKind::block)
+    TQ_CHECK(h.rotation_block == 32 || h.rotation_block == 64 || h.rotation_block == 128,
+             "%s: rotation block %u not 32, 64 or 128", nm, h.rotation_block);
+  else
+    TQ_CHECK(h.rotation_block == 0, "%s: rotation block %u given for a non-block rotation", nm, h.rotation_block);
+  TQ_CHECK(h.count < (uint64_t{1} << 32), "%s: absurd vector count %llu", nm,
+           static_cast<unsigned long long>(h.count));
+
+  IndexConfig cfg;
+  cfg.dim = static_cast<int>(h.dim);
+  cfg.metric = static_cast<Metric>(h.metric);
+  cfg.codec = static_cast<QuantizerKind>(h.codec);
+  cfg.scale = static_cast<ScaleMode>(h.scale_mode);
+  cfg.norm = static_cast<NormFormat>(h.norm_format);
+  cfg.rotation.kind = rk;
+  cfg.rotation.block = static_cast<int>(h.rotation_block);
+  cfg.law = static_cast<Law>(h.law);
+  cfg.bits = h.bits_x2 / 2.0;
+  cfg.seed = h.seed;
+  cfg.keep_vectors = (h.flags & 1) != 0;
+  const size_t n = static_cast<size_t>(h.count), d = h.dim;
+  // Record size implied by the parameters (before anything is built from them).
+  const size_t nb = cfg.norm == NormFormat::f16 ? 2 : 4;
+  const bool l2 = cfg.metric == Metric::l2;
+  size_t expect_code = 0;
+  if (cfg.codec == QuantizerKind::prod) {
+    TQ_CHECK(h.bits_x2 % 2 == 0 && h.bits_x2 >= 4, "%s: codec prod with bits %g", nm, cfg.bits);
+    expect_code = 2 * nb + packed_bytes(d, h.bits_x2 / 2 - 1) + packed_bytes(d, 1) + (l2 ? nb : 0);
+  } else if (h.bits_x2 % 2 == 0) {
+    expect_code = nb * (l2 ? 2 : 1) + packed_bytes(d, h.bits_x2 / 2);
+  } else {
+    const size_t n_hi = (d + 1) / 2;
+    expect_code = nb * (l2 ? 2 : 1) + packed_bytes(n_hi, h.bits_x2 / 2 + 1) +
+                  packed_bytes(d - n_hi, h.bits_x2 / 2);
+  }
+  TQ_CHECK(h.code_bytes == expect_code, "%s: record size %llu, parameters imply %zu", nm,
+           static_cast<unsigned long long>(h.code_bytes), expect_code);
+  const size_t code_bytes = expect_code;
+  const uint64_t codes_size = checked_mul(n, code_bytes, "codes size");
+  const uint64_t ids_size = checked_mul(n, 8, "ids size");
+  const uint64_t vec_size = cfg.keep_vectors ? checked_mul(checked_mul(n, d, "vectors"), 4, "vectors") : 0;
+  TQ_CHECK(h.codes_offset == 128 && h.codes_size == codes_size, "%s: codes section [%llu, +%llu) inconsistent",
+           nm, static_cast<unsigned long long>(h.codes_offset), static_cast<unsigned long long>(h.codes_size));
+  TQ_CHECK(h.ids_offset == h.codes_offset + codes_size && h.ids_size == ids_size,
+           "%s: ids section inconsistent", nm);
+  TQ_CHECK(h.vectors_offset == h.ids_offset + ids_size && h.vectors_size == vec_size,
+           "%s: vectors section inconsistent", nm);
+  const uint64_t total = checked_add(h.vectors_offset, vec_size, "file size");
+  TQ_CHECK(h.file_size == total, "%s: header file size %llu, sections add up to %llu", nm,
+           static_cast<unsigned long long>(h.file_size), static_cast<unsigned long long>(total));
+  TQ_CHECK(size == total, "%s: file is %zu bytes, header says %llu (%s)", nm, size,
+           static_cast<unsigned long long>(total), size < total ? "truncated" : "trailing bytes");
+  TQ_CHECK(checksum64(data + 128, size - 128) == h.payload_xxh3,
+           "%s: payload checksum mismatch (corrupted codes, ids or vectors)", nm);
+
+  // Everything checked: build (codebooks, rotation), then fill.
+  Index index(cfg);
+  Impl& I = *index.impl_;
+  TQ_CHECK(I.code_bytes == code_bytes, "%s: record size mismatch with this build", nm);
+  I.resize(n);
+  std::vector<uint8_t> idx(d);
+  for (size_t i = 0; i < n; ++i) {
+    const uint8_t* r = data + 128 + i * I.code_bytes;
+    if (I.quant) {
+      const size_t qb = I.quant->code_bytes();
+      std::memcpy(I.pcodes.data() + i * qb, r, qb);
+      I.scale[i] = 1.f;
+      if (I.has_norm) I.norm[i] = get_norm(r + qb, cfg.norm);
+    } else {
+      I.scale[i] = get_norm(r, cfg.norm);
+      r += I.norm_bytes;
+      if (I.has_norm) {
+        I.norm[i] = get_norm(r, cfg.norm);
+        r += I.norm_bytes;
+      }
+      for (const Segment& s : I.segs) {
+        unpack_bits(static_cast<size_t>(s.len), s.bits, r, idx.data() + s.begin);
+        r += packed_bytes(static_cast<size_t>(s.len), s.bits);
+      }
+      I.set_indices(i, idx.data());
+    }
+    TQ_CHECK(std::isfinite(I.scale[i]), "%s: vector %zu has a non-finite scale", nm, i);
+    if (I.has_norm) TQ_CHECK(std::isfinite(I.norm[i]) && I.norm[i] >= 0, "%s: vector %zu has a bad norm", nm, i);
+  }
+  const uint8_t* idp = data + h.ids_offset;
+  for (size_t i = 0; i < n; ++i) I.ids[i] = static_cast<int64_t>(ld64(idp + 8 * i));
+  if (cfg.keep_vectors) {
+    const uint8_t* vp = data + h.vectors_offset;
+    for (size_t i = 0; i < n * d; ++i) {
+      I.vectors[i] = u2f(ld32(vp + 4 * i));
+      TQ_CHECK(std::isfinite(I.vectors[i]), "%s: kept vector %zu is not finite", nm, i / d);
+    }
+  }
+  I.n = n;
+  return index;
+}
+
+}  // namespace tq

@@ -1,0 +1,496 @@
+// Index.*: recall against brute force, fast scan == scalar reference, every width and scale
+// mode, ids, bad inputs. IndexIo.*: save/load round trip and corrupted-file rejection.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "tq/common.h"
+#include "tq/error.h"
+#include "tq/fileio.h"
+#include "tq/index.h"
+#include "tq/simd.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+bool small() { return std::getenv("TQ_TEST_SMALL") != nullptr; }
+
+// Clustered Gaussian data: 32 centres, points = centre + noise, so neighbours are meaningful.
+std::vector<float> make_data(size_t n, int d, uint64_t seed, float noise = 0.35f) {
+  tq::Rng rng(seed);
+  tq::Rng crng(1234);  // shared centres for base and queries
+  const int nc = 32;
+  std::vector<float> c(static_cast<size_t>(nc) * d);
+  for (auto& v : c) v = static_cast<float>(crng.normal());
+  std::vector<float> x(n * d);
+  for (size_t i = 0; i < n; ++i) {
+    const int ci = static_cast<int>(rng.below(nc));
+    const float s = 0.5f + static_cast<float>(rng.uniform());  // varied norms
+    for (int j = 0; j < d; ++j)
+      x[i * d + j] = s * (c[ci * d + j] + noise * static_cast<float>(rng.normal()));
+  }
+  return x;
+}
+
+struct Results {
+  std::vector<float> s;
+  std::vector<int64_t> id;
+};
+Results run(const tq::Index& idx, const std::vector<float>& q, int k, tq::SearchParams p = {}) {
+  p.k = k;
+  const size_t nq = q.size() / idx.dim();
+  Results r{std::vector<float>(nq * k), std::vector<int64_t>(nq * k)};
+  idx.search(nq, q.data(), p, r.s.data(), r.id.data());
+  return r;
+}
+Results exact(tq::Metric m, const std::vector<float>& x, const std::vector<float>& q, int d, int k) {
+  const size_t n = x.size() / d, nq = q.size() / d;
+  Results r{std::vector<float>(nq * k), std::vector<int64_t>(nq * k)};
+  tq::exact_search(m, n, d, x.data(), nq, q.data(), k, r.s.data(), r.id.data());
+  return r;
+}
+// Share of queries whose exact top-1 is among the first k results.
+double recall1(const Results& got, int kg, const Results& gt, int kt, int k) {
+  const size_t nq = gt.id.size() / kt;
+  size_t hit = 0;
+  for (size_t i = 0; i < nq; ++i)
+    for (int j = 0; j < k; ++j)
+      if (got.id[i * kg + j] == gt.id[i * kt]) { ++hit; break; }
+  return static_cast<double>(hit) / nq;
+}
+
+struct TempDir {
+  fs::path dir;
+  TempDir() {
+    dir = fs::temp_directory_path() /
+          ("tq_index_test_" + std::to_string(::getpid()) + "_" + std::to_string(reinterpret_cast<uintptr_t>(this)));
+    fs::create_directories(dir);
+  }
+  ~TempDir() { fs::remove_all(dir); }
+  std::string path(const std::string& n) const { return (dir / n).string(); }
+};
+
+tq::IndexConfig cfg_of(int d, double bits, tq::Metric m) {
+  tq::IndexConfig c;
+  c.dim = d;
+  c.bits = bits;
+  c.metric = m;
+  return c;
+}
+
+}  // namespace
+
+// Named thresholds: on clustered data at d = 64, 4-bit codes with re-ranking find the exact
+// top-1 among the first 10 for nearly every query; 2 bits for most.
+constexpr double kMinRecall1at10_4bit = 0.95;
+constexpr double kMinRecall1at10_2bit = 0.6;
+
+TEST(Index, RecallAgainstBruteForceAllMetrics) {
+  const int d = 64;
+  const size_t n = small() ? 1000 : 4000, nq = 100;
+  auto x = make_data(n, d, 1), q = make_data(nq, d, 2);
+  for (auto m : {tq::Metric::cosine, tq::Metric::ip, tq::Metric::l2}) {
+    auto gt = exact(m, x, q, d, 10);
+    for (double bits : {4.0, 2.0}) {
+      tq::Index idx(cfg_of(d, bits, m));
+      idx.add(n, x.data());
+      ASSERT_EQ(idx.size(), n);
+      auto r = run(idx, q, 10);
+      const double rec = recall1(r, 10, gt, 10, 10);
+      EXPECT_GE(rec, bits == 4 ? kMinRecall1at10_4bit : kMinRecall1at10_2bit)
+          << tq::metric_name(m) << " bits " << bits;
+      // Scores are sorted best first and consistent with the metric direction.
+      for (size_t i = 0; i < nq; ++i)
+        for (int j = 1; j < 10; ++j) {
+          if (m == tq::Metric::l2) EXPECT_LE(r.s[i * 10 + j - 1], r.s[i * 10 + j]);
+          else EXPECT_GE(r.s[i * 10 + j - 1], r.s[i * 10 + j]);
+        }
+    }
+  }
+}
+
+TEST(Index, FastScanKernelEqualsScalarReference) {
+  tq::Rng rng(7);
+  for (size_t mg : {4u, 8u, 28u, 100u, 1100u}) {  // 1100 groups: > 256 iterations, flushes
+    const size_t nb = 5;
+    std::vector<uint8_t> codes(nb * mg * 16), lut(mg * 16);
+    for (auto& c : codes) c = static_cast<uint8_t>(rng.below(256));
+    for (auto& t : lut) t = static_cast<uint8_t>(rng.below(256));
+    // Extremes: all-0xFF codes in one block, max LUT entries.
+    std::fill(codes.begin(), codes.begin() + mg * 16, 0xFF);
+    std::fill(lut.begin(), lut.begin() + 16, 255);
+    std::vector<uint32_t> ref(nb * 32), got(nb * 32);
+    tq::fast_scan_u8_ref(nb, mg, codes.data(), lut.data(), ref.data());
+    for (const auto& level : tq::simd::available_levels()) {
+      tq::simd::ScopedLevel sl(level);
+      std::fill(got.begin(), got.end(), 0xDEADBEEF);
+      tq::fast_scan_u8(nb, mg, codes.data(), lut.data(), got.data());
+      EXPECT_EQ(got, ref) << "level " << level << " groups " << mg;
+    }
+  }
+}
+
+TEST(Index, FastScanSearchEqualsFloatLutSearch) {
+  // With every vector re-ranked, the fast path's final scores are the exact float-LUT scores.
+  const int d = 100;
+  const size_t n = 700, nq = 20;
+  auto x = make_data(n, d, 3), q = make_data(nq, d, 4);
+  for (double bits : {1.0, 2.0, 2.5, 3.0, 4.0}) {
+    tq::Index idx(cfg_of(d, bits, tq::Metric::cosine));
+    idx.add(n, x.data());
+    tq::SearchParams pf;
+    pf.rerank = static_cast<int>(n);
+    tq::SearchParams ps;
+    ps.fast_scan = false;
+    auto a = run(idx, q, 10, pf), b = run(idx, q, 10, ps);
+    EXPECT_EQ(a.id, b.id) << bits;
+    EXPECT_EQ(a.s, b.s) << bits;
+    // Approximate (uint8) scores are close to the float ones.
+    tq::SearchParams p0;
+    p0.rerank = 0;
+    auto c = run(idx, q, 1, p0);
+    for (size_t i = 0; i < nq; ++i) EXPECT_NEAR(c.s[i], b.s[i * 10], 0.02) << bits;
+    // Every SIMD level gives the same results.
+    for (const auto& level : tq::simd::available_levels()) {
+      tq::simd::ScopedLevel sl(level);
+      auto e = run(idx, q, 10);
+      auto base = run(idx, q, 10);
+      EXPECT_EQ(e.id, base.id);
+    }
+  }
+}
+
+TEST(Index, EveryWidthAndScaleMode) {
+  const int d = 48;
+  const size_t n = 1500, nq = 60;
+  auto x = make_data(n, d, 5, 0.6f), q = make_data(nq, d, 6, 0.6f);
+  auto gt = exact(tq::Metric::ip, x, q, d, 1);
+  std::vector<double> rec;
+  const std::vector<double> widths = {1, 1.5, 2, 2.5, 3, 3.5, 4, 5, 6, 7, 8};
+  for (double bits : widths) {
+    tq::Index idx(cfg_of(d, bits, tq::Metric::ip));
+    idx.add(n, x.data());
+    auto r = run(idx, q, 8);
+    rec.push_back(recall1(r, 8, gt, 1, 1));
+    // The record size follows the width: 2 bytes of f16 scale + packed channels.
+    size_t expect = 2;
+    if (bits == std::floor(bits)) expect += (static_cast<size_t>(d) * static_cast<int>(bits) + 7) / 8;
+    else expect += (24 * static_cast<size_t>(bits + 0.5) + 7) / 8 + (24 * static_cast<size_t>(bits - 0.5) + 7) / 8;
+    EXPECT_EQ(idx.code_bytes(), expect) << bits;
+  }
+  // Recall@1@1 grows with width (allowing small noise between neighbours).
+  EXPECT_LT(rec.front() + 0.2, rec.back());
+  for (size_t i = 2; i < rec.size(); ++i) EXPECT_GE(rec[i] + 0.1, rec[i - 2]) << widths[i];
+  EXPECT_GE(rec.back(), 0.9);
+  for (auto mode : {tq::ScaleMode::plain, tq::ScaleMode::corrected, tq::ScaleMode::eden, tq::ScaleMode::lsq}) {
+    auto c = cfg_of(d, 3, tq::Metric::ip);
+    c.scale = mode;
+    tq::Index idx(c);
+    idx.add(n, x.data());
+    EXPECT_GE(recall1(run(idx, q, 8), 8, gt, 1, 8), 0.9) << tq::scale_mode_name(mode);
+  }
+}
+
+TEST(Index, IdsBatchesAndFewerThanK) {
+  const int d = 32;
+  auto x = make_data(300, d, 8), q = make_data(10, d, 9);
+  std::vector<int64_t> ids(300);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(1) << 40 | static_cast<int64_t>(i * 3);
+  tq::Index one(cfg_of(d, 4, tq::Metric::l2)), parts(cfg_of(d, 4, tq::Metric::l2));
+  one.add(300, x.data(), ids.data());
+  parts.add(7, x.data(), ids.data());
+  parts.add(100, x.data() + 7 * d, ids.data() + 7);
+  parts.add(193, x.data() + 107 * d, ids.data() + 107);
+  auto a = run(one, q, 5), b = run(parts, q, 5);
+  EXPECT_EQ(a.id, b.id);
+  EXPECT_EQ(a.s, b.s);
+  for (auto id : a.id) EXPECT_EQ(id >> 40, 1);
+  // k larger than the index: missing results are -1 / +inf.
+  tq::Index tiny(cfg_of(d, 4, tq::Metric::l2));
+  tiny.add(3, x.data());
+  auto t = run(tiny, q, 5);
+  for (size_t i = 0; i < 10; ++i) {
+    EXPECT_EQ(t.id[i * 5 + 3], -1);
+    EXPECT_TRUE(std::isinf(t.s[i * 5 + 4]));
+    std::set<int64_t> got(t.id.begin() + i * 5, t.id.begin() + i * 5 + 3);
+    EXPECT_EQ(got, (std::set<int64_t>{0, 1, 2}));
+  }
+  // Empty index.
+  tq::Index empty(cfg_of(d, 4, tq::Metric::l2));
+  auto e = run(empty, q, 2);
+  for (auto id : e.id) EXPECT_EQ(id, -1);
+}
+
+TEST(Index, ZeroVectorsScoreZeroUnderCosine) {
+  const int d = 16;
+  std::vector<float> x(3 * d, 0.f);
+  for (int j = 0; j < d; ++j) x[2 * d + j] = 1.f;
+  tq::Index idx(cfg_of(d, 4, tq::Metric::cosine));
+  idx.add(3, x.data());
+  std::vector<float> q(d, 1.f);
+  auto r = run(idx, q, 3);
+  EXPECT_EQ(r.id[0], 2);
+  EXPECT_NEAR(r.s[0], 1.0, 0.02);
+  EXPECT_EQ(r.s[1], 0.f);
+  EXPECT_EQ(r.s[2], 0.f);
+}
+
+TEST(Index, KeepVectorsRerankFullIsExact) {
+  const int d = 40;
+  const size_t n = 800, nq = 50;
+  auto x = make_data(n, d, 10), q = make_data(nq, d, 11);
+  for (auto m : {tq::Metric::cosine, tq::Metric::l2}) {
+    auto c = cfg_of(d, 2, m);
+    c.keep_vectors = true;
+    tq::Index idx(c);
+    idx.add(n, x.data());
+    tq::SearchParams p;
+    p.rerank_full = 100;
+    auto r = run(idx, q, 5, p);
+    auto gt = exact(m, x, q, d, 5);
+    EXPECT_GE(recall1(r, 5, gt, 5, 1), 0.98);
+    for (size_t i = 0; i < nq; ++i)
+      if (r.id[i * 5] == gt.id[i * 5]) EXPECT_NEAR(r.s[i * 5], gt.s[i * 5], 1e-3 * (1 + std::fabs(gt.s[i * 5])));
+  }
+  tq::Index nokeep(cfg_of(d, 2, tq::Metric::l2));
+  nokeep.add(n, x.data());
+  tq::SearchParams p;
+  p.rerank_full = 10;
+  std::vector<float> s(5 * nq);
+  std::vector<int64_t> id(5 * nq);
+  EXPECT_THROW(nokeep.search(nq, q.data(), p, s.data(), id.data()), tq::Error);
+}
+
+TEST(Index, ProdCodecForComparison) {
+  const int d = 64;
+  const size_t n = 1500, nq = 60;
+  auto x = make_data(n, d, 12), q = make_data(nq, d, 13);
+  auto gt = exact(tq::Metric::ip, x, q, d, 1);
+  auto c = cfg_of(d, 4, tq::Metric::ip);
+  c.codec = tq::QuantizerKind::prod;
+  tq::Index idx(c);
+  idx.add(n, x.data());
+  EXPECT_GE(recall1(run(idx, q, 10), 10, gt, 1, 10), 0.9);
+  c.bits = 2.5;
+  EXPECT_THROW(tq::Index bad(c), tq::Error);
+}
+
+TEST(Index, BadInputsRejected) {
+  const int d = 16;
+  auto x = make_data(50, d, 14);
+  tq::Index idx(cfg_of(d, 4, tq::Metric::cosine));
+  idx.add(50, x.data());
+  std::vector<float> q(2 * d, 0.5f), s(20);
+  std::vector<int64_t> id(20);
+  tq::SearchParams p;
+  EXPECT_NO_THROW(idx.search(2, d, q.data(), p, s.data(), id.data()));
+  EXPECT_THROW(idx.search(2, d + 1, q.data(), p, s.data(), id.data()), tq::Error);  // wrong d
+  q[5] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_THROW(idx.search(2, q.data(), p, s.data(), id.data()), tq::Error);
+  q[5] = std::numeric_limits<float>::infinity();
+  EXPECT_THROW(idx.search(2, q.data(), p, s.data(), id.data()), tq::Error);
+  q[5] = 0.5f;
+  p.k = 0;
+  EXPECT_THROW(idx.search(2, q.data(), p, s.data(), id.data()), tq::Error);
+  // NaN in added data: rejected, index unchanged.
+  auto bad = x;
+  bad[3 * d + 1] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_THROW(idx.add(50, bad.data()), tq::Error);
+  EXPECT_EQ(idx.size(), 50u);
+  // Bad configurations.
+  EXPECT_THROW(tq::Index(cfg_of(1, 4, tq::Metric::ip)), tq::Error);
+  EXPECT_THROW(tq::Index(cfg_of(16, 0, tq::Metric::ip)), tq::Error);
+  EXPECT_THROW(tq::Index(cfg_of(16, 9, tq::Metric::ip)), tq::Error);
+  EXPECT_THROW(tq::Index(cfg_of(16, 2.25, tq::Metric::ip)), tq::Error);
+  EXPECT_THROW(tq::parse_metric("hamming"), tq::Error);
+  // f16 norm overflow: clear error, f32 works.
+  std::vector<float> big(d, 1e5f);
+  tq::Index ipx(cfg_of(d, 4, tq::Metric::ip));
+  EXPECT_THROW(ipx.add(1, big.data()), tq::Error);
+  auto c32 = cfg_of(d, 4, tq::Metric::ip);
+  c32.norm = tq::NormFormat::f32;
+  tq::Index ip32(c32);
+  EXPECT_NO_THROW(ip32.add(1, big.data()));
+}
+
+// ---------------------------------------------------------------------------------------
+
+namespace {
+std::vector<uint8_t> slurp(const std::string& p) { return tq::read_file_bytes(p); }
+void st64(uint8_t* p, uint64_t v) { for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i)); }
+void st32(uint8_t* p, uint32_t v) { for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i)); }
+void fix_header_checksum(std::vector<uint8_t>& b) { st64(b.data() + 120, tq::checksum64(b.data(), 120)); }
+tq::Index small_index(tq::Metric m = tq::Metric::l2, double bits = 2, bool keep = true, size_t n = 37) {
+  const int d = 12;
+  auto x = make_data(n, d, 20);
+  auto c = cfg_of(d, bits, m);
+  c.keep_vectors = keep;
+  tq::Index idx(c);
+  idx.add(n, x.data());
+  return idx;
+}
+}  // namespace
+
+TEST(IndexIo, RoundTripGivesIdenticalResults) {
+  TempDir t;
+  const int d = 64;
+  auto x = make_data(900, d, 21), q = make_data(30, d, 22);
+  struct Case { tq::Metric m; double bits; tq::QuantizerKind codec; bool keep; tq::NormFormat nf; };
+  const std::vector<Case> cases = {
+      {tq::Metric::cosine, 4, tq::QuantizerKind::mse, false, tq::NormFormat::f16},
+      {tq::Metric::l2, 2.5, tq::QuantizerKind::mse, true, tq::NormFormat::f32},
+      {tq::Metric::ip, 6, tq::QuantizerKind::mse, false, tq::NormFormat::f16},
+      {tq::Metric::ip, 1, tq::QuantizerKind::mse, false, tq::NormFormat::f16},
+      {tq::Metric::l2, 3, tq::QuantizerKind::prod, false, tq::NormFormat::f16},
+  };
+  for (const auto& cs : cases) {
+    auto c = cfg_of(d, cs.bits, cs.m);
+    c.codec = cs.codec;
+    c.keep_vectors = cs.keep;
+    c.norm = cs.nf;
+    c.seed = 99;
+    c.scale = tq::ScaleMode::eden;
+    tq::Index idx(c);
+    std::vector<int64_t> ids(900);
+    for (size_t i = 0; i < 900; ++i) ids[i] = -static_cast<int64_t>(i) * 1000003;
+    idx.add(900, x.data(), ids.data());
+    idx.save(t.path("a.tqi"));
+    EXPECT_EQ(tq::file_size(t.path("a.tqi")), 128 + 900 * (idx.code_bytes() + 8 + (cs.keep ? 4 * d : 0)));
+    auto back = tq::Index::load(t.path("a.tqi"));
+    EXPECT_EQ(back.size(), idx.size());
+    EXPECT_EQ(back.describe(), idx.describe());
+    tq::SearchParams p;
+    p.rerank_full = cs.keep ? 20 : 0;
+    auto a = run(idx, q, 10, p), b = run(back, q, 10, p);
+    EXPECT_EQ(a.id, b.id) << idx.describe();
+    EXPECT_EQ(a.s, b.s) << idx.describe();
+    // Saving the loaded index reproduces the file byte for byte.
+    back.save(t.path("b.tqi"));
+    EXPECT_EQ(slurp(t.path("a.tqi")), slurp(t.path("b.tqi")));
+  }
+  // An empty index round-trips too.
+  tq::Index empty(cfg_of(d, 4, tq::Metric::cosine));
+  empty.save(t.path("e.tqi"));
+  EXPECT_EQ(tq::Index::load(t.path("e.tqi")).size(), 0u);
+}
+
+TEST(IndexIo, TruncatedAtEveryOffsetRejected) {
+  TempDir t;
+  auto idx = small_index();
+  idx.save(t.path("s.tqi"));
+  auto b = slurp(t.path("s.tqi"));
+  ASSERT_GT(b.size(), 128u + 37 * 8);
+  for (size_t len = 0; len < b.size(); ++len)
+    EXPECT_THROW(tq::Index::from_bytes(b.data(), len, "trunc"), tq::Error) << len;
+  auto longer = b;
+  longer.push_back(0);
+  EXPECT_THROW(tq::Index::from_bytes(longer.data(), longer.size(), "long"), tq::Error);
+  EXPECT_NO_THROW(tq::Index::from_bytes(b.data(), b.size(), "ok"));
+}
+
+TEST(IndexIo, FlippedBytesRejected) {
+  TempDir t;
+  auto idx = small_index(tq::Metric::cosine, 2.5, true, 20);
+  idx.save(t.path("s.tqi"));
+  const auto b = slurp(t.path("s.tqi"));
+  for (size_t i = 0; i < b.size(); ++i)
+    for (uint8_t mask : {uint8_t{0x01}, uint8_t{0x80}}) {
+      auto c = b;
+      c[i] ^= mask;
+      EXPECT_THROW(tq::Index::from_bytes(c.data(), c.size(), "flip"), tq::Error) << i;
+    }
+}
+
+TEST(IndexIo, ForeignAndInconsistentHeadersRejected) {
+  TempDir t;
+  auto idx = small_index();
+  idx.save(t.path("s.tqi"));
+  const auto b = slurp(t.path("s.tqi"));
+  auto expect_msg = [](std::vector<uint8_t> c, const char* needle) {
+    try {
+      tq::Index::from_bytes(c.data(), c.size(), "hdr");
+      ADD_FAILURE() << "accepted; expected " << needle;
+    } catch (const tq::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  // Zero-length and foreign files.
+  expect_msg({}, "empty");
+  std::vector<uint8_t> foreign(500, 'x');
+  expect_msg(foreign, "magic");
+  auto c = b;
+  c[0] = 'X';
+  expect_msg(c, "magic");
+  // Wrong version, with a valid header checksum.
+  c = b;
+  st32(c.data() + 8, 2);
+  fix_header_checksum(c);
+  expect_msg(c, "version 2");
+  // Absurd counts with a valid header checksum: rejected before any allocation.
+  for (uint64_t count : {uint64_t{1} << 40, uint64_t{1} << 31, uint64_t{38}, uint64_t{0}}) {
+    c = b;
+    st64(c.data() + 40, count);
+    fix_header_checksum(c);
+    EXPECT_THROW(tq::Index::from_bytes(c.data(), c.size(), "count"), tq::Error) << count;
+  }
+  // Consistent-looking sections for a huge count: still rejected against the file size.
+  c = b;
+  const uint64_t huge = uint64_t{1} << 31, cb = idx.code_bytes();
+  st64(c.data() + 40, huge);
+  st64(c.data() + 64, huge * cb);
+  st64(c.data() + 72, 128 + huge * cb);
+  st64(c.data() + 80, huge * 8);
+  st64(c.data() + 88, 128 + huge * cb + huge * 8);
+  st64(c.data() + 96, huge * 12 * 4);
+  st64(c.data() + 104, 128 + huge * cb + huge * 8 + huge * 48);
+  fix_header_checksum(c);
+  expect_msg(c, "truncated");
+  // Bad enums / parameters with valid header checksums.
+  for (size_t off : {size_t{20}, size_t{21}, size_t{22}, size_t{23}, size_t{24}, size_t{25}, size_t{26}, size_t{27}}) {
+    c = b;
+    c[off] = 0xEE;
+    fix_header_checksum(c);
+    EXPECT_THROW(tq::Index::from_bytes(c.data(), c.size(), "enum"), tq::Error) << off;
+  }
+  c = b;
+  st32(c.data() + 16, 1);  // dim 1
+  fix_header_checksum(c);
+  EXPECT_THROW(tq::Index::from_bytes(c.data(), c.size(), "dim"), tq::Error);
+  c = b;
+  c[26] = 8;  // 2 bits -> 4 bits: the record size no longer matches
+  fix_header_checksum(c);
+  expect_msg(c, "record size");
+  // Missing file.
+  EXPECT_THROW(tq::Index::load(t.path("missing.tqi")), tq::Error);
+}
+
+TEST(IndexIo, InterruptedSaveLeavesOldFileLoadable) {
+  TempDir t;
+  auto old_idx = small_index(tq::Metric::l2, 4, false, 30);
+  const std::string p = t.path("idx.tqi");
+  old_idx.save(p);
+  const auto before = slurp(p);
+  auto new_idx = small_index(tq::Metric::cosine, 2, true, 60);
+  for (auto f : {tq::AtomicWriteFault::after_partial_write, tq::AtomicWriteFault::before_rename}) {
+    tq::set_atomic_write_fault(f);
+    EXPECT_THROW(new_idx.save(p), tq::Error);
+    tq::set_atomic_write_fault(tq::AtomicWriteFault::none);
+    EXPECT_EQ(slurp(p), before);
+    auto back = tq::Index::load(p);
+    EXPECT_EQ(back.size(), 30u);
+    EXPECT_EQ(back.config().metric, tq::Metric::l2);
+  }
+  // The next successful save replaces it.
+  new_idx.save(p);
+  EXPECT_EQ(tq::Index::load(p).size(), 60u);
+}
