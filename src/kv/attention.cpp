@@ -186,7 +186,7 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
     if (c < n_chunks) {
       const int a = c * chunk, b = std::min(nq_tok, a + chunk);
       const float* qd = &qk[(size_t)h * n_q * G * D];
-      if (!exact && n_q == 1 && !scalar && fused_decode(sh, sk, sv, qd, P.limits[0], a, b, st))
+      if (n_q == 1 && !scalar && fused_decode(sh, sk, sv, qd, P.limits[0], a, b, st, exact))
         continue;
       const bool prod = sk.fmt->kind == Kind::tq_prod;
       auto fetch = [&](int t0, int n, float* kb, float* vb) {

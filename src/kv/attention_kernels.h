@@ -33,9 +33,10 @@ struct States {
 
 // Fused decode (one query, G heads of one kv head) over quantized tokens [a, b) (a block
 // aligned), limit = number of tokens the query sees. qd: G x D in the K domain. Updates st
-// (rows 0..G-1, V domain). Returns false when no fused kernel handles (sk, sv) here.
+// (rows 0..G-1, V domain). Returns false when no fused kernel handles (sk, sv) here; with
+// exact, only kernels with float arithmetic (f16) run.
 bool fused_decode(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit,
-                  int a, int b, const States& st);
+                  int a, int b, const States& st, bool exact);
 
 // tq (mse, 1..4 bits) K and V on AVX-512 VNNI: int8 lookup tables (see attention_vnni.cpp).
 // Returns false when the host or the current SIMD level cannot run it or the shape is not

@@ -254,11 +254,11 @@ void decode_q4_rows(int D, int n, const uint8_t* rows, float* out) {
 }
 
 bool fused_decode(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a,
-                  int b, const States& st) {
+                  int b, const States& st, bool exact) {
   if (sk.fmt->kind == Kind::f16 && sv.fmt->kind == Kind::f16)
     return HWY_DYNAMIC_DISPATCH(DecodeF16)(sh, sk, sv, qd, limit, a, b, st);
   const auto is_tq = [](const Stream& s) { return s.fmt->kind == Kind::tq || s.fmt->kind == Kind::tq_split; };
-  if (is_tq(sk) && is_tq(sv)) return decode_tq_vnni(sh, sk, sv, qd, limit, a, b, st);
+  if (!exact && is_tq(sk) && is_tq(sv)) return decode_tq_vnni(sh, sk, sv, qd, limit, a, b, st);
   return false;
 }
 

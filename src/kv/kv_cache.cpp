@@ -128,6 +128,42 @@ void get_tile_codes_v(const uint8_t* t, int dim, int bits, int tok, uint8_t* c) 
 void set_tile_codes_k(uint8_t* t, int dim, int bits, int tok, const uint8_t* c) noexcept { set_codes<true>(t, dim, bits, tok, c); }
 void set_tile_codes_v(uint8_t* t, int dim, int bits, int tok, const uint8_t* c) noexcept { set_codes<false>(t, dim, bits, tok, c); }
 
+// All codes of one block's tiles -> codes[32][dim] (row = token). Fast path of get_codes:
+// each plane byte is spread to 8 code bytes with a table.
+static const uint64_t* spread8_table() {
+  static const auto* t = [] {
+    auto* a = new uint64_t[256];
+    for (int v = 0; v < 256; ++v) {
+      uint64_t x = 0;
+      for (int i = 0; i < 8; ++i) x |= (uint64_t)((v >> i) & 1) << (8 * i);
+      a[v] = x;
+    }
+    return a;
+  }();
+  return t;
+}
+static void expand_tiles(const uint8_t* tiles, int dim, int bits, bool is_k, uint8_t* codes) {
+  const uint64_t* sp = spread8_table();
+  const int ntiles = kBlock * dim / 64;
+  for (int ti = 0; ti < ntiles; ++ti) {
+    const uint8_t* pl = tiles + (size_t)ti * bits * 8;
+    for (int g = 0; g < 8; ++g) {  // byte g of each plane: positions 8 g .. 8 g + 7
+      uint64_t c = 0;
+      for (int p = 0; p < bits; ++p) c |= sp[pl[p * 8 + g]] << p;
+      if (is_k) {  // tile (s, k): position 4 i + j = token 16 s + i, dim 4 k + j
+        const int s = ti / (dim / 4), k = ti % (dim / 4), tok = 16 * s + 2 * g;
+        const uint32_t lo = (uint32_t)c, hi = (uint32_t)(c >> 32);
+        std::memcpy(codes + (size_t)tok * dim + 4 * k, &lo, 4);
+        std::memcpy(codes + (size_t)(tok + 1) * dim + 4 * k, &hi, 4);
+      } else {  // tile (e, r): position 4 i + j = dim 16 e + i, token 4 r + j
+        const int e = ti / 8, r = ti % 8;
+        for (int x = 0; x < 8; ++x)
+          codes[(size_t)(4 * r + (x & 3)) * dim + 16 * e + 2 * g + (x >> 2)] = (uint8_t)(c >> (8 * x));
+      }
+    }
+  }
+}
+
 // ------------------------------------------------------------------ ggml blocks
 static void quantize_q8_0(int n, const float* x, BlockQ8_0* y) {
   for (int b = 0; b < n / 32; ++b) {
@@ -402,6 +438,30 @@ void KvCache::Impl::decode_domain(const Stream& s, int side, int t0, int n, floa
       const uint8_t* rows = s.block(t / kBlock) + (size_t)(t % kBlock) * s.row_bytes;
       if (s.fmt->kind == Kind::q8_0) decode_q8_rows(D, m, rows, out + (size_t)r * D);
       else decode_q4_rows(D, m, rows, out + (size_t)r * D);
+      r += m;
+    }
+    return;
+  }
+  if ((s.fmt->kind == Kind::tq || s.fmt->kind == Kind::tq_split) && !simd::use_scalar()) {
+    std::vector<uint8_t> codes((size_t)kBlock * D);
+    for (int r = 0; r < n;) {  // whole blocks: expand the tiles once, then emit the rows
+      const int t = t0 + r, b = t / kBlock, first = t % kBlock, m = std::min(n - r, kBlock - first);
+      const uint8_t* blk = s.block(b);
+      const uint16_t* norms = reinterpret_cast<const uint16_t*>(blk);
+      const int nparts = s.fmt->kind == Kind::tq ? 1 : 2;
+      for (int part = 0; part < nparts; ++part) {
+        const Codebook& cb = (nparts == 2 && part == 0) ? *s.cb_hi : *s.cb;
+        const int dim = nparts == 1 ? D : (part == 0 ? s.d_hi : s.d_lo);
+        const int off = part == 1 ? s.d_hi : 0;
+        const uint8_t* tiles = blk + s.norms_bytes + (part == 1 ? s.tiles_hi_bytes : 0);
+        expand_tiles(tiles, dim, cb.bits, s.side == 0, codes.data());
+        for (int j = 0; j < m; ++j) {
+          const float nrm = fp16_to_fp32(norms[part * kBlock + first + j]);
+          const uint8_t* c = codes.data() + (size_t)(first + j) * dim;
+          float* o = out + (size_t)(r + j) * D + off;
+          for (int d = 0; d < dim; ++d) o[d] = nrm * cb.centroids[c[d]];
+        }
+      }
       r += m;
     }
     return;
