@@ -209,6 +209,9 @@ def methods(args, ds):
         out.append(("tq", bits, lambda b=bits: run_tq(args, ds, b)))
         if bits == 4:
             out.append(("tq", bits, lambda b=bits: run_tq(args, ds, b, ["--rerank", "0"], f"tq mse {b}b no-rerank")))
+        for v in args.tq_variants:
+            flags = ["--" + f for f in v.split(",")]
+            out.append(("tq", bits, lambda b=bits, fl=flags, v=v: run_tq(args, ds, b, fl, f"tq mse {b}b {v.replace(',', '+')}")))
         m = d * bits // 8
         if not args.skip_pq and d % m == 0:
             out.append(("faiss-pq", bits, lambda m=m, b=bits: run_faiss(
@@ -233,6 +236,8 @@ def methods(args, ds):
             args, ds, f"FAISS RaBitQ {b}b (rotated)", "faiss-rabitq", b, mk, True)))
         if not args.skip_rabitqlib:
             out.append(("rabitqlib", bits, lambda b=bits: run_rabitqlib(args, ds, b)))
+    for bits in args.tq_extra:
+        out.append(("tq", bits, lambda b=bits: run_tq(args, ds, b)))
     return out
 
 
@@ -304,6 +309,10 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--bits", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--tq-extra", type=float, nargs="*", default=[],
+                    help="extra tq widths (e.g. 2.5 3 3.5) to compare at equal bytes")
+    ap.add_argument("--tq-variants", nargs="*", default=[],
+                    help="extra tq variants at each --bits, e.g. center fit-scale center,fit-scale")
     ap.add_argument("--nq", type=int, default=10000)
     ap.add_argument("--reps", type=int, default=3, help="tq timed runs (median)")
     ap.add_argument("--faiss-reps", type=int, default=1, help="FAISS/rabitqlib timed searches (median)")
