@@ -24,8 +24,10 @@ struct KvOptions {
   std::string boundary_type_k = "f16";
   std::string boundary_type_v = "f16";
   uint64_t seed = 0x5eed;
-  std::string label() const;  // e.g. "tq4/tq3 w128 b2:f16/f16"
+  std::string label() const;  // e.g. "tq4/tq3 w128 b2:f16"
 };
+// Parses a label as written by KvOptions::label(): "K[/V] [wN] [bN:T[/T]]".
+KvOptions parse_kv_label(const std::string& label);
 KvCacheConfig make_kv_config(const LlamaModel& m, const KvOptions& kv, int max_tokens);
 // Average stored bits per cached value (K and V, all layers, norms/scales counted).
 double kv_bits_per_value(const LlamaModel& m, double bytes_per_token);
@@ -53,12 +55,18 @@ struct PerplexityResult {
   double bits_per_value = 0;
   double seconds = 0;
   std::vector<double> chunk_ppl;
+  std::vector<int32_t> top1;  // argmax of every scored row, in order (for outside references)
 };
 
 // Perplexity over non-overlapping windows of n_ctx tokens; in each window the first half is
 // context and tokens n_ctx/2 .. n_ctx-1 are scored (the llama.cpp `perplexity` convention).
 PerplexityResult perplexity(const LlamaModel& m, const std::vector<int32_t>& tokens,
                             const PerplexityOptions& opt);
+// Several cache configs on the same windows, sharing one reference pass per window (when
+// opt.compare): results in the order of `configs` (opt.kv is ignored).
+std::vector<PerplexityResult> perplexity_multi(const LlamaModel& m, const std::vector<int32_t>& tokens,
+                                               const PerplexityOptions& opt,
+                                               const std::vector<KvOptions>& configs);
 
 struct NiahOptions {
   int context = 2048;

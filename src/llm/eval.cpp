@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <memory>
 #include <sstream>
 
 #include "tq/common.h"
@@ -57,27 +58,62 @@ std::string read_text_file(const std::string& path) {
   return ss.str();
 }
 
-PerplexityResult perplexity(const LlamaModel& m, const std::vector<int32_t>& tokens,
-                            const PerplexityOptions& opt) {
+KvOptions parse_kv_label(const std::string& label) {
+  KvOptions kv;
+  std::istringstream in(label);
+  std::string tok;
+  bool first = true;
+  auto split = [](const std::string& s, std::string& a, std::string& b) {
+    const size_t sl = s.find('/');
+    a = s.substr(0, sl);
+    b = sl == std::string::npos ? a : s.substr(sl + 1);
+  };
+  while (in >> tok) {
+    if (first) {
+      split(tok, kv.type_k, kv.type_v);
+      first = false;
+    } else if (tok.size() > 1 && tok[0] == 'w') {
+      kv.window = std::stoi(tok.substr(1));
+    } else if (tok.size() > 1 && tok[0] == 'b' && tok.find(':') != std::string::npos) {
+      const size_t c = tok.find(':');
+      kv.boundary_layers = std::stoi(tok.substr(1, c - 1));
+      split(tok.substr(c + 1), kv.boundary_type_k, kv.boundary_type_v);
+    } else {
+      TQ_CHECK(false, "cache config '%s': cannot parse '%s' (expected K[/V] [wN] [bN:T])", label.c_str(), tok.c_str());
+    }
+  }
+  TQ_CHECK(!first, "empty cache config");
+  return kv;
+}
+
+std::vector<PerplexityResult> perplexity_multi(const LlamaModel& m, const std::vector<int32_t>& tokens,
+                                               const PerplexityOptions& opt,
+                                               const std::vector<KvOptions>& configs) {
   const int n_ctx = opt.n_ctx;
   TQ_CHECK(n_ctx >= 16, "perplexity: context %d too small (>= 16)", n_ctx);
+  TQ_CHECK(!configs.empty(), "perplexity: no cache config");
   const int avail = static_cast<int>(tokens.size() / n_ctx);
   TQ_CHECK(avail >= 1, "perplexity: the text has %zu tokens, fewer than one window of %d", tokens.size(), n_ctx);
   const int n_chunks = opt.n_chunks > 0 ? std::min(opt.n_chunks, avail) : avail;
   const int V = m.config().n_vocab, E = m.config().n_embd;
   const int first = n_ctx / 2;
   const int n_score = n_ctx - 1 - first;  // rows first .. n_ctx-2 predict tokens first+1 ..
+  const size_t nc = configs.size();
 
-  PerplexityResult r;
-  r.n_ctx = n_ctx;
-  r.n_chunks = n_chunks;
-  const double t0 = now_s();
-  KvCache cache(make_kv_config(m, opt.kv, n_ctx));
+  std::vector<PerplexityResult> res(nc);
+  std::vector<std::unique_ptr<KvCache>> caches;
+  for (size_t c = 0; c < nc; ++c) {
+    caches.push_back(std::make_unique<KvCache>(make_kv_config(m, configs[c], n_ctx)));
+    res[c].n_ctx = n_ctx;
+    res[c].n_chunks = n_chunks;
+    res[c].kv_bytes_per_token = caches[c]->bytes_per_token();
+    res[c].bits_per_value = kv_bits_per_value(m, res[c].kv_bytes_per_token);
+  }
   std::unique_ptr<KvCache> ref;
-  if (opt.compare) ref = std::make_unique<KvCache>(make_kv_config(m, opt.ref, n_ctx));
-  r.kv_bytes_per_token = cache.bytes_per_token();
-  r.bits_per_value = kv_bits_per_value(m, r.kv_bytes_per_token);
-  if (ref) r.kv_bytes_per_token_ref = ref->bytes_per_token();
+  if (opt.compare) {
+    ref = std::make_unique<KvCache>(make_kv_config(m, opt.ref, n_ctx));
+    for (auto& r : res) r.kv_bytes_per_token_ref = ref->bytes_per_token();
+  }
 
   std::vector<float> hidden(static_cast<size_t>(n_ctx) * E);
   const int blk = 64;  // logits rows per block
@@ -88,12 +124,13 @@ PerplexityResult perplexity(const LlamaModel& m, const std::vector<int32_t>& tok
     ref_lp.resize(static_cast<size_t>(n_score) * V);
     ref_top.resize(n_score);
   }
-  double nll = 0, nll_ref = 0, kld = 0;
-  size_t agree = 0, counted = 0;
-  std::vector<double> klds;
+  std::vector<double> nll(nc, 0), kld(nc, 0), secs(nc, 0);
+  std::vector<size_t> agree(nc, 0), counted(nc, 0);
+  std::vector<std::vector<double>> klds(nc);
+  double nll_ref = 0;
   const int nt = m.threads();
 
-  const size_t total_steps = static_cast<size_t>(n_chunks) * (ref ? 2 : 1);
+  const size_t total_steps = static_cast<size_t>(n_chunks) * (nc + (ref ? 1 : 0));
   size_t step = 0;
   for (int ch = 0; ch < n_chunks; ++ch) {
     const int32_t* tk = tokens.data() + static_cast<size_t>(ch) * n_ctx;
@@ -119,39 +156,52 @@ PerplexityResult perplexity(const LlamaModel& m, const std::vector<int32_t>& tok
       });
       if (opt.progress) opt.progress(++step, total_steps);
     }
-    cache.clear();
-    m.forward(cache, tk, n_ctx, hidden.data());
-    double chunk_nll = 0;
-    score_rows([&](int row, const float* p) {
-      const double l = -p[tk[row + 1]];
-      nll += l;
-      chunk_nll += l;
-      ++counted;
-      if (ref) {
-        const int j = row - first;
-        const float* q = ref_lp.data() + static_cast<size_t>(j) * V;
-        double k = 0;
-        for (int t = 0; t < V; ++t) k += std::exp(static_cast<double>(q[t])) * (q[t] - p[t]);
-        k = std::max(0.0, k);
-        kld += k;
-        klds.push_back(k);
-        agree += argmax(p, V) == ref_top[j];
-      }
-    });
-    r.chunk_ppl.push_back(std::exp(chunk_nll / n_score));
-    if (opt.progress) opt.progress(++step, total_steps);
+    for (size_t c = 0; c < nc; ++c) {
+      const double t0 = now_s();
+      caches[c]->clear();
+      m.forward(*caches[c], tk, n_ctx, hidden.data());
+      double chunk_nll = 0;
+      score_rows([&](int row, const float* p) {
+        const double l = -p[tk[row + 1]];
+        nll[c] += l;
+        chunk_nll += l;
+        ++counted[c];
+        res[c].top1.push_back(argmax(p, V));
+        if (ref) {
+          const int j = row - first;
+          const float* q = ref_lp.data() + static_cast<size_t>(j) * V;
+          double k = 0;
+          for (int t = 0; t < V; ++t) k += std::exp(static_cast<double>(q[t])) * (q[t] - p[t]);
+          k = std::max(0.0, k);
+          kld[c] += k;
+          klds[c].push_back(k);
+          agree[c] += res[c].top1.back() == ref_top[j];
+        }
+      });
+      res[c].chunk_ppl.push_back(std::exp(chunk_nll / n_score));
+      secs[c] += now_s() - t0;
+      if (opt.progress) opt.progress(++step, total_steps);
+    }
   }
-  r.n_scored = counted;
-  r.ppl = std::exp(nll / counted);
-  if (ref) {
-    r.ppl_ref = std::exp(nll_ref / counted);
-    r.kld_mean = kld / counted;
-    r.top1_agreement = static_cast<double>(agree) / counted;
-    std::sort(klds.begin(), klds.end());
-    r.kld_p99 = klds[std::min(klds.size() - 1, static_cast<size_t>(0.99 * klds.size()))];
+  for (size_t c = 0; c < nc; ++c) {
+    PerplexityResult& r = res[c];
+    r.n_scored = counted[c];
+    r.ppl = std::exp(nll[c] / counted[c]);
+    r.seconds = secs[c];
+    if (ref) {
+      r.ppl_ref = std::exp(nll_ref / counted[c]);
+      r.kld_mean = kld[c] / counted[c];
+      r.top1_agreement = static_cast<double>(agree[c]) / counted[c];
+      std::sort(klds[c].begin(), klds[c].end());
+      r.kld_p99 = klds[c][std::min(klds[c].size() - 1, static_cast<size_t>(0.99 * klds[c].size()))];
+    }
   }
-  r.seconds = now_s() - t0;
-  return r;
+  return res;
+}
+
+PerplexityResult perplexity(const LlamaModel& m, const std::vector<int32_t>& tokens,
+                            const PerplexityOptions& opt) {
+  return perplexity_multi(m, tokens, opt, {opt.kv})[0];
 }
 
 NiahResult niah(const LlamaModel& m, const Tokenizer& tok, const std::string& corpus,
