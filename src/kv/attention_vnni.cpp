@@ -216,7 +216,7 @@ bool run(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, i
   alignas(64) int32_t raw[2][kMaxG * 32];
   alignas(64) uint8_t w8[2][kMaxG * 32];
   alignas(64) int32_t accv[kMaxG * kMaxHeadDim];
-  float kscale[2][kMaxG], qoff[2][kMaxG], wscale[kMaxG], alpha[kMaxG];
+  float kscale[2][kMaxG], qoff[2][kMaxG], alpha[kMaxG];
   __m512i tblK[2], tblV[2];
   float ck[2], cv[2];
   for (int i = 0; i < npk; ++i) tblK[i] = byte_table(pk[i].cb, true, &ck[i]);
@@ -325,7 +325,6 @@ bool run(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, i
       }
     }
   }
-  (void)wscale;
   return true;
 }
 
