@@ -24,7 +24,8 @@ build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
 demo: fetch build
-	bash scripts/demo.sh $(BUILD)/tq
+	bash scripts/demo-codec.sh $(BUILD)/tq
+	@if [ -f scripts/demo.sh ]; then bash scripts/demo.sh $(BUILD)/tq; fi
 
 test: fetch build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900

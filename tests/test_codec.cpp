@@ -457,3 +457,49 @@ TEST(Errors, CheckedArithmetic) {
 }
 
 }  // namespace
+
+namespace {
+// On anisotropic (key-like) data the rotation matters: dense and Hadamard rotations bring
+// the distortion back to the isotropic value, 2-D / 4-D block rotations only partly.
+TEST(Quantizer, RotationQualityOnOutlierData) {
+  const size_t n = small_tests() ? 1000 : 3000;
+  auto mse_of = [&](const char* rot) {
+    auto q = tq::make_quantizer(tq::QuantizerKind::mse, cfg_for(128, 3, rot, false));
+    return tq::measure_distortion(*q, n, 9, "outlier").mse;
+  };
+  const double haar = mse_of("haar"), had = mse_of("hadamard"), giv = mse_of("givens"), iso = mse_of("iso4"),
+               none = mse_of("identity");
+  EXPECT_NEAR(haar, 0.0340, 0.05 * 0.0340);
+  EXPECT_LT(had, 0.0340 * 1.05);
+  EXPECT_GT(giv, 2 * had);
+  EXPECT_GT(iso, 2 * had);
+  EXPECT_LT(iso, none);
+  EXPECT_LT(giv, none);
+}
+}  // namespace
+
+namespace {
+TEST(Quantizer, RejectsNullPointersAndOverflowingSizes) {
+  for (auto kind : {tq::QuantizerKind::mse, tq::QuantizerKind::prod}) {
+    auto q = tq::make_quantizer(kind, cfg_for(64, 3, "hadamard"));
+    std::vector<float> x(64, 1.0f), st(q->query_state_floats());
+    std::vector<uint8_t> c(q->code_bytes());
+    float out;
+    EXPECT_THROW(q->encode(1, nullptr, c.data()), tq::Error);
+    EXPECT_THROW(q->encode(1, x.data(), nullptr), tq::Error);
+    EXPECT_THROW(q->decode(1, nullptr, x.data()), tq::Error);
+    EXPECT_THROW(q->score(st.data(), 1, nullptr, &out), tq::Error);
+    EXPECT_THROW(q->prepare_query(nullptr, st.data()), tq::Error);
+    EXPECT_NO_THROW(q->encode(0, nullptr, nullptr));  // an empty batch needs no buffers
+    const size_t huge = std::numeric_limits<size_t>::max() / 8;
+    EXPECT_THROW(q->encode(huge, x.data(), c.data()), tq::Error);
+    EXPECT_THROW(q->decode(huge, c.data(), x.data()), tq::Error);
+  }
+  for (const auto& name : kRotations) {
+    auto rot = tq::make_rotation(tq::parse_rotation(name), 16, 1);
+    std::vector<float> x(16);
+    EXPECT_THROW(rot->forward(1, nullptr, x.data()), tq::Error) << name;
+    EXPECT_THROW(rot->inverse(1, x.data(), nullptr), tq::Error) << name;
+  }
+}
+}  // namespace

@@ -72,6 +72,10 @@ struct AttentionParams {
   float scale = 0;        // 0: 1/sqrt(head_dim)
   int pos0 = -1;          // absolute position of the first query; -1: n_tokens - n_q
   int n_threads = 0;      // 0: OpenMP default
+  // false: fused kernels may score with int8 lookup tables / int8 softmax weights (small,
+  // reported error; see docs/sections/kv.md). true: float arithmetic from the same codes,
+  // equal to attention_ref up to float summation order.
+  bool exact = false;
 };
 
 // Causal attention of n_q queries against one layer of the cache: query i (at absolute

@@ -56,5 +56,9 @@ std::unique_ptr<Rotation> make_rotation(const RotationSpec& spec, int dim, uint6
 // with stride `stride` floats between rows. SIMD-dispatched; fwht_ref is the reference.
 void fwht(size_t n, int m, float* x, size_t stride) noexcept;
 void fwht_ref(size_t n, int m, float* x, size_t stride) noexcept;
+// The same with optional element-wise multipliers (random signs) applied before (pre) and
+// after (post) the transform; nullptr skips them. Bit-identical to separate passes.
+void fwht_signed(size_t n, int m, float* x, size_t stride, const float* pre, const float* post) noexcept;
+void fwht_signed_ref(size_t n, int m, float* x, size_t stride, const float* pre, const float* post) noexcept;
 
 }  // namespace tq

@@ -18,6 +18,7 @@ size_t packed_bytes(size_t n, int bits) {
 
 void pack_bits_ref(size_t n, int bits, const uint8_t* idx, uint8_t* out) noexcept {
   const size_t nbytes = (n * bits + 7) / 8;
+  if (nbytes == 0) return;  // out may be null for n == 0 (memset(nullptr, 0, 0) is UB)
   std::memset(out, 0, nbytes);
   for (size_t j = 0; j < n; ++j)
     for (int k = 0; k < bits; ++k) {
@@ -40,6 +41,25 @@ void unpack_bits_ref(size_t n, int bits, const uint8_t* in, uint8_t* idx) noexce
 void pack_bits(size_t n, int bits, const uint8_t* idx, uint8_t* out) noexcept {
   const uint64_t mask = (1u << bits) - 1;
   size_t g = 0;
+  if (bits == 8) {
+    if (n) std::memcpy(out, idx, n);  // n == 0 may come with null pointers
+    return;
+  }
+  if (bits == 4) {  // SWAR: 8 indices (one word) -> 4 bytes
+    for (; g + 8 <= n; g += 8) {
+      uint64_t w;
+      std::memcpy(&w, idx + g, 8);
+      w &= 0x0F0F0F0F0F0F0F0Full;
+      w = (w | (w >> 4)) & 0x00FF00FF00FF00FFull;
+      w = (w | (w >> 8)) & 0x0000FFFF0000FFFFull;
+      w = (w | (w >> 16)) & 0x00000000FFFFFFFFull;
+      const uint32_t v = static_cast<uint32_t>(w);
+      std::memcpy(out + g / 2, &v, 4);
+    }
+    for (; g + 2 <= n; g += 2) out[g / 2] = static_cast<uint8_t>((idx[g] & 0xF) | (idx[g + 1] << 4));
+    if (g < n) out[g / 2] = idx[g] & 0xF;
+    return;
+  }
   for (; g + 8 <= n; g += 8) {
     uint64_t w = 0;
     for (int k = 0; k < 8; ++k) w |= (idx[g + k] & mask) << (k * bits);
@@ -55,6 +75,18 @@ void pack_bits(size_t n, int bits, const uint8_t* idx, uint8_t* out) noexcept {
 void unpack_bits(size_t n, int bits, const uint8_t* in, uint8_t* idx) noexcept {
   const uint64_t mask = (1u << bits) - 1;
   size_t g = 0;
+  if (bits == 8) {
+    if (n) std::memcpy(idx, in, n);  // n == 0 may come with null pointers
+    return;
+  }
+  if (bits == 4) {  // common case: two indices per byte
+    for (; g + 2 <= n; g += 2) {
+      idx[g] = in[g / 2] & 0xF;
+      idx[g + 1] = in[g / 2] >> 4;
+    }
+    if (g < n) idx[g] = in[g / 2] & 0xF;
+    return;
+  }
   for (; g + 8 <= n; g += 8) {
     uint64_t w = 0;
     std::memcpy(&w, in + (g / 8) * bits, static_cast<size_t>(bits));

@@ -1,6 +1,7 @@
 #include "tq/distortion.h"
 
 #include <algorithm>
+#include <string>
 #include <cmath>
 #include <vector>
 
@@ -26,8 +27,27 @@ void random_unit_vectors(size_t n, int d, uint64_t seed, float* out) {
   }
 }
 
-DistortionResult measure_distortion(const Quantizer& q, size_t n, uint64_t seed) {
+void random_outlier_vectors(size_t n, int d, uint64_t seed, float* out) {
+  std::vector<float> scale(d, 1.0f);
+  Rng pick(seed ^ 0x4f55544c49455253ull);
+  for (int k = 0; k < std::max(1, d / 16); ++k) scale[pick.below(static_cast<uint32_t>(d))] = 10.0f;
+  Rng rng(seed ^ 0x4f55544c56454353ull);
+  for (size_t i = 0; i < n; ++i) {
+    float* u = out + i * d;
+    double s = 0;
+    for (int j = 0; j < d; ++j) {
+      u[j] = static_cast<float>(rng.normal()) * scale[j];
+      s += static_cast<double>(u[j]) * u[j];
+    }
+    const double inv = s > 0 ? 1.0 / std::sqrt(s) : 0.0;
+    for (int j = 0; j < d; ++j) u[j] = static_cast<float>(u[j] * inv);
+  }
+}
+
+DistortionResult measure_distortion(const Quantizer& q, size_t n, uint64_t seed, const char* data) {
   TQ_CHECK(n >= 1, "need at least one vector");
+  const std::string kind = data ? data : "unit";
+  TQ_CHECK(kind == "unit" || kind == "outlier", "unknown data kind '%s' (valid: unit, outlier)", kind.c_str());
   const int d = q.dim();
   const size_t batch = 4096;
   std::vector<float> u(batch * d), uh(batch * d), qv(d), state(q.query_state_floats());
@@ -36,7 +56,8 @@ DistortionResult measure_distortion(const Quantizer& q, size_t n, uint64_t seed)
   double se = 0, sb = 0, sb2 = 0, set = 0, stt = 0;
   for (size_t i0 = 0; i0 < n; i0 += batch) {
     const size_t m = std::min(batch, n - i0);
-    random_unit_vectors(m, d, seed + i0 * 0x9e3779b97f4a7c15ull, u.data());
+    if (kind == "unit") random_unit_vectors(m, d, seed + i0 * 0x9e3779b97f4a7c15ull, u.data());
+    else random_outlier_vectors(m, d, seed + i0 * 0x9e3779b97f4a7c15ull, u.data());
     q.encode(m, u.data(), codes.data());
     q.decode(m, codes.data(), uh.data());
     for (size_t r = 0; r < m; ++r) {

@@ -17,6 +17,8 @@ namespace tq {
 
 namespace detail {
 void gather_scale(const Codebook& cb, size_t n, const uint8_t* idx, float s, float* out) noexcept;
+int64_t quantize_scaled(const Codebook& cb, size_t n, const float* y, float scale, uint8_t* idx,
+                        const int32_t* csq) noexcept;
 }
 
 QuantizerKind parse_quantizer_kind(const std::string& s) {
@@ -45,14 +47,17 @@ namespace {
 constexpr size_t kChunk = 64;  // rows per internal batch
 constexpr double kSqrtHalfPi = 1.2533141373155002512;  // sqrt(pi/2)
 
-// Fixed-order double sum of squares (8 interleaved partial sums).
+// Sum of squares in a fixed order (16 float partial sums, combined in double): plain C++
+// compiled once for the baseline ISA, so every SIMD level gets the same bits.
 double sum_sq(const float* x, int d) noexcept {
-  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  float acc[16] = {};
   int i = 0;
-  for (; i + 8 <= d; i += 8)
-    for (int k = 0; k < 8; ++k) acc[k] += static_cast<double>(x[i + k]) * x[i + k];
-  for (; i < d; ++i) acc[i & 7] += static_cast<double>(x[i]) * x[i];
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; i + 16 <= d; i += 16)
+    for (int k = 0; k < 16; ++k) acc[k] += x[i + k] * x[i + k];
+  for (int k = 0; i < d; ++i, ++k) acc[k] += x[i] * x[i];
+  double t[8];
+  for (int k = 0; k < 8; ++k) t[k] = static_cast<double>(acc[k]) + acc[k + 8];
+  return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
 }
 
 size_t norm_bytes(NormFormat f) { return f == NormFormat::f16 ? 2 : 4; }
@@ -78,6 +83,14 @@ float load_norm(NormFormat f, const uint8_t* p) noexcept {
   uint16_t h;
   std::memcpy(&h, p, 2);
   return fp16_to_fp32(h);
+}
+
+// Batch arguments: non-null pointers when n > 0, and n * row sizes that fit in memory.
+void check_batch(const char* op, size_t n, size_t row_bytes_a, const void* a, size_t row_bytes_b, const void* b) {
+  if (n == 0) return;
+  TQ_CHECK(a != nullptr && b != nullptr, "%s: null pointer for a batch of %zu vectors", op, n);
+  checked_mul(n, row_bytes_a, op);
+  checked_mul(n, row_bytes_b, op);
 }
 
 void check_rows_finite(size_t n, int d, const float* x, size_t row0) {
@@ -110,10 +123,18 @@ class MseQuantizer final : public Quantizer {
       : Quantizer(QuantizerKind::mse, cfg), cb_(get_codebook(cfg.dim, cfg.bits, cfg.law)) {
     nb_ = norm_bytes(cfg.norm);
     code_bytes_ = nb_ + packed_bytes(cfg.dim, cfg.bits);
+    // Squared centroids in fixed point, so that ||c[idx]||^2 is an order-independent integer
+    // sum: the largest possible total, d * max c^2, stays below 2^31.
+    double maxc2 = 0;
+    for (float c : cb_.centroids) maxc2 = std::max(maxc2, static_cast<double>(c) * c);
+    const double scale = std::exp2(std::floor(std::log2(2147483000.0 / (cfg.dim * maxc2))));
+    csq_unit_ = 1.0 / scale;
+    for (float c : cb_.centroids) csq_.push_back(static_cast<int32_t>(std::llround(static_cast<double>(c) * c * scale)));
   }
 
   void encode(size_t n, const float* x, uint8_t* codes) const override {
     const int d = cfg_.dim;
+    check_batch("encode", n, d * sizeof(float), x, code_bytes_, codes);
     std::vector<float> y(kChunk * d);
     std::vector<uint8_t> idx(d);
     for (size_t r0 = 0; r0 < n; r0 += kChunk) {
@@ -124,15 +145,9 @@ class MseQuantizer final : public Quantizer {
       for (size_t r = 0; r < m; ++r) {
         const double s = std::sqrt(sum_sq(xc + r * d, d));
         const float inv = s > 0 ? static_cast<float>(1.0 / s) : 0.0f;
-        float* yr = y.data() + r * d;
-        for (int i = 0; i < d; ++i) yr[i] *= inv;
-        quantize_rotated(cb_, d, yr, idx.data());
+        const int64_t c2 = detail::quantize_scaled(cb_, d, y.data() + r * d, inv, idx.data(), csq_.data());
         double stored = s;
-        if (cfg_.norm_correction && s > 0) {
-          double c2 = 0;
-          for (int i = 0; i < d; ++i) c2 += static_cast<double>(cb_.centroids[idx[i]]) * cb_.centroids[idx[i]];
-          stored = s / std::sqrt(c2);
-        }
+        if (cfg_.norm_correction && s > 0 && c2 > 0) stored = s / std::sqrt(c2 * csq_unit_);
         uint8_t* out = codes + (r0 + r) * code_bytes_;
         store_norm(cfg_.norm, stored, out, r0 + r);
         pack_bits(d, cfg_.bits, idx.data(), out + nb_);
@@ -142,6 +157,7 @@ class MseQuantizer final : public Quantizer {
 
   void decode(size_t n, const uint8_t* codes, float* x) const override {
     const int d = cfg_.dim;
+    check_batch("decode", n, code_bytes_, codes, d * sizeof(float), x);
     std::vector<uint8_t> idx(d);
     for (size_t r = 0; r < n; ++r) {
       const uint8_t* c = codes + r * code_bytes_;
@@ -153,11 +169,14 @@ class MseQuantizer final : public Quantizer {
 
   size_t query_state_floats() const noexcept override { return static_cast<size_t>(cfg_.dim); }
   void prepare_query(const float* q, float* state) const override {
+    check_batch("prepare_query", 1, sizeof(float), q, sizeof(float), state);
     check_rows_finite(1, cfg_.dim, q, 0);
     rot_->forward(1, q, state);
   }
   void score(const float* state, size_t n, const uint8_t* codes, float* out) const override {
     const int d = cfg_.dim;
+    check_batch("score", n, code_bytes_, codes, sizeof(float), out);
+    TQ_CHECK(n == 0 || state != nullptr, "score: null query state");
     std::vector<uint8_t> idx(d);
     for (size_t r = 0; r < n; ++r) {
       const uint8_t* c = codes + r * code_bytes_;
@@ -168,6 +187,8 @@ class MseQuantizer final : public Quantizer {
 
  private:
   const Codebook& cb_;
+  std::vector<int32_t> csq_;  // squared centroids in units of csq_unit_ (norm correction)
+  double csq_unit_ = 0;
   size_t nb_;
 };
 
@@ -188,6 +209,7 @@ class ProdQuantizer final : public Quantizer {
 
   void encode(size_t n, const float* x, uint8_t* codes) const override {
     const int d = cfg_.dim;
+    check_batch("encode", n, d * sizeof(float), x, code_bytes_, codes);
     std::vector<float> y(kChunk * d), sr(d);
     std::vector<uint8_t> idx(d), sg(d);
     for (size_t r0 = 0; r0 < n; r0 += kChunk) {
@@ -218,6 +240,7 @@ class ProdQuantizer final : public Quantizer {
 
   void decode(size_t n, const uint8_t* codes, float* x) const override {
     const int d = cfg_.dim;
+    check_batch("decode", n, code_bytes_, codes, d * sizeof(float), x);
     std::vector<uint8_t> idx(d), sg(d);
     std::vector<float> z(d);
     for (size_t r = 0; r < n; ++r) {
@@ -247,12 +270,15 @@ class ProdQuantizer final : public Quantizer {
 
   size_t query_state_floats() const noexcept override { return 2 * static_cast<size_t>(cfg_.dim); }
   void prepare_query(const float* q, float* state) const override {
+    check_batch("prepare_query", 1, sizeof(float), q, sizeof(float), state);
     check_rows_finite(1, cfg_.dim, q, 0);
     rot_->forward(1, q, state);
     matvec(S_, cfg_.dim, state, state + cfg_.dim);
   }
   void score(const float* state, size_t n, const uint8_t* codes, float* out) const override {
     const int d = cfg_.dim;
+    check_batch("score", n, code_bytes_, codes, sizeof(float), out);
+    TQ_CHECK(n == 0 || state != nullptr, "score: null query state");
     const float* sq = state + d;
     std::vector<uint8_t> idx(d), sg(d);
     for (size_t r = 0; r < n; ++r) {

@@ -10,6 +10,7 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
@@ -22,15 +23,38 @@ namespace tq {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-void QuantizeRotated(const float* HWY_RESTRICT bounds, int bits, size_t n, const float* HWY_RESTRICT y,
-                     uint8_t* HWY_RESTRICT idx) {
+// t = y * scale (scale 1 for plain quantize); idx = #boundaries <= t; returns the integer
+// sum of csq[idx] (nullptr: 0). Integer sums are order-independent, hence identical at
+// every level.
+int64_t QuantizeScaled(const float* HWY_RESTRICT bounds, int bits, size_t n, const float* HWY_RESTRICT y,
+                       float scale, uint8_t* HWY_RESTRICT idx, const int32_t* HWY_RESTRICT csq) {
   const hn::ScalableTag<float> df;
   const hn::RebindToSigned<decltype(df)> di;
   const hn::Rebind<uint8_t, decltype(df)> d8;
   const size_t N = hn::Lanes(df);
   size_t i = 0;
+  const int nb = (1 << bits) - 1;
+  const auto vscale = hn::Set(df, scale);
+  auto acc = hn::Zero(di);
+  if (static_cast<size_t>(nb) <= N && N <= 64) {
+    // All boundaries fit in one register: permutes instead of gathers.
+    HWY_ALIGN float padded[64];
+    for (size_t j = 0; j < N; ++j) padded[j] = j < static_cast<size_t>(nb) ? bounds[j] : HUGE_VALF;
+    const auto bv = hn::Load(df, padded);
+    for (; i + N <= n; i += N) {
+      const auto v = hn::Mul(hn::LoadU(df, y + i), vscale);
+      auto pos = hn::Zero(di);
+      for (int step = 1 << (bits - 1); step >= 1; step >>= 1) {
+        const auto cand = hn::Add(pos, hn::Set(di, step));
+        const auto b = hn::TableLookupLanes(bv, hn::IndicesFromVec(df, hn::Sub(cand, hn::Set(di, 1))));
+        pos = hn::IfThenElse(hn::RebindMask(di, hn::Ge(v, b)), cand, pos);
+      }
+      hn::StoreU(hn::DemoteTo(d8, pos), d8, idx + i);
+      if (csq) acc = hn::Add(acc, hn::GatherIndex(di, csq, pos));
+    }
+  }
   for (; i + N <= n; i += N) {
-    const auto v = hn::LoadU(df, y + i);
+    const auto v = hn::Mul(hn::LoadU(df, y + i), vscale);
     auto pos = hn::Zero(di);
     for (int step = 1 << (bits - 1); step >= 1; step >>= 1) {
       const auto cand = hn::Add(pos, hn::Set(di, step));
@@ -38,15 +62,23 @@ void QuantizeRotated(const float* HWY_RESTRICT bounds, int bits, size_t n, const
       pos = hn::IfThenElse(hn::RebindMask(di, hn::Ge(v, b)), cand, pos);
     }
     hn::StoreU(hn::DemoteTo(d8, pos), d8, idx + i);
+    if (csq) acc = hn::Add(acc, hn::GatherIndex(di, csq, pos));
   }
+  int64_t total = 0;
+  HWY_ALIGN int32_t lanes[64];
+  hn::Store(acc, di, lanes);
+  for (size_t k = 0; k < N; ++k) total += lanes[k];
   for (; i < n; ++i) {
+    const float t = y[i] * scale;
     int lo = 0, hi = (1 << bits) - 1;
     while (lo < hi) {
       int mid = (lo + hi) >> 1;
-      if (bounds[mid] <= y[i]) lo = mid + 1; else hi = mid;
+      if (bounds[mid] <= t) lo = mid + 1; else hi = mid;
     }
     idx[i] = static_cast<uint8_t>(lo);
+    if (csq) total += csq[lo];
   }
+  return total;
 }
 
 float DotCentroids(const float* HWY_RESTRICT cents, size_t n, const float* HWY_RESTRICT q,
@@ -93,7 +125,7 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 namespace tq {
-HWY_EXPORT(QuantizeRotated);
+HWY_EXPORT(QuantizeScaled);
 HWY_EXPORT(DotCentroids);
 HWY_EXPORT(GatherScale);
 
@@ -102,7 +134,7 @@ void quantize_rotated_ref(const Codebook& cb, size_t n, const float* y, uint8_t*
 }
 void quantize_rotated(const Codebook& cb, size_t n, const float* y, uint8_t* idx) noexcept {
   if (simd::use_scalar()) return quantize_rotated_ref(cb, n, y, idx);
-  HWY_DYNAMIC_DISPATCH(QuantizeRotated)(cb.boundaries.data(), cb.bits, n, y, idx);
+  HWY_DYNAMIC_DISPATCH(QuantizeScaled)(cb.boundaries.data(), cb.bits, n, y, 1.0f, idx, nullptr);
 }
 
 float dot_centroids_ref(const Codebook& cb, size_t n, const float* q, const uint8_t* idx) noexcept {
@@ -116,6 +148,19 @@ float dot_centroids(const Codebook& cb, size_t n, const float* q, const uint8_t*
 }
 
 namespace detail {
+int64_t quantize_scaled(const Codebook& cb, size_t n, const float* y, float scale, uint8_t* idx,
+                        const int32_t* csq) noexcept {
+  if (simd::use_scalar()) {
+    int64_t total = 0;
+    for (size_t i = 0; i < n; ++i) {
+      idx[i] = cb.quantize(y[i] * scale);
+      total += csq[idx[i]];
+    }
+    return total;
+  }
+  return HWY_DYNAMIC_DISPATCH(QuantizeScaled)(cb.boundaries.data(), cb.bits, n, y, scale, idx, csq);
+}
+
 void gather_scale(const Codebook& cb, size_t n, const uint8_t* idx, float s, float* out) noexcept {
   if (simd::use_scalar()) {
     for (size_t i = 0; i < n; ++i) out[i] = cb.centroids[idx[i]] * s;

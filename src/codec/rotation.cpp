@@ -4,6 +4,7 @@
 // block-diagonal 2x2 / 4x4 orthogonal matrices. Haar is a dense matrix (Eigen GEMM).
 #define EIGEN_DONT_PARALLELIZE
 #include <Eigen/Dense>
+#include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
@@ -15,11 +16,13 @@
 
 namespace tq {
 
-void fwht_ref(size_t n, int m, float* x, size_t stride) noexcept {
-  if (m <= 1) return;
+void fwht_signed_ref(size_t n, int m, float* x, size_t stride, const float* pre, const float* post) noexcept {
+  if (m < 1) return;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(m)));
   for (size_t r = 0; r < n; ++r) {
     float* row = x + r * stride;
+    if (pre)
+      for (int i = 0; i < m; ++i) row[i] *= pre[i];
     for (int h = 1; h < m; h <<= 1) {
       for (int i = 0; i < m; i += 2 * h) {
         for (int j = i; j < i + h; ++j) {
@@ -30,8 +33,12 @@ void fwht_ref(size_t n, int m, float* x, size_t stride) noexcept {
       }
     }
     for (int i = 0; i < m; ++i) row[i] *= scale;
+    if (post)
+      for (int i = 0; i < m; ++i) row[i] *= post[i];
   }
 }
+
+void fwht_ref(size_t n, int m, float* x, size_t stride) noexcept { fwht_signed_ref(n, m, x, stride, nullptr, nullptr); }
 
 RotationSpec parse_rotation(const std::string& name) {
   if (name == "haar") return {RotationKind::haar, 0};
@@ -69,6 +76,8 @@ int floor_pow2(int x) {
 }
 
 void copy_if_needed(size_t n, int d, const float* x, float* y) {
+  if (n == 0) return;
+  TQ_CHECK(x != nullptr && y != nullptr, "rotation: null pointer for a batch of %zu vectors", n);
   if (x != y) std::memmove(y, x, checked_mul(n, static_cast<size_t>(d), "rotation batch") * sizeof(float));
 }
 
@@ -92,11 +101,30 @@ class HadamardRotation final : public Rotation {
 
   void forward(size_t n, const float* x, float* y) const override {
     copy_if_needed(n, dim_, x, y);
-    for (const Stage& s : stages_) apply(s, n, y);
+    for (size_t k = 0; k < stages_.size(); ++k) {
+      const Stage& s = stages_[k];
+      // signs over exactly the range of the next WHT: one fused pass
+      if (!s.signs.empty() && k + 1 < stages_.size() && stages_[k + 1].signs.empty() &&
+          stages_[k + 1].off == s.off && stages_[k + 1].len == s.len) {
+        fwht_signed(n, s.len, y + s.off, static_cast<size_t>(dim_), s.signs.data(), nullptr);
+        ++k;
+      } else {
+        apply(s, n, y);
+      }
+    }
   }
   void inverse(size_t n, const float* x, float* y) const override {
     copy_if_needed(n, dim_, x, y);
-    for (auto it = stages_.rbegin(); it != stages_.rend(); ++it) apply(*it, n, y);
+    for (size_t k = stages_.size(); k-- > 0;) {
+      const Stage& s = stages_[k];
+      if (s.signs.empty() && k > 0 && !stages_[k - 1].signs.empty() && stages_[k - 1].off == s.off &&
+          stages_[k - 1].len == s.len) {
+        fwht_signed(n, s.len, y + s.off, static_cast<size_t>(dim_), nullptr, stages_[k - 1].signs.data());
+        --k;
+      } else {
+        apply(s, n, y);
+      }
+    }
   }
 
  private:
@@ -199,17 +227,37 @@ class BlockMatrixRotation final : public Rotation {
   }
   void run(size_t n, const float* x, float* y, bool transpose) const {
     const int d = dim_;
-    float tmp[4];
+    copy_if_needed(n, d, x, y);  // validates; the blocks then work in place
     for (size_t r = 0; r < n; ++r) {
-      const float* xr = x + r * d;
-      float* yr = y + r * d;
+      float* row = y + r * d;
       for (const Block& b : blocks_) {
-        for (int i = 0; i < b.k; ++i) {
-          float s = 0;
-          for (int j = 0; j < b.k; ++j) s += (transpose ? b.m[j * b.k + i] : b.m[i * b.k + j]) * xr[b.off + j];
-          tmp[i] = s;
+        float* v = row + b.off;
+        const float* m = b.m.data();
+        if (b.k == 4) {  // unrolled 4x4 (iso4)
+          const float a0 = v[0], a1 = v[1], a2 = v[2], a3 = v[3];
+          if (!transpose) {
+            v[0] = m[0] * a0 + m[1] * a1 + m[2] * a2 + m[3] * a3;
+            v[1] = m[4] * a0 + m[5] * a1 + m[6] * a2 + m[7] * a3;
+            v[2] = m[8] * a0 + m[9] * a1 + m[10] * a2 + m[11] * a3;
+            v[3] = m[12] * a0 + m[13] * a1 + m[14] * a2 + m[15] * a3;
+          } else {
+            v[0] = m[0] * a0 + m[4] * a1 + m[8] * a2 + m[12] * a3;
+            v[1] = m[1] * a0 + m[5] * a1 + m[9] * a2 + m[13] * a3;
+            v[2] = m[2] * a0 + m[6] * a1 + m[10] * a2 + m[14] * a3;
+            v[3] = m[3] * a0 + m[7] * a1 + m[11] * a2 + m[15] * a3;
+          }
+        } else if (b.k == 2) {  // givens: [c -s; s c]
+          const float a0 = v[0], a1 = v[1];
+          if (!transpose) {
+            v[0] = m[0] * a0 + m[1] * a1;
+            v[1] = m[2] * a0 + m[3] * a1;
+          } else {
+            v[0] = m[0] * a0 + m[2] * a1;
+            v[1] = m[1] * a0 + m[3] * a1;
+          }
+        } else {
+          v[0] *= m[0];
         }
-        for (int i = 0; i < b.k; ++i) yr[b.off + i] = tmp[i];
       }
     }
   }
@@ -234,17 +282,22 @@ class HaarRotation final : public Rotation {
 
  private:
   Eigen::MatrixXf q_;  // column-major d x d; forward: y = Q x
+  // Batched products through OpenBLAS (runtime-dispatched AVX-512 kernels; Eigen here is
+  // compiled for the baseline ISA). Rows: Y = X Q^T (forward) or X = Y Q (inverse).
   void run(size_t n, const float* x, float* y, bool inv) const {
-    using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-    const Eigen::Index d = dim_;
+    if (n == 0) return;
+    TQ_CHECK(x != nullptr && y != nullptr, "rotation: null pointer for a batch of %zu vectors", n);
+    checked_mul(n, static_cast<size_t>(dim_) * sizeof(float), "rotation batch");
+    const int d = dim_;
     const size_t chunk = 256;
     std::vector<float> buf(chunk * dim_);
     for (size_t r0 = 0; r0 < n; r0 += chunk) {
-      const Eigen::Index m = static_cast<Eigen::Index>(std::min(chunk, n - r0));
-      Eigen::Map<const RowMat> X(x + r0 * dim_, m, d);
-      Eigen::Map<RowMat> B(buf.data(), m, d);
-      if (inv) B.noalias() = X * q_;               // rows: x = Q^T y  ->  X Q
-      else B.noalias() = X * q_.transpose();       // rows: y = Q x    ->  X Q^T
+      const int m = static_cast<int>(std::min(chunk, n - r0));
+      // q_ is column-major, i.e. row-major Q^T: element (i, j) of Q at data[j * d + i].
+      // Row-major X (m x d) times Q^T: B = X * Q^T  ->  op(B) = NoTrans(X) * Trans(Q) where Q
+      // viewed row-major is the transpose of the stored column-major buffer.
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, inv ? CblasTrans : CblasNoTrans, m, d, d, 1.0f, x + r0 * dim_, d,
+                  q_.data(), d, 0.0f, buf.data(), d);
       std::memcpy(y + r0 * dim_, buf.data(), static_cast<size_t>(m) * dim_ * sizeof(float));
     }
   }

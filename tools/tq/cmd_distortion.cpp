@@ -12,7 +12,7 @@ void setup(CLI::App& app) {
   struct Opts {
     int dim = 128, bits = 4;
     size_t n = 10000;
-    std::string rotation = "hadamard", quantizer = "mse", law = "beta", norm = "f16";
+    std::string rotation = "hadamard", quantizer = "mse", law = "beta", norm = "f16", data = "unit";
     uint64_t seed = 1;
     bool no_corr = false, json = false;
   };
@@ -30,6 +30,8 @@ void setup(CLI::App& app) {
   sub->add_option("--law", o->law, "codebook law: beta | gauss")->capture_default_str();
   sub->add_option("--norm", o->norm, "norm storage: f16 | f32")->capture_default_str();
   sub->add_flag("--no-norm-correction", o->no_corr, "store ||x|| instead of ||x|| / ||c[idx]|| (mse only)");
+  sub->add_option("--data", o->data, "unit: isotropic unit vectors; outlier: key-like vectors with 1/16 of the channels 10x larger")
+      ->capture_default_str();
   sub->add_option("--seed,-s", o->seed, "seed for the data and the rotation")->capture_default_str();
   sub->add_flag("--json", o->json, "print one JSON object on stdout");
   sub->callback([o] {
@@ -43,12 +45,12 @@ void setup(CLI::App& app) {
     cfg.norm = o->norm == "f16" ? tq::NormFormat::f16 : tq::NormFormat::f32;
     cfg.norm_correction = !o->no_corr;
     auto q = tq::make_quantizer(tq::parse_quantizer_kind(o->quantizer), cfg);
-    const tq::DistortionResult r = tq::measure_distortion(*q, o->n, o->seed);
+    const tq::DistortionResult r = tq::measure_distortion(*q, o->n, o->seed, o->data.c_str());
     const double upper = std::sqrt(3.0) * M_PI / 2 * std::pow(4.0, -o->bits);
     const double lower = std::pow(4.0, -o->bits);
     if (o->json) {
       tq::cli::print_json({{"dim", o->dim}, {"bits", o->bits}, {"n", o->n}, {"rotation", o->rotation},
-                           {"quantizer", o->quantizer}, {"law", o->law}, {"norm", o->norm},
+                           {"quantizer", o->quantizer}, {"data", o->data}, {"law", o->law}, {"norm", o->norm},
                            {"norm_correction", cfg.norm_correction}, {"seed", o->seed}, {"mse", r.mse},
                            {"ip_bias", r.ip_bias}, {"ip_rmse", r.ip_rmse}, {"ip_slope", r.ip_slope},
                            {"bits_per_value", q->bits_per_value()}, {"paper_upper_bound", upper},

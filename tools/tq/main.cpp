@@ -74,6 +74,12 @@ int main(int argc, char** argv) {
   app.parse_complete_callback([&] {
     if (!simd_level.empty()) tq::simd::set_level(simd_level);
   });
+  // llama.cpp-style multi-letter short flags (CLI11 only takes one-letter short names).
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "-ctk") argv[i] = const_cast<char*>("--cache-type-k");
+    if (a == "-ctv") argv[i] = const_cast<char*>("--cache-type-v");
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -1,0 +1,108 @@
+// Evaluation harness for a Llama model on a quantized KV cache: perplexity (with an f16
+// reference run on the same tokens for KLD / top-1 agreement), needle-in-a-haystack, and
+// prefill/decode speed. Used by `tq perplexity`, `tq niah`, `tq bench model` and the tests.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tq/kv_cache.h"
+#include "tq/model.h"
+
+namespace tq {
+
+class Tokenizer;
+
+// Cache choice as the CLI spells it (-ctk, -ctv, --kv-window, --kv-boundary-layers, ...).
+struct KvOptions {
+  std::string type_k = "f16";
+  std::string type_v = "f16";
+  int window = 0;
+  int boundary_layers = 0;
+  std::string boundary_type_k = "f16";
+  std::string boundary_type_v = "f16";
+  uint64_t seed = 0x5eed;
+  std::string label() const;  // e.g. "tq4/tq3 w128 b2:f16"
+};
+// Parses a label as written by KvOptions::label(): "K[/V] [wN] [bN:T[/T]]".
+KvOptions parse_kv_label(const std::string& label);
+KvCacheConfig make_kv_config(const LlamaModel& m, const KvOptions& kv, int max_tokens);
+// Average stored bits per cached value (K and V, all layers, norms/scales counted).
+double kv_bits_per_value(const LlamaModel& m, double bytes_per_token);
+
+using ProgressFn = std::function<void(size_t done, size_t total)>;
+
+struct PerplexityOptions {
+  int n_ctx = 512;
+  int n_chunks = 0;          // 0: as many as the text holds
+  bool compare = false;      // also run the reference cache on the same tokens
+  KvOptions kv;
+  KvOptions ref;             // the reference (f16 by default)
+  ProgressFn progress;
+};
+
+struct PerplexityResult {
+  int n_ctx = 0;
+  int n_chunks = 0;
+  size_t n_scored = 0;       // tokens scored: the second half of every chunk (llama.cpp style)
+  double ppl = 0, ppl_ref = 0;
+  double kld_mean = 0;       // mean over scored tokens of KL(P_ref || P_ours), nats
+  double kld_p99 = 0;
+  double top1_agreement = 0; // fraction of scored tokens where both argmaxes agree
+  double kv_bytes_per_token = 0, kv_bytes_per_token_ref = 0;
+  double bits_per_value = 0;
+  double seconds = 0;
+  std::vector<double> chunk_ppl;
+  std::vector<int32_t> top1;  // argmax of every scored row, in order (for outside references)
+};
+
+// Perplexity over non-overlapping windows of n_ctx tokens; in each window the first half is
+// context and tokens n_ctx/2 .. n_ctx-1 are scored (the llama.cpp `perplexity` convention).
+PerplexityResult perplexity(const LlamaModel& m, const std::vector<int32_t>& tokens,
+                            const PerplexityOptions& opt);
+// Several cache configs on the same windows, sharing one reference pass per window (when
+// opt.compare): results in the order of `configs` (opt.kv is ignored).
+std::vector<PerplexityResult> perplexity_multi(const LlamaModel& m, const std::vector<int32_t>& tokens,
+                                               const PerplexityOptions& opt,
+                                               const std::vector<KvOptions>& configs);
+
+struct NiahOptions {
+  int context = 2048;
+  std::vector<double> depths = {0.1, 0.5, 0.9};
+  int trials = 2;
+  KvOptions kv;
+  uint64_t seed = 42;
+  ProgressFn progress;
+};
+struct NiahTrial {
+  double depth = 0;
+  int trial = 0;
+  std::string passphrase, answer;
+  bool passed = false;
+};
+struct NiahResult {
+  int trials = 0, passed = 0;
+  std::vector<NiahTrial> details;
+  double seconds = 0;
+};
+// Haystack from `corpus` (random offset per trial), a random 6-digit passphrase sentence at
+// each depth, then the question; greedy decoding must reproduce the digits.
+NiahResult niah(const LlamaModel& m, const Tokenizer& tok, const std::string& corpus,
+                const NiahOptions& opt);
+
+struct SpeedResult {
+  int context = 0;
+  double prefill_tok_s = 0;   // prefill of `context` tokens
+  double decode_tok_s = 0;    // decode steps right after it
+  int decode_tokens = 0;
+  double kv_bytes = 0;        // cache bytes held at the end
+};
+SpeedResult bench_speed(const LlamaModel& m, const std::vector<int32_t>& tokens, int context,
+                        int decode_tokens, const KvOptions& kv);
+
+// Reads a whole text file (tq::Error when missing).
+std::string read_text_file(const std::string& path);
+
+}  // namespace tq

@@ -1,0 +1,310 @@
+// Attention over the KV cache: the driver (tasks over kv heads x KV-length chunks, merged
+// with log-sum-exp), the generic float path (decode a block of rows in the stream's domain,
+// then exact online softmax; used for prefill, exact mode and formats without a fused
+// kernel) and attention_ref (dequantize every row to the original domain, then exact
+// attention in double: the oracle).
+//
+// Fused SIMD kernels (f16 rows, tq bit-plane codes) live in attention_simd.cpp.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "kv/attention_kernels.h"
+#include "kv/kv_internal.h"
+#include "tq/error.h"
+#include "tq/simd.h"
+
+namespace tq {
+namespace kv {
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Generic task: queries qd (n_q x G x D, in the K domain), tokens [a, b) of one segment,
+// rows fetched by `fetch(t0, n, kbuf, vbuf)` in the (K domain, V domain).
+// prod_k: K is a prod (QJL) stream scored with its quantizer from the prepared query states
+// pq (n_q * G rows of query_state_floats()); kb is then not filled by fetch.
+template <class Fetch>
+void generic_task(const Shape& sh, const float* qd, const int* limits, int a, int b, Fetch&& fetch,
+                  const States& st, const Stream* prod_k = nullptr, const float* pq = nullptr) {
+  const int D = sh.D, G = sh.G;
+  const bool scalar = simd::use_scalar();
+  std::vector<float> kb((size_t)kBlock * D), vb((size_t)kBlock * D), s(kBlock);
+  std::vector<uint8_t> prows(prod_k ? (size_t)kBlock * prod_k->row_bytes : 0);
+  for (int t = a; t < b; t += kBlock) {
+    const int nb = std::min(kBlock, b - t);
+    bool any = false;
+    for (int i = 0; i < sh.n_q; ++i) any |= limits[i] > t;
+    if (!any) break;
+    fetch(t, nb, kb.data(), vb.data());
+    if (prod_k) prod_rows(*prod_k, t, nb, prows.data());
+    for (int i = 0; i < sh.n_q; ++i) {
+      const int nt = std::min(nb, limits[i] - t);
+      if (nt <= 0) continue;
+      if (!scalar && !prod_k) {
+        attend_rows(D, G, sh.scale, qd + (size_t)i * G * D, kb.data(), vb.data(), nt,
+                    States{st.base + (size_t)i * G * st.stride(), D});
+        continue;
+      }
+      for (int g = 0; g < G; ++g) {
+        const float* qv = qd + ((size_t)i * G + g) * D;
+        const int k = i * G + g;
+        float mx = kNegInf;
+        if (prod_k) {
+          const size_t qs = prod_k->prod->query_state_floats();
+          prod_k->prod->score(pq + (size_t)k * qs, (size_t)nt, prows.data(), s.data());
+          for (int j = 0; j < nt; ++j) { s[j] *= sh.scale; mx = std::max(mx, s[j]); }
+        } else {
+          for (int j = 0; j < nt; ++j) {
+            const float* kr = kb.data() + (size_t)j * D;
+            float acc = 0;
+            for (int d = 0; d < D; ++d) acc += qv[d] * kr[d];
+            s[j] = acc * sh.scale;
+            mx = std::max(mx, s[j]);
+          }
+        }
+        const float m_new = std::max(st.m(k), mx);
+        const float alpha = st.m(k) == kNegInf ? 0.f : std::exp(st.m(k) - m_new);
+        float lsum = 0;
+        for (int j = 0; j < nt; ++j) { s[j] = std::exp(s[j] - m_new); lsum += s[j]; }
+        st.l(k) = st.l(k) * alpha + lsum;
+        st.m(k) = m_new;
+        float* o = st.acc(k);
+        for (int d = 0; d < D; ++d) o[d] *= alpha;
+        for (int j = 0; j < nt; ++j) {
+          const float* vr = vb.data() + (size_t)j * D;
+          const float pj = s[j];
+          for (int d = 0; d < D; ++d) o[d] += pj * vr[d];
+        }
+      }
+    }
+  }
+}
+
+// Merge state (b, kb) into (a, ka) (same domain), log-sum-exp style.
+void merge_state(const States& a, int ka, const States& b, int kb) {
+  const int D = a.D;
+  if (b.m(kb) == kNegInf) return;
+  if (a.m(ka) == kNegInf) {
+    a.m(ka) = b.m(kb); a.l(ka) = b.l(kb);
+    std::memcpy(a.acc(ka), b.acc(kb), sizeof(float) * D);
+    return;
+  }
+  const float m = std::max(a.m(ka), b.m(kb));
+  const float fa = std::exp(a.m(ka) - m), fb = std::exp(b.m(kb) - m);
+  a.l(ka) = a.l(ka) * fa + b.l(kb) * fb;
+  float* x = a.acc(ka);
+  const float* y = b.acc(kb);
+  for (int d = 0; d < D; ++d) x[d] = x[d] * fa + y[d] * fb;
+  a.m(ka) = m;
+}
+
+struct Prepared {
+  Shape sh;
+  std::vector<int> limits;
+};
+
+Prepared prepare(const KvCache& cache, int layer, int n_q, const float* q, const float* out,
+                 const AttentionParams& p) {
+  const auto& cfg = cache.config();
+  TQ_CHECK(layer >= 0 && layer < cfg.n_layers, "attention: layer %d out of range [0, %d)", layer, cfg.n_layers);
+  TQ_CHECK(n_q >= 0, "attention: negative query count %d", n_q);
+  TQ_CHECK(p.n_heads >= 1 && p.n_heads % cfg.n_kv_heads == 0,
+           "attention: n_heads %d is not a positive multiple of n_kv_heads %d", p.n_heads, cfg.n_kv_heads);
+  TQ_CHECK(n_q == 0 || (q && out), "attention: null q or out");
+  const auto& I = cache.impl();
+  const Layer& L = I.layers[layer];
+  Prepared P;
+  P.sh.D = cfg.head_dim;
+  P.sh.H = p.n_heads;
+  P.sh.KVH = cfg.n_kv_heads;
+  P.sh.G = p.n_heads / cfg.n_kv_heads;
+  P.sh.n_q = n_q;
+  P.sh.n_tokens = L.n_tokens;
+  P.sh.n_quant = L.k.empty() ? 0 : L.k[0].n_quant;
+  P.sh.scale = p.scale != 0 ? p.scale : 1.0f / std::sqrt((float)cfg.head_dim);
+  P.sh.qstride = (!L.k.empty() && L.k[0].fmt->kind == Kind::tq_prod) ? 2 * cfg.head_dim : cfg.head_dim;
+  int pos0 = p.pos0;
+  if (pos0 < 0) {
+    TQ_CHECK(pos0 == -1, "attention: pos0 %d invalid (use -1 or a position >= 0)", pos0);
+    pos0 = L.n_tokens - n_q;
+  } else {
+    TQ_CHECK((int64_t)pos0 + n_q <= L.n_tokens,
+             "attention: queries at positions %d..%d but layer %d holds %d tokens", pos0, pos0 + n_q - 1,
+             layer, L.n_tokens);
+  }
+  P.limits.resize(n_q);
+  for (int i = 0; i < n_q; ++i) P.limits[i] = std::clamp(pos0 + i + 1, 0, L.n_tokens);
+  return P;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ driver
+void run_attention(const KvCache& cache, int layer, int n_q, const float* q, float* out,
+                   const AttentionParams& p, bool exact) {
+  Prepared P = prepare(cache, layer, n_q, q, out, p);
+  if (n_q == 0) return;
+  const Shape& sh = P.sh;
+  const auto& I = cache.impl();
+  const Layer& L = I.layers[layer];
+  const int D = sh.D, G = sh.G, KVH = sh.KVH;
+  const int W = I.cfg.window;
+  const size_t state_floats = (size_t)D + 16;
+  const int nq_tok = sh.n_quant;
+  const int n_win = sh.n_tokens - nq_tok;
+  const int chunk = kChunkTokens;
+  const int n_chunks = (nq_tok + chunk - 1) / chunk;
+  const int tasks_per_head = n_chunks + (n_win > 0 ? 1 : 0);
+  const int n_tasks = KVH * tasks_per_head;
+  const size_t per_task = (size_t)n_q * G * state_floats;
+  std::vector<float> states(std::max<size_t>(1, (size_t)n_tasks * per_task));
+  // Queries in each kv head's K domain (quantized part) and original domain (window).
+  std::vector<float> qk((size_t)KVH * n_q * G * D), qo((size_t)KVH * n_q * G * D);
+  for (int h = 0; h < KVH; ++h)
+    for (int i = 0; i < n_q; ++i)
+      for (int g = 0; g < G; ++g)
+        std::memcpy(&qo[(((size_t)h * n_q + i) * G + g) * D], q + ((size_t)i * sh.H + h * G + g) * D,
+                    sizeof(float) * D);
+  for (int h = 0; h < KVH; ++h) {
+    float* dst = &qk[(size_t)h * n_q * G * D];
+    if (nq_tok > 0) I.to_domain(L.k[h], 0, n_q * G, &qo[(size_t)h * n_q * G * D], dst);
+  }
+  // prod K: the quantizer's query states [Pi q, S Pi q] (2 D floats), once per query and head.
+  std::vector<float> pqk;
+  if (nq_tok > 0 && L.k[0].fmt->kind == Kind::tq_prod) {
+    TQ_ASSERT(L.k[0].prod->query_state_floats() == (size_t)2 * D);
+    pqk.resize((size_t)KVH * n_q * G * 2 * D);
+    for (int h = 0; h < KVH; ++h)
+      for (int k = 0; k < n_q * G; ++k)
+        L.k[h].prod->prepare_query(&qo[((size_t)h * n_q * G + k) * D], &pqk[((size_t)h * n_q * G + k) * 2 * D]);
+  }
+  const int n_threads = p.n_threads > 0 ? p.n_threads : omp_get_max_threads();
+  const bool scalar = simd::use_scalar();
+
+#pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads)
+  for (int task = 0; task < n_tasks; ++task) {
+    const int h = task / tasks_per_head, c = task % tasks_per_head;
+    const States st{&states[(size_t)task * per_task], D};
+    for (int k = 0; k < n_q * G; ++k) st.reset(k);
+    const Stream& sk = L.k[h];
+    const Stream& sv = L.v[h];
+    if (c < n_chunks) {
+      const int a = c * chunk, b = std::min(nq_tok, a + chunk);
+      const float* qd = &qk[(size_t)h * n_q * G * D];
+      const bool prod_k = sk.fmt->kind == Kind::tq_prod;
+      const float* qf = prod_k ? &pqk[(size_t)h * n_q * G * 2 * D] : qd;  // prod: [Pi q, S Pi q]
+      // Fused kernels run one query at a time (prefill: each query with its own causal limit);
+      // whether one applies depends only on the types, so the first query decides.
+      if (!scalar && fused_decode(sh, sk, sv, qf, P.limits[0], a, b, st, exact)) {
+        for (int i = 1; i < n_q; ++i)
+          fused_decode(sh, sk, sv, qf + (size_t)i * G * sh.qstride, P.limits[i], a, b,
+                       States{st.base + (size_t)i * G * st.stride(), D}, exact);
+        continue;
+      }
+      const bool prod = sk.fmt->kind == Kind::tq_prod;
+      auto fetch = [&](int t0, int n, float* kb, float* vb) {
+        if (!prod) I.decode_domain(sk, 0, t0, n, kb);
+        I.decode_domain(sv, 1, t0, n, vb);
+      };
+      const float* pq = prod ? &pqk[(size_t)h * n_q * G * 2 * D] : nullptr;
+      generic_task(sh, qd, P.limits.data(), a, b, fetch, st, prod ? &sk : nullptr, pq);
+    } else {
+      const float* qd = &qo[(size_t)h * n_q * G * D];
+      auto fetch = [&](int t0, int n, float* kb, float* vb) {
+        for (int r = 0; r < n; ++r) {
+          const int t = t0 + r;
+          f16_to_f32(D, sk.ring.get() + (size_t)(t % W) * D, kb + (size_t)r * D);
+          f16_to_f32(D, sv.ring.get() + (size_t)(t % W) * D, vb + (size_t)r * D);
+        }
+      };
+      generic_task(sh, qd, P.limits.data(), nq_tok, sh.n_tokens, fetch, st);
+    }
+  }
+
+  // Merge: quantized chunks (V domain) -> inverse transform -> merge window -> normalize.
+  std::vector<float> tmp(state_floats);
+  const States acc{tmp.data(), D};
+  for (int h = 0; h < KVH; ++h) {
+    for (int k = 0; k < n_q * G; ++k) {
+      const int i = k / G, g = k % G;
+      acc.reset(0);
+      for (int c = 0; c < n_chunks; ++c)
+        merge_state(acc, 0, States{&states[((size_t)h * tasks_per_head + c) * per_task], D}, k);
+      if (n_chunks > 0 && acc.m(0) != kNegInf) I.to_orig(L.v[h], 1, 1, acc.acc(0));
+      if (n_win > 0)
+        merge_state(acc, 0, States{&states[((size_t)h * tasks_per_head + n_chunks) * per_task], D}, k);
+      float* o = out + ((size_t)i * sh.H + h * G + g) * D;
+      if (acc.m(0) == kNegInf || acc.l(0) <= 0) {
+        std::fill(o, o + D, 0.f);
+      } else {
+        const float inv = 1.0f / acc.l(0);
+        for (int d = 0; d < D; ++d) o[d] = acc.acc(0)[d] * inv;
+      }
+    }
+  }
+}
+
+}  // namespace kv
+
+void attention(const KvCache& cache, int layer, int n_q, const float* q, float* out,
+               const AttentionParams& p) {
+  kv::run_attention(cache, layer, n_q, q, out, p, p.exact);
+}
+
+void attention_ref(const KvCache& cache, int layer, int n_q, const float* q, float* out,
+                   const AttentionParams& p) {
+  using namespace kv;
+  Prepared P = prepare(cache, layer, n_q, q, out, p);
+  if (n_q == 0) return;
+  const Shape& sh = P.sh;
+  const auto& I = cache.impl();
+  const Layer& L = I.layers[layer];
+  const int D = sh.D, G = sh.G, W = I.cfg.window;
+  std::vector<float> K((size_t)sh.n_tokens * D), V((size_t)sh.n_tokens * D);
+  std::vector<double> s(sh.n_tokens), o(D);
+  for (int h = 0; h < sh.KVH; ++h) {
+    const Stream& sk = L.k[h];
+    const Stream& sv = L.v[h];
+    if (sh.n_quant > 0) {
+      I.decode_domain(sk, 0, 0, sh.n_quant, K.data());
+      I.to_orig(sk, 0, sh.n_quant, K.data());
+      I.decode_domain(sv, 1, 0, sh.n_quant, V.data());
+      I.to_orig(sv, 1, sh.n_quant, V.data());
+    }
+    for (int t = sh.n_quant; t < sh.n_tokens; ++t) {
+      fp16_to_fp32_n((size_t)D, sk.ring.get() + (size_t)(t % W) * D, &K[(size_t)t * D]);
+      fp16_to_fp32_n((size_t)D, sv.ring.get() + (size_t)(t % W) * D, &V[(size_t)t * D]);
+    }
+    for (int i = 0; i < n_q; ++i) {
+      const int lim = P.limits[i];
+      for (int g = 0; g < G; ++g) {
+        const float* qv = q + ((size_t)i * sh.H + h * G + g) * D;
+        float* ov = out + ((size_t)i * sh.H + h * G + g) * D;
+        if (lim == 0) { std::fill(ov, ov + D, 0.f); continue; }
+        double mx = -std::numeric_limits<double>::infinity();
+        for (int t = 0; t < lim; ++t) {
+          double acc = 0;
+          for (int d = 0; d < D; ++d) acc += (double)qv[d] * K[(size_t)t * D + d];
+          s[t] = acc * sh.scale;
+          mx = std::max(mx, s[t]);
+        }
+        double l = 0;
+        std::fill(o.begin(), o.end(), 0.0);
+        for (int t = 0; t < lim; ++t) {
+          const double w = std::exp(s[t] - mx);
+          l += w;
+          for (int d = 0; d < D; ++d) o[d] += w * V[(size_t)t * D + d];
+        }
+        for (int d = 0; d < D; ++d) ov[d] = (float)(o[d] / l);
+      }
+    }
+  }
+}
+
+}  // namespace tq

@@ -1,0 +1,58 @@
+// Shared between attention.cpp (driver) and attention_simd.cpp (fused kernels).
+#pragma once
+
+#include <cstddef>
+#include <limits>
+
+#include "kv/kv_internal.h"
+
+namespace tq::kv {
+
+constexpr int kChunkTokens = 2048;  // KV-length split (multiple of kBlock): fixed, so results
+                                    // do not depend on the thread count
+
+struct Shape {
+  int D, H, KVH, G, n_q, n_tokens, n_quant;
+  float scale;
+  int qstride;  // floats per (query, head) row of the K-domain query: D, or 2 D for prod K
+};
+
+// Online-softmax states of n rows (query x head): [m, l, pad..., acc[D]] each, stride D + 16.
+struct States {
+  float* base = nullptr;
+  int D = 0;
+  size_t stride() const noexcept { return (size_t)D + 16; }
+  float& m(int k) const noexcept { return base[k * stride()]; }
+  float& l(int k) const noexcept { return base[k * stride() + 1]; }
+  float* acc(int k) const noexcept { return base + k * stride() + 16; }
+  void reset(int k) const noexcept {
+    m(k) = -std::numeric_limits<float>::infinity();
+    l(k) = 0;
+    for (int d = 0; d < D; ++d) acc(k)[d] = 0;
+  }
+};
+
+// Fused decode (one query, G heads of one kv head) over quantized tokens [a, b) (a block
+// aligned), limit = number of tokens the query sees. qd: G x D in the K domain. Updates st
+// (rows 0..G-1, V domain). Returns false when no fused kernel handles (sk, sv) here; with
+// exact, only kernels with float arithmetic (f16) run.
+bool fused_decode(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit,
+                  int a, int b, const States& st, bool exact);
+
+// tq (mse, 1..4 bits) K and V on AVX-512 VNNI: int8 lookup tables (see attention_vnni.cpp).
+// Returns false when the host or the current SIMD level cannot run it or the shape is not
+// handled (then the caller uses the generic float path).
+bool decode_tq_vnni(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit,
+                    int a, int b, const States& st);
+
+// SIMD (Highway) pieces of the generic path. kR, vR: nt x D floats (rows in the stream domain).
+void attend_rows(int D, int G, float scale, const float* qd, const float* kR, const float* vR, int nt,
+                 const States& st);
+void decode_q8_rows(int D, int n, const uint8_t* rows, float* out);  // n rows of D/32 BlockQ8_0
+void decode_q4_rows(int D, int n, const uint8_t* rows, float* out);  // n rows of D/32 BlockQ4_0
+
+// binary16 <-> binary32 (round to nearest even), SIMD; the scalar level uses tq::fp*_n.
+void f32_to_f16(int n, const float* x, uint16_t* h);
+void f16_to_f32(int n, const uint16_t* h, float* x);
+
+}  // namespace tq::kv

@@ -1,0 +1,357 @@
+// Fused decode attention for TurboQuant mse codes (tq1..tq4 for K and V) on AVX-512 VNNI.
+//
+// Everything stays in the rotated domain: the query was rotated once by the driver, the
+// output is inverse-rotated once after the merge. Per 32-token block of one kv head:
+//
+//  K  The rotated query of each head is quantized to int8 (per-head scale = max|q| / 127).
+//     The codebook becomes a 16-entry byte table (centroid * 127 / max|centroid|, + 128 so it
+//     is unsigned). A K tile (16 tokens x 4 dims, bit planes) expands to 64 code bytes with
+//     one masked op per plane, one vpshufb turns codes into centroid bytes, and one vpdpbusd
+//     per query head adds 4 products per token: 16 token scores per instruction, no decode to
+//     float, no horizontal sums. The tile expansion is shared by the G heads of the group.
+//     score = norm_t * (acc - 128 * sum(q8)) * q_scale * c_scale * softmax_scale.
+//  softmax  block max, vector exp (degree-6 polynomial + vscalefps), running (m, l).
+//  V  Softmax weights times V norms are quantized to uint8 per head and block (scale =
+//     block max / 255). A V tile (16 dims x 4 tokens) expands to signed centroid bytes and
+//     one vpdpbusd per head adds 4 tokens x 16 dims. The int32 sums are scaled into the float
+//     output once per block.
+//
+// Accuracy: int8 query and int8 weights; the attention error this adds is reported by
+// `tq bench attention` and tested against a named threshold (tests/test_kv_cache.cpp);
+// AttentionParams::exact selects the float path instead.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "kv/attention_kernels.h"
+#include "tq/simd.h"
+
+namespace tq::kv {
+namespace {
+
+#pragma GCC push_options
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC target("avx2,fma,f16c,bmi,bmi2,avx512f,avx512vl,avx512dq,avx512bw,avx512vnni")
+
+inline __m512 exp512(__m512 x) {
+  // exp(x) = 2^n * exp(r), n = round(x / ln2), r = x - n ln2 in [-ln2/2, ln2/2].
+  x = _mm512_max_ps(x, _mm512_set1_ps(-100.f));
+  x = _mm512_min_ps(x, _mm512_set1_ps(88.f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+  __m512 p = _mm512_set1_ps(1.f / 720);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// 64 codes of one tile (B bit planes of 8 bytes) -> 64 bytes.
+template <int B>
+inline __m512i tile_codes(const uint64_t* pl) {
+  __m512i idx = _mm512_maskz_mov_epi8(_cvtu64_mask64(pl[0]), _mm512_set1_epi8(1));
+  if constexpr (B > 1) idx = _mm512_mask_add_epi8(idx, _cvtu64_mask64(pl[1]), idx, _mm512_set1_epi8(2));
+  if constexpr (B > 2) idx = _mm512_mask_add_epi8(idx, _cvtu64_mask64(pl[2]), idx, _mm512_set1_epi8(4));
+  if constexpr (B > 3) idx = _mm512_mask_add_epi8(idx, _cvtu64_mask64(pl[3]), idx, _mm512_set1_epi8(8));
+  return idx;
+}
+
+// K: raw[g][32] = sum_d q8[g][d] * tblK[code(t, d)] for the nt tokens of a block.
+template <int G, int B>
+void score_block(const uint8_t* tiles, int D, int nt, const int32_t* q32, __m512i tbl, int32_t* raw) {
+  const int nq = D / 4;
+  const uint64_t* t64 = reinterpret_cast<const uint64_t*>(tiles);
+  for (int s = 0; s < 2; ++s) {
+    __m512i acc[G];
+    for (int g = 0; g < G; ++g) acc[g] = _mm512_setzero_si512();
+    if (s * 16 < nt) {
+      const uint64_t* pl = t64 + (size_t)s * nq * B;
+      for (int k = 0; k < nq; ++k, pl += B) {
+        const __m512i vals = _mm512_shuffle_epi8(tbl, tile_codes<B>(pl));
+        for (int g = 0; g < G; ++g)
+          acc[g] = _mm512_dpbusd_epi32(acc[g], vals, _mm512_set1_epi32(q32[g * nq + k]));
+      }
+    }
+    for (int g = 0; g < G; ++g) _mm512_store_si512(raw + g * 32 + s * 16, acc[g]);
+  }
+}
+
+// V: accv[g][d] = sum_t w8[g][t] * tblV[code(t, d)].
+template <int G, int B>
+void accum_block(const uint8_t* tiles, int D, int nt, const int32_t* w32, __m512i tbl, int32_t* accv) {
+  const uint64_t* t64 = reinterpret_cast<const uint64_t*>(tiles);
+  const int nr = (nt + 3) / 4;
+  for (int e = 0; e < D / 16; ++e) {
+    __m512i acc[G];
+    for (int g = 0; g < G; ++g) acc[g] = _mm512_setzero_si512();
+    const uint64_t* pl = t64 + (size_t)e * 8 * B;
+    for (int r = 0; r < nr; ++r, pl += B) {
+      const __m512i vals = _mm512_shuffle_epi8(tbl, tile_codes<B>(pl));
+      for (int g = 0; g < G; ++g) acc[g] = _mm512_dpbusd_epi32(acc[g], _mm512_set1_epi32(w32[g * 8 + r]), vals);
+    }
+    for (int g = 0; g < G; ++g) _mm512_store_si512(accv + (size_t)g * D + e * 16, acc[g]);
+  }
+}
+
+using ScoreFn = void (*)(const uint8_t*, int, int, const int32_t*, __m512i, int32_t*);
+using AccumFn = void (*)(const uint8_t*, int, int, const int32_t*, __m512i, int32_t*);
+
+template <int G>
+ScoreFn pick_score(int bits) {
+  switch (bits) {
+    case 1: return score_block<G, 1>;
+    case 2: return score_block<G, 2>;
+    case 3: return score_block<G, 3>;
+    case 4: return score_block<G, 4>;
+  }
+  return nullptr;
+}
+template <int G>
+AccumFn pick_accum(int bits) {
+  switch (bits) {
+    case 1: return accum_block<G, 1>;
+    case 2: return accum_block<G, 2>;
+    case 3: return accum_block<G, 3>;
+    case 4: return accum_block<G, 4>;
+  }
+  return nullptr;
+}
+
+// Byte tables of a codebook: centroid * 127 / max|centroid|, K unsigned (+128), V signed.
+__m512i byte_table(const Codebook* cb, bool offset, float* cscale) {
+  static const std::vector<float> kSigns = {-1.f, 1.f};
+  const std::vector<float>& cs = cb ? cb->centroids : kSigns;
+  float cmax = 0;
+  for (float c : cs) cmax = std::max(cmax, std::fabs(c));
+  alignas(16) int8_t t[16] = {};
+  for (int j = 0; j < (int)cs.size() && j < 16; ++j) {
+    const int v = (int)std::lrint(cs[j] * 127.0 / cmax);
+    t[j] = (int8_t)(offset ? v + 128 : v);
+  }
+  *cscale = cmax / 127.f;
+  return _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(t)));
+}
+
+inline float hmax(__m512 v) { return _mm512_reduce_max_ps(v); }
+inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
+
+// A tq stream is one part (tqB) or two (tq2.5 / tq3.5: outlier and regular channels), each
+// with its own codebook, fp16 norms and bit-plane tiles, covering dims [off, off + dim) of
+// the stream's domain.
+//
+// prod K (tq3p / tq4p) is two K parts over all D dims: the (b-1)-bit mse indices scored
+// against Pi q with norm s, and the QJL signs (a 1-bit "codebook" {-1, +1}) scored against
+// S Pi q with norm s * gamma * sqrt(pi/2) / D: exactly the codec's prod estimator.
+struct Part {
+  int off = 0, dim = 0, bits = 0;
+  const Codebook* cb = nullptr;        // nullptr: the sign table {-1, +1}
+  size_t norm_off = 0, tiles_off = 0;  // bytes within a block
+  int qoff = 0;                        // query slice (K)
+  size_t norm2_off = 0;                // != 0: norm multiplied by this second fp16 norm ...
+  float norm_mul = 1.f;                // ... and this constant
+};
+int parts_of(const Stream& s, Part* p) {
+  if (s.fmt->kind == Kind::tq) {
+    p[0] = Part{0, s.dim, s.cb->bits, s.cb, 0, s.norms_bytes, 0};
+    return 1;
+  }
+  if (s.fmt->kind == Kind::tq_prod) {
+    const int D = s.dim;
+    p[0] = Part{0, D, s.cb->bits, s.cb, 0, s.norms_bytes, 0};
+    p[1] = Part{0, D, 1, nullptr, 0, s.norms_bytes + s.tiles_hi_bytes, D, kBlock * 2,
+                (float)(1.2533141373155003 / D)  /* sqrt(pi/2) / D */};
+    return 2;
+  }
+  p[0] = Part{0, s.d_hi, s.cb_hi->bits, s.cb_hi, 0, s.norms_bytes, 0};
+  p[1] = Part{s.d_hi, s.d_lo, s.cb->bits, s.cb, kBlock * 2, s.norms_bytes + s.tiles_hi_bytes, s.d_hi};
+  return 2;
+}
+
+template <int G>
+bool pick(int bits_k, int bits_v, ScoreFn* sc, AccumFn* ac) {
+  *sc = pick_score<G>(bits_k);
+  *ac = pick_accum<G>(bits_v);
+  return *sc && *ac;
+}
+bool pick_g(int G, int bits_k, int bits_v, ScoreFn* sc, AccumFn* ac) {
+  switch (G) {
+    case 1: return pick<1>(bits_k, bits_v, sc, ac);
+    case 2: return pick<2>(bits_k, bits_v, sc, ac);
+    case 3: return pick<3>(bits_k, bits_v, sc, ac);
+    case 4: return pick<4>(bits_k, bits_v, sc, ac);
+    case 8: return pick<8>(bits_k, bits_v, sc, ac);
+  }
+  return false;
+}
+
+inline __m512 load_norms16(const uint8_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+bool run(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a, int b,
+         const States& st) {
+  const int G = sh.G;
+  Part pk[2], pv[2];
+  const int npk = parts_of(sk, pk), npv = parts_of(sv, pv);
+  ScoreFn score[2] = {};
+  AccumFn accum[2] = {};
+  AccumFn unused_a;
+  ScoreFn unused_s;
+  for (int i = 0; i < npk; ++i)
+    if (!pick_g(G, pk[i].bits, 1, &score[i], &unused_a)) return false;
+  for (int i = 0; i < npv; ++i)
+    if (!pick_g(G, 1, pv[i].bits, &unused_s, &accum[i])) return false;
+  constexpr int kMaxG = 8;
+  alignas(64) int8_t q8[kMaxG * 2 * kMaxHeadDim];  // per K part: G x dim
+  alignas(64) int32_t raw[2][kMaxG * 32];
+  alignas(64) uint8_t w8[2][kMaxG * 32];
+  alignas(64) int32_t accv[kMaxG * kMaxHeadDim];
+  float kscale[2][kMaxG], qoff[2][kMaxG], wscale[kMaxG], alpha[kMaxG];
+  __m512i tblK[2], tblV[2];
+  float ck[2], cv[2];
+  for (int i = 0; i < npk; ++i) tblK[i] = byte_table(pk[i].cb, true, &ck[i]);
+  for (int i = 0; i < npv; ++i) tblV[i] = byte_table(pv[i].cb, false, &cv[i]);
+  size_t q8_off[2] = {0, 0};
+  for (int i = 0; i < npk; ++i) {
+    q8_off[i] = i == 0 ? 0 : (size_t)G * pk[0].dim;
+    for (int g = 0; g < G; ++g) {
+      const float* qg = qd + (size_t)g * sh.qstride + pk[i].qoff;
+      int8_t* out = q8 + q8_off[i] + (size_t)g * pk[i].dim;
+      float amax = 0;
+      for (int d = 0; d < pk[i].dim; ++d) amax = std::max(amax, std::fabs(qg[d]));
+      const float sq = amax > 0 ? amax / 127.f : 1.f;
+      const float inv = 1.f / sq;
+      int sum = 0;
+      for (int d = 0; d < pk[i].dim; ++d) {
+        const int v = (int)std::lrint(qg[d] * inv);
+        out[d] = (int8_t)v;
+        sum += v;
+      }
+      kscale[i][g] = sq * ck[i] * sh.scale;
+      qoff[i][g] = 128.f * (float)sum;
+    }
+  }
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const __m512 ninf = _mm512_set1_ps(neg_inf);
+  const int end = std::min(b, limit);
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  for (int t0 = a; t0 < end; t0 += kBlock) {
+    const int nt = std::min(kBlock, end - t0);
+    const uint8_t* kb = sk.block(t0 / kBlock);
+    const uint8_t* vb = sv.block(t0 / kBlock);
+    for (int i = 0; i < npk; ++i)
+      score[i](kb + pk[i].tiles_off, pk[i].dim, nt, reinterpret_cast<const int32_t*>(q8 + q8_off[i]), tblK[i],
+               raw[i]);
+    const __mmask16 valid0 = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(nt));
+    const __mmask16 valid1 = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(nt - 16));
+    __m512 kn0[2], kn1[2], vn0[2], vn1[2];
+    for (int i = 0; i < npk; ++i) {
+      kn0[i] = load_norms16(kb + pk[i].norm_off);
+      kn1[i] = load_norms16(kb + pk[i].norm_off + 32);
+      if (pk[i].norm2_off) {
+        const __m512 mul = _mm512_set1_ps(pk[i].norm_mul);
+        kn0[i] = _mm512_mul_ps(_mm512_mul_ps(kn0[i], load_norms16(kb + pk[i].norm2_off)), mul);
+        kn1[i] = _mm512_mul_ps(_mm512_mul_ps(kn1[i], load_norms16(kb + pk[i].norm2_off + 32)), mul);
+      }
+    }
+    for (int i = 0; i < npv; ++i) {
+      vn0[i] = load_norms16(vb + pv[i].norm_off);
+      vn1[i] = load_norms16(vb + pv[i].norm_off + 32);
+    }
+    bool any_w[2] = {false, false};
+    float wsc[2][kMaxG];
+    for (int g = 0; g < G; ++g) {
+      __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+      for (int i = 0; i < npk; ++i) {
+        const __m512 off = _mm512_set1_ps(qoff[i][g]), ks = _mm512_set1_ps(kscale[i][g]);
+        const __m512 r0 = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_load_si512(raw[i] + g * 32)), off);
+        const __m512 r1 = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_load_si512(raw[i] + g * 32 + 16)), off);
+        s0 = _mm512_fmadd_ps(_mm512_mul_ps(r0, ks), kn0[i], s0);
+        s1 = _mm512_fmadd_ps(_mm512_mul_ps(r1, ks), kn1[i], s1);
+      }
+      s0 = _mm512_mask_mov_ps(ninf, valid0, s0);
+      s1 = _mm512_mask_mov_ps(ninf, valid1, s1);
+      const float mb = hmax(_mm512_max_ps(s0, s1));
+      float& m = st.m(g);
+      const float m_new = std::max(m, mb);
+      alpha[g] = m == neg_inf ? 0.f : std::exp(m - m_new);
+      m = m_new;
+      const __m512 vm = _mm512_set1_ps(m_new);
+      const __m512 p0 = _mm512_maskz_mov_ps(valid0, exp512(_mm512_sub_ps(s0, vm)));
+      const __m512 p1 = _mm512_maskz_mov_ps(valid1, exp512(_mm512_sub_ps(s1, vm)));
+      st.l(g) = st.l(g) * alpha[g] + hsum(_mm512_add_ps(p0, p1));
+      for (int i = 0; i < npv; ++i) {
+        const __m512 w0 = _mm512_mul_ps(p0, vn0[i]), w1 = _mm512_mul_ps(p1, vn1[i]);
+        const float wmax = hmax(_mm512_max_ps(w0, w1));
+        if (wmax > 0) {
+          const __m512 f = _mm512_set1_ps(255.f / wmax);
+          const __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(w0, f));
+          const __m512i i1 = _mm512_cvtps_epi32(_mm512_mul_ps(w1, f));
+          _mm_store_si128(reinterpret_cast<__m128i*>(w8[i] + g * 32), _mm512_cvtusepi32_epi8(i0));
+          _mm_store_si128(reinterpret_cast<__m128i*>(w8[i] + g * 32 + 16), _mm512_cvtusepi32_epi8(i1));
+          wsc[i][g] = wmax / 255.f * cv[i];
+          any_w[i] = true;
+        } else {
+          std::memset(w8[i] + g * 32, 0, 32);
+          wsc[i][g] = 0;
+        }
+      }
+    }
+    for (int i = 0; i < npv; ++i) {
+      const Part& P = pv[i];
+      if (any_w[i])
+        accum[i](vb + P.tiles_off, P.dim, nt, reinterpret_cast<const int32_t*>(w8[i]), tblV[i], accv);
+      for (int g = 0; g < G; ++g) {
+        float* o = st.acc(g) + P.off;
+        const __m512 al = _mm512_set1_ps(alpha[g]), ws = _mm512_set1_ps(wsc[i][g]);
+        for (int d = 0; d < P.dim; d += 16) {
+          __m512 x = _mm512_mul_ps(_mm512_loadu_ps(o + d), al);
+          if (any_w[i])
+            x = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(accv + (size_t)g * P.dim + d)), ws, x);
+          _mm512_storeu_ps(o + d, x);
+        }
+      }
+    }
+  }
+  (void)wscale;
+  return true;
+}
+
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+
+bool host_ok() {
+  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  return ok;
+}
+
+}  // namespace
+
+bool decode_tq_vnni(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a,
+                    int b, const States& st) {
+  if (sk.fmt->kind == Kind::tq_prod) {
+    if (sk.cb->bits > 4 || sv.fmt->kind == Kind::tq_prod) return false;
+  }
+  for (const Stream* s : {&sk, &sv}) {
+    if (s == &sk && s->fmt->kind == Kind::tq_prod) continue;
+    if (s->fmt->kind != Kind::tq && s->fmt->kind != Kind::tq_split) return false;
+    if (s->cb->bits > 4 || (s->cb_hi && s->cb_hi->bits > 4)) return false;
+    if (s->fmt->kind == Kind::tq_split && !s->split_frozen) return false;
+  }
+  if (!host_ok() || sh.D % 16 != 0 || sh.D > kMaxHeadDim) return false;
+  if (simd::current_level() != "avx3_dl") return false;
+  return run(sh, sk, sv, qd, limit, a, b, st);
+}
+
+}  // namespace tq::kv

@@ -1,0 +1,733 @@
+// KvCache: the table of formats, storage, the write (quantize) path and memory accounting.
+// Layouts are described in kv_internal.h and docs/sections/kv.md.
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "kv/attention_kernels.h"
+#include "kv/kv_internal.h"
+#include "tq/bitpack.h"
+#include "tq/error.h"
+#include "tq/simd.h"
+
+namespace tq {
+namespace kv {
+
+// ------------------------------------------------------------------ table of formats
+static const Format kFormats[] = {
+    {"f32", Kind::f32, false, 32, 0, "IEEE binary32 rows"},
+    {"f16", Kind::f16, false, 16, 0, "IEEE binary16 rows"},
+    {"q8_0", Kind::q8_0, false, 8, 0, "ggml q8_0: 32 int8 + fp16 scale"},
+    {"q4_0", Kind::q4_0, false, 4, 0, "ggml q4_0: 32 nibbles + fp16 scale"},
+    {"q8_0h", Kind::q8_0, true, 8, 0, "q8_0 of the Hadamard-rotated row"},
+    {"q4_0h", Kind::q4_0, true, 4, 0, "q4_0 of the Hadamard-rotated row"},
+    {"tq1", Kind::tq, true, 1, 0, "TurboQuant mse 1 bit + fp16 corrected norm"},
+    {"tq2", Kind::tq, true, 2, 0, "TurboQuant mse 2 bits + fp16 corrected norm"},
+    {"tq3", Kind::tq, true, 3, 0, "TurboQuant mse 3 bits + fp16 corrected norm"},
+    {"tq4", Kind::tq, true, 4, 0, "TurboQuant mse 4 bits + fp16 corrected norm"},
+    {"tq5", Kind::tq, true, 5, 0, "TurboQuant mse 5 bits + fp16 corrected norm"},
+    {"tq6", Kind::tq, true, 6, 0, "TurboQuant mse 6 bits + fp16 corrected norm"},
+    {"tq7", Kind::tq, true, 7, 0, "TurboQuant mse 7 bits + fp16 corrected norm"},
+    {"tq8", Kind::tq, true, 8, 0, "TurboQuant mse 8 bits + fp16 corrected norm"},
+    {"tq2.5", Kind::tq_split, true, 2, 3, "D/4 outlier channels at 3 bits + rest at 2, 2 fp16 norms"},
+    {"tq3.5", Kind::tq_split, true, 3, 4, "D/4 outlier channels at 4 bits + rest at 3, 2 fp16 norms"},
+    {"tq3p", Kind::tq_prod, false, 3, 0, "TurboQuant prod: 2-bit mse + 1-bit QJL, fp16 norm+gamma"},
+    {"tq4p", Kind::tq_prod, false, 4, 0, "TurboQuant prod: 3-bit mse + 1-bit QJL, fp16 norm+gamma"},
+};
+constexpr int kNumFormats = sizeof(kFormats) / sizeof(kFormats[0]);
+
+const Format& format(KvType t) {
+  TQ_ASSERT(t.id < kNumFormats);
+  return kFormats[t.id];
+}
+int num_formats() { return kNumFormats; }
+
+// Whether the implementation of a format is available in this build.
+static bool format_implemented(const Format&) { return true; }
+
+// ------------------------------------------------------------------ bit-plane tiles
+// K tiles: tile (s, k) = s * (D/4) + k; bit 4 i + j: token 16 s + i, dim 4 k + j.
+// V tiles: tile (e, r) = e * 8 + r;     bit 4 i + j: dim 16 e + i, token 4 r + j.
+static inline void tile_pos_k(int dim, int tok, int d, int& tile, int& bit) {
+  tile = (tok >> 4) * (dim >> 2) + (d >> 2);
+  bit = 4 * (tok & 15) + (d & 3);
+}
+static inline void tile_pos_v(int dim, int tok, int d, int& tile, int& bit) {
+  (void)dim;
+  tile = (d >> 4) * 8 + (tok >> 2);
+  bit = 4 * (d & 15) + (tok & 3);
+}
+
+template <bool kIsK>
+static void get_codes(const uint8_t* tiles, int dim, int bits, int tok, uint8_t* codes) noexcept {
+  for (int d = 0; d < dim; ++d) {
+    int tile, bit;
+    if (kIsK) tile_pos_k(dim, tok, d, tile, bit); else tile_pos_v(dim, tok, d, tile, bit);
+    const uint8_t* t = tiles + (size_t)tile * bits * 8;
+    unsigned c = 0;
+    for (int p = 0; p < bits; ++p) c |= ((t[p * 8 + (bit >> 3)] >> (bit & 7)) & 1u) << p;
+    codes[d] = (uint8_t)c;
+  }
+}
+// Bits p of 16 codes -> 16-bit mask (bit i = bit p of c[i]).
+static inline unsigned plane16(const uint8_t* c, int p) noexcept {
+#if defined(__SSE2__)
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(c));
+  return (unsigned)_mm_movemask_epi8(_mm_slli_epi16(v, 7 - p));
+#else
+  unsigned m = 0;
+  for (int i = 0; i < 16; ++i) m |= ((c[i] >> p) & 1u) << i;
+  return m;
+#endif
+}
+// 16 bits -> every 4th bit of a 64-bit word (bit i -> bit 4 i).
+static inline uint64_t spread4(uint64_t x) noexcept {
+  x &= 0xFFFFull;
+  x = (x | (x << 24)) & 0x000000FF000000FFull;
+  x = (x | (x << 12)) & 0x000F000F000F000Full;
+  x = (x | (x << 6)) & 0x0303030303030303ull;
+  x = (x | (x << 3)) & 0x1111111111111111ull;
+  return x;
+}
+
+// Writes the codes of token `tok` (dim multiple of 16). K: the 4 dims of a quad are one
+// nibble of a plane; V: the 16 dims of a group are every 4th bit of a plane word.
+template <bool kIsK>
+static void set_codes(uint8_t* tiles, int dim, int bits, int tok, const uint8_t* codes) noexcept {
+  if (kIsK) {
+    const int nq = dim >> 2, i = tok & 15, sh = (i & 1) * 4;
+    uint8_t* base = tiles + (size_t)(tok >> 4) * nq * bits * 8 + (i >> 1);
+    for (int d16 = 0; d16 < dim; d16 += 16)
+      for (int p = 0; p < bits; ++p) {
+        const unsigned m = plane16(codes + d16, p);
+        for (int q = 0; q < 4; ++q) {
+          uint8_t& byte = base[((size_t)((d16 >> 2) + q) * bits + p) * 8];
+          byte = (uint8_t)((byte & ~(0xF << sh)) | (((m >> (4 * q)) & 0xF) << sh));
+        }
+      }
+  } else {
+    const int j = tok & 3;
+    const uint64_t clear = ~(0x1111111111111111ull << j);
+    for (int e = 0; e < dim / 16; ++e) {
+      uint8_t* t = tiles + ((size_t)e * 8 + (tok >> 2)) * bits * 8;
+      for (int p = 0; p < bits; ++p) {
+        uint64_t w;
+        std::memcpy(&w, t + p * 8, 8);
+        w = (w & clear) | (spread4(plane16(codes + 16 * e, p)) << j);
+        std::memcpy(t + p * 8, &w, 8);
+      }
+    }
+  }
+}
+void get_tile_codes_k(const uint8_t* t, int dim, int bits, int tok, uint8_t* c) noexcept { get_codes<true>(t, dim, bits, tok, c); }
+void get_tile_codes_v(const uint8_t* t, int dim, int bits, int tok, uint8_t* c) noexcept { get_codes<false>(t, dim, bits, tok, c); }
+void set_tile_codes_k(uint8_t* t, int dim, int bits, int tok, const uint8_t* c) noexcept { set_codes<true>(t, dim, bits, tok, c); }
+void set_tile_codes_v(uint8_t* t, int dim, int bits, int tok, const uint8_t* c) noexcept { set_codes<false>(t, dim, bits, tok, c); }
+
+// All codes of one block's tiles -> codes[32][dim] (row = token). Fast path of get_codes:
+// each plane byte is spread to 8 code bytes with a table.
+static const uint64_t* spread8_table() {
+  static const auto* t = [] {
+    auto* a = new uint64_t[256];
+    for (int v = 0; v < 256; ++v) {
+      uint64_t x = 0;
+      for (int i = 0; i < 8; ++i) x |= (uint64_t)((v >> i) & 1) << (8 * i);
+      a[v] = x;
+    }
+    return a;
+  }();
+  return t;
+}
+static void expand_tiles(const uint8_t* tiles, int dim, int bits, bool is_k, uint8_t* codes) {
+  const uint64_t* sp = spread8_table();
+  const int ntiles = kBlock * dim / 64;
+  for (int ti = 0; ti < ntiles; ++ti) {
+    const uint8_t* pl = tiles + (size_t)ti * bits * 8;
+    for (int g = 0; g < 8; ++g) {  // byte g of each plane: positions 8 g .. 8 g + 7
+      uint64_t c = 0;
+      for (int p = 0; p < bits; ++p) c |= sp[pl[p * 8 + g]] << p;
+      if (is_k) {  // tile (s, k): position 4 i + j = token 16 s + i, dim 4 k + j
+        const int s = ti / (dim / 4), k = ti % (dim / 4), tok = 16 * s + 2 * g;
+        const uint32_t lo = (uint32_t)c, hi = (uint32_t)(c >> 32);
+        std::memcpy(codes + (size_t)tok * dim + 4 * k, &lo, 4);
+        std::memcpy(codes + (size_t)(tok + 1) * dim + 4 * k, &hi, 4);
+      } else {  // tile (e, r): position 4 i + j = dim 16 e + i, token 4 r + j
+        const int e = ti / 8, r = ti % 8;
+        for (int x = 0; x < 8; ++x)
+          codes[(size_t)(4 * r + (x & 3)) * dim + 16 * e + 2 * g + (x >> 2)] = (uint8_t)(c >> (8 * x));
+      }
+    }
+  }
+}
+
+// Rebuild the codec's prod code rows (quantizer.h layout) of tokens [t, t + n), one block.
+void prod_rows(const Stream& s, int t, int n, uint8_t* rows) {
+  const int D = s.dim, bm = s.fmt->bits - 1, first = t % kBlock;
+  TQ_ASSERT(first + n <= kBlock);
+  const uint8_t* blk = s.block(t / kBlock);
+  const uint16_t* norms = reinterpret_cast<const uint16_t*>(blk);
+  std::vector<uint8_t> idx((size_t)kBlock * D), sg((size_t)kBlock * D);
+  expand_tiles(blk + s.norms_bytes, D, bm, s.side == 0, idx.data());
+  expand_tiles(blk + s.norms_bytes + s.tiles_hi_bytes, D, 1, s.side == 0, sg.data());
+  const size_t pb = packed_bytes((size_t)D, bm);
+  for (int j = 0; j < n; ++j) {
+    uint8_t* row = rows + (size_t)j * s.row_bytes;
+    std::memcpy(row, &norms[first + j], 2);
+    std::memcpy(row + 2, &norms[kBlock + first + j], 2);
+    pack_bits((size_t)D, bm, idx.data() + (size_t)(first + j) * D, row + 4);
+    pack_bits((size_t)D, 1, sg.data() + (size_t)(first + j) * D, row + 4 + pb);
+  }
+}
+
+// ------------------------------------------------------------------ ggml blocks
+static void quantize_q8_0(int n, const float* x, BlockQ8_0* y) {
+  for (int b = 0; b < n / 32; ++b) {
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[b * 32 + j]));
+    const float d = amax / 127.f;
+    const float id = d ? 1.f / d : 0.f;
+    y[b].d = fp32_to_fp16(d);
+    for (int j = 0; j < 32; ++j) y[b].qs[j] = (int8_t)std::lrintf(x[b * 32 + j] * id);
+  }
+}
+static void dequantize_q8_0(int n, const BlockQ8_0* y, float* x) {
+  for (int b = 0; b < n / 32; ++b) {
+    const float d = fp16_to_fp32(y[b].d);
+    for (int j = 0; j < 32; ++j) x[b * 32 + j] = d * y[b].qs[j];
+  }
+}
+// ggml q4_0: d = max / -8 where max is the signed value of largest magnitude.
+static void quantize_q4_0(int n, const float* x, BlockQ4_0* y) {
+  for (int b = 0; b < n / 32; ++b) {
+    float amax = 0, mx = 0;
+    for (int j = 0; j < 32; ++j) {
+      const float v = x[b * 32 + j];
+      if (std::fabs(v) > amax) { amax = std::fabs(v); mx = v; }
+    }
+    const float d = mx / -8.f;
+    const float id = d ? 1.f / d : 0.f;
+    y[b].d = fp32_to_fp16(d);
+    for (int j = 0; j < 16; ++j) {
+      const float x0 = x[b * 32 + j] * id, x1 = x[b * 32 + 16 + j] * id;
+      const int q0 = std::min(15, (int)(x0 + 8.5f)), q1 = std::min(15, (int)(x1 + 8.5f));
+      y[b].qs[j] = (uint8_t)(q0 | (q1 << 4));
+    }
+  }
+}
+static void dequantize_q4_0(int n, const BlockQ4_0* y, float* x) {
+  for (int b = 0; b < n / 32; ++b) {
+    const float d = fp16_to_fp32(y[b].d);
+    for (int j = 0; j < 16; ++j) {
+      x[b * 32 + j] = d * ((y[b].qs[j] & 15) - 8);
+      x[b * 32 + 16 + j] = d * ((y[b].qs[j] >> 4) - 8);
+    }
+  }
+}
+
+static size_t row_bytes_for(const Format& f, int D) {
+  switch (f.kind) {
+    case Kind::f32: return (size_t)D * 4;
+    case Kind::f16: return (size_t)D * 2;
+    case Kind::q8_0: return (size_t)D / 32 * sizeof(BlockQ8_0);
+    case Kind::q4_0: return (size_t)D / 32 * sizeof(BlockQ4_0);
+    case Kind::tq: return (size_t)D * f.bits / 8 + 2;
+    case Kind::tq_split: {
+      const int dh = D / 4, dl = D - dh;
+      return (size_t)(dh * f.bits_hi + dl * f.bits) / 8 + 4;
+    }
+    case Kind::tq_prod:  // [norm f16][gamma f16][idx (bits-1)][signs 1 bit]
+      return 4 + (size_t)(D * (f.bits - 1) + 7) / 8 + (size_t)(D + 7) / 8;
+  }
+  return 0;
+}
+
+static void check_dim(const Format& f, int D) {
+  TQ_CHECK(D >= 16 && D <= kMaxHeadDim && D % 16 == 0,
+           "kv type %s: head_dim %d not supported (need a multiple of 16 in [16, %d])", f.name, D,
+           kMaxHeadDim);
+  if (f.kind == Kind::q8_0 || f.kind == Kind::q4_0)
+    TQ_CHECK(D % 32 == 0, "kv type %s: head_dim %d not supported (need a multiple of 32)", f.name, D);
+  if (f.kind == Kind::tq_split)
+    TQ_CHECK(D % 64 == 0, "kv type %s: head_dim %d not supported (need a multiple of 64)", f.name, D);
+}
+
+}  // namespace kv
+
+using namespace kv;
+
+// ------------------------------------------------------------------ public format API
+KvType parse_kv_type(const std::string& name) {
+  for (int i = 0; i < kNumFormats; ++i)
+    if (name == kFormats[i].name) return KvType{(uint8_t)i};
+  std::string valid;
+  for (int i = 0; i < kNumFormats; ++i) valid += std::string(i ? ", " : "") + kFormats[i].name;
+  TQ_CHECK(false, "unknown kv cache type '%s' (valid: %s)", name.c_str(), valid.c_str());
+  return {};
+}
+std::string kv_type_name(KvType t) {
+  TQ_CHECK(t.id < kNumFormats, "invalid kv type id %d", (int)t.id);
+  return kFormats[t.id].name;
+}
+std::vector<std::string> kv_type_names() {
+  std::vector<std::string> r;
+  for (int i = 0; i < kNumFormats; ++i) r.push_back(kFormats[i].name);
+  return r;
+}
+KvType kv_f16() { return parse_kv_type("f16"); }
+size_t kv_type_bytes(KvType t, int head_dim) {
+  TQ_CHECK(t.id < kNumFormats, "invalid kv type id %d", (int)t.id);
+  check_dim(kFormats[t.id], head_dim);
+  return row_bytes_for(kFormats[t.id], head_dim);
+}
+
+// ------------------------------------------------------------------ tq parts
+static double norm2(const float* x, int n) {
+  double e = 0;
+  for (int i = 0; i < n; ++i) e += (double)x[i] * x[i];
+  return std::sqrt(e);
+}
+
+// One TurboQuant mse part of a row: y = the rotated part (dim values), s = ||x part||.
+// Writes the corrected norm s / ||c[idx]|| (fp16) and the codes into the block's tiles.
+static void encode_tq_part(const Codebook& cb, int dim, int side, const float* y, double s,
+                           uint16_t* norm, uint8_t* tiles, int slot, uint8_t* idx, float* u) {
+  const float inv = s > 0 ? (float)(1.0 / s) : 0.f;
+  for (int i = 0; i < dim; ++i) u[i] = y[i] * inv;
+  quantize_rotated(cb, (size_t)dim, u, idx);
+  double c2 = 0;
+  for (int i = 0; i < dim; ++i) c2 += (double)cb.centroids[idx[i]] * cb.centroids[idx[i]];
+  const double stored = (s > 0 && c2 > 0) ? s / std::sqrt(c2) : 0.0;
+  *norm = fp32_to_fp16((float)stored);
+  if (side == 0) set_tile_codes_k(tiles, dim, cb.bits, slot, idx);
+  else set_tile_codes_v(tiles, dim, cb.bits, slot, idx);
+}
+
+static void decode_tq_part(const Codebook& cb, int dim, int side, const uint8_t* tiles, int slot,
+                           float norm, uint8_t* idx, float* out) {
+  if (side == 0) get_tile_codes_k(tiles, dim, cb.bits, slot, idx);
+  else get_tile_codes_v(tiles, dim, cb.bits, slot, idx);
+  for (int i = 0; i < dim; ++i) out[i] = norm * cb.centroids[idx[i]];
+}
+
+// Outlier channels (tq2.5 / tq3.5), chosen online: the D/4 channels with the largest sum of
+// squares over every token this stream has seen (appended, window included) when its first
+// token is quantized; frozen from then on (ties: lower channel index). Costs D bits per
+// stream (counted in bytes_used).
+static void freeze_split(Stream& s) {
+  std::vector<int> order(s.dim);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return s.chan_energy[a] > s.chan_energy[b]; });
+  std::vector<int> hi(order.begin(), order.begin() + s.d_hi), lo(order.begin() + s.d_hi, order.end());
+  std::sort(hi.begin(), hi.end());
+  std::sort(lo.begin(), lo.end());
+  s.perm = hi;
+  s.perm.insert(s.perm.end(), lo.begin(), lo.end());
+  s.split_frozen = true;
+  s.domain = Domain::split;
+}
+
+// ------------------------------------------------------------------ Impl: transforms
+void KvCache::Impl::to_domain(const Stream& s, int side, int n, const float* x, float* y) const {
+  const int D = s.dim;
+  switch (s.domain) {
+    case Domain::orig:
+      if (y != x) std::memcpy(y, x, sizeof(float) * (size_t)n * D);
+      return;
+    case Domain::rot:
+      rot->forward((size_t)n, x, y);
+      return;
+    case Domain::split: {
+      std::vector<float> a((size_t)n * s.d_hi), b((size_t)n * s.d_lo);
+      for (int r = 0; r < n; ++r) {
+        for (int i = 0; i < s.d_hi; ++i) a[(size_t)r * s.d_hi + i] = x[(size_t)r * D + s.perm[i]];
+        for (int i = 0; i < s.d_lo; ++i) b[(size_t)r * s.d_lo + i] = x[(size_t)r * D + s.perm[s.d_hi + i]];
+      }
+      rot_hi->forward((size_t)n, a.data(), a.data());
+      rot_lo->forward((size_t)n, b.data(), b.data());
+      for (int r = 0; r < n; ++r) {
+        std::memcpy(y + (size_t)r * D, &a[(size_t)r * s.d_hi], sizeof(float) * s.d_hi);
+        std::memcpy(y + (size_t)r * D + s.d_hi, &b[(size_t)r * s.d_lo], sizeof(float) * s.d_lo);
+      }
+      return;
+    }
+  }
+}
+
+void KvCache::Impl::to_orig(const Stream& s, int side, int n, float* x) const {
+  const int D = s.dim;
+  switch (s.domain) {
+    case Domain::orig: return;
+    case Domain::rot: rot->inverse((size_t)n, x, x); return;
+    case Domain::split: {
+      std::vector<float> a((size_t)n * s.d_hi), b((size_t)n * s.d_lo);
+      for (int r = 0; r < n; ++r) {
+        std::memcpy(&a[(size_t)r * s.d_hi], x + (size_t)r * D, sizeof(float) * s.d_hi);
+        std::memcpy(&b[(size_t)r * s.d_lo], x + (size_t)r * D + s.d_hi, sizeof(float) * s.d_lo);
+      }
+      rot_hi->inverse((size_t)n, a.data(), a.data());
+      rot_lo->inverse((size_t)n, b.data(), b.data());
+      for (int r = 0; r < n; ++r) {
+        for (int i = 0; i < s.d_hi; ++i) x[(size_t)r * D + s.perm[i]] = a[(size_t)r * s.d_hi + i];
+        for (int i = 0; i < s.d_lo; ++i) x[(size_t)r * D + s.perm[s.d_hi + i]] = b[(size_t)r * s.d_lo + i];
+      }
+      return;
+    }
+  }
+}
+
+// ------------------------------------------------------------------ Impl: encode / decode
+void KvCache::Impl::encode_rows(Stream& s, int side, int n, const float* x, size_t stride) {
+  const int D = s.dim;
+  if (n <= 0) return;
+  if (s.fmt->kind == Kind::tq_split && !s.split_frozen) freeze_split(s);
+  std::vector<float> xb((size_t)kBlock * D), yb((size_t)kBlock * D), u((size_t)D);
+  std::vector<uint8_t> idx((size_t)D);
+  std::vector<uint16_t> h((size_t)D);
+  int r = 0;
+  while (r < n) {  // segments that stay inside one block
+    const int t = s.n_quant;
+    const int b = t / kBlock, slot0 = t % kBlock;
+    const int m = std::min(n - r, kBlock - slot0);
+    if (b / kBlocksPerChunk >= (int)s.chunks.size()) {
+      const size_t bytes = checked_mul(s.block_bytes, kBlocksPerChunk, "kv chunk bytes");
+      s.chunks.emplace_back(make_aligned<uint8_t>(bytes));
+    }
+    uint8_t* blk = s.block(b);
+    if (slot0 == 0) std::memset(blk, 0, s.block_bytes);
+    for (int j = 0; j < m; ++j)
+      std::memcpy(&xb[(size_t)j * D], x + (size_t)(r + j) * stride, sizeof(float) * D);
+    if (s.domain != Domain::orig) to_domain(s, side, m, xb.data(), yb.data());
+    for (int j = 0; j < m; ++j) {
+      const int slot = slot0 + j;
+      const float* xr = &xb[(size_t)j * D];
+      const float* yr = &yb[(size_t)j * D];
+      uint8_t* row = blk + (size_t)slot * s.row_bytes;
+      switch (s.fmt->kind) {
+        case Kind::f32: std::memcpy(row, xr, sizeof(float) * D); break;
+        case Kind::f16:
+          if (s.side == 0) {  // K: dim-major within the block (32 tokens of one dim contiguous)
+            f32_to_f16(D, xr, h.data());
+            uint16_t* kb = reinterpret_cast<uint16_t*>(blk);
+            for (int d = 0; d < D; ++d) kb[(size_t)d * kBlock + slot] = h[d];
+          } else {
+            f32_to_f16(D, xr, reinterpret_cast<uint16_t*>(row));
+          }
+          break;
+        case Kind::q8_0:
+        case Kind::q4_0: {
+          const float* src = s.domain == Domain::rot ? yr : xr;
+          if (s.fmt->kind == Kind::q8_0) quantize_q8_0(D, src, reinterpret_cast<BlockQ8_0*>(row));
+          else quantize_q4_0(D, src, reinterpret_cast<BlockQ4_0*>(row));
+          break;
+        }
+        case Kind::tq:
+          encode_tq_part(*s.cb, D, s.side, yr, norm2(xr, D), reinterpret_cast<uint16_t*>(blk) + slot,
+                         blk + s.norms_bytes, slot, idx.data(), u.data());
+          break;
+        case Kind::tq_split: {
+          double e_hi = 0, e_lo = 0;
+          for (int i = 0; i < s.d_hi; ++i) e_hi += (double)xr[s.perm[i]] * xr[s.perm[i]];
+          for (int i = s.d_hi; i < D; ++i) e_lo += (double)xr[s.perm[i]] * xr[s.perm[i]];
+          encode_tq_part(*s.cb_hi, s.d_hi, s.side, yr, std::sqrt(e_hi), reinterpret_cast<uint16_t*>(blk) + slot,
+                         blk + s.norms_bytes, slot, idx.data(), u.data());
+          encode_tq_part(*s.cb, s.d_lo, s.side, yr + s.d_hi, std::sqrt(e_lo),
+                         reinterpret_cast<uint16_t*>(blk) + kBlock + slot, blk + s.norms_bytes + s.tiles_hi_bytes,
+                         slot, idx.data(), u.data());
+          break;
+        }
+        case Kind::tq_prod: break;
+      }
+    }
+    if (s.fmt->kind == Kind::tq_prod) {  // codec prod code per row, re-laid out into tiles
+      std::vector<uint8_t> rows((size_t)m * s.row_bytes), sg((size_t)D);
+      s.prod->encode((size_t)m, xb.data(), rows.data());
+      const int bm = s.fmt->bits - 1;
+      uint16_t* norms = reinterpret_cast<uint16_t*>(blk);
+      for (int j = 0; j < m; ++j) {
+        const uint8_t* row = rows.data() + (size_t)j * s.row_bytes;
+        const int slot = slot0 + j;
+        std::memcpy(&norms[slot], row, 2);
+        std::memcpy(&norms[kBlock + slot], row + 2, 2);
+        unpack_bits((size_t)D, bm, row + 4, idx.data());
+        unpack_bits((size_t)D, 1, row + 4 + packed_bytes((size_t)D, bm), sg.data());
+        if (s.side == 0) {
+          set_tile_codes_k(blk + s.norms_bytes, D, bm, slot, idx.data());
+          set_tile_codes_k(blk + s.norms_bytes + s.tiles_hi_bytes, D, 1, slot, sg.data());
+        } else {
+          set_tile_codes_v(blk + s.norms_bytes, D, bm, slot, idx.data());
+          set_tile_codes_v(blk + s.norms_bytes + s.tiles_hi_bytes, D, 1, slot, sg.data());
+        }
+      }
+    }
+    s.n_quant += m;
+    r += m;
+  }
+}
+
+void KvCache::Impl::decode_domain(const Stream& s, int side, int t0, int n, float* out) const {
+  const int D = s.dim;
+  if ((s.fmt->kind == Kind::q8_0 || s.fmt->kind == Kind::q4_0) && !simd::use_scalar()) {
+    for (int r = 0; r < n;) {  // rows are contiguous within a block
+      const int t = t0 + r, m = std::min(n - r, kBlock - t % kBlock);
+      const uint8_t* rows = s.block(t / kBlock) + (size_t)(t % kBlock) * s.row_bytes;
+      if (s.fmt->kind == Kind::q8_0) decode_q8_rows(D, m, rows, out + (size_t)r * D);
+      else decode_q4_rows(D, m, rows, out + (size_t)r * D);
+      r += m;
+    }
+    return;
+  }
+  if ((s.fmt->kind == Kind::tq || s.fmt->kind == Kind::tq_split) && !simd::use_scalar()) {
+    std::vector<uint8_t> codes((size_t)kBlock * D);
+    for (int r = 0; r < n;) {  // whole blocks: expand the tiles once, then emit the rows
+      const int t = t0 + r, b = t / kBlock, first = t % kBlock, m = std::min(n - r, kBlock - first);
+      const uint8_t* blk = s.block(b);
+      const uint16_t* norms = reinterpret_cast<const uint16_t*>(blk);
+      const int nparts = s.fmt->kind == Kind::tq ? 1 : 2;
+      for (int part = 0; part < nparts; ++part) {
+        const Codebook& cb = (nparts == 2 && part == 0) ? *s.cb_hi : *s.cb;
+        const int dim = nparts == 1 ? D : (part == 0 ? s.d_hi : s.d_lo);
+        const int off = part == 1 ? s.d_hi : 0;
+        const uint8_t* tiles = blk + s.norms_bytes + (part == 1 ? s.tiles_hi_bytes : 0);
+        expand_tiles(tiles, dim, cb.bits, s.side == 0, codes.data());
+        for (int j = 0; j < m; ++j) {
+          const float nrm = fp16_to_fp32(norms[part * kBlock + first + j]);
+          const uint8_t* c = codes.data() + (size_t)(first + j) * dim;
+          float* o = out + (size_t)(r + j) * D + off;
+          for (int d = 0; d < dim; ++d) o[d] = nrm * cb.centroids[c[d]];
+        }
+      }
+      r += m;
+    }
+    return;
+  }
+  if (s.fmt->kind == Kind::tq_prod && !simd::use_scalar()) {
+    std::vector<uint8_t> rows((size_t)kBlock * s.row_bytes);
+    for (int r = 0; r < n;) {
+      const int t = t0 + r, m = std::min(n - r, kBlock - t % kBlock);
+      prod_rows(s, t, m, rows.data());
+      s.prod->decode((size_t)m, rows.data(), out + (size_t)r * D);
+      r += m;
+    }
+    return;
+  }
+  std::vector<uint8_t> idx((size_t)D);
+  for (int r = 0; r < n; ++r) {
+    const int t = t0 + r;
+    const uint8_t* blk = s.block(t / kBlock);
+    const uint8_t* row = blk + (size_t)(t % kBlock) * s.row_bytes;
+    float* o = out + (size_t)r * D;
+    switch (s.fmt->kind) {
+      case Kind::f32: std::memcpy(o, row, sizeof(float) * D); break;
+      case Kind::f16:
+        if (s.side == 0) {
+          const uint16_t* kb = reinterpret_cast<const uint16_t*>(blk);
+          for (int d = 0; d < D; ++d) o[d] = fp16_to_fp32(kb[(size_t)d * kBlock + t % kBlock]);
+        } else {
+          f16_to_f32(D, reinterpret_cast<const uint16_t*>(row), o);
+        }
+        break;
+      case Kind::q8_0: dequantize_q8_0(D, reinterpret_cast<const BlockQ8_0*>(row), o); break;
+      case Kind::q4_0: dequantize_q4_0(D, reinterpret_cast<const BlockQ4_0*>(row), o); break;
+      case Kind::tq: {
+        const uint8_t* tiles = blk + s.norms_bytes;
+        decode_tq_part(*s.cb, D, s.side, tiles, t % kBlock,
+                       fp16_to_fp32(reinterpret_cast<const uint16_t*>(blk)[t % kBlock]), idx.data(), o);
+        break;
+      }
+      case Kind::tq_split: {
+        const uint16_t* norms = reinterpret_cast<const uint16_t*>(blk);
+        decode_tq_part(*s.cb_hi, s.d_hi, s.side, blk + s.norms_bytes, t % kBlock,
+                       fp16_to_fp32(norms[t % kBlock]), idx.data(), o);
+        decode_tq_part(*s.cb, s.d_lo, s.side, blk + s.norms_bytes + s.tiles_hi_bytes, t % kBlock,
+                       fp16_to_fp32(norms[kBlock + t % kBlock]), idx.data(), o + s.d_hi);
+        break;
+      }
+      case Kind::tq_prod: {  // original domain
+        std::vector<uint8_t> rb(s.row_bytes);
+        prod_rows(s, t, 1, rb.data());
+        s.prod->decode(1, rb.data(), o);
+        break;
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------ KvCache
+KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
+  Impl& I = *impl_;
+  I.cfg = cfg;
+  TQ_CHECK(cfg.n_layers >= 1 && cfg.n_layers <= 4096, "kv cache: n_layers %d out of range [1, 4096]", cfg.n_layers);
+  TQ_CHECK(cfg.n_kv_heads >= 1 && cfg.n_kv_heads <= 1024, "kv cache: n_kv_heads %d out of range [1, 1024]", cfg.n_kv_heads);
+  TQ_CHECK(cfg.max_tokens >= 1 && cfg.max_tokens <= (1 << 24), "kv cache: max_tokens %d out of range [1, 2^24]", cfg.max_tokens);
+  TQ_CHECK(cfg.window >= 0 && cfg.window <= 65536 && cfg.window <= cfg.max_tokens,
+           "kv cache: window %d out of range [0, min(65536, max_tokens=%d)]", cfg.window, cfg.max_tokens);
+  TQ_CHECK(cfg.boundary_layers >= 0 && 2 * cfg.boundary_layers <= cfg.n_layers + 1,
+           "kv cache: boundary_layers %d too large for %d layers", cfg.boundary_layers, cfg.n_layers);
+  const int D = cfg.head_dim;
+  const KvType tk = parse_kv_type(cfg.type_k), tv = parse_kv_type(cfg.type_v);
+  const KvType bk = parse_kv_type(cfg.boundary_type_k), bv = parse_kv_type(cfg.boundary_type_v);
+  for (KvType t : {tk, tv, bk, bv}) {
+    check_dim(format(t), D);
+    TQ_CHECK(format_implemented(format(t)), "kv type %s: not implemented in this build", format(t).name);
+  }
+  for (KvType t : {tk, tv, bk, bv}) {
+    const Format& f = format(t);
+    if (f.rotated && f.kind != Kind::tq_split && !I.rot)
+      I.rot = make_rotation(RotationSpec{RotationKind::hadamard}, D, cfg.seed);
+    if (f.kind == Kind::tq_split && !I.rot_hi) {
+      I.rot_hi = make_rotation(RotationSpec{RotationKind::hadamard}, D / 4, cfg.seed + 1);
+      I.rot_lo = make_rotation(RotationSpec{RotationKind::hadamard}, D - D / 4, cfg.seed + 2);
+    }
+    if (f.kind == Kind::tq_prod && !I.prod_q[f.bits]) {
+      QuantizerConfig qc;
+      qc.dim = D;
+      qc.bits = f.bits;
+      qc.seed = cfg.seed + 3;
+      I.prod_q[f.bits] = make_quantizer(QuantizerKind::prod, qc);
+      TQ_ASSERT(I.prod_q[f.bits]->code_bytes() == row_bytes_for(f, D));
+    }
+  }
+
+  I.layers.resize(cfg.n_layers);
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    const bool boundary = l < cfg.boundary_layers || l >= cfg.n_layers - cfg.boundary_layers;
+    for (int side = 0; side < 2; ++side) {
+      const KvType t = side == 0 ? (boundary ? bk : tk) : (boundary ? bv : tv);
+      auto& vec = side == 0 ? I.layers[l].k : I.layers[l].v;
+      vec.resize(cfg.n_kv_heads);
+      for (auto& s : vec) {
+        s.type = t;
+        s.fmt = &format(t);
+        s.dim = D;
+        s.row_bytes = row_bytes_for(*s.fmt, D);
+        s.block_bytes = s.row_bytes * kBlock;
+        s.domain = s.fmt->rotated ? Domain::rot : Domain::orig;
+        s.side = side;
+        s.window = cfg.window;
+        const Format& f = *s.fmt;
+        if (f.kind == Kind::tq) {
+          s.cb = &get_codebook(D, f.bits);
+          s.norms_bytes = kBlock * 2;
+          TQ_ASSERT(s.block_bytes == s.norms_bytes + tiles_bytes(D, f.bits));
+        } else if (f.kind == Kind::tq_split) {
+          s.d_hi = D / 4;
+          s.d_lo = D - s.d_hi;
+          s.cb_hi = &get_codebook(s.d_hi, f.bits_hi);
+          s.cb = &get_codebook(s.d_lo, f.bits);
+          s.norms_bytes = 2 * kBlock * 2;
+          s.tiles_hi_bytes = tiles_bytes(s.d_hi, f.bits_hi);
+          TQ_ASSERT(s.block_bytes == s.norms_bytes + s.tiles_hi_bytes + tiles_bytes(s.d_lo, f.bits));
+          s.domain = Domain::orig;  // until the outlier channels are frozen
+          s.chan_energy.assign(D, 0.0);
+        } else if (f.kind == Kind::tq_prod) {
+          s.prod = I.prod_q[f.bits].get();
+          s.cb = &get_codebook(D, f.bits - 1);
+          s.norms_bytes = 2 * kBlock * 2;  // norms s, then gamma
+          s.tiles_hi_bytes = tiles_bytes(D, f.bits - 1);
+          TQ_ASSERT(s.block_bytes == s.norms_bytes + s.tiles_hi_bytes + tiles_bytes(D, 1));
+        }
+        if (cfg.window > 0) s.ring = make_aligned<uint16_t>((size_t)cfg.window * D);
+      }
+    }
+  }
+}
+
+KvCache::~KvCache() = default;
+
+const KvCacheConfig& KvCache::config() const noexcept { return impl_->cfg; }
+
+int KvCache::n_tokens(int layer) const {
+  TQ_CHECK(layer >= 0 && layer < impl_->cfg.n_layers, "kv cache: layer %d out of range [0, %d)", layer,
+           impl_->cfg.n_layers);
+  return impl_->layers[layer].n_tokens;
+}
+
+void KvCache::clear() {
+  for (auto& L : impl_->layers) {
+    L.n_tokens = 0;
+    for (auto* vec : {&L.k, &L.v})
+      for (auto& s : *vec) {
+        s.n_quant = 0;
+        if (s.fmt->kind == Kind::tq_split) {
+          s.split_frozen = false;
+          s.domain = Domain::orig;
+          s.chan_energy.assign(s.dim, 0.0);
+        }
+      }
+  }
+}
+
+void KvCache::append(int layer, int n_tokens, const float* k, const float* v) {
+  Impl& I = *impl_;
+  const auto& cfg = I.cfg;
+  TQ_CHECK(layer >= 0 && layer < cfg.n_layers, "kv cache append: layer %d out of range [0, %d)", layer,
+           cfg.n_layers);
+  TQ_CHECK(n_tokens >= 0, "kv cache append: negative token count %d", n_tokens);
+  Layer& L = I.layers[layer];
+  TQ_CHECK(n_tokens <= cfg.max_tokens - L.n_tokens,
+           "kv cache append: layer %d holds %d tokens, appending %d exceeds capacity %d", layer,
+           L.n_tokens, n_tokens, cfg.max_tokens);
+  if (n_tokens == 0) return;
+  TQ_CHECK(k && v, "kv cache append: null k or v");
+  const int D = cfg.head_dim, H = cfg.n_kv_heads;
+  const size_t stride = (size_t)H * D;
+  TQ_CHECK(all_finite((size_t)n_tokens * stride, k) && all_finite((size_t)n_tokens * stride, v),
+           "kv cache append: layer %d: k/v contain NaN or Inf", layer);
+  const int W = cfg.window;
+  for (int side = 0; side < 2; ++side) {
+    const float* x = side == 0 ? k : v;
+    auto& vec = side == 0 ? L.k : L.v;
+    for (int h = 0; h < H; ++h) {
+      Stream& s = vec[h];
+      const float* xh = x + (size_t)h * D;
+      if (s.fmt->kind == Kind::tq_split && !s.split_frozen)
+        for (int r = 0; r < n_tokens; ++r)
+          for (int d = 0; d < D; ++d) s.chan_energy[d] += (double)xh[(size_t)r * stride + d] * xh[(size_t)r * stride + d];
+      if (W == 0) {
+        I.encode_rows(s, side, n_tokens, xh, stride);
+        continue;
+      }
+      std::vector<float> tmp((size_t)D);
+      for (int r = 0; r < n_tokens; ++r) {
+        const int t = L.n_tokens + r;  // absolute position of the new token
+        uint16_t* slot = s.ring.get() + (size_t)(t % W) * D;
+        if (t >= W) {  // token t - W leaves the window: quantize it
+          f16_to_f32(D, slot, tmp.data());
+          I.encode_rows(s, side, 1, tmp.data(), (size_t)D);
+        }
+        f32_to_f16(D, xh + (size_t)r * stride, slot);
+      }
+    }
+  }
+  L.n_tokens += n_tokens;
+}
+
+double KvCache::bytes_per_token() const {
+  const Impl& I = *impl_;
+  double total = 0;
+  for (const auto& L : I.layers)
+    for (const auto* vec : {&L.k, &L.v})
+      for (const auto& s : *vec) total += (double)s.row_bytes;
+  return total;
+}
+
+size_t KvCache::bytes_used() const {
+  const Impl& I = *impl_;
+  size_t total = 0;
+  for (const auto& L : I.layers)
+    for (const auto* vec : {&L.k, &L.v})
+      for (const auto& s : *vec) {
+        total += (size_t)s.n_quant * s.row_bytes;
+        total += (size_t)std::min(L.n_tokens, s.window) * s.dim * 2;  // f16 window rows
+        if (s.fmt->kind == Kind::tq_split) total += (size_t)(s.dim + 7) / 8;  // channel mask
+      }
+  return total;
+}
+
+}  // namespace tq

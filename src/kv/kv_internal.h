@@ -1,0 +1,146 @@
+// Internals of the quantized KV cache (src/kv). Not a public header.
+//
+// Storage: per (layer, kv head, side K|V) one Stream. Tokens that have left the f16 window
+// live in blocks of kBlock = 32 tokens; each block is one contiguous byte range whose
+// layout depends on the format (see docs/sections/kv.md "Layouts"):
+//
+//   f32    32 rows x D floats, row-major                              (32 bits / value)
+//   f16    V: 32 rows x D binary16, row-major; K: dim-major (D x 32 tokens) so that one
+//          vector load gives one dim of 16 tokens (scores without horizontal sums) (16 bits)
+//   q8_0   32 rows x D/32 BlockQ8_0 {fp16 d; int8 qs[32]}             (8.5 bits / value)
+//   q4_0   32 rows x D/32 BlockQ4_0 {fp16 d; uint8 qs[16]}            (4.5 bits / value)
+//          q4_0: value j in low nibble of qs[j], value j+16 in the high nibble (ggml order)
+//   q8_0h, q4_0h: same, of the Hadamard-rotated row
+//   tqB    [32 fp16 corrected norms] [bit-plane tiles of the B-bit codebook indices]
+//   tqX.5  [32 fp16 norms, outlier part] [32 fp16 norms, regular part]
+//          [tiles of the D/4 outlier channels at B+1 bits] [tiles of the 3D/4 others at B bits]
+//   tqBp   [32 fp16 norms s][32 fp16 gamma][tiles of the (B-1)-bit mse indices][tiles of the
+//          QJL sign bits] (the codec's prod code re-laid out; prod_rows() rebuilds it)
+//
+// Bit-plane tiles (tq types). A tile holds 64 codes as `bits` little-endian 64-bit planes;
+// bit (4*i + j) of plane p is bit p of code (lane i, sub j), i < 16, j < 4. Expanding a
+// tile's planes into 64 bytes (one AVX-512 register) puts lane i in 32-bit lane i, so
+//   K tiles: lane = token, sub = dim    tile (s, k) at s * (D/4) + k   (s: token half, k: dim quad)
+//            token 16 s + i, dim 4 k + j: scores 16 tokens per vpdpbusd over 4 dims
+//   V tiles: lane = dim, sub = token    tile (e, r) at e * 8 + r       (e: 16-dim group, r: token quad)
+//            dim 16 e + i, token 4 r + j: accumulates 16 dims over 4 tokens per vpdpbusd
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "tq/codebook.h"
+#include "tq/common.h"
+#include "tq/kv_cache.h"
+#include "tq/quantizer.h"
+#include "tq/rotation.h"
+
+namespace tq::kv {
+
+constexpr int kBlock = 32;          // tokens per storage block
+constexpr int kBlocksPerChunk = 64; // blocks per allocation chunk (2048 tokens)
+constexpr int kMaxHeadDim = 1024;
+
+enum class Kind : uint8_t { f32, f16, q8_0, q4_0, tq, tq_split, tq_prod };
+
+// One row of the table of formats (architecture.md point 4).
+struct Format {
+  const char* name;
+  Kind kind;
+  bool rotated;   // stored in a rotated domain (q8_0h, q4_0h, tq*): rotate Q, inverse-rotate out
+  int bits;       // tq: bits per value; tq_split: regular-channel bits; tq_prod: total bits
+  int bits_hi;    // tq_split: outlier-channel bits
+  const char* desc;
+};
+const Format& format(KvType t);
+int num_formats();
+
+// ggml block layouts.
+struct BlockQ8_0 {
+  uint16_t d;      // fp16 scale
+  int8_t qs[32];   // values = d * qs
+};
+static_assert(sizeof(BlockQ8_0) == 34, "q8_0 block is 34 bytes (8.5 bits per value)");
+struct BlockQ4_0 {
+  uint16_t d;      // fp16 scale
+  uint8_t qs[16];  // values = d * (nibble - 8)
+};
+static_assert(sizeof(BlockQ4_0) == 18, "q4_0 block is 18 bytes (4.5 bits per value)");
+
+// Domain transform of one stream: what the cache stores is T(x); attention rotates Q with
+// T_K and applies T_V^{-1} to the output.
+enum class Domain : uint8_t { orig, rot, split };
+
+struct Stream {
+  KvType type{};
+  const Format* fmt = nullptr;
+  int dim = 0;
+  size_t row_bytes = 0;    // exact bytes per token (norms/scales included)
+  size_t block_bytes = 0;  // kBlock * row_bytes
+  Domain domain = Domain::orig;
+  int side = 0;            // 0: K (K tile layout), 1: V (V tile layout)
+  int n_quant = 0;         // tokens in blocks
+  std::vector<AlignedPtr<uint8_t>> chunks;
+  // tq / tq_split
+  const Codebook* cb = nullptr;     // regular (or only) codebook
+  const Codebook* cb_hi = nullptr;  // tq_split outlier codebook
+  int d_hi = 0, d_lo = 0;           // tq_split channel counts
+  size_t norms_bytes = 0;           // per block: 32 (tq) or 64 (split) fp16 norms
+  size_t tiles_hi_bytes = 0;        // per block (split outlier tiles)
+  const Quantizer* prod = nullptr;  // tq_prod
+  // tq_split: channel selection (online, frozen at the first quantized token)
+  bool split_frozen = false;
+  std::vector<double> chan_energy;  // sum of x^2 per channel over tokens seen before freezing
+  std::vector<int> perm;            // D entries: outlier channels first (ascending), then the rest
+  // f16 window (original domain): ring of `window` rows
+  int window = 0;
+  AlignedPtr<uint16_t> ring;
+
+  uint8_t* block(int b) noexcept {
+    return chunks[b / kBlocksPerChunk].get() + (size_t)(b % kBlocksPerChunk) * block_bytes;
+  }
+  const uint8_t* block(int b) const noexcept {
+    return chunks[b / kBlocksPerChunk].get() + (size_t)(b % kBlocksPerChunk) * block_bytes;
+  }
+};
+
+struct Layer {
+  int n_tokens = 0;
+  std::vector<Stream> k, v;  // per kv head
+};
+
+}  // namespace tq::kv
+
+namespace tq {
+struct KvCache::Impl {
+  KvCacheConfig cfg;
+  std::vector<kv::Layer> layers;
+  std::unique_ptr<Rotation> rot;        // D-dim randomized Hadamard (rotated formats)
+  std::unique_ptr<Rotation> rot_hi;     // split: D/4
+  std::unique_ptr<Rotation> rot_lo;     // split: 3D/4
+  std::unique_ptr<Quantizer> prod_q[9]; // prod quantizers by total bits (tq3p, tq4p)
+  mutable std::mutex alloc_mu;
+
+  void encode_rows(kv::Stream& s, int side, int n, const float* x, size_t stride);  // into blocks
+  // Decode tokens [t0, t0 + n) of the quantized part into floats in the stream's domain.
+  void decode_domain(const kv::Stream& s, int side, int t0, int n, float* out) const;
+  // Domain -> original (inverse transform) of n rows, in place.
+  void to_orig(const kv::Stream& s, int side, int n, float* x) const;
+  // Original -> domain (forward transform) of n rows: x -> y.
+  void to_domain(const kv::Stream& s, int side, int n, const float* x, float* y) const;
+};
+}  // namespace tq
+
+namespace tq::kv {
+// Code extraction from bit-plane tiles (reference, one token): codes[D].
+void get_tile_codes_k(const uint8_t* tiles, int dim, int bits, int tok, uint8_t* codes) noexcept;
+void get_tile_codes_v(const uint8_t* tiles, int dim, int bits, int tok, uint8_t* codes) noexcept;
+void set_tile_codes_k(uint8_t* tiles, int dim, int bits, int tok, const uint8_t* codes) noexcept;
+void set_tile_codes_v(uint8_t* tiles, int dim, int bits, int tok, const uint8_t* codes) noexcept;
+inline size_t tiles_bytes(int dim, int bits) { return (size_t)kBlock * dim * bits / 8; }
+// Codec prod code rows (quantizer.h layout) of tokens [t, t + n) of a prod stream (one block).
+void prod_rows(const Stream& s, int t, int n, uint8_t* rows);
+}  // namespace tq::kv

@@ -1,0 +1,288 @@
+// Perplexity / KLD / top-1 agreement, needle-in-a-haystack and speed runs for LlamaModel.
+#include "tq/eval.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "tq/common.h"
+#include "tq/error.h"
+#include "tq/tokenizer.h"
+
+namespace tq {
+
+namespace {
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+std::string KvOptions::label() const {
+  std::string s = type_k == type_v ? type_k : type_k + "/" + type_v;
+  if (window > 0) s += " w" + std::to_string(window);
+  if (boundary_layers > 0) {
+    s += " b" + std::to_string(boundary_layers) + ":" +
+         (boundary_type_k == boundary_type_v ? boundary_type_k : boundary_type_k + "/" + boundary_type_v);
+  }
+  return s;
+}
+
+KvCacheConfig make_kv_config(const LlamaModel& m, const KvOptions& kv, int max_tokens) {
+  KvCacheConfig c = m.kv_config(max_tokens);
+  c.type_k = kv.type_k;
+  c.type_v = kv.type_v;
+  c.window = kv.window;
+  c.boundary_layers = kv.boundary_layers;
+  c.boundary_type_k = kv.boundary_type_k;
+  c.boundary_type_v = kv.boundary_type_v;
+  c.seed = kv.seed;
+  return c;
+}
+
+double kv_bits_per_value(const LlamaModel& m, double bytes_per_token) {
+  const auto& c = m.config();
+  const double values = 2.0 * c.n_layers * c.n_kv_heads * c.head_dim;
+  return bytes_per_token * 8.0 / values;
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  TQ_CHECK(f.good(), "cannot read '%s' (run scripts/fetch-corpus.sh for the default corpus)", path.c_str());
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+KvOptions parse_kv_label(const std::string& label) {
+  KvOptions kv;
+  std::istringstream in(label);
+  std::string tok;
+  bool first = true;
+  auto split = [](const std::string& s, std::string& a, std::string& b) {
+    const size_t sl = s.find('/');
+    a = s.substr(0, sl);
+    b = sl == std::string::npos ? a : s.substr(sl + 1);
+  };
+  while (in >> tok) {
+    if (first) {
+      split(tok, kv.type_k, kv.type_v);
+      first = false;
+    } else if (tok.size() > 1 && tok[0] == 'w') {
+      kv.window = std::stoi(tok.substr(1));
+    } else if (tok.size() > 1 && tok[0] == 'b' && tok.find(':') != std::string::npos) {
+      const size_t c = tok.find(':');
+      kv.boundary_layers = std::stoi(tok.substr(1, c - 1));
+      split(tok.substr(c + 1), kv.boundary_type_k, kv.boundary_type_v);
+    } else {
+      TQ_CHECK(false, "cache config '%s': cannot parse '%s' (expected K[/V] [wN] [bN:T])", label.c_str(), tok.c_str());
+    }
+  }
+  TQ_CHECK(!first, "empty cache config");
+  return kv;
+}
+
+std::vector<PerplexityResult> perplexity_multi(const LlamaModel& m, const std::vector<int32_t>& tokens,
+                                               const PerplexityOptions& opt,
+                                               const std::vector<KvOptions>& configs) {
+  const int n_ctx = opt.n_ctx;
+  TQ_CHECK(n_ctx >= 16, "perplexity: context %d too small (>= 16)", n_ctx);
+  TQ_CHECK(!configs.empty(), "perplexity: no cache config");
+  const int avail = static_cast<int>(tokens.size() / n_ctx);
+  TQ_CHECK(avail >= 1, "perplexity: the text has %zu tokens, fewer than one window of %d", tokens.size(), n_ctx);
+  const int n_chunks = opt.n_chunks > 0 ? std::min(opt.n_chunks, avail) : avail;
+  const int V = m.config().n_vocab, E = m.config().n_embd;
+  const int first = n_ctx / 2;
+  const int n_score = n_ctx - 1 - first;  // rows first .. n_ctx-2 predict tokens first+1 ..
+  const size_t nc = configs.size();
+
+  std::vector<PerplexityResult> res(nc);
+  std::vector<std::unique_ptr<KvCache>> caches;
+  for (size_t c = 0; c < nc; ++c) {
+    caches.push_back(std::make_unique<KvCache>(make_kv_config(m, configs[c], n_ctx)));
+    res[c].n_ctx = n_ctx;
+    res[c].n_chunks = n_chunks;
+    res[c].kv_bytes_per_token = caches[c]->bytes_per_token();
+    res[c].bits_per_value = kv_bits_per_value(m, res[c].kv_bytes_per_token);
+  }
+  std::unique_ptr<KvCache> ref;
+  if (opt.compare) {
+    ref = std::make_unique<KvCache>(make_kv_config(m, opt.ref, n_ctx));
+    for (auto& r : res) r.kv_bytes_per_token_ref = ref->bytes_per_token();
+  }
+
+  std::vector<float> hidden(static_cast<size_t>(n_ctx) * E);
+  const int blk = 64;  // logits rows per block
+  std::vector<float> lg(static_cast<size_t>(blk) * V), lp(static_cast<size_t>(blk) * V);
+  std::vector<float> ref_lp;  // n_score * V log-probs of the reference
+  std::vector<int32_t> ref_top;
+  if (ref) {
+    ref_lp.resize(static_cast<size_t>(n_score) * V);
+    ref_top.resize(n_score);
+  }
+  std::vector<double> nll(nc, 0), kld(nc, 0), secs(nc, 0);
+  std::vector<size_t> agree(nc, 0), counted(nc, 0);
+  std::vector<std::vector<double>> klds(nc);
+  double nll_ref = 0;
+  const int nt = m.threads();
+
+  const size_t total_steps = static_cast<size_t>(n_chunks) * (nc + (ref ? 1 : 0));
+  size_t step = 0;
+  for (int ch = 0; ch < n_chunks; ++ch) {
+    const int32_t* tk = tokens.data() + static_cast<size_t>(ch) * n_ctx;
+    // Log-probs of rows [first, n_ctx-1) in blocks; fn(row, logprobs) per row.
+    auto score_rows = [&](const std::function<void(int, const float*)>& fn) {
+      for (int r0 = first; r0 < n_ctx - 1; r0 += blk) {
+        const int nb = std::min(blk, n_ctx - 1 - r0);
+        m.logits(hidden.data() + static_cast<size_t>(r0) * E, nb, lg.data());
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int i = 0; i < nb; ++i)
+          log_softmax(lg.data() + static_cast<size_t>(i) * V, V, lp.data() + static_cast<size_t>(i) * V);
+        for (int i = 0; i < nb; ++i) fn(r0 + i, lp.data() + static_cast<size_t>(i) * V);
+      }
+    };
+    if (ref) {
+      ref->clear();
+      m.forward(*ref, tk, n_ctx, hidden.data());
+      score_rows([&](int row, const float* p) {
+        const int j = row - first;
+        std::copy(p, p + V, ref_lp.begin() + static_cast<size_t>(j) * V);
+        ref_top[j] = argmax(p, V);
+        nll_ref -= p[tk[row + 1]];
+      });
+      if (opt.progress) opt.progress(++step, total_steps);
+    }
+    for (size_t c = 0; c < nc; ++c) {
+      const double t0 = now_s();
+      caches[c]->clear();
+      m.forward(*caches[c], tk, n_ctx, hidden.data());
+      double chunk_nll = 0;
+      score_rows([&](int row, const float* p) {
+        const double l = -p[tk[row + 1]];
+        nll[c] += l;
+        chunk_nll += l;
+        ++counted[c];
+        res[c].top1.push_back(argmax(p, V));
+        if (ref) {
+          const int j = row - first;
+          const float* q = ref_lp.data() + static_cast<size_t>(j) * V;
+          double k = 0;
+          for (int t = 0; t < V; ++t) k += std::exp(static_cast<double>(q[t])) * (q[t] - p[t]);
+          k = std::max(0.0, k);
+          kld[c] += k;
+          klds[c].push_back(k);
+          agree[c] += res[c].top1.back() == ref_top[j];
+        }
+      });
+      res[c].chunk_ppl.push_back(std::exp(chunk_nll / n_score));
+      secs[c] += now_s() - t0;
+      if (opt.progress) opt.progress(++step, total_steps);
+    }
+  }
+  for (size_t c = 0; c < nc; ++c) {
+    PerplexityResult& r = res[c];
+    r.n_scored = counted[c];
+    r.ppl = std::exp(nll[c] / counted[c]);
+    r.seconds = secs[c];
+    if (ref) {
+      r.ppl_ref = std::exp(nll_ref / counted[c]);
+      r.kld_mean = kld[c] / counted[c];
+      r.top1_agreement = static_cast<double>(agree[c]) / counted[c];
+      std::sort(klds[c].begin(), klds[c].end());
+      r.kld_p99 = klds[c][std::min(klds[c].size() - 1, static_cast<size_t>(0.99 * klds[c].size()))];
+    }
+  }
+  return res;
+}
+
+PerplexityResult perplexity(const LlamaModel& m, const std::vector<int32_t>& tokens,
+                            const PerplexityOptions& opt) {
+  return perplexity_multi(m, tokens, opt, {opt.kv})[0];
+}
+
+NiahResult niah(const LlamaModel& m, const Tokenizer& tok, const std::string& corpus,
+                const NiahOptions& opt) {
+  TQ_CHECK(opt.context >= 256, "niah: context %d too small (>= 256)", opt.context);
+  TQ_CHECK(opt.trials >= 1, "niah: trials must be >= 1");
+  for (double d : opt.depths) TQ_CHECK(d >= 0 && d <= 1, "niah: depth %g outside [0, 1]", d);
+  const std::vector<int32_t> hay = tok.encode(corpus);
+  const std::vector<int32_t> question =
+      tok.encode("\n\nQuestion: what is the secret passphrase?\nAnswer: The secret passphrase is");
+  const int answer_budget = 10;
+  NiahResult res;
+  const double t0 = now_s();
+  Rng rng(opt.seed);
+  KvCache cache(make_kv_config(m, opt.kv, opt.context + answer_budget));
+  const size_t total = opt.depths.size() * static_cast<size_t>(opt.trials);
+  size_t done = 0;
+  for (double depth : opt.depths) {
+    for (int t = 0; t < opt.trials; ++t) {
+      NiahTrial tr;
+      tr.depth = depth;
+      tr.trial = t;
+      char digits[16];
+      std::snprintf(digits, sizeof digits, "%06u", rng.below(1000000));
+      tr.passphrase = digits;
+      const std::vector<int32_t> needle =
+          tok.encode(" The secret passphrase is " + tr.passphrase + ". Remember it. ");
+      const int n_hay = opt.context - static_cast<int>(needle.size() + question.size());
+      TQ_CHECK(n_hay > 0 && static_cast<size_t>(n_hay) <= hay.size(),
+               "niah: corpus has %zu tokens, not enough for a %d-token haystack", hay.size(), n_hay);
+      const size_t off = rng.below(static_cast<uint32_t>(hay.size() - n_hay + 1));
+      const int at = static_cast<int>(depth * n_hay);
+      std::vector<int32_t> prompt(hay.begin() + off, hay.begin() + off + at);
+      prompt.insert(prompt.end(), needle.begin(), needle.end());
+      prompt.insert(prompt.end(), hay.begin() + off + at, hay.begin() + off + n_hay);
+      prompt.insert(prompt.end(), question.begin(), question.end());
+      cache.clear();
+      std::vector<float> lg = m.forward_last(cache, prompt);
+      std::vector<int32_t> out;
+      for (int i = 0; i < answer_budget; ++i) {
+        const int32_t id = argmax(lg.data(), static_cast<int>(lg.size()));
+        if (tok.is_end_of_generation(id)) break;
+        out.push_back(id);
+        tr.answer = tok.decode(out);
+        if (tr.answer.find('.') != std::string::npos || tr.answer.find('\n') != std::string::npos) break;
+        if (i + 1 < answer_budget) lg = m.forward_last(cache, {id});
+      }
+      std::string got;
+      for (char ch : tr.answer)
+        if (ch >= '0' && ch <= '9') got += ch;
+      tr.passed = got == tr.passphrase;
+      res.trials++;
+      res.passed += tr.passed;
+      res.details.push_back(tr);
+      if (opt.progress) opt.progress(++done, total);
+    }
+  }
+  res.seconds = now_s() - t0;
+  return res;
+}
+
+SpeedResult bench_speed(const LlamaModel& m, const std::vector<int32_t>& tokens, int context,
+                        int decode_tokens, const KvOptions& kv) {
+  TQ_CHECK(context >= 1 && static_cast<size_t>(context) <= tokens.size(),
+           "bench: %d context tokens requested, %zu available", context, tokens.size());
+  KvCache cache(make_kv_config(m, kv, context + decode_tokens));
+  SpeedResult r;
+  r.context = context;
+  std::vector<int32_t> prompt(tokens.begin(), tokens.begin() + context);
+  double t0 = now_s();
+  std::vector<float> lg = m.forward_last(cache, prompt);
+  r.prefill_tok_s = context / (now_s() - t0);
+  t0 = now_s();
+  for (int i = 0; i < decode_tokens; ++i) {
+    const int32_t id = argmax(lg.data(), static_cast<int>(lg.size()));
+    lg = m.forward_last(cache, {id});
+  }
+  r.decode_tokens = decode_tokens;
+  r.decode_tok_s = decode_tokens > 0 ? decode_tokens / (now_s() - t0) : 0;
+  r.kv_bytes = static_cast<double>(cache.bytes_used());
+  return r;
+}
+
+}  // namespace tq

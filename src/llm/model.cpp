@@ -1,0 +1,269 @@
+// Llama forward pass: f32 weights, OpenBLAS GEMM/GEMV for projections, OpenMP for the
+// element-wise parts, tq::KvCache + tq::attention for attention (quantize on write).
+#include "tq/model.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "tq/error.h"
+#include "tq/gguf.h"
+
+extern "C" void openblas_set_num_threads(int num_threads);
+
+namespace tq {
+
+namespace {
+struct Layer {
+  std::vector<float> attn_norm, wq, wk, wv, wo, ffn_norm, wg, wu, wd;
+};
+}  // namespace
+
+struct LlamaModel::Impl {
+  LlamaConfig cfg;
+  std::vector<float> tok_embd, output_norm, output;  // output empty when tied
+  std::vector<Layer> layers;
+  int n_threads = 0;
+  AttentionImpl attn = AttentionImpl::Fused;
+  int ubatch = 512;
+  const float* out_w() const { return cfg.tied_output ? tok_embd.data() : output.data(); }
+};
+
+LlamaModel::LlamaModel() : impl_(std::make_unique<Impl>()) {}
+LlamaModel::LlamaModel(LlamaModel&&) noexcept = default;
+LlamaModel& LlamaModel::operator=(LlamaModel&&) noexcept = default;
+LlamaModel::~LlamaModel() = default;
+
+const LlamaConfig& LlamaModel::config() const noexcept { return impl_->cfg; }
+
+LlamaModel LlamaModel::load(const GgufFile& g) {
+  LlamaModel m;
+  Impl& I = *m.impl_;
+  openblas_set_num_threads(1);
+  LlamaConfig& c = I.cfg;
+  c.arch = g.get_string("general.architecture");
+  TQ_CHECK(c.arch == "llama", "%s: architecture '%s' is not supported (only 'llama')", g.path().c_str(),
+           c.arch.c_str());
+  const std::string a = c.arch + ".";
+  auto geti = [&](const std::string& k, uint64_t lo, uint64_t hi) {
+    const uint64_t v = g.get_uint(a + k);
+    TQ_CHECK(v >= lo && v <= hi, "%s: %s%s = %llu outside [%llu, %llu]", g.path().c_str(), a.c_str(),
+             k.c_str(), static_cast<unsigned long long>(v), static_cast<unsigned long long>(lo),
+             static_cast<unsigned long long>(hi));
+    return static_cast<int>(v);
+  };
+  c.n_layers = geti("block_count", 1, 1024);
+  c.n_embd = geti("embedding_length", 1, 1 << 16);
+  c.n_ff = geti("feed_forward_length", 1, 1 << 18);
+  c.n_heads = geti("attention.head_count", 1, 1024);
+  c.n_kv_heads = g.has(a + "attention.head_count_kv") ? geti("attention.head_count_kv", 1, 1024) : c.n_heads;
+  TQ_CHECK(c.n_embd % c.n_heads == 0, "%s: embedding %d not divisible by %d heads", g.path().c_str(),
+           c.n_embd, c.n_heads);
+  TQ_CHECK(c.n_heads % c.n_kv_heads == 0, "%s: %d query heads not a multiple of %d kv heads",
+           g.path().c_str(), c.n_heads, c.n_kv_heads);
+  c.head_dim = c.n_embd / c.n_heads;
+  c.rope_dim = g.has(a + "rope.dimension_count") ? geti("rope.dimension_count", 2, c.head_dim) : c.head_dim;
+  TQ_CHECK(c.rope_dim % 2 == 0, "%s: odd rope dimension %d", g.path().c_str(), c.rope_dim);
+  c.n_ctx_train = g.has(a + "context_length") ? geti("context_length", 1, 1 << 24) : 2048;
+  c.rope_base = static_cast<float>(g.get_float_or(a + "rope.freq_base", 10000.0));
+  c.rms_eps = static_cast<float>(g.get_float_or(a + "attention.layer_norm_rms_epsilon", 1e-5));
+  TQ_CHECK(c.rope_base > 0 && c.rms_eps > 0, "%s: bad rope base or rms epsilon", g.path().c_str());
+
+  auto load = [&](const std::string& name, std::vector<uint64_t> ne) {
+    const GgufTensor& t = g.tensor(name);
+    TQ_CHECK(t.ne == ne, "%s: tensor '%s' has shape [%s], expected [%s]", g.path().c_str(), name.c_str(),
+             [&] { std::string s; for (auto d : t.ne) s += std::to_string(d) + " "; return s; }().c_str(),
+             [&] { std::string s; for (auto d : ne) s += std::to_string(d) + " "; return s; }().c_str());
+    return g.tensor_f32(t);
+  };
+  const uint64_t E = c.n_embd, F = c.n_ff, KV = static_cast<uint64_t>(c.n_kv_heads) * c.head_dim;
+  const GgufTensor& te = g.tensor("token_embd.weight");
+  TQ_CHECK(te.ne.size() == 2 && te.ne[0] == E, "%s: token_embd.weight has the wrong shape", g.path().c_str());
+  c.n_vocab = static_cast<int>(te.ne[1]);
+  if (g.has(a + "vocab_size")) {
+    TQ_CHECK(g.get_uint(a + "vocab_size") == te.ne[1], "%s: vocab_size disagrees with token_embd",
+             g.path().c_str());
+  }
+  I.tok_embd = load("token_embd.weight", {E, te.ne[1]});
+  I.output_norm = load("output_norm.weight", {E});
+  c.tied_output = g.find_tensor("output.weight") == nullptr;
+  if (!c.tied_output) I.output = load("output.weight", {E, te.ne[1]});
+  I.layers.resize(c.n_layers);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    Layer& L = I.layers[l];
+    L.attn_norm = load(p + "attn_norm.weight", {E});
+    L.wq = load(p + "attn_q.weight", {E, E});
+    L.wk = load(p + "attn_k.weight", {E, KV});
+    L.wv = load(p + "attn_v.weight", {E, KV});
+    L.wo = load(p + "attn_output.weight", {E, E});
+    L.ffn_norm = load(p + "ffn_norm.weight", {E});
+    L.wg = load(p + "ffn_gate.weight", {E, F});
+    L.wu = load(p + "ffn_up.weight", {E, F});
+    L.wd = load(p + "ffn_down.weight", {F, E});
+  }
+  return m;
+}
+
+size_t LlamaModel::weight_bytes() const noexcept {
+  const Impl& I = *impl_;
+  size_t n = I.tok_embd.size() + I.output_norm.size() + I.output.size();
+  for (auto& L : I.layers)
+    n += L.attn_norm.size() + L.wq.size() + L.wk.size() + L.wv.size() + L.wo.size() + L.ffn_norm.size() +
+         L.wg.size() + L.wu.size() + L.wd.size();
+  return n * sizeof(float);
+}
+
+KvCacheConfig LlamaModel::kv_config(int max_tokens) const {
+  KvCacheConfig k;
+  k.n_layers = impl_->cfg.n_layers;
+  k.n_kv_heads = impl_->cfg.n_kv_heads;
+  k.head_dim = impl_->cfg.head_dim;
+  k.max_tokens = max_tokens;
+  return k;
+}
+
+void LlamaModel::set_threads(int n) {
+  impl_->n_threads = n > 0 ? n : omp_get_num_procs();
+  openblas_set_num_threads(1);  // parallelism comes from OpenMP around it (see matmul)
+}
+int LlamaModel::threads() const noexcept { return impl_->n_threads > 0 ? impl_->n_threads : omp_get_max_threads(); }
+void LlamaModel::set_attention_impl(AttentionImpl a) noexcept { impl_->attn = a; }
+void LlamaModel::set_ubatch(int n) noexcept { impl_->ubatch = std::max(1, n); }
+
+namespace {
+
+// y[n, out] = x[n, in] * W^T, W: out rows of `in` floats. One thread pool only: OpenMP
+// splits the output columns and every thread calls single-threaded OpenBLAS (an OpenBLAS
+// pthread pool next to spinning OpenMP workers halved the speed on 2 cores).
+void matmul(const float* x, const float* w, float* y, int n, int in, int out, int nt) {
+  const int chunks = std::max(1, std::min(nt, out / 64));
+#pragma omp parallel for num_threads(chunks) schedule(static) if (chunks > 1)
+  for (int c = 0; c < chunks; ++c) {
+    const int o0 = static_cast<int>(static_cast<int64_t>(out) * c / chunks);
+    const int o1 = static_cast<int>(static_cast<int64_t>(out) * (c + 1) / chunks);
+    if (n == 1) {
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, o1 - o0, in, 1.0f, w + static_cast<size_t>(o0) * in, in, x, 1,
+                  0.0f, y + o0, 1);
+    } else {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, o1 - o0, in, 1.0f, x, in,
+                  w + static_cast<size_t>(o0) * in, in, 0.0f, y + o0, out);
+    }
+  }
+}
+
+void rmsnorm(const float* x, const float* w, float* y, int n, int d, float eps, int nt) {
+#pragma omp parallel for num_threads(nt) schedule(static) if (n > 4)
+  for (int i = 0; i < n; ++i) {
+    const float* xi = x + static_cast<size_t>(i) * d;
+    float* yi = y + static_cast<size_t>(i) * d;
+    double ss = 0;
+    for (int j = 0; j < d; ++j) ss += static_cast<double>(xi[j]) * xi[j];
+    const float r = 1.0f / std::sqrt(static_cast<float>(ss / d) + eps);
+    for (int j = 0; j < d; ++j) yi[j] = xi[j] * r * w[j];
+  }
+}
+
+// In-place RoPE, normal (adjacent-pair) mode, on n tokens * n_heads heads of head_dim.
+void rope(float* x, int n, int n_heads, int head_dim, int rope_dim, int pos0, float base, int nt) {
+  const float theta_scale = std::pow(base, -2.0f / static_cast<float>(rope_dim));
+#pragma omp parallel for num_threads(nt) schedule(static) if (n > 4)
+  for (int i = 0; i < n; ++i) {
+    float cs[512], sn[512];
+    float theta = static_cast<float>(pos0 + i);
+    for (int k = 0; k < rope_dim / 2; ++k) {
+      cs[k] = std::cos(theta);
+      sn[k] = std::sin(theta);
+      theta *= theta_scale;
+    }
+    for (int h = 0; h < n_heads; ++h) {
+      float* v = x + (static_cast<size_t>(i) * n_heads + h) * head_dim;
+      for (int k = 0; k < rope_dim / 2; ++k) {
+        const float a = v[2 * k], b = v[2 * k + 1];
+        v[2 * k] = a * cs[k] - b * sn[k];
+        v[2 * k + 1] = a * sn[k] + b * cs[k];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void LlamaModel::forward(KvCache& cache, const int32_t* tokens, int n_total, float* hidden_out) const {
+  const Impl& I = *impl_;
+  const LlamaConfig& c = I.cfg;
+  TQ_CHECK(n_total >= 0, "forward: negative token count");
+  const KvCacheConfig& kc = cache.config();
+  TQ_CHECK(kc.n_layers == c.n_layers && kc.n_kv_heads == c.n_kv_heads && kc.head_dim == c.head_dim,
+           "forward: cache shape (%d layers, %d kv heads, dim %d) does not match the model (%d, %d, %d)",
+           kc.n_layers, kc.n_kv_heads, kc.head_dim, c.n_layers, c.n_kv_heads, c.head_dim);
+  for (int i = 0; i < n_total; ++i)
+    TQ_CHECK(tokens[i] >= 0 && tokens[i] < c.n_vocab, "forward: token id %d outside the vocabulary", tokens[i]);
+  const int nt = threads();
+  const int E = c.n_embd, F = c.n_ff, D = c.head_dim, KV = c.n_kv_heads * D;
+  const int ub = std::min(I.ubatch, std::max(1, n_total));
+  std::vector<float> x(static_cast<size_t>(ub) * E), h(x.size()), q(x.size()), att(x.size()), tmp(x.size());
+  std::vector<float> k(static_cast<size_t>(ub) * KV), v(k.size());
+  std::vector<float> g(static_cast<size_t>(ub) * F), u(g.size());
+
+  for (int b0 = 0; b0 < n_total; b0 += ub) {
+    const int n = std::min(ub, n_total - b0);
+    const int pos0 = cache.n_tokens(0);
+    TQ_CHECK(pos0 + n <= kc.max_tokens, "forward: %d + %d tokens exceed the cache capacity %d", pos0, n,
+             kc.max_tokens);
+    for (int i = 0; i < n; ++i)
+      std::memcpy(&x[static_cast<size_t>(i) * E], &I.tok_embd[static_cast<size_t>(tokens[b0 + i]) * E],
+                  sizeof(float) * E);
+    for (int l = 0; l < c.n_layers; ++l) {
+      const Layer& L = I.layers[l];
+      rmsnorm(x.data(), L.attn_norm.data(), h.data(), n, E, c.rms_eps, nt);
+      matmul(h.data(), L.wq.data(), q.data(), n, E, E, nt);
+      matmul(h.data(), L.wk.data(), k.data(), n, E, KV, nt);
+      matmul(h.data(), L.wv.data(), v.data(), n, E, KV, nt);
+      rope(q.data(), n, c.n_heads, D, c.rope_dim, pos0, c.rope_base, nt);
+      rope(k.data(), n, c.n_kv_heads, D, c.rope_dim, pos0, c.rope_base, nt);
+      cache.append(l, n, k.data(), v.data());
+      AttentionParams ap;
+      ap.n_heads = c.n_heads;
+      ap.pos0 = pos0;
+      ap.n_threads = nt;
+      if (I.attn == AttentionImpl::Fused) attention(cache, l, n, q.data(), att.data(), ap);
+      else attention_ref(cache, l, n, q.data(), att.data(), ap);
+      matmul(att.data(), L.wo.data(), tmp.data(), n, E, E, nt);
+      const size_t ne = static_cast<size_t>(n) * E;
+#pragma omp parallel for num_threads(nt) schedule(static) if (ne > 65536)
+      for (size_t j = 0; j < ne; ++j) x[j] += tmp[j];
+      rmsnorm(x.data(), L.ffn_norm.data(), h.data(), n, E, c.rms_eps, nt);
+      matmul(h.data(), L.wg.data(), g.data(), n, E, F, nt);
+      matmul(h.data(), L.wu.data(), u.data(), n, E, F, nt);
+      const size_t nf = static_cast<size_t>(n) * F;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nf > 65536)
+      for (size_t j = 0; j < nf; ++j) g[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
+      matmul(g.data(), L.wd.data(), tmp.data(), n, F, E, nt);
+#pragma omp parallel for num_threads(nt) schedule(static) if (ne > 65536)
+      for (size_t j = 0; j < ne; ++j) x[j] += tmp[j];
+    }
+    if (hidden_out)
+      rmsnorm(x.data(), I.output_norm.data(), hidden_out + static_cast<size_t>(b0) * E, n, E, c.rms_eps, nt);
+  }
+}
+
+void LlamaModel::logits(const float* hidden, int n, float* out) const {
+  const Impl& I = *impl_;
+  matmul(hidden, I.out_w(), out, n, I.cfg.n_embd, I.cfg.n_vocab, threads());
+}
+
+std::vector<float> LlamaModel::forward_last(KvCache& cache, const std::vector<int32_t>& tokens) const {
+  TQ_CHECK(!tokens.empty(), "forward_last: no tokens");
+  const int E = impl_->cfg.n_embd;
+  std::vector<float> hidden(tokens.size() * static_cast<size_t>(E));
+  forward(cache, tokens.data(), static_cast<int>(tokens.size()), hidden.data());
+  std::vector<float> out(impl_->cfg.n_vocab);
+  logits(hidden.data() + (tokens.size() - 1) * E, 1, out.data());
+  return out;
+}
+
+}  // namespace tq

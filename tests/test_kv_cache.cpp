@@ -1,0 +1,458 @@
+// KvCache.* and Attention.*: format table, memory accounting, errors, fused attention vs the
+// dequantize-then-exact reference for every type, shapes, windows and thread counts.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "kv/kv_internal.h"
+#include "tq/common.h"
+#include "tq/error.h"
+#include "tq/kv_cache.h"
+#include "tq/simd.h"
+
+namespace {
+
+// Types whose fused path is compared with the reference.
+const std::vector<std::string> kTypes = tq::kv_type_names();
+
+// Exact-mode fused output vs reference: same codes, only float summation order differs.
+constexpr double kExactRelTol = 1e-5;
+// Fast mode (int8 lookup tables / int8 weights where a fused kernel uses them).
+constexpr double kFastRelTol = 3e-2;
+
+bool small() { return std::getenv("TQ_TEST_SMALL") != nullptr; }
+
+// Gaussian rows with a few large outlier channels (like real keys).
+void fill_kv(tq::Rng& rng, int n, int kvh, int D, std::vector<float>& k, std::vector<float>& v) {
+  k.resize((size_t)n * kvh * D);
+  v.resize((size_t)n * kvh * D);
+  for (size_t i = 0; i < k.size(); ++i) {
+    const int d = (int)(i % D);
+    const float s = (d % 37 == 5) ? 8.f : 1.f;
+    k[i] = (float)rng.normal() * s;
+    v[i] = (float)rng.normal();
+  }
+}
+
+double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (double)(a[i] - b[i]) * (a[i] - b[i]);
+    den += (double)b[i] * b[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+struct Case {
+  std::string type_k, type_v;
+  int D, kvh, G, n_ctx, n_q, window;
+};
+
+// Fill a cache with n_ctx tokens (appended in two uneven batches), then compare attention of
+// n_q queries (the last n_q positions) with attention_ref.
+void check_case(const Case& c, int n_threads, double* rel_exact, double* rel_fast) {
+  tq::KvCacheConfig cfg;
+  cfg.n_layers = 2;
+  cfg.n_kv_heads = c.kvh;
+  cfg.head_dim = c.D;
+  cfg.max_tokens = c.n_ctx + 8;
+  cfg.type_k = c.type_k;
+  cfg.type_v = c.type_v;
+  cfg.window = c.window;
+  tq::KvCache cache(cfg);
+  tq::Rng rng(1234 + c.D + c.n_ctx);
+  std::vector<float> k, v;
+  fill_kv(rng, c.n_ctx, c.kvh, c.D, k, v);
+  const int first = c.n_ctx / 3;
+  const size_t row = (size_t)c.kvh * c.D;
+  cache.append(1, first, k.data(), v.data());
+  for (int t = first; t < c.n_ctx; t += 7) {
+    const int n = std::min(7, c.n_ctx - t);
+    cache.append(1, n, k.data() + t * row, v.data() + t * row);
+  }
+  ASSERT_EQ(cache.n_tokens(1), c.n_ctx);
+  ASSERT_EQ(cache.n_tokens(0), 0);
+  const int H = c.kvh * c.G;
+  std::vector<float> q((size_t)c.n_q * H * c.D);
+  for (auto& x : q) x = (float)rng.normal();
+  std::vector<float> ref(q.size()), fused(q.size(), -1.f), fast(q.size(), -1.f);
+  tq::AttentionParams p;
+  p.n_heads = H;
+  p.n_threads = n_threads;
+  tq::attention_ref(cache, 1, c.n_q, q.data(), ref.data(), p);
+  p.exact = true;
+  tq::attention(cache, 1, c.n_q, q.data(), fused.data(), p);
+  p.exact = false;
+  tq::attention(cache, 1, c.n_q, q.data(), fast.data(), p);
+  *rel_exact = rel_err(fused, ref);
+  *rel_fast = rel_err(fast, ref);
+}
+
+std::string describe(const Case& c) {
+  return c.type_k + "/" + c.type_v + " D=" + std::to_string(c.D) + " kvh=" + std::to_string(c.kvh) +
+         " G=" + std::to_string(c.G) + " n=" + std::to_string(c.n_ctx) + " nq=" + std::to_string(c.n_q) +
+         " W=" + std::to_string(c.window);
+}
+
+}  // namespace
+
+TEST(KvCache, ParseAndNames) {
+  const auto names = tq::kv_type_names();
+  ASSERT_GE(names.size(), 18u);
+  for (const auto& n : names) EXPECT_EQ(tq::kv_type_name(tq::parse_kv_type(n)), n);
+  for (const char* n : {"f32", "f16", "q8_0", "q4_0", "q8_0h", "q4_0h", "tq1", "tq2", "tq3", "tq4",
+                        "tq5", "tq6", "tq7", "tq8", "tq2.5", "tq3.5", "tq3p", "tq4p"})
+    EXPECT_NO_THROW(tq::parse_kv_type(n)) << n;
+  try {
+    tq::parse_kv_type("q5_k");
+    FAIL() << "no error";
+  } catch (const tq::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("q5_k"), std::string::npos);
+    EXPECT_NE(msg.find("tq3.5"), std::string::npos) << "lists the valid names: " << msg;
+  }
+  EXPECT_EQ(tq::kv_type_name(tq::kv_f16()), "f16");
+}
+
+TEST(KvCache, BytesPerVector) {
+  auto b = [](const char* t, int d) { return tq::kv_type_bytes(tq::parse_kv_type(t), d); };
+  EXPECT_EQ(b("f32", 128), 512u);
+  EXPECT_EQ(b("f16", 128), 256u);
+  EXPECT_EQ(b("q8_0", 128), 136u);
+  EXPECT_EQ(b("q4_0", 128), 72u);
+  EXPECT_EQ(b("q4_0h", 128), 72u);
+  EXPECT_EQ(b("tq4", 128), 66u);   // issue: at most 66
+  EXPECT_EQ(b("tq3", 128), 50u);   // issue: at most 50
+  EXPECT_EQ(b("tq1", 128), 18u);
+  EXPECT_EQ(b("tq8", 64), 66u);
+  EXPECT_EQ(b("tq2.5", 128), 40u);  // 32*3/8 + 96*2/8 + 2 fp16 norms
+  EXPECT_EQ(b("tq3.5", 128), 56u);  // 32*4/8 + 96*3/8 + 2 fp16 norms
+  EXPECT_EQ(b("tq3p", 128), 52u);   // norm + gamma + 2-bit idx + 1-bit signs
+  EXPECT_EQ(b("tq4p", 128), 68u);
+  EXPECT_THROW(b("q4_0", 48), tq::Error);
+  EXPECT_THROW(b("tq4", 40), tq::Error);
+  EXPECT_THROW(b("f16", 8), tq::Error);
+}
+
+TEST(KvCache, BadConfig) {
+  auto make = [](auto edit) {
+    tq::KvCacheConfig cfg;
+    cfg.head_dim = 64;
+    cfg.max_tokens = 64;
+    edit(cfg);
+    tq::KvCache c(cfg);
+  };
+  EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.type_k = "bogus"; }), tq::Error);
+  EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.type_v = "q4_1"; }), tq::Error);
+  EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.type_k = "q8_0"; c.head_dim = 48; }), tq::Error);
+  EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.head_dim = 20; }), tq::Error);
+  EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.window = 65; }), tq::Error);
+  EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.window = -1; }), tq::Error);
+  EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.n_layers = 0; }), tq::Error);
+  EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.boundary_layers = 3; c.n_layers = 4; }), tq::Error);
+  EXPECT_NO_THROW(make([](tq::KvCacheConfig&) {}));
+}
+
+TEST(KvCache, AppendPastCapacityAndBadCalls) {
+  tq::KvCacheConfig cfg;
+  cfg.n_kv_heads = 2;
+  cfg.head_dim = 64;
+  cfg.max_tokens = 40;
+  tq::KvCache cache(cfg);
+  std::vector<float> k(41 * 2 * 64, 0.5f), v(k.size(), -0.25f);
+  cache.append(0, 39, k.data(), v.data());
+  EXPECT_THROW(cache.append(0, 2, k.data(), v.data()), tq::Error);
+  EXPECT_EQ(cache.n_tokens(0), 39);
+  cache.append(0, 1, k.data(), v.data());
+  EXPECT_THROW(cache.append(0, 1, k.data(), v.data()), tq::Error);
+  EXPECT_THROW(cache.append(1, 1, k.data(), v.data()), tq::Error);  // layer out of range
+  EXPECT_THROW(cache.n_tokens(-1), tq::Error);
+  k[5] = NAN;
+  cache.clear();
+  EXPECT_THROW(cache.append(0, 1, k.data(), v.data()), tq::Error);
+  EXPECT_EQ(cache.n_tokens(0), 0);
+  std::vector<float> q(4 * 64, 1.f), out(q.size());
+  tq::AttentionParams p;
+  p.n_heads = 3;  // not a multiple of 2 kv heads
+  EXPECT_THROW(tq::attention(cache, 0, 1, q.data(), out.data(), p), tq::Error);
+  p.n_heads = 4;
+  p.pos0 = 5;  // beyond the cached tokens
+  EXPECT_THROW(tq::attention(cache, 0, 1, q.data(), out.data(), p), tq::Error);
+}
+
+TEST(KvCache, MemoryAccounting) {
+  tq::KvCacheConfig cfg;
+  cfg.n_layers = 4;
+  cfg.n_kv_heads = 2;
+  cfg.head_dim = 128;
+  cfg.max_tokens = 256;
+  cfg.type_k = "q8_0";
+  cfg.type_v = "q4_0";
+  cfg.boundary_layers = 1;
+  cfg.window = 16;
+  tq::KvCache cache(cfg);
+  // boundary layers 0 and 3 use f16 for K and V.
+  const double expect = 2 * 2 * (256 + 256) + 2 * 2 * (136 + 72);
+  EXPECT_DOUBLE_EQ(cache.bytes_per_token(), expect);
+  EXPECT_EQ(cache.bytes_used(), 0u);
+  std::vector<float> k(100 * 2 * 128, 0.1f), v(k.size(), 0.2f);
+  for (int l = 0; l < 4; ++l) cache.append(l, 100, k.data(), v.data());
+  // 84 quantized + 16 window rows (f16) per stream.
+  const size_t window_bytes = (size_t)4 * 2 * 2 * 16 * 128 * 2;
+  const size_t quant_bytes = (size_t)84 * (size_t)expect;
+  EXPECT_EQ(cache.bytes_used(), quant_bytes + window_bytes);
+  cache.clear();
+  EXPECT_EQ(cache.bytes_used(), 0u);
+  EXPECT_EQ(cache.n_tokens(2), 0);
+}
+
+TEST(Attention, EmptyCacheAndSingleToken) {
+  for (const auto& t : kTypes) {
+    tq::KvCacheConfig cfg;
+    cfg.n_kv_heads = 2;
+    cfg.head_dim = 64;
+    cfg.max_tokens = 8;
+    cfg.type_k = cfg.type_v = t;
+    tq::KvCache cache(cfg);
+    std::vector<float> q(4 * 64, 0.3f), out(q.size(), 7.f);
+    tq::AttentionParams p;
+    p.n_heads = 4;
+    tq::attention(cache, 0, 0, q.data(), out.data(), p);  // nothing to do
+    EXPECT_EQ(out[0], 7.f);
+    tq::attention(cache, 0, 1, q.data(), out.data(), p);  // no tokens: zeros
+    for (float x : out) ASSERT_EQ(x, 0.f) << t;
+    // One token: the output is that token's value (as stored).
+    tq::Rng rng(7);
+    std::vector<float> k(2 * 64), v(2 * 64);
+    for (auto& x : k) x = (float)rng.normal();
+    for (auto& x : v) x = (float)rng.normal();
+    cache.append(0, 1, k.data(), v.data());
+    std::vector<float> ref(q.size());
+    tq::attention(cache, 0, 1, q.data(), out.data(), p);
+    tq::attention_ref(cache, 0, 1, q.data(), ref.data(), p);
+    EXPECT_LE(rel_err(out, ref), kFastRelTol) << t;
+    p.exact = true;
+    tq::attention(cache, 0, 1, q.data(), out.data(), p);
+    EXPECT_LE(rel_err(out, ref), kExactRelTol) << t;
+    if (t != "f32" && t != "f16") continue;  // lossy types: compared with the reference above
+    for (int h = 0; h < 4; ++h)
+      for (int d = 0; d < 64; ++d) ASSERT_NEAR(out[h * 64 + d], v[(h / 2) * 64 + d], 2e-3) << t;
+  }
+}
+
+TEST(Attention, FusedMatchesReferenceAllTypes) {
+  const std::vector<int> dims = {64, 128, 256};
+  for (const auto& t : kTypes)
+    for (int D : dims) {
+      Case c{t, t, D, 2, 4, small() ? 77 : 301, 1, 0};
+      double re, rf;
+      check_case(c, 2, &re, &rf);
+      EXPECT_LE(re, kExactRelTol) << describe(c);
+      EXPECT_LE(rf, kFastRelTol) << describe(c);
+    }
+}
+
+TEST(Attention, GqaRatiosOddLengthsWindowsPrefill) {
+  const std::vector<Case> cases = {
+      {"f16", "f16", 128, 1, 1, 1, 1, 0},     {"f16", "f16", 64, 2, 3, 33, 1, 0},
+      {"q8_0", "q4_0", 128, 2, 8, 95, 1, 0},  {"f32", "q8_0", 64, 3, 4, 129, 3, 0},
+      {"q4_0", "f16", 128, 1, 3, 65, 5, 16},  {"f16", "q4_0", 256, 2, 4, 200, 1, 31},
+      {"q8_0", "q8_0", 64, 1, 8, 40, 40, 32}, {"f16", "f16", 64, 2, 4, 4100, 1, 5},
+      {"q4_0", "q4_0", 64, 2, 2, 2049, 17, 0},
+      {"tq4", "tq4", 128, 2, 3, 97, 1, 0},     {"tq3", "tq3", 64, 1, 8, 2100, 1, 0},
+      {"tq4", "tq3", 256, 2, 1, 70, 1, 0},     {"tq2.5", "tq3.5", 128, 2, 4, 161, 1, 32},
+      {"tq3.5", "tq2", 64, 1, 3, 47, 9, 5},    {"tq1", "tq4", 128, 1, 4, 33, 1, 1},
+      {"tq3p", "tq3", 64, 2, 4, 90, 2, 0},     {"tq4p", "f16", 128, 1, 8, 64, 1, 16},
+      {"tq6", "tq8", 64, 2, 4, 41, 1, 0},      {"q4_0h", "q8_0h", 128, 2, 4, 77, 4, 20},
+      {"f16", "tq4", 128, 2, 4, 300, 1, 0},    {"tq2", "f32", 64, 2, 4, 65, 1, 0},
+  };
+  for (const auto& c : cases) {
+    double re, rf;
+    check_case(c, 2, &re, &rf);
+    EXPECT_LE(re, kExactRelTol) << describe(c);
+    EXPECT_LE(rf, kFastRelTol) << describe(c);
+  }
+}
+
+TEST(Attention, ThreadCountDoesNotChangeResult) {
+  tq::KvCacheConfig cfg;
+  cfg.n_kv_heads = 2;
+  cfg.head_dim = 128;
+  cfg.max_tokens = 5000;
+  for (const auto& t : kTypes) {
+    cfg.type_k = cfg.type_v = t;
+    tq::KvCache cache(cfg);
+    tq::Rng rng(99);
+    std::vector<float> k, v;
+    fill_kv(rng, 4500, 2, 128, k, v);  // appended: n tokens below
+    const int n = small() || t.find('p') != std::string::npos ? 2100 : 4500;  // > 1 KV chunk
+    cache.append(0, n, k.data(), v.data());
+    std::vector<float> q(8 * 128);
+    for (auto& x : q) x = (float)rng.normal();
+    std::vector<float> o1(q.size()), o2(q.size()), o3(q.size());
+    tq::AttentionParams p;
+    p.n_heads = 8;
+    p.n_threads = 1;
+    tq::attention(cache, 0, 1, q.data(), o1.data(), p);
+    p.n_threads = 2;
+    tq::attention(cache, 0, 1, q.data(), o2.data(), p);
+    p.n_threads = 3;
+    tq::attention(cache, 0, 1, q.data(), o3.data(), p);
+    EXPECT_LE(rel_err(o2, o1), 1e-6) << t;
+    EXPECT_LE(rel_err(o3, o1), 1e-6) << t;
+  }
+}
+
+TEST(Attention, ScalarAndSimdLevelsAgree) {
+  for (const auto& level : tq::simd::available_levels()) {
+    for (const auto& t : kTypes) {
+      Case c{t, t, 128, 2, 4, 150, 1, 0};
+      double re, rf;
+      {
+        tq::simd::ScopedLevel sl(level);
+        check_case(c, 1, &re, &rf);
+      }
+      EXPECT_LE(re, kExactRelTol) << level << " " << describe(c);
+      EXPECT_LE(rf, kFastRelTol) << level << " " << describe(c);
+    }
+  }
+}
+
+TEST(Attention, PrefillWithExplicitPositions) {
+  for (const char* t : {"f16", "tq4", "q4_0h"}) {
+    tq::KvCacheConfig cfg;
+    cfg.n_kv_heads = 2;
+    cfg.head_dim = 64;
+    cfg.max_tokens = 100;
+    cfg.type_k = cfg.type_v = t;
+    cfg.window = 8;
+    tq::KvCache cache(cfg);
+    tq::Rng rng(3);
+    std::vector<float> k, v;
+    fill_kv(rng, 90, 2, 64, k, v);
+    cache.append(0, 90, k.data(), v.data());
+    std::vector<float> q(5 * 6 * 64), a(q.size()), r(q.size());
+    for (auto& x : q) x = (float)rng.normal();
+    tq::AttentionParams p;
+    p.n_heads = 6;
+    for (int pos0 : {0, 10, 85}) {
+      p.pos0 = pos0;
+      p.exact = true;
+      tq::attention(cache, 0, 5, q.data(), a.data(), p);
+      tq::attention_ref(cache, 0, 5, q.data(), r.data(), p);
+      EXPECT_LE(rel_err(a, r), kExactRelTol) << t << " pos0=" << pos0;
+      // Causality: the first query at pos0 = 0 sees only token 0.
+      if (pos0 == 0) {
+        tq::AttentionParams p1 = p;
+        std::vector<float> one(6 * 64);
+        tq::attention_ref(cache, 0, 1, q.data(), one.data(), p1);
+        for (int i = 0; i < 6 * 64; ++i) ASSERT_NEAR(a[i], one[i], 1e-5);
+      }
+    }
+  }
+}
+
+// Statistical: attention error vs exact f32 on unquantized vectors falls as bits rise, and
+// the outlier split beats the plain type it extends (fixed seeds, 4 queries).
+TEST(Attention, ErrorFallsWithBits) {
+  const int n = small() ? 512 : 2048, D = 128, KVH = 2, H = 8;
+  tq::Rng rng(11);
+  std::vector<float> k, v;
+  fill_kv(rng, n, KVH, D, k, v);
+  std::vector<float> q(4 * H * D);
+  for (auto& x : q) x = (float)rng.normal();
+  auto err = [&](const std::string& t) {
+    tq::KvCacheConfig cfg;
+    cfg.n_kv_heads = KVH;
+    cfg.head_dim = D;
+    cfg.max_tokens = n;
+    cfg.type_k = cfg.type_v = t;
+    tq::KvCache c(cfg);
+    cfg.type_k = cfg.type_v = "f32";
+    tq::KvCache e(cfg);
+    c.append(0, n, k.data(), v.data());
+    e.append(0, n, k.data(), v.data());
+    std::vector<float> a(q.size()), r(q.size());
+    tq::AttentionParams p;
+    p.n_heads = H;
+    for (int i = 0; i < 4; ++i) {
+      tq::attention(c, 0, 1, &q[(size_t)i * H * D], &a[(size_t)i * H * D], p);
+      tq::attention(e, 0, 1, &q[(size_t)i * H * D], &r[(size_t)i * H * D], p);
+    }
+    return rel_err(a, r);
+  };
+  const double e1 = err("tq1"), e2 = err("tq2"), e3 = err("tq3"), e4 = err("tq4"), e8 = err("tq8");
+  const double e25 = err("tq2.5"), e35 = err("tq3.5"), q8 = err("q8_0");
+  EXPECT_LT(e2, e1);
+  EXPECT_LT(e3, e2);
+  EXPECT_LT(e4, e3);
+  EXPECT_LT(e8, e4);
+  EXPECT_LT(e25, e2);
+  EXPECT_LT(e35, e3);
+  EXPECT_LT(e4, 0.5);   // measured ~0.2 on this data
+  EXPECT_LT(q8, 0.1);   // measured ~0.03
+}
+
+TEST(KvCache, SplitPicksOutlierChannelsOnline) {
+  tq::KvCacheConfig cfg;
+  cfg.n_kv_heads = 2;
+  cfg.head_dim = 128;
+  cfg.max_tokens = 64;
+  cfg.type_k = "tq2.5";
+  cfg.type_v = "tq3.5";
+  cfg.window = 4;
+  tq::KvCache cache(cfg);
+  tq::Rng rng(21);
+  std::vector<float> k, v;
+  fill_kv(rng, 10, 2, 128, k, v);  // K outliers on channels 5, 42, 79, 116
+  for (int t = 0; t < 10; ++t) cache.append(0, 1, k.data() + t * 256, v.data() + t * 256);
+  const auto& s = cache.impl().layers[0].k[1];
+  ASSERT_TRUE(s.split_frozen);
+  ASSERT_EQ(s.d_hi, 32);
+  std::vector<int> hi(s.perm.begin(), s.perm.begin() + 32);
+  for (int c : {5, 42, 79, 116}) EXPECT_NE(std::find(hi.begin(), hi.end(), c), hi.end()) << c;
+  // Every byte counted: 40 B per K vector, 56 B per V vector at D=128, plus the channel masks.
+  EXPECT_DOUBLE_EQ(cache.bytes_per_token(), 2 * (40 + 56));
+  EXPECT_EQ(cache.bytes_used(), (size_t)6 * 2 * (40 + 56) + 4 * 2 * 2 * 128 * 2 + 4 * 16);
+}
+
+TEST(KvCache, BoundaryLayersUseTheirTypes) {
+  tq::KvCacheConfig cfg;
+  cfg.n_layers = 5;
+  cfg.n_kv_heads = 1;
+  cfg.head_dim = 64;
+  cfg.max_tokens = 64;
+  cfg.type_k = "tq3";
+  cfg.type_v = "tq2";
+  cfg.boundary_layers = 2;
+  cfg.boundary_type_k = "q8_0";
+  cfg.boundary_type_v = "f16";
+  tq::KvCache cache(cfg);
+  const auto& L = cache.impl().layers;
+  EXPECT_EQ(tq::kv_type_name(L[0].k[0].type), "q8_0");
+  EXPECT_EQ(tq::kv_type_name(L[1].v[0].type), "f16");
+  EXPECT_EQ(tq::kv_type_name(L[2].k[0].type), "tq3");
+  EXPECT_EQ(tq::kv_type_name(L[2].v[0].type), "tq2");
+  EXPECT_EQ(tq::kv_type_name(L[3].k[0].type), "q8_0");
+  EXPECT_EQ(tq::kv_type_name(L[4].v[0].type), "f16");
+  EXPECT_DOUBLE_EQ(cache.bytes_per_token(), 4 * (68 + 128) + (26 + 18));
+}
+
+TEST(Attention, EdgeHeadDims) {
+  const std::vector<Case> cases = {
+      {"f16", "f16", 16, 1, 2, 40, 1, 0},    {"tq3", "tq4", 16, 1, 2, 40, 1, 0},
+      {"tq1", "tq2", 48, 2, 1, 70, 2, 3},    {"f32", "tq8", 48, 1, 3, 33, 1, 0},
+      {"tq4", "tq3", 512, 1, 4, 65, 1, 0},   {"tq3.5", "tq2.5", 192, 1, 2, 50, 1, 0},
+      {"q4_0h", "q8_0", 96, 1, 4, 35, 1, 0}, {"tq4p", "tq2", 16, 1, 4, 40, 1, 0},
+  };
+  for (const auto& c : cases) {
+    double re, rf;
+    check_case(c, 2, &re, &rf);
+    EXPECT_LE(re, kExactRelTol) << describe(c);
+    EXPECT_LE(rf, kFastRelTol) << describe(c);
+  }
+}

@@ -1,0 +1,238 @@
+// Llama forward pass: a tiny random-weight model written by the test, checked against a plain
+// double-precision reference written here from the equations (RMSNorm, normal-mode RoPE, GQA
+// causal softmax attention, SwiGLU, tied head); batched prefill vs token-by-token decode;
+// the sampler. The end-to-end run on the real model is in test_model_e2e.cpp.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "llm_test_util.h"
+#include "tq/error.h"
+#include "tq/gguf.h"
+#include "tq/kv_cache.h"
+#include "tq/model.h"
+
+namespace {
+
+using tq_test::TinyLlama;
+
+// Plain reference: all tokens at once, double precision, K/V kept exactly.
+std::vector<double> reference_logits(const tq::GgufFile& g, const TinyLlama& c, const std::vector<int32_t>& toks) {
+  const int n = static_cast<int>(toks.size()), E = c.n_embd, H = c.n_heads, KH = c.n_kv_heads, D = E / H,
+            KV = KH * D, F = c.n_ff, V = c.n_vocab;
+  auto W = [&](const std::string& name) { return g.tensor_f32(g.tensor(name)); };
+  auto mat = [&](const std::vector<double>& x, const std::vector<float>& w, int in, int out) {
+    std::vector<double> y(static_cast<size_t>(n) * out, 0.0);
+    for (int i = 0; i < n; ++i)
+      for (int o = 0; o < out; ++o) {
+        double s = 0;
+        for (int j = 0; j < in; ++j) s += x[static_cast<size_t>(i) * in + j] * w[static_cast<size_t>(o) * in + j];
+        y[static_cast<size_t>(i) * out + o] = s;
+      }
+    return y;
+  };
+  auto norm = [&](const std::vector<double>& x, const std::vector<float>& w) {
+    std::vector<double> y(x.size());
+    for (int i = 0; i < n; ++i) {
+      double ss = 0;
+      for (int j = 0; j < E; ++j) ss += x[i * E + j] * x[i * E + j];
+      const double r = 1.0 / std::sqrt(ss / E + c.eps);
+      for (int j = 0; j < E; ++j) y[i * E + j] = x[i * E + j] * r * w[j];
+    }
+    return y;
+  };
+  auto rope = [&](std::vector<double>& x, int heads) {
+    for (int i = 0; i < n; ++i)
+      for (int h = 0; h < heads; ++h)
+        for (int k = 0; k < c.rope_dim / 2; ++k) {
+          const double ang = i * std::pow(static_cast<double>(c.rope_base), -2.0 * k / c.rope_dim);
+          double* v = &x[(static_cast<size_t>(i) * heads + h) * D];
+          const double a = v[2 * k], b = v[2 * k + 1];
+          v[2 * k] = a * std::cos(ang) - b * std::sin(ang);
+          v[2 * k + 1] = a * std::sin(ang) + b * std::cos(ang);
+        }
+  };
+  const auto emb = W("token_embd.weight");
+  std::vector<double> x(static_cast<size_t>(n) * E);
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < E; ++j) x[i * E + j] = emb[static_cast<size_t>(toks[i]) * E + j];
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    auto h = norm(x, W(p + "attn_norm.weight"));
+    auto q = mat(h, W(p + "attn_q.weight"), E, E);
+    auto k = mat(h, W(p + "attn_k.weight"), E, KV);
+    auto v = mat(h, W(p + "attn_v.weight"), E, KV);
+    rope(q, H);
+    rope(k, KH);
+    std::vector<double> att(static_cast<size_t>(n) * E, 0.0);
+    for (int i = 0; i < n; ++i)
+      for (int hh = 0; hh < H; ++hh) {
+        const int kh = hh / (H / KH);
+        std::vector<double> s(i + 1);
+        double mx = -1e300;
+        for (int t = 0; t <= i; ++t) {
+          double d = 0;
+          for (int j = 0; j < D; ++j) d += q[(i * H + hh) * D + j] * k[(t * KH + kh) * D + j];
+          s[t] = d / std::sqrt(static_cast<double>(D));
+          mx = std::max(mx, s[t]);
+        }
+        double z = 0;
+        for (auto& e : s) z += (e = std::exp(e - mx));
+        for (int t = 0; t <= i; ++t)
+          for (int j = 0; j < D; ++j) att[(i * H + hh) * D + j] += s[t] / z * v[(t * KH + kh) * D + j];
+      }
+    auto o = mat(att, W(p + "attn_output.weight"), E, E);
+    for (size_t j = 0; j < x.size(); ++j) x[j] += o[j];
+    h = norm(x, W(p + "ffn_norm.weight"));
+    auto gg = mat(h, W(p + "ffn_gate.weight"), E, F);
+    auto uu = mat(h, W(p + "ffn_up.weight"), E, F);
+    for (size_t j = 0; j < gg.size(); ++j) gg[j] = gg[j] / (1 + std::exp(-gg[j])) * uu[j];
+    auto d = mat(gg, W(p + "ffn_down.weight"), F, E);
+    for (size_t j = 0; j < x.size(); ++j) x[j] += d[j];
+  }
+  auto h = norm(x, W("output_norm.weight"));
+  return mat(h, c.tied ? emb : W("output.weight"), E, V);
+}
+
+std::vector<int32_t> some_tokens(int n, int vocab, uint64_t seed) {
+  tq::Rng r(seed);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = static_cast<int32_t>(r.below(vocab));
+  return t;
+}
+
+// Max |a - b| over all logits, relative to max |b|.
+double rel_err(const std::vector<float>& a, const std::vector<double>& b) {
+  double m = 0, s = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    m = std::max(m, std::fabs(a[i] - b[i]));
+    s = std::max(s, std::fabs(b[i]));
+  }
+  return m / s;
+}
+
+constexpr double kTolF32 = 2e-4;  // f32 forward vs double reference, f32 cache
+
+}  // namespace
+
+TEST(Model, TinyForwardMatchesReference) {
+  for (tq::GgmlType wt : {tq::GgmlType::F32, tq::GgmlType::F16, tq::GgmlType::Q8_0, tq::GgmlType::Q4_1}) {
+    for (bool tied : {true, false}) {
+      TinyLlama c;
+      c.tied = tied;
+      const auto bytes = tq_test::tiny_llama_gguf(c, wt, 7).bytes();
+      auto g = tq::GgufFile::from_bytes(bytes.data(), bytes.size());
+      tq::LlamaModel m = tq::LlamaModel::load(g);
+      m.set_threads(2);
+      EXPECT_EQ(m.config().head_dim, 16);
+      EXPECT_EQ(m.config().tied_output, tied);
+      const auto toks = some_tokens(37, c.n_vocab, 3);
+      const auto ref = reference_logits(g, c, toks);
+      for (auto impl : {tq::AttentionImpl::Reference, tq::AttentionImpl::Fused}) {
+        m.set_attention_impl(impl);
+        auto kc = m.kv_config(64);
+        kc.type_k = kc.type_v = "f32";
+        tq::KvCache cache(kc);
+        std::vector<float> hidden(toks.size() * c.n_embd), lg(toks.size() * c.n_vocab);
+        m.forward(cache, toks.data(), static_cast<int>(toks.size()), hidden.data());
+        m.logits(hidden.data(), static_cast<int>(toks.size()), lg.data());
+        EXPECT_LT(rel_err(lg, ref), kTolF32) << tq::ggml_type_name(wt) << " tied=" << tied;
+        EXPECT_EQ(cache.n_tokens(0), 37);
+      }
+    }
+  }
+}
+
+TEST(Model, PrefillEqualsDecodeAndMicroBatches) {
+  TinyLlama c;
+  const auto bytes = tq_test::tiny_llama_gguf(c, tq::GgmlType::F32, 9).bytes();
+  auto g = tq::GgufFile::from_bytes(bytes.data(), bytes.size());
+  tq::LlamaModel m = tq::LlamaModel::load(g);
+  m.set_threads(2);
+  const auto toks = some_tokens(29, c.n_vocab, 5);
+  const auto ref = reference_logits(g, c, toks);
+  auto kc = m.kv_config(64);
+  kc.type_k = kc.type_v = "f32";
+  // Token by token (decode path: n = 1 sgemv).
+  {
+    tq::KvCache cache(kc);
+    std::vector<float> lg;
+    double err = 0, scale = 0;
+    for (size_t i = 0; i < toks.size(); ++i) {
+      lg = m.forward_last(cache, {toks[i]});
+      for (int v = 0; v < c.n_vocab; ++v) {
+        err = std::max(err, std::fabs(lg[v] - ref[i * c.n_vocab + v]));
+        scale = std::max(scale, std::fabs(ref[i * c.n_vocab + v]));
+      }
+    }
+    EXPECT_LT(err / scale, kTolF32);
+  }
+  // Micro-batches of 5 plus a second call continuing the same cache.
+  {
+    m.set_ubatch(5);
+    tq::KvCache cache(kc);
+    std::vector<float> hidden(toks.size() * c.n_embd), lg(toks.size() * c.n_vocab);
+    m.forward(cache, toks.data(), 20, hidden.data());
+    m.forward(cache, toks.data() + 20, 9, hidden.data() + 20 * c.n_embd);
+    m.logits(hidden.data(), static_cast<int>(toks.size()), lg.data());
+    EXPECT_LT(rel_err(lg, ref), kTolF32);
+    m.set_ubatch(512);
+  }
+  // Cache capacity and shape are checked.
+  {
+    auto small = kc;
+    small.max_tokens = 10;
+    tq::KvCache cache(small);
+    EXPECT_THROW(m.forward_last(cache, toks), tq::Error);
+    auto wrong = kc;
+    wrong.n_layers = 3;
+    tq::KvCache c3(wrong);
+    EXPECT_THROW(m.forward_last(c3, toks), tq::Error);
+    tq::KvCache ok(kc);
+    EXPECT_THROW(m.forward_last(ok, {c.n_vocab}), tq::Error);  // id out of range
+  }
+}
+
+TEST(Model, RejectsMissingOrMisshapedTensors) {
+  TinyLlama c;
+  tq::GgufWriter w = tq_test::tiny_llama_gguf(c, tq::GgmlType::F32, 1);
+  w.set_string("general.name", "x");
+  auto b = w.bytes();
+  // Wrong architecture.
+  tq::GgufWriter w2(3);
+  w2.set_string("general.architecture", "gpt2");
+  auto b2 = w2.bytes();
+  auto g2 = tq::GgufFile::from_bytes(b2.data(), b2.size());
+  EXPECT_THROW(tq::LlamaModel::load(g2), tq::Error);
+  // Heads not dividing the embedding.
+  TinyLlama bad = c;
+  bad.n_heads = 5;
+  bad.n_kv_heads = 5;
+  EXPECT_THROW(
+      {
+        auto bb = tq_test::tiny_llama_gguf(bad, tq::GgmlType::F32, 1).bytes();
+        auto gg = tq::GgufFile::from_bytes(bb.data(), bb.size());
+        tq::LlamaModel::load(gg);
+      },
+      tq::Error);
+}
+
+TEST(Model, SamplerGreedyAndTopP) {
+  std::vector<float> lg = {0.1f, 2.0f, 1.9f, -3.0f};
+  EXPECT_EQ(tq::argmax(lg.data(), 4), 1);
+  tq::Sampler greedy({0.0f, 0.9f, 0, 1});
+  EXPECT_EQ(greedy.sample(lg.data(), 4), 1);
+  // top_p tiny: only the best token survives.
+  tq::Sampler narrow({1.0f, 1e-6f, 0, 1});
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(narrow.sample(lg.data(), 4), 1);
+  // Temperature 1, top_p 1: empirical frequencies follow softmax (fixed seed, 20000 draws).
+  tq::Sampler s({1.0f, 1.0f, 0, 123});
+  std::vector<int> cnt(4);
+  const int N = 20000;
+  for (int i = 0; i < N; ++i) cnt[s.sample(lg.data(), 4)]++;
+  std::vector<float> lp(4);
+  tq::log_softmax(lg.data(), 4, lp.data());
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(cnt[i] / double(N), std::exp(lp[i]), 0.015) << i;
+  EXPECT_THROW(tq::Sampler({1.0f, 0.0f, 0, 1}), tq::Error);
+}

@@ -1,0 +1,98 @@
+// End to end on the real model (SmolLM2-135M-Instruct Q4_1, fetched by `make test`):
+// greedy chat answer, perplexity of a few hundred corpus tokens in a sane range, and a
+// compressed cache within a loose bound of f16 on the same tokens.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "llm_test_util.h"
+#include "tq/eval.h"
+#include "tq/gguf.h"
+#include "tq/kv_cache.h"
+#include "tq/model.h"
+#include "tq/tokenizer.h"
+
+namespace {
+
+struct Real {
+  tq::GgufFile g;
+  tq::Tokenizer tok;
+  tq::LlamaModel m;
+};
+
+Real* real() {
+  static Real* r = [] {
+    auto g = tq::GgufFile::open(tq_test::real_model_path());
+    tq::Tokenizer tok(g);
+    tq::LlamaModel m = tq::LlamaModel::load(g);
+    m.set_threads(1);  // ctest runs tests in parallel on a 2-core machine
+    return new Real{std::move(g), std::move(tok), std::move(m)};
+  }();
+  return r;
+}
+
+// Named thresholds (loose on purpose: a behaviour check, the measured tables are in
+// docs/sections/llm.md).
+constexpr double kPplMin = 2.0, kPplMax = 30.0;     // f16 perplexity of technical English
+constexpr double kCompressedMaxRatio = 1.15;       // compressed ppl <= 1.15 x f16
+constexpr double kCompressedMinTop1 = 0.80;        // top-1 agreement with f16
+
+}  // namespace
+
+TEST(ModelE2E, RealModelChatAndPerplexity) {
+  if (!tq_test::file_exists(tq_test::real_model_path()))
+    GTEST_SKIP() << tq_test::real_model_path() << " missing: run scripts/fetch-model.sh (make test does)";
+  if (!tq_test::file_exists(tq_test::corpus_path()))
+    GTEST_SKIP() << tq_test::corpus_path() << " missing: run scripts/fetch-corpus.sh (make test does)";
+  Real& R = *real();
+  const auto& c = R.m.config();
+  EXPECT_EQ(c.n_layers, 30);
+  EXPECT_EQ(c.n_heads, 9);
+  EXPECT_EQ(c.n_kv_heads, 3);
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.n_embd, 576);
+  EXPECT_EQ(c.n_vocab, 49152);
+  EXPECT_TRUE(c.tied_output);
+  EXPECT_FLOAT_EQ(c.rope_base, 100000.0f);
+
+  // Greedy chat answer.
+  {
+    const std::string prompt = R.tok.apply_chat_template({{"user", "What is the capital of France?"}});
+    const auto ids = R.tok.encode(prompt, true);
+    tq::KvCache cache(R.m.kv_config(128));
+    auto lg = R.m.forward_last(cache, ids);
+    std::vector<int32_t> out;
+    for (int i = 0; i < 12; ++i) {
+      const int32_t id = tq::argmax(lg.data(), static_cast<int>(lg.size()));
+      if (R.tok.is_end_of_generation(id)) break;
+      out.push_back(id);
+      lg = R.m.forward_last(cache, {id});
+    }
+    EXPECT_NE(R.tok.decode(out).find("Paris"), std::string::npos) << R.tok.decode(out);
+  }
+
+  // Perplexity of 2 windows of 192 tokens, f16 vs a compressed cache on the same tokens.
+  const auto tokens = R.tok.encode(tq::read_text_file(tq_test::corpus_path()));
+  std::vector<int32_t> slice(tokens.begin() + 2000, tokens.begin() + 2000 + 384);
+  const auto names = tq::kv_type_names();
+  std::string compressed = "q8_0";
+  for (const char* want : {"tq4", "q4_0h", "q8_0"})
+    if (std::find(names.begin(), names.end(), want) != names.end()) { compressed = want; break; }
+  tq::PerplexityOptions po;
+  po.n_ctx = 192;
+  po.compare = true;
+  po.kv.type_k = po.kv.type_v = compressed;
+  const auto r = tq::perplexity(R.m, slice, po);
+  EXPECT_EQ(r.n_chunks, 2);
+  EXPECT_EQ(r.n_scored, 2u * 95u);
+  EXPECT_GT(r.ppl_ref, kPplMin);
+  EXPECT_LT(r.ppl_ref, kPplMax);
+  EXPECT_LT(r.ppl / r.ppl_ref, kCompressedMaxRatio) << compressed << " ppl " << r.ppl << " vs f16 " << r.ppl_ref;
+  EXPECT_GT(r.top1_agreement, kCompressedMinTop1) << compressed;
+  // Quantized on write: prefill read the compressed cache, so the distributions differ.
+  EXPECT_GT(r.kld_mean, 0.0) << "compressed cache gave bit-identical logits: deferred quantization?";
+  EXPECT_LT(r.kv_bytes_per_token, 0.6 * r.kv_bytes_per_token_ref);
+  EXPECT_DOUBLE_EQ(r.kv_bytes_per_token_ref, 30.0 * 3 * 64 * 2 * 2);  // f16: layers*heads*dim*2B*(K,V)
+}

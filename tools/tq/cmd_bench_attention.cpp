@@ -1,0 +1,324 @@
+// tq bench attention: decode-attention speed, memory and accuracy per KV cache type, all
+// types measured side by side in one run (steps interleaved across types).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <sstream>
+#include <vector>
+
+#include "cli.h"
+#include "llm_cli.h"  // ensure_runtime_env(): OMP_WAIT_POLICY=passive (re-exec once)
+#include "tq/common.h"
+#include "tq/error.h"
+#include "tq/kv_cache.h"
+#include "tq/simd.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> r;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) r.push_back(item);
+  return r;
+}
+
+// Synthetic K/V: K ~ N(0,1) with a few large outlier channels (x8 on every 37th channel
+// starting at 5, plus a per-head offset), V ~ N(0,1). Generated in batches, deterministically.
+struct Gen {
+  int kvh, D;
+  uint64_t seed;
+  void batch(int t0, int n, std::vector<float>& k, std::vector<float>& v) const {
+    tq::Rng rng(seed * 1000003ull + (uint64_t)t0);
+    k.resize((size_t)n * kvh * D);
+    v.resize(k.size());
+    for (size_t i = 0; i < k.size(); ++i) {
+      const int d = (int)(i % D);
+      k[i] = (float)rng.normal() * ((d % 37 == 5) ? 8.f : 1.f);
+      v[i] = (float)rng.normal();
+    }
+  }
+};
+
+struct Row {
+  std::string name, type_k, type_v;
+  std::unique_ptr<tq::KvCache> cache;
+  double append_s = 0;
+  std::vector<std::vector<double>> ms;  // per thread setting
+  std::vector<float> out;
+  std::vector<float> out_err;  // outputs of the n_err queries (fused kernels, as timed)
+  double append1_us = 0;  // median single-token append (decode-time write), one layer
+  double rel_fused_ref = -1, rel_exact_ref = -1;  // same codes: fused / exact mode vs attention_ref
+};
+
+double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+    den += (double)b[i] * b[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+void setup(CLI::App& app) {
+  struct Opts {
+    int head_dim = 128, n_heads = 32, n_kv_heads = 8, context = 32768, steps = 9, window = 0, err_queries = 4;
+    std::string kv = "f16,q8_0,q4_0,q4_0h,tq3,tq4", threads = "1";
+    uint64_t seed = 1;
+    bool json = false, exact = false, grouped = false, no_ref = false;
+  };
+  auto o = std::make_shared<Opts>();
+  auto* bench = tq::cli::group(app, "bench", "Benchmarks that print figures (and JSON with --json)");
+  auto* sub = tq::cli::subcommand(*bench, "attention",
+      "Decode attention (one query per head) over a KV cache filled with synthetic vectors (K: Gaussian\n"
+      "with outlier channels, V: Gaussian), for each cache type side by side. Reports per type and\n"
+      "thread count: ms_per_step (median over steps, steps interleaved across types),\n"
+      "bytes_per_token (one layer, K+V, all kv heads), speedup_vs_f16 (same threads), max_abs_err and\n"
+      "rel_err of the output vs exact f32 attention on the unquantized vectors, and the write\n"
+      "throughput append_tokens_per_s (prefill batches of 1024 tokens, one layer, all kv heads).\n"
+      "A type 'tq4:tq3' uses tq4 for K and tq3 for V.");
+  sub->add_option("--head-dim", o->head_dim, "head dimension D")->capture_default_str();
+  sub->add_option("--n-heads", o->n_heads, "query heads")->capture_default_str();
+  sub->add_option("--n-kv-heads", o->n_kv_heads, "kv heads (n-heads must be a multiple)")->capture_default_str();
+  sub->add_option("--context", o->context, "cached tokens")->capture_default_str();
+  sub->add_option("--kv", o->kv, "comma-separated cache types (K:V for different types)")->capture_default_str();
+  sub->add_option("--threads", o->threads, "comma-separated thread counts, e.g. 1,2")->capture_default_str();
+  sub->add_option("--steps", o->steps, "decode steps per type and thread count (median reported)")
+      ->capture_default_str();
+  sub->add_option("--window", o->window, "recent tokens kept in f16")->capture_default_str();
+  sub->add_option("--seed", o->seed, "data seed")->capture_default_str();
+  sub->add_option("--err-queries", o->err_queries, "queries averaged in rel_err / max_abs_err vs exact")
+      ->capture_default_str()->check(CLI::Range(1, 64));
+  sub->add_flag("--exact", o->exact, "float scoring from codes (no int8 lookup tables)");
+  sub->add_flag("--no-ref", o->no_ref,
+                "skip the same-codes check (fused and exact-mode output vs attention_ref on the cache)");
+  sub->add_flag("--grouped", o->grouped,
+                "run all steps of one type back to back (warm caches) instead of interleaving types");
+  sub->add_flag("--json", o->json, "print one JSON object on stdout");
+  sub->callback([o] {
+    // Same OpenMP setting as the model commands: idle workers sleep instead of spinning (on the
+    // shared 2-core machine spinning made 2-thread steps stall 4-20 ms at the barrier).
+    tq::cli::ensure_runtime_env();
+    TQ_CHECK(o->context >= 1, "--context must be >= 1");
+    TQ_CHECK(o->steps >= 1, "--steps must be >= 1");
+    TQ_CHECK(o->n_kv_heads >= 1 && o->n_heads % o->n_kv_heads == 0,
+             "--n-heads %d must be a multiple of --n-kv-heads %d", o->n_heads, o->n_kv_heads);
+    const int D = o->head_dim, KVH = o->n_kv_heads, H = o->n_heads, N = o->context;
+    std::vector<int> threads;
+    for (const auto& t : split_list(o->threads)) threads.push_back(std::stoi(t));
+    TQ_CHECK(!threads.empty(), "--threads is empty");
+    const Gen gen{KVH, D, o->seed};
+    const int kBatch = 1024;
+    const int kAppend1 = 33;  // single-token appends timed after the decode steps
+
+    // Queries (query 0 is timed; all n_err are used for the error vs exact) and the exact
+    // f32 answers on the unquantized vectors (double accumulation).
+    const int n_err = o->err_queries;
+    const int G = H / KVH;
+    const double scale = 1.0 / std::sqrt((double)D);
+    std::vector<float> qs((size_t)n_err * H * D);
+    {
+      tq::Rng rng(o->seed ^ 0xabcdefull);
+      for (auto& x : qs) x = (float)rng.normal();
+    }
+    const std::vector<float> q(qs.begin(), qs.begin() + (size_t)H * D);
+    const int HQ = n_err * H;
+    std::vector<double> m(HQ, -INFINITY), l(HQ, 0), acc((size_t)HQ * D, 0);
+    std::vector<float> kb, vb;
+    for (int t0 = 0; t0 < N; t0 += kBatch) {
+      const int n = std::min(kBatch, N - t0);
+      gen.batch(t0, n, kb, vb);
+      for (int hq = 0; hq < HQ; ++hq) {
+        const int kh = (hq % H) / G;
+        const float* qv = &qs[(size_t)hq * D];
+        double* ac = &acc[(size_t)hq * D];
+        for (int t = 0; t < n; ++t) {
+          const float* kr = &kb[((size_t)t * KVH + kh) * D];
+          const float* vr = &vb[((size_t)t * KVH + kh) * D];
+          double s = 0;
+          for (int d = 0; d < D; ++d) s += (double)qv[d] * kr[d];
+          s *= scale;
+          if (s > m[hq]) {
+            const double a = std::exp(m[hq] - s);
+            l[hq] *= a;
+            for (int d = 0; d < D; ++d) ac[d] *= a;
+            m[hq] = s;
+          }
+          const double w = std::exp(s - m[hq]);
+          l[hq] += w;
+          for (int d = 0; d < D; ++d) ac[d] += w * vr[d];
+        }
+      }
+    }
+    std::vector<float> exact((size_t)HQ * D);
+    for (int hq = 0; hq < HQ; ++hq)
+      for (int d = 0; d < D; ++d) exact[(size_t)hq * D + d] = (float)(acc[(size_t)hq * D + d] / l[hq]);
+
+    // Fill one cache per type (timing only the appends).
+    std::vector<Row> rows;
+    const auto types = split_list(o->kv);
+    TQ_CHECK(!types.empty(), "--kv is empty");
+    tq::cli::Progress prog("fill", types.size() * (size_t)N);
+    size_t done = 0;
+    for (const auto& t : types) {
+      Row r;
+      r.name = t;
+      const auto colon = t.find(':');
+      r.type_k = colon == std::string::npos ? t : t.substr(0, colon);
+      r.type_v = colon == std::string::npos ? t : t.substr(colon + 1);
+      tq::KvCacheConfig cfg;
+      cfg.n_layers = 1;
+      cfg.n_kv_heads = KVH;
+      cfg.head_dim = D;
+      cfg.max_tokens = N + kAppend1;
+      cfg.type_k = r.type_k;
+      cfg.type_v = r.type_v;
+      cfg.window = o->window;
+      r.cache = std::make_unique<tq::KvCache>(cfg);
+      for (int t0 = 0; t0 < N; t0 += kBatch) {
+        const int n = std::min(kBatch, N - t0);
+        gen.batch(t0, n, kb, vb);
+        const auto a = Clock::now();
+        r.cache->append(0, n, kb.data(), vb.data());
+        r.append_s += std::chrono::duration<double>(Clock::now() - a).count();
+        done += n;
+        prog.update(done);
+      }
+      r.ms.resize(threads.size());
+      r.out.resize((size_t)H * D);
+      rows.push_back(std::move(r));
+    }
+    prog.finish();
+
+    // Decode steps, interleaved across types.
+    tq::AttentionParams p;
+    p.n_heads = H;
+    p.exact = o->exact;
+    for (size_t ti = 0; ti < threads.size(); ++ti) {
+      p.n_threads = threads[ti];
+      for (auto& r : rows) tq::attention(*r.cache, 0, 1, q.data(), r.out.data(), p);  // warm up
+      auto step = [&](Row& r) {
+        const auto a = Clock::now();
+        tq::attention(*r.cache, 0, 1, q.data(), r.out.data(), p);
+        r.ms[ti].push_back(std::chrono::duration<double, std::milli>(Clock::now() - a).count());
+      };
+      if (o->grouped) {
+        for (auto& r : rows)
+          for (int s = 0; s < o->steps; ++s) step(r);
+      } else {
+        for (int s = 0; s < o->steps; ++s)
+          for (auto& r : rows) step(r);
+      }
+    }
+    // Outputs of all error queries (fused kernels as timed).
+    for (auto& r : rows) {
+      r.out_err.resize((size_t)HQ * D);
+      tq::AttentionParams pe = p;
+      pe.n_threads = threads.back();
+      for (int e = 0; e < n_err; ++e)
+        tq::attention(*r.cache, 0, 1, &qs[(size_t)e * H * D], &r.out_err[(size_t)e * H * D], pe);
+    }
+    // Same codes: fused kernels (as timed) and exact mode vs the dequantize-then-exact oracle.
+    if (!o->no_ref) {
+      std::vector<float> ref((size_t)H * D), ex((size_t)H * D);
+      for (auto& r : rows) {
+        tq::AttentionParams pr = p;
+        pr.n_threads = threads.back();
+        tq::attention_ref(*r.cache, 0, 1, q.data(), ref.data(), pr);
+        r.rel_fused_ref = rel_diff(r.out, ref);
+        pr.exact = true;
+        tq::attention(*r.cache, 0, 1, q.data(), ex.data(), pr);
+        r.rel_exact_ref = rel_diff(ex, ref);
+      }
+    }
+    // Decode-time writes: single tokens (quantize on write), after the steps.
+    {
+      std::vector<float> k1, v1;
+      gen.batch(N, kAppend1, k1, v1);
+      for (auto& r : rows) {
+        std::vector<double> us;
+        for (int i = 0; i < kAppend1; ++i) {
+          const auto a = Clock::now();
+          r.cache->append(0, 1, k1.data() + (size_t)i * KVH * D, v1.data() + (size_t)i * KVH * D);
+          us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - a).count());
+        }
+        std::sort(us.begin(), us.end());
+        r.append1_us = us[us.size() / 2];
+      }
+    }
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      const size_t n = v.size();
+      return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    };
+    nlohmann::json results = nlohmann::json::array();
+    for (size_t ti = 0; ti < threads.size(); ++ti) {
+      double f16_ms = 0;
+      for (auto& r : rows)
+        if (r.name == "f16") f16_ms = median(r.ms[ti]);
+      for (auto& r : rows) {
+        double num = 0, den = 0, mx = 0;
+        for (size_t i = 0; i < exact.size(); ++i) {
+          const double e = (double)r.out_err[i] - exact[i];
+          num += e * e;
+          den += (double)exact[i] * exact[i];
+          mx = std::max(mx, std::fabs(e));
+        }
+        const double ms = median(r.ms[ti]);
+        nlohmann::json j;
+        j["kv"] = r.name;
+        j["type_k"] = r.type_k;
+        j["type_v"] = r.type_v;
+        j["threads"] = threads[ti];
+        j["ms_per_step"] = ms;
+        j["ms_min"] = *std::min_element(r.ms[ti].begin(), r.ms[ti].end());
+        j["bytes_per_token"] = r.cache->bytes_per_token();
+        j["k_bytes_per_head"] = tq::kv_type_bytes(tq::parse_kv_type(r.type_k), D);
+        j["v_bytes_per_head"] = tq::kv_type_bytes(tq::parse_kv_type(r.type_v), D);
+        if (f16_ms > 0) j["speedup_vs_f16"] = f16_ms / ms; else j["speedup_vs_f16"] = nullptr;
+        j["max_abs_err"] = mx;
+        j["rel_err"] = std::sqrt(num / den);
+        if (r.rel_fused_ref >= 0) {
+          j["rel_err_fused_vs_ref"] = r.rel_fused_ref;
+          j["rel_err_exact_vs_ref"] = r.rel_exact_ref;
+        }
+        j["append_tokens_per_s"] = N / r.append_s;
+        j["append_us_per_token"] = r.append1_us;
+        if (f16_ms > 0) j["append_pct_of_f16_step"] = 100.0 * r.append1_us / (1000.0 * f16_ms);
+        results.push_back(j);
+      }
+    }
+    if (o->json) {
+      tq::cli::print_json({{"head_dim", D}, {"n_heads", H}, {"n_kv_heads", KVH}, {"context", N},
+                           {"steps", o->steps}, {"window", o->window}, {"exact", o->exact}, {"err_queries", n_err},
+                           {"interleaved", !o->grouped},
+                           {"simd", tq::simd::current_level()}, {"results", results}});
+      return;
+    }
+    std::printf("decode attention: D=%d heads=%d kv_heads=%d context=%d steps=%d window=%d simd=%s%s%s\n", D,
+                H, KVH, N, o->steps, o->window, tq::simd::current_level().c_str(), o->exact ? " exact" : "",
+                o->grouped ? " grouped" : " interleaved");
+    std::printf("%-12s %3s %10s %8s %10s %10s %10s %12s %10s %10s %10s\n", "kv", "thr", "ms/step", "vs f16", "B/token",
+                "rel_err", "max_abs", "append tok/s", "append1 us", "fused~ref", "exact~ref");
+    for (const auto& j : results) {
+      const std::string sp = j["speedup_vs_f16"].is_null() ? "-" : tq::strprintf("%.2fx", j["speedup_vs_f16"].get<double>());
+      const double fr = j.contains("rel_err_fused_vs_ref") ? j["rel_err_fused_vs_ref"].get<double>() : -1;
+      const double er = j.contains("rel_err_exact_vs_ref") ? j["rel_err_exact_vs_ref"].get<double>() : -1;
+      const std::string frs = fr < 0 ? "-" : tq::strprintf("%.2e", fr), ers = er < 0 ? "-" : tq::strprintf("%.2e", er);
+      std::printf("%-12s %3d %10.3f %8s %10.0f %10.2e %10.2e %12.0f %10.1f %10s %10s\n", j["kv"].get<std::string>().c_str(),
+                  j["threads"].get<int>(), j["ms_per_step"].get<double>(), sp.c_str(),
+                  j["bytes_per_token"].get<double>(), j["rel_err"].get<double>(), j["max_abs_err"].get<double>(),
+                  j["append_tokens_per_s"].get<double>(), j["append_us_per_token"].get<double>(), frs.c_str(),
+                  ers.c_str());
+    }
+  });
+}
+
+tq::cli::Registrar reg("bench_attention", setup);
+
+}  // namespace

@@ -1,0 +1,89 @@
+// `tq bench model`: prefill and decode speed of a model at given context lengths, for one or
+// more KV cache types in the same process (ratios to the first type).
+#include <algorithm>
+#include <cstdio>
+
+#include "llm_cli.h"
+
+namespace {
+
+void setup(CLI::App& app) {
+  auto* bench = tq::cli::group(app, "bench", "Benchmarks");
+  auto* s = tq::cli::subcommand(
+      *bench, "model",
+      "Prefill and decode tok/s of a GGUF model at each context, per cache config (runs alternate;\n"
+      "medians over --reps). Example:\n"
+      "  tq bench model -t 2 --contexts 512,4096,8192 --caches f16,tq4 --decode 32 --reps 3");
+  auto o = std::make_shared<tq::cli::ModelOpts>();
+  auto contexts = std::make_shared<std::vector<int>>(std::vector<int>{512, 4096, 8192});
+  auto caches = std::make_shared<std::vector<std::string>>(std::vector<std::string>{"f16", "tq4"});
+  auto decode = std::make_shared<int>(32);
+  auto reps = std::make_shared<int>(1);
+  auto file = std::make_shared<std::string>(tq::cli::kDefaultCorpus);
+  tq::cli::add_model_opts(s, *o, 0);
+  tq::cli::add_kv_opts(s, o->kv);
+  s->add_option("--contexts", *contexts, "prompt lengths")->delimiter(',')->capture_default_str();
+  s->add_option("--caches", *caches, "cache types (K=V), or K/V pairs like tq4/tq3")->delimiter(',')
+      ->capture_default_str();
+  s->add_option("--decode", *decode, "decode steps after the prefill")->capture_default_str();
+  s->add_option("--reps", *reps, "repetitions (median reported)")->capture_default_str();
+  s->add_option("-f,--file", *file, "text used as the prompt")->capture_default_str();
+  s->callback([=] {
+    auto L = tq::cli::load_model(*o);
+    const auto tokens = L->tok.encode(tq::read_text_file(*file));
+    nlohmann::json rows = nlohmann::json::array();
+    const size_t total = contexts->size() * caches->size() * std::max(1, *reps);
+    tq::cli::Progress pb("bench model", total);
+    size_t done = 0;
+    for (int ctx : *contexts) {
+      std::vector<std::vector<tq::SpeedResult>> runs(caches->size());
+      for (int r = 0; r < std::max(1, *reps); ++r)
+        for (size_t ci = 0; ci < caches->size(); ++ci) {
+          tq::KvOptions kv = o->kv;
+          const std::string& cs = (*caches)[ci];
+          const size_t slash = cs.find('/');
+          kv.type_k = cs.substr(0, slash);
+          kv.type_v = slash == std::string::npos ? cs : cs.substr(slash + 1);
+          runs[ci].push_back(tq::bench_speed(L->model, tokens, ctx, *decode, kv));
+          pb.update(++done);
+        }
+      for (size_t ci = 0; ci < caches->size(); ++ci) {
+        auto med = [&](auto f) {
+          std::vector<double> v;
+          for (auto& x : runs[ci]) v.push_back(f(x));
+          std::sort(v.begin(), v.end());
+          return v[v.size() / 2];
+        };
+        auto med0 = [&](auto f) {
+          std::vector<double> v;
+          for (auto& x : runs[0]) v.push_back(f(x));
+          std::sort(v.begin(), v.end());
+          return v[v.size() / 2];
+        };
+        const double pf = med([](const tq::SpeedResult& x) { return x.prefill_tok_s; });
+        const double dc = med([](const tq::SpeedResult& x) { return x.decode_tok_s; });
+        rows.push_back({{"context", ctx}, {"cache", (*caches)[ci]}, {"prefill_tok_s", pf}, {"decode_tok_s", dc},
+                        {"prefill_vs_first", pf / med0([](const tq::SpeedResult& x) { return x.prefill_tok_s; })},
+                        {"decode_vs_first", dc / med0([](const tq::SpeedResult& x) { return x.decode_tok_s; })},
+                        {"kv_bytes", runs[ci].back().kv_bytes}, {"decode_tokens", *decode}, {"reps", runs[ci].size()}});
+      }
+    }
+    pb.finish();
+    if (o->json) {
+      tq::cli::print_json({{"threads", L->model.threads()}, {"rows", rows}});
+      return;
+    }
+    std::printf("%8s %-12s %12s %12s %9s %9s %12s\n", "context", "cache", "prefill t/s", "decode t/s", "pf ratio",
+                "dec ratio", "kv MiB");
+    for (auto& r : rows)
+      std::printf("%8d %-12s %12.1f %12.2f %9.2f %9.2f %12.2f\n", r["context"].get<int>(),
+                  r["cache"].get<std::string>().c_str(), r["prefill_tok_s"].get<double>(),
+                  r["decode_tok_s"].get<double>(), r["prefill_vs_first"].get<double>(),
+                  r["decode_vs_first"].get<double>(), r["kv_bytes"].get<double>() / 1048576.0);
+    std::printf("threads %d\n", L->model.threads());
+  });
+}
+
+tq::cli::Registrar reg("bench-model", setup);
+
+}  // namespace

@@ -1,0 +1,119 @@
+// `tq perplexity`: perplexity of a model on a text file with a chosen KV cache; with
+// --compare f16 also the f16 cache on the same tokens: KLD, top-1 agreement.
+#include <cstdio>
+
+#include "llm_cli.h"
+
+namespace {
+
+void setup(CLI::App& app) {
+  auto* s = tq::cli::subcommand(
+      app, "perplexity",
+      "Perplexity over non-overlapping windows of -c tokens (the second half of each window is\n"
+      "scored, as llama.cpp does). Example:\n"
+      "  tq perplexity -f data/debian-reference.en.txt -c 512 --chunks 8 -ctk tq4 -ctv tq4 --compare f16");
+  auto o = std::make_shared<tq::cli::ModelOpts>();
+  auto file = std::make_shared<std::string>(tq::cli::kDefaultCorpus);
+  auto chunks = std::make_shared<int>(0);
+  auto compare = std::make_shared<std::string>();
+  auto sweep = std::make_shared<std::string>();
+  auto dump_top1 = std::make_shared<bool>(false);
+  tq::cli::add_model_opts(s, *o, 512);
+  tq::cli::add_kv_opts(s, o->kv);
+  s->add_option("-f,--file", *file, "text file")->capture_default_str();
+  s->add_option("--chunks", *chunks, "number of windows (0 = all)")->capture_default_str();
+  s->add_option("--compare", *compare, "also run this cache type (e.g. f16) on the same tokens");
+  s->add_flag("--top1", *dump_top1, "with --json: include the argmax token of every scored position");
+  s->add_option("--sweep", *sweep,
+                "several cache configs separated by ';', each 'K[/V] [wN] [bN:T]' (e.g. 'tq4;tq4/tq3;tq3 w128 b2:f16'),\n"
+                "run on the same windows sharing one --compare pass (replaces -ctk/-ctv)");
+  s->callback([=] {
+    auto L = tq::cli::load_model(*o);
+    const std::string text = tq::read_text_file(*file);
+    const std::vector<int32_t> tokens = L->tok.encode_with_bos(text);
+    tq::PerplexityOptions po;
+    po.n_ctx = o->ctx;
+    po.n_chunks = *chunks;
+    po.kv = o->kv;
+    if (!compare->empty()) {
+      po.compare = true;
+      po.ref.type_k = po.ref.type_v = *compare;
+    }
+    std::vector<tq::KvOptions> configs;
+    if (sweep->empty()) {
+      configs.push_back(o->kv);
+    } else {
+      std::string rest = *sweep;
+      size_t p0 = 0;
+      while (p0 <= rest.size()) {
+        size_t e = rest.find(';', p0);
+        if (e == std::string::npos) e = rest.size();
+        const std::string one = rest.substr(p0, e - p0);
+        if (one.find_first_not_of(' ') != std::string::npos) {
+          tq::KvOptions kv = tq::parse_kv_label(one);
+          kv.seed = o->kv.seed;
+          configs.push_back(kv);
+        }
+        p0 = e + 1;
+      }
+    }
+    std::unique_ptr<tq::cli::Progress> pb;
+    po.progress = [&](size_t d, size_t t) {
+      if (!pb) pb = std::make_unique<tq::cli::Progress>("perplexity", t);
+      pb->update(d);
+    };
+    const auto results = tq::perplexity_multi(L->model, tokens, po, configs);
+    if (pb) pb->finish();
+    nlohmann::json all = nlohmann::json::array();
+    for (size_t c = 0; c < configs.size(); ++c) {
+      const tq::PerplexityResult& r = results[c];
+      nlohmann::json j = {{"kv", tq::cli::kv_json(configs[c])}, {"ppl", r.ppl},
+                          {"kv_bytes_per_token", r.kv_bytes_per_token}, {"bits_per_value", r.bits_per_value},
+                          {"seconds", r.seconds}, {"chunk_ppl", r.chunk_ppl}};
+      if (*dump_top1) j["top1"] = r.top1;
+      if (po.compare) {
+        j["compare"] = *compare;
+        j["ppl_f16"] = r.ppl_ref;
+        j["ppl_delta_pct"] = 100.0 * (r.ppl / r.ppl_ref - 1.0);
+        j["kld_mean"] = r.kld_mean;
+        j["kld_p99"] = r.kld_p99;
+        j["top1_agreement"] = r.top1_agreement;
+        j["kv_bytes_per_token_f16"] = r.kv_bytes_per_token_ref;
+      }
+      all.push_back(j);
+    }
+    const tq::PerplexityResult& r0 = results[0];
+    nlohmann::json head = {{"model", tq::cli::resolve_model(o->model)}, {"file", *file},
+                           {"text_tokens", tokens.size()}, {"ctx", r0.n_ctx}, {"chunks", r0.n_chunks},
+                           {"scored_tokens", r0.n_scored}, {"threads", L->model.threads()}};
+    if (o->json) {
+      if (sweep->empty()) {
+        nlohmann::json j = all[0];
+        j.update(head);
+        tq::cli::print_json(j);
+      } else {
+        head["results"] = all;
+        tq::cli::print_json(head);
+      }
+      return;
+    }
+    std::printf("model %s, text %s: %zu tokens, %d chunks of %d (%zu scored), %d threads\n",
+                tq::cli::resolve_model(o->model).c_str(), file->c_str(), tokens.size(), r0.n_chunks, r0.n_ctx,
+                r0.n_scored, L->model.threads());
+    if (po.compare)
+      std::printf("%-26s ppl %.4f   %.1f bytes/token\n", compare->c_str(), r0.ppl_ref, r0.kv_bytes_per_token_ref);
+    for (size_t c = 0; c < configs.size(); ++c) {
+      const tq::PerplexityResult& r = results[c];
+      std::printf("%-26s ppl %.4f   %7.1f bytes/token (%.3f bits/value)", configs[c].label().c_str(), r.ppl,
+                  r.kv_bytes_per_token, r.bits_per_value);
+      if (po.compare)
+        std::printf("  delta %+.2f%%  KLD %.5f (p99 %.4f)  top-1 %.2f%%", 100.0 * (r.ppl / r.ppl_ref - 1.0),
+                    r.kld_mean, r.kld_p99, 100.0 * r.top1_agreement);
+      std::printf("  %.1f s\n", r.seconds);
+    }
+  });
+}
+
+tq::cli::Registrar reg("perplexity", setup);
+
+}  // namespace
