@@ -123,6 +123,11 @@ def recalls(ids, gt):
     return r, r10
 
 
+def cur_rss_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 def rss_mb():
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
@@ -185,6 +190,11 @@ def run_rabitqlib(args, ds, bits):
     cent = xb.mean(axis=0, keepdims=True).astype(np.float32)
     ix.build(xb, cent, np.zeros(n, dtype=np.uint32), num_threads=args.threads)
     t1 = time.perf_counter()
+    # Storage per vector: the size of rabitqlib's own saved index divided by n.
+    tmp = os.path.join(REPO, "data", "bench", "rabitqlib.tmp")
+    ix.save(tmp)
+    est = os.path.getsize(tmp) / n
+    os.remove(tmp)
 
     def search(q):
         return ix.search(q, KS[-1], 1, num_threads=args.threads)
@@ -193,9 +203,8 @@ def run_rabitqlib(args, ds, bits):
     if ids.dtype.kind == "f":  # (ids, dists) order varies by version: pick the integer array
         ids = np.asarray(res[0])
     r, r10 = recalls(ids.astype(np.int64), ds["gt"])
-    # Code bytes: bits * d / 8 plus RaBitQ's per-vector factors (3 floats in the paper's layout).
     return dict(method=f"rabitqlib {bits}b (1 cluster)", family="rabitqlib", bits=bits,
-                bytes_per_vector=None, train_s=0.0, build_s=t1 - t0, qps=len(xq) / ts,
+                bytes_per_vector=f"{est:.0f} (file)", train_s=0.0, build_s=t1 - t0, qps=len(xq) / ts,
                 recall_1_at_k=r, recall_10_at_10=r10, peak_rss_mb=rss_mb(), cmd="rabitqlib")
 
 
@@ -209,6 +218,9 @@ def methods(args, ds):
         out.append(("tq", bits, lambda b=bits: run_tq(args, ds, b)))
         if bits == 4:
             out.append(("tq", bits, lambda b=bits: run_tq(args, ds, b, ["--rerank", "0"], f"tq mse {b}b no-rerank")))
+        for v in args.tq_variants:
+            flags = ["--" + f for f in v.split(",")]
+            out.append(("tq", bits, lambda b=bits, fl=flags, v=v: run_tq(args, ds, b, fl, f"tq mse {b}b {v.replace(',', '+')}")))
         m = d * bits // 8
         if not args.skip_pq and d % m == 0:
             out.append(("faiss-pq", bits, lambda m=m, b=bits: run_faiss(
@@ -233,6 +245,8 @@ def methods(args, ds):
             args, ds, f"FAISS RaBitQ {b}b (rotated)", "faiss-rabitq", b, mk, True)))
         if not args.skip_rabitqlib:
             out.append(("rabitqlib", bits, lambda b=bits: run_rabitqlib(args, ds, b)))
+    for bits in args.tq_extra:
+        out.append(("tq", bits, lambda b=bits: run_tq(args, ds, b)))
     return out
 
 
@@ -262,7 +276,9 @@ def write_report(args, ds, res):
     except Exception as e:  # plots are optional
         print("no plots:", e)
         return
+    colors = list(plt.cm.tab20.colors)
     fig, ax = plt.subplots(figsize=(8, 5))
+    ax.set_prop_cycle(color=colors)
     for r in res:
         ax.plot(KS, [r["recall_1_at_k"][str(k)] for k in KS], marker="o",
                 linestyle="-" if r["family"] == "tq" else "--", label=r["method"])
@@ -284,8 +300,8 @@ def write_report(args, ds, res):
     fig.tight_layout()
     fig.savefig(os.path.join(args.out, "build_time.png"), dpi=110)
     fig, ax = plt.subplots(figsize=(8, 5))
-    for r in res:
-        ax.scatter(r["recall_1_at_k"]["1"], r["qps"], s=40)
+    for i, r in enumerate(res):
+        ax.scatter(r["recall_1_at_k"]["1"], r["qps"], s=40, color=colors[i % len(colors)])
         ax.annotate(r["method"], (r["recall_1_at_k"]["1"], r["qps"]), fontsize=7)
     ax.set_yscale("log")
     ax.set_xlabel("Recall@1@1")
@@ -304,6 +320,10 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--bits", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--tq-extra", type=float, nargs="*", default=[],
+                    help="extra tq widths (e.g. 2.5 3 3.5) to compare at equal bytes")
+    ap.add_argument("--tq-variants", nargs="*", default=[],
+                    help="extra tq variants at each --bits, e.g. center fit-scale center,fit-scale")
     ap.add_argument("--nq", type=int, default=10000)
     ap.add_argument("--reps", type=int, default=3, help="tq timed runs (median)")
     ap.add_argument("--faiss-reps", type=int, default=1, help="FAISS/rabitqlib timed searches (median)")

@@ -201,6 +201,39 @@ TEST(Index, EveryWidthAndScaleMode) {
   }
 }
 
+TEST(Index, CenterAndFitScaleKeepRecallAndScores) {
+  // Centred / fitted codes estimate the same inner products: compare against exact scores.
+  const int d = 64;
+  const size_t n = 1500, nq = 50;
+  auto x = make_data(n, d, 30), q = make_data(nq, d, 31);
+  for (auto m : {tq::Metric::ip, tq::Metric::cosine, tq::Metric::l2}) {
+    auto gt = exact(m, x, q, d, 1);
+    for (int variant = 0; variant < 3; ++variant) {
+      auto c = cfg_of(d, 4, m);
+      c.center = variant != 1;
+      c.fit_scale = variant != 0;
+      tq::Index idx(c);
+      idx.add(700, x.data());
+      idx.add(n - 700, x.data() + 700 * d);  // the centre comes from the first batch
+      auto r = run(idx, q, 10);
+      EXPECT_GE(recall1(r, 10, gt, 1, 10), kMinRecall1at10_4bit) << tq::metric_name(m) << variant;
+      // The returned score of the top hit is close to its exact score.
+      auto all = exact(m, x, q, d, static_cast<int>(n));
+      for (size_t i = 0; i < nq; ++i) {
+        const int64_t id = r.id[i * 10];
+        float ex = 0;
+        for (size_t j = 0; j < n; ++j)
+          if (all.id[i * n + j] == id) ex = all.s[i * n + j];
+        // l2: the error of -2<q, x> is relative to ||q||^2 + ||x||^2, not to the distance.
+        double qq = 0;
+        for (int j = 0; j < d; ++j) qq += q[i * d + j] * q[i * d + j];
+        const double tol = m == tq::Metric::l2 ? 0.05 * qq : 0.05 * (1 + std::fabs(ex));
+        EXPECT_NEAR(r.s[i * 10], ex, tol) << tq::metric_name(m) << variant;
+      }
+    }
+  }
+}
+
 TEST(Index, IdsBatchesAndFewerThanK) {
   const int d = 32;
   auto x = make_data(300, d, 8), q = make_data(10, d, 9);
@@ -330,11 +363,13 @@ std::vector<uint8_t> slurp(const std::string& p) { return tq::read_file_bytes(p)
 void st64(uint8_t* p, uint64_t v) { for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i)); }
 void st32(uint8_t* p, uint32_t v) { for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i)); }
 void fix_header_checksum(std::vector<uint8_t>& b) { st64(b.data() + 120, tq::checksum64(b.data(), 120)); }
-tq::Index small_index(tq::Metric m = tq::Metric::l2, double bits = 2, bool keep = true, size_t n = 37) {
+tq::Index small_index(tq::Metric m = tq::Metric::l2, double bits = 2, bool keep = true, size_t n = 37,
+                      bool center = false) {
   const int d = 12;
   auto x = make_data(n, d, 20);
   auto c = cfg_of(d, bits, m);
   c.keep_vectors = keep;
+  c.center = center;
   tq::Index idx(c);
   idx.add(n, x.data());
   return idx;
@@ -345,13 +380,14 @@ TEST(IndexIo, RoundTripGivesIdenticalResults) {
   TempDir t;
   const int d = 64;
   auto x = make_data(900, d, 21), q = make_data(30, d, 22);
-  struct Case { tq::Metric m; double bits; tq::QuantizerKind codec; bool keep; tq::NormFormat nf; };
+  struct Case { tq::Metric m; double bits; tq::QuantizerKind codec; bool keep; tq::NormFormat nf; bool center; };
   const std::vector<Case> cases = {
-      {tq::Metric::cosine, 4, tq::QuantizerKind::mse, false, tq::NormFormat::f16},
-      {tq::Metric::l2, 2.5, tq::QuantizerKind::mse, true, tq::NormFormat::f32},
-      {tq::Metric::ip, 6, tq::QuantizerKind::mse, false, tq::NormFormat::f16},
-      {tq::Metric::ip, 1, tq::QuantizerKind::mse, false, tq::NormFormat::f16},
-      {tq::Metric::l2, 3, tq::QuantizerKind::prod, false, tq::NormFormat::f16},
+      {tq::Metric::cosine, 4, tq::QuantizerKind::mse, false, tq::NormFormat::f16, false},
+      {tq::Metric::cosine, 4, tq::QuantizerKind::mse, false, tq::NormFormat::f16, true},
+      {tq::Metric::l2, 2.5, tq::QuantizerKind::mse, true, tq::NormFormat::f32, true},
+      {tq::Metric::ip, 6, tq::QuantizerKind::mse, false, tq::NormFormat::f16, false},
+      {tq::Metric::ip, 1, tq::QuantizerKind::mse, false, tq::NormFormat::f16, true},
+      {tq::Metric::l2, 3, tq::QuantizerKind::prod, false, tq::NormFormat::f16, false},
   };
   for (const auto& cs : cases) {
     auto c = cfg_of(d, cs.bits, cs.m);
@@ -360,12 +396,15 @@ TEST(IndexIo, RoundTripGivesIdenticalResults) {
     c.norm = cs.nf;
     c.seed = 99;
     c.scale = tq::ScaleMode::eden;
+    c.center = cs.center;
+    c.fit_scale = cs.center;
     tq::Index idx(c);
     std::vector<int64_t> ids(900);
     for (size_t i = 0; i < 900; ++i) ids[i] = -static_cast<int64_t>(i) * 1000003;
     idx.add(900, x.data(), ids.data());
     idx.save(t.path("a.tqi"));
-    EXPECT_EQ(tq::file_size(t.path("a.tqi")), 128 + 900 * (idx.code_bytes() + 8 + (cs.keep ? 4 * d : 0)));
+    EXPECT_EQ(tq::file_size(t.path("a.tqi")),
+              128 + (cs.center ? 4 * d : 0) + 900 * (idx.code_bytes() + 8 + (cs.keep ? 4 * d : 0)));
     auto back = tq::Index::load(t.path("a.tqi"));
     EXPECT_EQ(back.size(), idx.size());
     EXPECT_EQ(back.describe(), idx.describe());
@@ -400,7 +439,7 @@ TEST(IndexIo, TruncatedAtEveryOffsetRejected) {
 
 TEST(IndexIo, FlippedBytesRejected) {
   TempDir t;
-  auto idx = small_index(tq::Metric::cosine, 2.5, true, 20);
+  auto idx = small_index(tq::Metric::cosine, 2.5, true, 20, true);
   idx.save(t.path("s.tqi"));
   const auto b = slurp(t.path("s.tqi"));
   for (size_t i = 0; i < b.size(); ++i)

@@ -1,9 +1,11 @@
 // KvCache.* and Attention.*: format table, memory accounting, errors, fused attention vs the
 // dequantize-then-exact reference for every type, shapes, windows and thread counts.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -440,4 +442,43 @@ TEST(KvCache, BoundaryLayersUseTheirTypes) {
   EXPECT_EQ(tq::kv_type_name(L[3].k[0].type), "q8_0");
   EXPECT_EQ(tq::kv_type_name(L[4].v[0].type), "f16");
   EXPECT_DOUBLE_EQ(cache.bytes_per_token(), 4 * (68 + 128) + (26 + 18));
+}
+
+TEST(Attention, EdgeHeadDims) {
+  const std::vector<Case> cases = {
+      {"f16", "f16", 16, 1, 2, 40, 1, 0},    {"tq3", "tq4", 16, 1, 2, 40, 1, 0},
+      {"tq1", "tq2", 48, 2, 1, 70, 2, 3},    {"f32", "tq8", 48, 1, 3, 33, 1, 0},
+      {"tq4", "tq3", 512, 1, 4, 65, 1, 0},   {"tq3.5", "tq2.5", 192, 1, 2, 50, 1, 0},
+      {"q4_0h", "q8_0", 96, 1, 4, 35, 1, 0}, {"tq4p", "tq2", 16, 1, 4, 40, 1, 0},
+  };
+  for (const auto& c : cases) {
+    double re, rf;
+    check_case(c, 2, &re, &rf);
+    EXPECT_LE(re, kExactRelTol) << describe(c);
+    EXPECT_LE(rf, kFastRelTol) << describe(c);
+  }
+}
+
+// The CLI prints one JSON object with one result per type and thread count.
+TEST(Attention, BenchCliJson) {
+  const std::string cmd = std::string(TQ_CLI_PATH) +
+                          " bench attention --head-dim 64 --n-heads 4 --n-kv-heads 2 --context 300"
+                          " --kv f16,tq4,q4_0h --threads 1 --steps 1 --err-queries 1 --json 2>/dev/null";
+  FILE* f = popen(cmd.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  ASSERT_EQ(pclose(f), 0) << out;
+  const auto j = nlohmann::json::parse(out);
+  ASSERT_EQ(j["results"].size(), 3u);
+  EXPECT_EQ(j["results"][1]["kv"], "tq4");
+  EXPECT_EQ(j["results"][1]["k_bytes_per_head"], 34);  // 64 * 4 / 8 + 2
+  EXPECT_GT(j["results"][1]["speedup_vs_f16"].get<double>(), 0.0);
+  EXPECT_LT(j["results"][1]["rel_err_exact_vs_ref"].get<double>(), kExactRelTol);
+  EXPECT_LT(j["results"][0]["rel_err"].get<double>(), 1e-2);  // f16 vs exact f32
+  EXPECT_GT(j["results"][2]["append_tokens_per_s"].get<double>(), 0.0);
+  // Unknown type: non-zero exit.
+  EXPECT_NE(std::system((std::string(TQ_CLI_PATH) + " bench attention --kv q5_k --context 10 >/dev/null 2>&1").c_str()), 0);
 }

@@ -57,6 +57,16 @@ struct IndexConfig {
   uint64_t seed = 0x5eed;
   Law law = Law::beta;
   bool keep_vectors = false;            // also keep the float vectors (for rerank_full)
+  // Per-vector grid fit (encode time only, no extra bytes): quantize t * y for the 9 grid
+  // scales t = 0.80, 0.85, ..., 1.20 and keep the codes whose centroid vector has the best
+  // cosine with y (the idea of extended RaBitQ's per-vector rescaling, applied to the
+  // Lloyd-Max codebook). About 9x the quantization work at build time.
+  bool fit_scale = false;
+  // Subtract the mean of the first added batch (after normalisation for cosine) before
+  // quantizing, as RaBitQ does with its centroid: the codes then spend their precision on
+  // x - mean. Scores add <q, mean> back (ip/cosine); l2 is translation invariant.
+  // Costs dim floats per index, nothing per vector.
+  bool center = false;
 };
 
 struct SearchParams {
@@ -64,7 +74,7 @@ struct SearchParams {
   int n_threads = 0;    // 0: OpenMP default
   bool fast_scan = true;  // uint8-LUT SIMD scan where the width allows; false: float LUTs
   int rerank = -1;      // fast-scan candidates re-scored with exact float LUTs; -1: auto
-                        // (max(2k, k + 32)); 0: return the uint8-LUT scores
+                        // (k + 16); 0: return the uint8-LUT scores
   int rerank_full = 0;  // candidates re-scored with the kept float vectors (0: off)
 };
 

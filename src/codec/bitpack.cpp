@@ -18,6 +18,7 @@ size_t packed_bytes(size_t n, int bits) {
 
 void pack_bits_ref(size_t n, int bits, const uint8_t* idx, uint8_t* out) noexcept {
   const size_t nbytes = (n * bits + 7) / 8;
+  if (nbytes == 0) return;  // out may be null for n == 0 (memset(nullptr, 0, 0) is UB)
   std::memset(out, 0, nbytes);
   for (size_t j = 0; j < n; ++j)
     for (int k = 0; k < bits; ++k) {
@@ -41,7 +42,7 @@ void pack_bits(size_t n, int bits, const uint8_t* idx, uint8_t* out) noexcept {
   const uint64_t mask = (1u << bits) - 1;
   size_t g = 0;
   if (bits == 8) {
-    std::memcpy(out, idx, n);
+    if (n) std::memcpy(out, idx, n);  // n == 0 may come with null pointers
     return;
   }
   if (bits == 4) {  // SWAR: 8 indices (one word) -> 4 bytes
@@ -75,7 +76,7 @@ void unpack_bits(size_t n, int bits, const uint8_t* in, uint8_t* idx) noexcept {
   const uint64_t mask = (1u << bits) - 1;
   size_t g = 0;
   if (bits == 8) {
-    std::memcpy(idx, in, n);
+    if (n) std::memcpy(idx, in, n);  // n == 0 may come with null pointers
     return;
   }
   if (bits == 4) {  // common case: two indices per byte

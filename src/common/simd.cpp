@@ -33,7 +33,13 @@ void apply_locked(State& st, const std::string& level);
 State& state() {
   static State* st = [] {
     auto* s = new State;
-    for (int64_t t : hwy::SupportedAndGeneratedTargets()) s->targets.emplace_back(lower(hwy::TargetName(t)), t);
+    for (int64_t t : hwy::SupportedAndGeneratedTargets()) {
+      // Highway's own portable fallbacks are not levels of ours: "scalar" means the `_ref`
+      // reference kernels (listed once, last, by available_levels()).
+      std::string name = lower(hwy::TargetName(t));
+      if (name == "scalar" || name == "emu128") continue;
+      s->targets.emplace_back(std::move(name), t);
+    }
     if (const char* env = std::getenv("TQ_SIMD"); env && *env) {
       try {
         apply_locked(*s, lower(env));

@@ -36,7 +36,7 @@ namespace {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC target("avx2,fma,f16c,bmi,bmi2,avx512f,avx512vl,avx512dq,avx512bw,avx512vnni")
+#pragma GCC target("avx2,fma,f16c,bmi,bmi2,avx512f,avx512vl,avx512dq,avx512bw,avx512vnni,avx512vbmi")
 
 inline __m512 exp512(__m512 x) {
   // exp(x) = 2^n * exp(r), n = round(x / ln2), r = x - n ln2 in [-ln2/2, ln2/2].
@@ -63,7 +63,16 @@ inline __m512i tile_codes(const uint64_t* pl) {
   if constexpr (B > 1) idx = _mm512_mask_add_epi8(idx, _cvtu64_mask64(pl[1]), idx, _mm512_set1_epi8(2));
   if constexpr (B > 2) idx = _mm512_mask_add_epi8(idx, _cvtu64_mask64(pl[2]), idx, _mm512_set1_epi8(4));
   if constexpr (B > 3) idx = _mm512_mask_add_epi8(idx, _cvtu64_mask64(pl[3]), idx, _mm512_set1_epi8(8));
+  if constexpr (B > 4) idx = _mm512_mask_add_epi8(idx, _cvtu64_mask64(pl[4]), idx, _mm512_set1_epi8(16));
+  if constexpr (B > 5) idx = _mm512_mask_add_epi8(idx, _cvtu64_mask64(pl[5]), idx, _mm512_set1_epi8(32));
   return idx;
+}
+// Codes -> centroid bytes: vpshufb over a 16-entry table in every 128-bit lane (B <= 4), or
+// vpermb over a 64-entry table (B = 5, 6; AVX-512 VBMI).
+template <int B>
+inline __m512i lookup(__m512i tbl, __m512i idx) {
+  if constexpr (B <= 4) return _mm512_shuffle_epi8(tbl, idx);
+  else return _mm512_permutexvar_epi8(idx, tbl);
 }
 
 // K: raw[g][32] = sum_d q8[g][d] * tblK[code(t, d)] for the nt tokens of a block.
@@ -77,7 +86,7 @@ void score_block(const uint8_t* tiles, int D, int nt, const int32_t* q32, __m512
     if (s * 16 < nt) {
       const uint64_t* pl = t64 + (size_t)s * nq * B;
       for (int k = 0; k < nq; ++k, pl += B) {
-        const __m512i vals = _mm512_shuffle_epi8(tbl, tile_codes<B>(pl));
+        const __m512i vals = lookup<B>(tbl, tile_codes<B>(pl));
         for (int g = 0; g < G; ++g)
           acc[g] = _mm512_dpbusd_epi32(acc[g], vals, _mm512_set1_epi32(q32[g * nq + k]));
       }
@@ -96,7 +105,7 @@ void accum_block(const uint8_t* tiles, int D, int nt, const int32_t* w32, __m512
     for (int g = 0; g < G; ++g) acc[g] = _mm512_setzero_si512();
     const uint64_t* pl = t64 + (size_t)e * 8 * B;
     for (int r = 0; r < nr; ++r, pl += B) {
-      const __m512i vals = _mm512_shuffle_epi8(tbl, tile_codes<B>(pl));
+      const __m512i vals = lookup<B>(tbl, tile_codes<B>(pl));
       for (int g = 0; g < G; ++g) acc[g] = _mm512_dpbusd_epi32(acc[g], _mm512_set1_epi32(w32[g * 8 + r]), vals);
     }
     for (int g = 0; g < G; ++g) _mm512_store_si512(accv + (size_t)g * D + e * 16, acc[g]);
@@ -113,6 +122,8 @@ ScoreFn pick_score(int bits) {
     case 2: return score_block<G, 2>;
     case 3: return score_block<G, 3>;
     case 4: return score_block<G, 4>;
+    case 5: return score_block<G, 5>;
+    case 6: return score_block<G, 6>;
   }
   return nullptr;
 }
@@ -123,20 +134,25 @@ AccumFn pick_accum(int bits) {
     case 2: return accum_block<G, 2>;
     case 3: return accum_block<G, 3>;
     case 4: return accum_block<G, 4>;
+    case 5: return accum_block<G, 5>;
+    case 6: return accum_block<G, 6>;
   }
   return nullptr;
 }
 
 // Byte tables of a codebook: centroid * 127 / max|centroid|, K unsigned (+128), V signed.
-__m512i byte_table(const Codebook& cb, bool offset, float* cscale) {
+__m512i byte_table(const Codebook* cb, bool offset, float* cscale) {
+  static const std::vector<float> kSigns = {-1.f, 1.f};
+  const std::vector<float>& cs = cb ? cb->centroids : kSigns;
   float cmax = 0;
-  for (float c : cb.centroids) cmax = std::max(cmax, std::fabs(c));
-  alignas(16) int8_t t[16] = {};
-  for (int j = 0; j < cb.levels() && j < 16; ++j) {
-    const int v = (int)std::lrint(cb.centroids[j] * 127.0 / cmax);
+  for (float c : cs) cmax = std::max(cmax, std::fabs(c));
+  alignas(64) int8_t t[64] = {};
+  for (int j = 0; j < (int)cs.size() && j < 64; ++j) {
+    const int v = (int)std::lrint(cs[j] * 127.0 / cmax);
     t[j] = (int8_t)(offset ? v + 128 : v);
   }
   *cscale = cmax / 127.f;
+  if (cs.size() > 16) return _mm512_load_si512(t);  // vpermb table
   return _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(t)));
 }
 
@@ -146,18 +162,32 @@ inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
 // A tq stream is one part (tqB) or two (tq2.5 / tq3.5: outlier and regular channels), each
 // with its own codebook, fp16 norms and bit-plane tiles, covering dims [off, off + dim) of
 // the stream's domain.
+//
+// prod K (tq3p / tq4p) is two K parts over all D dims: the (b-1)-bit mse indices scored
+// against Pi q with norm s, and the QJL signs (a 1-bit "codebook" {-1, +1}) scored against
+// S Pi q with norm s * gamma * sqrt(pi/2) / D: exactly the codec's prod estimator.
 struct Part {
   int off = 0, dim = 0, bits = 0;
-  const Codebook* cb = nullptr;
+  const Codebook* cb = nullptr;        // nullptr: the sign table {-1, +1}
   size_t norm_off = 0, tiles_off = 0;  // bytes within a block
+  int qoff = 0;                        // query slice (K)
+  size_t norm2_off = 0;                // != 0: norm multiplied by this second fp16 norm ...
+  float norm_mul = 1.f;                // ... and this constant
 };
 int parts_of(const Stream& s, Part* p) {
   if (s.fmt->kind == Kind::tq) {
-    p[0] = Part{0, s.dim, s.cb->bits, s.cb, 0, s.norms_bytes};
+    p[0] = Part{0, s.dim, s.cb->bits, s.cb, 0, s.norms_bytes, 0};
     return 1;
   }
-  p[0] = Part{0, s.d_hi, s.cb_hi->bits, s.cb_hi, 0, s.norms_bytes};
-  p[1] = Part{s.d_hi, s.d_lo, s.cb->bits, s.cb, kBlock * 2, s.norms_bytes + s.tiles_hi_bytes};
+  if (s.fmt->kind == Kind::tq_prod) {
+    const int D = s.dim;
+    p[0] = Part{0, D, s.cb->bits, s.cb, 0, s.norms_bytes, 0};
+    p[1] = Part{0, D, 1, nullptr, 0, s.norms_bytes + s.tiles_hi_bytes, D, kBlock * 2,
+                (float)(1.2533141373155003 / D)  /* sqrt(pi/2) / D */};
+    return 2;
+  }
+  p[0] = Part{0, s.d_hi, s.cb_hi->bits, s.cb_hi, 0, s.norms_bytes, 0};
+  p[1] = Part{s.d_hi, s.d_lo, s.cb->bits, s.cb, kBlock * 2, s.norms_bytes + s.tiles_hi_bytes, s.d_hi};
   return 2;
 }
 
@@ -184,7 +214,7 @@ inline __m512 load_norms16(const uint8_t* p) {
 
 bool run(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a, int b,
          const States& st) {
-  const int D = sh.D, G = sh.G;
+  const int G = sh.G;
   Part pk[2], pv[2];
   const int npk = parts_of(sk, pk), npv = parts_of(sv, pv);
   ScoreFn score[2] = {};
@@ -196,31 +226,33 @@ bool run(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, i
   for (int i = 0; i < npv; ++i)
     if (!pick_g(G, 1, pv[i].bits, &unused_s, &accum[i])) return false;
   constexpr int kMaxG = 8;
-  alignas(64) int8_t q8[kMaxG * kMaxHeadDim];      // per K part: G x dim
+  alignas(64) int8_t q8[kMaxG * 2 * kMaxHeadDim];  // per K part: G x dim
   alignas(64) int32_t raw[2][kMaxG * 32];
   alignas(64) uint8_t w8[2][kMaxG * 32];
   alignas(64) int32_t accv[kMaxG * kMaxHeadDim];
-  float kscale[2][kMaxG], qoff[2][kMaxG], wscale[kMaxG], alpha[kMaxG];
+  float kscale[2][kMaxG], qoff[2][kMaxG], alpha[kMaxG];
   __m512i tblK[2], tblV[2];
   float ck[2], cv[2];
-  for (int i = 0; i < npk; ++i) tblK[i] = byte_table(*pk[i].cb, true, &ck[i]);
-  for (int i = 0; i < npv; ++i) tblV[i] = byte_table(*pv[i].cb, false, &cv[i]);
+  for (int i = 0; i < npk; ++i) tblK[i] = byte_table(pk[i].cb, true, &ck[i]);
+  for (int i = 0; i < npv; ++i) tblV[i] = byte_table(pv[i].cb, false, &cv[i]);
   size_t q8_off[2] = {0, 0};
   for (int i = 0; i < npk; ++i) {
-    q8_off[i] = (size_t)G * pk[i].off;
+    q8_off[i] = i == 0 ? 0 : (size_t)G * pk[0].dim;
     for (int g = 0; g < G; ++g) {
-      const float* qg = qd + (size_t)g * D + pk[i].off;
+      const float* qg = qd + (size_t)g * sh.qstride + pk[i].qoff;
       int8_t* out = q8 + q8_off[i] + (size_t)g * pk[i].dim;
-      float amax = 0;
-      for (int d = 0; d < pk[i].dim; ++d) amax = std::max(amax, std::fabs(qg[d]));
+      __m512 vmax = _mm512_setzero_ps();
+      for (int d = 0; d < pk[i].dim; d += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(qg + d)));
+      const float amax = hmax(vmax);
       const float sq = amax > 0 ? amax / 127.f : 1.f;
-      const float inv = 1.f / sq;
-      int sum = 0;
-      for (int d = 0; d < pk[i].dim; ++d) {
-        const int v = (int)std::lrint(qg[d] * inv);
-        out[d] = (int8_t)v;
-        sum += v;
+      const __m512 inv = _mm512_set1_ps(1.f / sq);
+      __m512i vsum = _mm512_setzero_si512();
+      for (int d = 0; d < pk[i].dim; d += 16) {  // round to nearest even, |v| <= 127
+        const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(qg + d), inv));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + d), _mm512_cvtsepi32_epi8(v));
+        vsum = _mm512_add_epi32(vsum, v);
       }
+      const int sum = _mm512_reduce_add_epi32(vsum);
       kscale[i][g] = sq * ck[i] * sh.scale;
       qoff[i][g] = 128.f * (float)sum;
     }
@@ -242,6 +274,11 @@ bool run(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, i
     for (int i = 0; i < npk; ++i) {
       kn0[i] = load_norms16(kb + pk[i].norm_off);
       kn1[i] = load_norms16(kb + pk[i].norm_off + 32);
+      if (pk[i].norm2_off) {
+        const __m512 mul = _mm512_set1_ps(pk[i].norm_mul);
+        kn0[i] = _mm512_mul_ps(_mm512_mul_ps(kn0[i], load_norms16(kb + pk[i].norm2_off)), mul);
+        kn1[i] = _mm512_mul_ps(_mm512_mul_ps(kn1[i], load_norms16(kb + pk[i].norm2_off + 32)), mul);
+      }
     }
     for (int i = 0; i < npv; ++i) {
       vn0[i] = load_norms16(vb + pv[i].norm_off);
@@ -302,7 +339,6 @@ bool run(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, i
       }
     }
   }
-  (void)wscale;
   return true;
 }
 
@@ -311,7 +347,8 @@ bool run(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, i
 
 bool host_ok() {
   static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+                         __builtin_cpu_supports("avx512vbmi");
   return ok;
 }
 
@@ -319,9 +356,13 @@ bool host_ok() {
 
 bool decode_tq_vnni(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a,
                     int b, const States& st) {
+  if (sk.fmt->kind == Kind::tq_prod) {
+    if (sk.cb->bits > 6 || sv.fmt->kind == Kind::tq_prod) return false;
+  }
   for (const Stream* s : {&sk, &sv}) {
+    if (s == &sk && s->fmt->kind == Kind::tq_prod) continue;
     if (s->fmt->kind != Kind::tq && s->fmt->kind != Kind::tq_split) return false;
-    if (s->cb->bits > 4 || (s->cb_hi && s->cb_hi->bits > 4)) return false;
+    if (s->cb->bits > 6 || (s->cb_hi && s->cb_hi->bits > 6)) return false;
     if (s->fmt->kind == Kind::tq_split && !s->split_frozen) return false;
   }
   if (!host_ok() || sh.D % 16 != 0 || sh.D > kMaxHeadDim) return false;

@@ -69,6 +69,7 @@ Index::Impl::Impl(const IndexConfig& c) : cfg(c) {
   norm_bytes = cfg.norm == NormFormat::f16 ? 2 : 4;
   has_norm = cfg.metric == Metric::l2;
   if (cfg.codec == QuantizerKind::prod) {
+    TQ_CHECK(!cfg.center && !cfg.fit_scale, "index: center and fit_scale apply to codec mse only");
     TQ_CHECK(bits_x2 % 2 == 0 && bits_x2 >= 4,
              "index: codec prod needs an integer width of at least 2 bits (got %g)", cfg.bits);
     QuantizerConfig qc;
@@ -177,9 +178,10 @@ double Index::memory_bytes_per_vector() const noexcept {
 
 std::string Index::describe() const {
   const Impl& I = *impl_;
-  return strprintf("%s %g bits %s %s %s %s%s", quantizer_kind_name(I.cfg.codec), I.bits_x2 / 2.0,
+  return strprintf("%s %g bits %s %s%s%s %s %s%s", quantizer_kind_name(I.cfg.codec), I.bits_x2 / 2.0,
                    rotation_name(I.cfg.rotation).c_str(),
-                   I.quant ? "-" : scale_mode_name(I.cfg.scale),
+                   I.quant ? "-" : scale_mode_name(I.cfg.scale), I.cfg.fit_scale ? "+fit" : "",
+                   I.cfg.center ? "+center" : "",
                    I.cfg.norm == NormFormat::f16 ? "f16" : "f32", metric_name(I.cfg.metric),
                    I.fast_ok ? " fast-scan" : "");
 }
@@ -225,6 +227,17 @@ void Index::add(size_t n, const float* x, const int64_t* ids) {
   if (bad) check_rows_finite(n, I.d, x, "index add");  // throws, naming the vector
   const size_t n0 = I.n;
   const size_t n1 = checked_add(n0, n, "index size");
+  const bool cosine_m = I.cfg.metric == Metric::cosine;
+  if (I.cfg.center && I.center.empty()) {
+    std::vector<double> mean(static_cast<size_t>(I.d), 0.0);
+    for (size_t i = 0; i < n; ++i) {
+      const float* xr = x + i * static_cast<size_t>(I.d);
+      const double inv = cosine_m ? (norms[i] > 0 ? 1.0 / norms[i] : 0.0) : 1.0;
+      for (int j = 0; j < I.d; ++j) mean[j] += xr[j] * inv;
+    }
+    I.center.resize(static_cast<size_t>(I.d));
+    for (int j = 0; j < I.d; ++j) I.center[j] = static_cast<float>(mean[j] / static_cast<double>(n));
+  }
   TQ_CHECK(n1 < (size_t{1} << 32), "index add: %zu vectors is more than the supported 2^32 - 1", n1);
   I.resize(n1);
   const size_t d = static_cast<size_t>(I.d);
@@ -237,8 +250,8 @@ void Index::add(size_t n, const float* x, const int64_t* ids) {
   const size_t last = (n1 + kChunk - 1) / kChunk;
 #pragma omp parallel reduction(|| : overflow)
   {
-    std::vector<float> u(kChunk * d), y(kChunk * d), nrm(kChunk), cvals(d);
-    std::vector<uint8_t> idx(d), cidx(kChunk * d), gc(kBlock * I.m);
+    std::vector<float> u(kChunk * d), y(kChunk * d), nrm(kChunk), lens(kChunk), cvals(d), ty(d), tc(d);
+    std::vector<uint8_t> idx(d), cidx(kChunk * d), gc(kBlock * I.m), tidx(d);
 #pragma omp for schedule(dynamic, 1)
     for (size_t c = first; c < last; ++c) {
       const size_t i0 = std::max(n0, c * kChunk), i1 = std::min(n1, (c + 1) * kChunk);
@@ -253,6 +266,21 @@ void Index::add(size_t n, const float* x, const int64_t* ids) {
           float* kv = I.vectors.data() + (i0 + r) * d;
           if (cosine) std::memcpy(kv, u.data() + r * d, d * sizeof(float));
           else std::memcpy(kv, xr, d * sizeof(float));
+        }
+        // Length carried by the scale: ||x|| (ip, l2), 1 or 0 (cosine), ||w - mean|| centred.
+        lens[r] = cosine ? (s > 0 ? 1.f : 0.f) : static_cast<float>(s);
+        if (!I.center.empty()) {
+          float* ur = u.data() + r * d;
+          double l2s = 0;
+          for (size_t j = 0; j < d; ++j) {
+            const float w = (cosine ? ur[j] : xr[j]) - I.center[j];
+            ur[j] = w;
+            l2s += static_cast<double>(w) * w;
+          }
+          const double len = std::sqrt(l2s);
+          const float li = len > 0 ? static_cast<float>(1.0 / len) : 0.f;
+          for (size_t j = 0; j < d; ++j) ur[j] *= li;
+          lens[r] = static_cast<float>(len);
         }
       }
       if (I.quant) {
@@ -281,12 +309,40 @@ void Index::add(size_t n, const float* x, const int64_t* ids) {
           const float* cent = s.cb->centroids.data();
           for (int j = s.begin; j < s.begin + s.len; ++j) cvals[j] = cent[ir[j]];
         }
+        if (I.cfg.fit_scale) {
+          // Best cosine(y, c) over grid scales t (t = 1 is the plain nearest-centroid code).
+          auto cosine_of = [&](const float* cv) {
+            float cc = 0, yc = 0;
+            for (size_t j = 0; j < d; ++j) {
+              cc += cv[j] * cv[j];
+              yc += cv[j] * yr[j];
+            }
+            return cc > 0 ? yc / std::sqrt(cc) : -1.f;
+          };
+          float best = cosine_of(cvals.data());
+          for (int ti = 0; ti < 9; ++ti) {
+            const float t = 0.80f + 0.05f * ti;
+            if (ti == 4) continue;  // t = 1 done above
+            for (size_t j = 0; j < d; ++j) ty[j] = t * yr[j];
+            for (const Segment& s : I.segs) {
+              quantize_rotated(*s.cb, static_cast<size_t>(s.len), ty.data() + s.begin, tidx.data() + s.begin);
+              const float* cent = s.cb->centroids.data();
+              for (int j = s.begin; j < s.begin + s.len; ++j) tc[j] = cent[tidx[j]];
+            }
+            const float cs = cosine_of(tc.data());
+            if (cs > best) {
+              best = cs;
+              std::memcpy(ir, tidx.data(), d);
+              std::memcpy(cvals.data(), tc.data(), d * sizeof(float));
+            }
+          }
+        }
         float cc = 0, yc = 0;  // ||c||^2 and <y, c>
         for (size_t j = 0; j < d; ++j) {
           cc += cvals[j] * cvals[j];
           yc += cvals[j] * yr[j];
         }
-        const double len = cosine ? (nrm[r] > 0 ? 1.0 : 0.0) : nrm[r];
+        const double len = lens[r];
         double sc = len;
         if (len > 0) {
           switch (I.cfg.scale) {
@@ -300,7 +356,7 @@ void Index::add(size_t n, const float* x, const int64_t* ids) {
         I.scale[i] = I.round_norm(static_cast<float>(sc));
         overflow |= !std::isfinite(I.scale[i]);
         if (I.has_norm) {
-          I.norm[i] = I.round_norm(nrm[r]);
+          I.norm[i] = I.round_norm(lens[r]);
           overflow |= !std::isfinite(I.norm[i]);
         }
       }
@@ -337,6 +393,7 @@ void Index::add(size_t n, const float* x, const int64_t* ids) {
   }
   if (overflow) {
     I.resize(n0);
+    if (n0 == 0) I.center.clear();
     TQ_CHECK(false, "index add: a vector norm overflows the f16 norm format; use norm f32");
   }
   for (size_t r = 0; r < n; ++r) I.ids[n0 + r] = ids ? ids[r] : static_cast<int64_t>(n0 + r);
@@ -403,14 +460,16 @@ void Index::search(size_t nq, const float* q, const SearchParams& p, float* scor
   const bool l2 = I.cfg.metric == Metric::l2;
   const bool cosine = I.cfg.metric == Metric::cosine;
   const bool fast = I.fast_ok && p.fast_scan && !I.quant;
-  const size_t rerank = p.rerank < 0 ? std::max(2 * k, k + 32) : static_cast<size_t>(p.rerank);
+  const size_t rerank = p.rerank < 0 ? k + 16 : static_cast<size_t>(p.rerank);
   // Stage sizes: scan keeps r1 candidates, float-LUT re-rank keeps r2, full re-rank keeps k.
   const size_t r2 = std::max(k, static_cast<size_t>(p.rerank_full));
   const size_t r1 = fast && rerank > 0 ? std::max(r2, rerank) : r2;
   const float worst = l2 ? std::numeric_limits<float>::infinity() : -std::numeric_limits<float>::infinity();
 
   // Prepared queries: normalised (cosine), ||q||^2 (l2), rotated (mse).
-  std::vector<float> qn(nq * d), qr(I.quant ? 0 : nq * d), qsq(nq);
+  // Centred index: l2 works on q - mean (qsq = ||q - mean||^2); ip/cosine add <q, mean>.
+  std::vector<float> qn(nq * d), qr(I.quant ? 0 : nq * d), qsq(nq), qoff(nq, 0.f);
+  std::vector<float> qc(I.center.empty() ? 0 : d);
   for (size_t i = 0; i < nq; ++i) {
     const float* src = q + i * d;
     const double s2 = sqnorm(I.d, src);
@@ -418,7 +477,26 @@ void Index::search(size_t nq, const float* q, const SearchParams& p, float* scor
     const float inv = cosine ? (s2 > 0 ? static_cast<float>(1.0 / std::sqrt(s2)) : 0.f) : 1.f;
     for (size_t j = 0; j < d; ++j) qn[i * d + j] = src[j] * inv;
   }
-  if (!I.quant) I.rot->forward(nq, qn.data(), qr.data());
+  if (!I.quant) {
+    if (I.center.empty()) {
+      I.rot->forward(nq, qn.data(), qr.data());
+    } else {
+      std::vector<float> shifted(nq * d);
+      for (size_t i = 0; i < nq; ++i) {
+        double off = 0, s2 = 0;
+        for (size_t j = 0; j < d; ++j) {
+          const float v = qn[i * d + j];
+          off += static_cast<double>(v) * I.center[j];
+          const float w = l2 ? v - I.center[j] : v;
+          shifted[i * d + j] = w;
+          s2 += static_cast<double>(w) * w;
+        }
+        if (l2) qsq[i] = static_cast<float>(s2);
+        else qoff[i] = static_cast<float>(off);
+      }
+      I.rot->forward(nq, shifted.data(), qr.data());
+    }
+  }
 
   const size_t n = I.n;
   const size_t nblocks = (n + kBlock - 1) / kBlock;
@@ -442,10 +520,33 @@ void Index::search(size_t nq, const float* q, const SearchParams& p, float* scor
       const float s = I.scale[i] * dot;
       return l2 ? 2.f * s - I.norm[i] * I.norm[i] : s;
     };
+    // Exact float-LUT score of vector i, four partial sums. Fast layout: the vector's codes
+    // are one nibble every 16 bytes of its block.
     auto exact_lut_dot = [&](const float* lut, size_t i) {
-      float s = 0;
-      for (size_t g = 0; g < I.m; ++g) s += lut[g * I.lut_stride + I.group_code(i, g)];
-      return s;
+      float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      const size_t m = I.m, st = I.lut_stride;
+      size_t g = 0;
+      if (I.fast_ok) {
+        const uint8_t* p = I.blocks.data() + (i / kBlock) * I.mp * 16 + (i % 16);
+        const int sh = (i % kBlock) < 16 ? 0 : 4;
+        for (; g + 4 <= m; g += 4) {
+          s0 += lut[g * 16 + ((p[g * 16] >> sh) & 15)];
+          s1 += lut[(g + 1) * 16 + ((p[(g + 1) * 16] >> sh) & 15)];
+          s2 += lut[(g + 2) * 16 + ((p[(g + 2) * 16] >> sh) & 15)];
+          s3 += lut[(g + 3) * 16 + ((p[(g + 3) * 16] >> sh) & 15)];
+        }
+        for (; g < m; ++g) s0 += lut[g * 16 + ((p[g * 16] >> sh) & 15)];
+      } else {
+        const uint8_t* c = I.gcodes.data() + i * m;
+        for (; g + 4 <= m; g += 4) {
+          s0 += lut[g * st + c[g]];
+          s1 += lut[(g + 1) * st + c[g + 1]];
+          s2 += lut[(g + 2) * st + c[g + 2]];
+          s3 += lut[(g + 3) * st + c[g + 3]];
+        }
+        for (; g < m; ++g) s0 += lut[g * st + c[g]];
+      }
+      return (s0 + s1) + (s2 + s3);
     };
 
 #pragma omp for schedule(dynamic, 1)
@@ -549,7 +650,17 @@ void Index::search(size_t nq, const float* q, const SearchParams& p, float* scor
         auto cand = top[b].sorted();
         if (fast && rerank > 0) {
           const float* lut = flut.data() + b * I.m * I.lut_stride;
-          for (auto& c : cand) c.first = internal(c.second, exact_lut_dot(lut, c.second));
+          // Prefetch the code rows of the candidate after next (one 64-byte line per 4 groups).
+          auto prefetch = [&](size_t i) {
+            if (!I.fast_ok) return;
+            const uint8_t* p = I.blocks.data() + (i / kBlock) * I.mp * 16 + (i % 16);
+            for (size_t g = 0; g < I.m; g += 4) __builtin_prefetch(p + g * 16);
+          };
+          for (size_t ci = 0; ci < cand.size() && ci < 2; ++ci) prefetch(cand[ci].second);
+          for (size_t ci = 0; ci < cand.size(); ++ci) {
+            if (ci + 2 < cand.size()) prefetch(cand[ci + 2].second);
+            cand[ci].first = internal(cand[ci].second, exact_lut_dot(lut, cand[ci].second));
+          }
           std::sort(cand.begin(), cand.end(), TopR::cmp);
           if (cand.size() > r2) cand.resize(r2);
         }
@@ -572,7 +683,8 @@ void Index::search(size_t nq, const float* q, const SearchParams& p, float* scor
         int64_t* io = out_ids + (q0 + b) * k;
         for (size_t r = 0; r < k; ++r) {
           if (r < cand.size()) {
-            so[r] = l2 ? qsq[q0 + b] - cand[r].first : cand[r].first;
+            so[r] = l2 ? qsq[q0 + b] - cand[r].first
+                       : cand[r].first + (p.rerank_full > 0 ? 0.f : qoff[q0 + b]);
             io[r] = I.ids[cand[r].second];
           } else {
             so[r] = worst;

@@ -52,6 +52,7 @@ struct Index::Impl {
   std::vector<float> norm;      // n (padded likewise): ||x|| (l2 only)
   std::vector<int64_t> ids;     // n
   std::vector<float> vectors;   // n * d when keep_vectors (normalised for cosine)
+  std::vector<float> center;    // d floats once the first batch is added (cfg.center), else empty
   // codec prod
   std::unique_ptr<Quantizer> quant;
   std::vector<uint8_t> pcodes;  // n * quant->code_bytes()

@@ -2,9 +2,12 @@
 //
 // File layout (all integers little-endian):
 //   [IndexFileHeader: 128 bytes]
+//   [center: dim * 4]             float32 mean, only when flags & 4 and count > 0
 //   [codes: count * code_bytes]   per vector, see record layout below
 //   [ids:   count * 8]            int64
 //   [vectors: count * dim * 4]    float32, only when flags & 1 (keep_vectors)
+// (flags bit 1 records fit_scale, which only changes how later add() calls encode;
+// flags bit 2 records center)
 // Per-vector record, codec mse: [scale: f16|f32] [norm ||x||: f16|f32, l2 only]
 //   [segment codes: bitpack.h stream of the segment's channel indices, one per segment]
 // codec prod: [tq::Quantizer prod code] [norm, l2 only].
@@ -44,12 +47,12 @@ struct IndexFileHeader {
   uint8_t rotation_kind;    //  24 RotationKind
   uint8_t law;              //  25 Law
   uint8_t bits_x2;          //  26 2 * bits, 2..16
-  uint8_t flags;            //  27 bit 0: keep_vectors
+  uint8_t flags;            //  27 bit 0: keep_vectors, bit 1: fit_scale, bit 2: center
   uint32_t rotation_block;  //  28 block width for RotationKind::block, else 0
   uint64_t seed;            //  32 rotation seed (the rotation is rebuilt from it)
   uint64_t count;           //  40 vectors
   uint64_t code_bytes;      //  48 bytes per vector record
-  uint64_t codes_offset;    //  56 = 128
+  uint64_t codes_offset;    //  56 = 128 + center bytes (dim * 4 when centred and count > 0)
   uint64_t codes_size;      //  64 = count * code_bytes
   uint64_t ids_offset;      //  72 = codes_offset + codes_size
   uint64_t ids_size;        //  80 = count * 8
@@ -134,12 +137,14 @@ void Index::save(const std::string& path) const {
   h.rotation_kind = static_cast<uint8_t>(I.cfg.rotation.kind);
   h.law = static_cast<uint8_t>(I.cfg.law);
   h.bits_x2 = static_cast<uint8_t>(I.bits_x2);
-  h.flags = I.cfg.keep_vectors ? 1 : 0;
+  h.flags = static_cast<uint8_t>((I.cfg.keep_vectors ? 1 : 0) | (I.cfg.fit_scale ? 2 : 0) |
+                                 (I.cfg.center ? 4 : 0));
   h.rotation_block = static_cast<uint32_t>(I.cfg.rotation.kind == RotationKind::block ? I.cfg.rotation.block : 0);
   h.seed = I.cfg.seed;
   h.count = n;
   h.code_bytes = I.code_bytes;
-  h.codes_offset = 128;
+  const size_t center_bytes = I.cfg.center && n > 0 ? 4 * d : 0;
+  h.codes_offset = 128 + center_bytes;
   h.codes_size = checked_mul(n, I.code_bytes, "index codes");
   h.ids_offset = h.codes_offset + h.codes_size;
   h.ids_size = checked_mul(n, 8, "index ids");
@@ -148,6 +153,7 @@ void Index::save(const std::string& path) const {
   h.file_size = h.vectors_offset + h.vectors_size;
 
   std::vector<uint8_t> buf(h.file_size);
+  for (size_t j = 0; j < center_bytes / 4; ++j) st32(buf.data() + 128 + 4 * j, f2u(I.center[j]));
   uint8_t* codes = buf.data() + h.codes_offset;
   std::vector<uint8_t> idx(d);
   for (size_t i = 0; i < n; ++i) {
@@ -210,7 +216,7 @@ Index Index::from_bytes(const uint8_t* data, size_t size, const std::string& nam
   TQ_CHECK(h.rotation_kind <= 5, "%s: unknown rotation kind %u", nm, h.rotation_kind);
   TQ_CHECK(h.law <= 1, "%s: unknown codebook law %u", nm, h.law);
   TQ_CHECK(h.bits_x2 >= 2 && h.bits_x2 <= 16, "%s: bits*2 = %u outside [2, 16]", nm, h.bits_x2);
-  TQ_CHECK(h.flags <= 1, "%s: unknown flags 0x%x", nm, h.flags);
+  TQ_CHECK(h.flags <= 7, "%s: unknown flags 0x%x", nm, h.flags);
   const auto rk = static_cast<RotationKind>(h.rotation_kind);
   if (rk == RotationKind::block)
     TQ_CHECK(h.rotation_block == 32 || h.rotation_block == 64 || h.rotation_block == 128,
@@ -232,6 +238,8 @@ Index Index::from_bytes(const uint8_t* data, size_t size, const std::string& nam
   cfg.bits = h.bits_x2 / 2.0;
   cfg.seed = h.seed;
   cfg.keep_vectors = (h.flags & 1) != 0;
+  cfg.fit_scale = (h.flags & 2) != 0;
+  cfg.center = (h.flags & 4) != 0;
   const size_t n = static_cast<size_t>(h.count), d = h.dim;
   // Record size implied by the parameters (before anything is built from them).
   const size_t nb = cfg.norm == NormFormat::f16 ? 2 : 4;
@@ -253,7 +261,9 @@ Index Index::from_bytes(const uint8_t* data, size_t size, const std::string& nam
   const uint64_t codes_size = checked_mul(n, code_bytes, "codes size");
   const uint64_t ids_size = checked_mul(n, 8, "ids size");
   const uint64_t vec_size = cfg.keep_vectors ? checked_mul(checked_mul(n, d, "vectors"), 4, "vectors") : 0;
-  TQ_CHECK(h.codes_offset == 128 && h.codes_size == codes_size, "%s: codes section [%llu, +%llu) inconsistent",
+  const uint64_t center_bytes = cfg.center && n > 0 ? 4 * static_cast<uint64_t>(d) : 0;
+  TQ_CHECK(!(cfg.center && cfg.codec == QuantizerKind::prod), "%s: center with codec prod", nm);
+  TQ_CHECK(h.codes_offset == 128 + center_bytes && h.codes_size == codes_size, "%s: codes section [%llu, +%llu) inconsistent",
            nm, static_cast<unsigned long long>(h.codes_offset), static_cast<unsigned long long>(h.codes_size));
   TQ_CHECK(h.ids_offset == h.codes_offset + codes_size && h.ids_size == ids_size,
            "%s: ids section inconsistent", nm);
@@ -272,9 +282,16 @@ Index Index::from_bytes(const uint8_t* data, size_t size, const std::string& nam
   Impl& I = *index.impl_;
   TQ_CHECK(I.code_bytes == code_bytes, "%s: record size mismatch with this build", nm);
   I.resize(n);
+  if (center_bytes > 0) {
+    I.center.resize(d);
+    for (size_t j = 0; j < d; ++j) {
+      I.center[j] = u2f(ld32(data + 128 + 4 * j));
+      TQ_CHECK(std::isfinite(I.center[j]), "%s: center component %zu is not finite", nm, j);
+    }
+  }
   std::vector<uint8_t> idx(d);
   for (size_t i = 0; i < n; ++i) {
-    const uint8_t* r = data + 128 + i * I.code_bytes;
+    const uint8_t* r = data + h.codes_offset + i * I.code_bytes;
     if (I.quant) {
       const size_t qb = I.quant->code_bytes();
       std::memcpy(I.pcodes.data() + i * qb, r, qb);

@@ -40,7 +40,7 @@ struct BuildOpts {
   std::string metric = "cosine", codec = "mse", scale = "corrected", norm = "f16",
               rotation = "hadamard", law = "beta";
   uint64_t seed = 0x5eed;
-  bool keep_vectors = false;
+  bool keep_vectors = false, fit_scale = false, center = false;
   int threads = 0;
 };
 
@@ -56,6 +56,11 @@ void add_build_options(CLI::App* sub, BuildOpts& o) {
   sub->add_option("--law", o.law, "codebook law: beta | gauss")->capture_default_str();
   sub->add_option("--seed", o.seed, "rotation seed")->capture_default_str();
   sub->add_flag("--keep-vectors", o.keep_vectors, "also store the float vectors (for --rerank-full)");
+  sub->add_flag("--fit-scale", o.fit_scale,
+                "per-vector grid fit: try 9 grid scales 0.80..1.20 per vector, keep the codes with the\n"
+                "best cosine to the vector (slower build, same bytes)");
+  sub->add_flag("--center", o.center,
+                "subtract the mean of the first added batch before quantizing (dim floats per index)");
   sub->add_option("--threads,-t", o.threads, "threads (0: OpenMP default)")->capture_default_str()
       ->check(CLI::Range(0, 1024));
 }
@@ -74,6 +79,8 @@ tq::IndexConfig config_of(const BuildOpts& o, int dim) {
   c.law = tq::parse_law(o.law);
   c.seed = o.seed;
   c.keep_vectors = o.keep_vectors;
+  c.fit_scale = o.fit_scale;
+  c.center = o.center;
   return c;
 }
 
@@ -104,7 +111,7 @@ struct SearchOpts {
 void add_search_options(CLI::App* sub, SearchOpts& o, bool with_k) {
   if (with_k) sub->add_option("-k", o.k, "results per query")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   sub->add_option("--rerank", o.rerank,
-                  "fast-scan candidates re-scored with exact float LUTs (-1: auto = max(2k, k+32); 0: off)")
+                  "fast-scan candidates re-scored with exact float LUTs (-1: auto = k + 16; 0: off)")
       ->capture_default_str();
   sub->add_option("--rerank-full", o.rerank_full, "candidates re-scored with kept float vectors (0: off)")
       ->capture_default_str();
