@@ -38,7 +38,7 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:symbolize=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 WORK="$BUILD/fuzz-work"
 mkdir -p "$WORK"
-SUMMARY="$WORK/summary.md"
+SUMMARY="$WORK/summary.$$.md"   # per invocation: runs may go on side by side
 {
   echo "| target | seconds | execs | execs/s | cov (edges) | ft | corpus | crashes |"
   echo "|---|---|---|---|---|---|---|---|"
@@ -84,6 +84,7 @@ for t in "${targets[@]}"; do
   fi
 done
 mv "$SUMMARY.new" "$SUMMARY"
+cp "$SUMMARY" "$WORK/summary.md"
 echo
 cat "$SUMMARY"
 exit $status
