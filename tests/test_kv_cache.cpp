@@ -441,3 +441,18 @@ TEST(KvCache, BoundaryLayersUseTheirTypes) {
   EXPECT_EQ(tq::kv_type_name(L[4].v[0].type), "f16");
   EXPECT_DOUBLE_EQ(cache.bytes_per_token(), 4 * (68 + 128) + (26 + 18));
 }
+
+TEST(Attention, EdgeHeadDims) {
+  const std::vector<Case> cases = {
+      {"f16", "f16", 16, 1, 2, 40, 1, 0},    {"tq3", "tq4", 16, 1, 2, 40, 1, 0},
+      {"tq1", "tq2", 48, 2, 1, 70, 2, 3},    {"f32", "tq8", 48, 1, 3, 33, 1, 0},
+      {"tq4", "tq3", 512, 1, 4, 65, 1, 0},   {"tq3.5", "tq2.5", 192, 1, 2, 50, 1, 0},
+      {"q4_0h", "q8_0", 96, 1, 4, 35, 1, 0}, {"tq4p", "tq2", 16, 1, 4, 40, 1, 0},
+  };
+  for (const auto& c : cases) {
+    double re, rf;
+    check_case(c, 2, &re, &rf);
+    EXPECT_LE(re, kExactRelTol) << describe(c);
+    EXPECT_LE(rf, kFastRelTol) << describe(c);
+  }
+}

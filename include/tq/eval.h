@@ -55,6 +55,7 @@ struct PerplexityResult {
   double bits_per_value = 0;
   double seconds = 0;
   std::vector<double> chunk_ppl;
+  std::vector<int32_t> top1;  // argmax of every scored row, in order (for outside references)
 };
 
 // Perplexity over non-overlapping windows of n_ctx tokens; in each window the first half is

@@ -74,7 +74,7 @@ struct SearchParams {
   int n_threads = 0;    // 0: OpenMP default
   bool fast_scan = true;  // uint8-LUT SIMD scan where the width allows; false: float LUTs
   int rerank = -1;      // fast-scan candidates re-scored with exact float LUTs; -1: auto
-                        // (max(2k, k + 32)); 0: return the uint8-LUT scores
+                        // (k + 16); 0: return the uint8-LUT scores
   int rerank_full = 0;  // candidates re-scored with the kept float vectors (0: off)
 };
 

@@ -4,6 +4,7 @@
 // block-diagonal 2x2 / 4x4 orthogonal matrices. Haar is a dense matrix (Eigen GEMM).
 #define EIGEN_DONT_PARALLELIZE
 #include <Eigen/Dense>
+#include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
@@ -281,20 +282,22 @@ class HaarRotation final : public Rotation {
 
  private:
   Eigen::MatrixXf q_;  // column-major d x d; forward: y = Q x
+  // Batched products through OpenBLAS (runtime-dispatched AVX-512 kernels; Eigen here is
+  // compiled for the baseline ISA). Rows: Y = X Q^T (forward) or X = Y Q (inverse).
   void run(size_t n, const float* x, float* y, bool inv) const {
     if (n == 0) return;
     TQ_CHECK(x != nullptr && y != nullptr, "rotation: null pointer for a batch of %zu vectors", n);
     checked_mul(n, static_cast<size_t>(dim_) * sizeof(float), "rotation batch");
-    using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-    const Eigen::Index d = dim_;
+    const int d = dim_;
     const size_t chunk = 256;
     std::vector<float> buf(chunk * dim_);
     for (size_t r0 = 0; r0 < n; r0 += chunk) {
-      const Eigen::Index m = static_cast<Eigen::Index>(std::min(chunk, n - r0));
-      Eigen::Map<const RowMat> X(x + r0 * dim_, m, d);
-      Eigen::Map<RowMat> B(buf.data(), m, d);
-      if (inv) B.noalias() = X * q_;               // rows: x = Q^T y  ->  X Q
-      else B.noalias() = X * q_.transpose();       // rows: y = Q x    ->  X Q^T
+      const int m = static_cast<int>(std::min(chunk, n - r0));
+      // q_ is column-major, i.e. row-major Q^T: element (i, j) of Q at data[j * d + i].
+      // Row-major X (m x d) times Q^T: B = X * Q^T  ->  op(B) = NoTrans(X) * Trans(Q) where Q
+      // viewed row-major is the transpose of the stored column-major buffer.
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, inv ? CblasTrans : CblasNoTrans, m, d, d, 1.0f, x + r0 * dim_, d,
+                  q_.data(), d, 0.0f, buf.data(), d);
       std::memcpy(y + r0 * dim_, buf.data(), static_cast<size_t>(m) * dim_ * sizeof(float));
     }
   }

@@ -35,12 +35,14 @@ void generic_task(const Shape& sh, const float* qd, const int* limits, int a, in
   const int D = sh.D, G = sh.G;
   const bool scalar = simd::use_scalar();
   std::vector<float> kb((size_t)kBlock * D), vb((size_t)kBlock * D), s(kBlock);
+  std::vector<uint8_t> prows(prod_k ? (size_t)kBlock * prod_k->row_bytes : 0);
   for (int t = a; t < b; t += kBlock) {
     const int nb = std::min(kBlock, b - t);
     bool any = false;
     for (int i = 0; i < sh.n_q; ++i) any |= limits[i] > t;
     if (!any) break;
     fetch(t, nb, kb.data(), vb.data());
+    if (prod_k) prod_rows(*prod_k, t, nb, prows.data());
     for (int i = 0; i < sh.n_q; ++i) {
       const int nt = std::min(nb, limits[i] - t);
       if (nt <= 0) continue;
@@ -55,8 +57,7 @@ void generic_task(const Shape& sh, const float* qd, const int* limits, int a, in
         float mx = kNegInf;
         if (prod_k) {
           const size_t qs = prod_k->prod->query_state_floats();
-          prod_k->prod->score(pq + (size_t)k * qs, (size_t)nt,
-                              prod_k->block(t / kBlock) + (size_t)(t % kBlock) * prod_k->row_bytes, s.data());
+          prod_k->prod->score(pq + (size_t)k * qs, (size_t)nt, prows.data(), s.data());
           for (int j = 0; j < nt; ++j) { s[j] *= sh.scale; mx = std::max(mx, s[j]); }
         } else {
           for (int j = 0; j < nt; ++j) {
@@ -127,6 +128,7 @@ Prepared prepare(const KvCache& cache, int layer, int n_q, const float* q, const
   P.sh.n_tokens = L.n_tokens;
   P.sh.n_quant = L.k.empty() ? 0 : L.k[0].n_quant;
   P.sh.scale = p.scale != 0 ? p.scale : 1.0f / std::sqrt((float)cfg.head_dim);
+  P.sh.qstride = (!L.k.empty() && L.k[0].fmt->kind == Kind::tq_prod) ? 2 * cfg.head_dim : cfg.head_dim;
   int pos0 = p.pos0;
   if (pos0 < 0) {
     TQ_CHECK(pos0 == -1, "attention: pos0 %d invalid (use -1 or a position >= 0)", pos0);
@@ -173,6 +175,15 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
     float* dst = &qk[(size_t)h * n_q * G * D];
     if (nq_tok > 0) I.to_domain(L.k[h], 0, n_q * G, &qo[(size_t)h * n_q * G * D], dst);
   }
+  // prod K: the quantizer's query states [Pi q, S Pi q] (2 D floats), once per query and head.
+  std::vector<float> pqk;
+  if (nq_tok > 0 && L.k[0].fmt->kind == Kind::tq_prod) {
+    TQ_ASSERT(L.k[0].prod->query_state_floats() == (size_t)2 * D);
+    pqk.resize((size_t)KVH * n_q * G * 2 * D);
+    for (int h = 0; h < KVH; ++h)
+      for (int k = 0; k < n_q * G; ++k)
+        L.k[h].prod->prepare_query(&qo[((size_t)h * n_q * G + k) * D], &pqk[((size_t)h * n_q * G + k) * 2 * D]);
+  }
   const int n_threads = p.n_threads > 0 ? p.n_threads : omp_get_max_threads();
   const bool scalar = simd::use_scalar();
 
@@ -186,20 +197,23 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
     if (c < n_chunks) {
       const int a = c * chunk, b = std::min(nq_tok, a + chunk);
       const float* qd = &qk[(size_t)h * n_q * G * D];
-      if (n_q == 1 && !scalar && fused_decode(sh, sk, sv, qd, P.limits[0], a, b, st, exact))
+      const bool prod_k = sk.fmt->kind == Kind::tq_prod;
+      const float* qf = prod_k ? &pqk[(size_t)h * n_q * G * 2 * D] : qd;  // prod: [Pi q, S Pi q]
+      // Fused kernels run one query at a time (prefill: each query with its own causal limit);
+      // whether one applies depends only on the types, so the first query decides.
+      if (!scalar && fused_decode(sh, sk, sv, qf, P.limits[0], a, b, st, exact)) {
+        for (int i = 1; i < n_q; ++i)
+          fused_decode(sh, sk, sv, qf + (size_t)i * G * sh.qstride, P.limits[i], a, b,
+                       States{st.base + (size_t)i * G * st.stride(), D}, exact);
         continue;
+      }
       const bool prod = sk.fmt->kind == Kind::tq_prod;
       auto fetch = [&](int t0, int n, float* kb, float* vb) {
         if (!prod) I.decode_domain(sk, 0, t0, n, kb);
         I.decode_domain(sv, 1, t0, n, vb);
       };
-      std::vector<float> pq;
-      if (prod) {
-        const size_t qs = sk.prod->query_state_floats();
-        pq.resize((size_t)n_q * G * qs);
-        for (int k = 0; k < n_q * G; ++k) sk.prod->prepare_query(qd + (size_t)k * D, &pq[k * qs]);
-      }
-      generic_task(sh, qd, P.limits.data(), a, b, fetch, st, prod ? &sk : nullptr, pq.data());
+      const float* pq = prod ? &pqk[(size_t)h * n_q * G * 2 * D] : nullptr;
+      generic_task(sh, qd, P.limits.data(), a, b, fetch, st, prod ? &sk : nullptr, pq);
     } else {
       const float* qd = &qo[(size_t)h * n_q * G * D];
       auto fetch = [&](int t0, int n, float* kb, float* vb) {

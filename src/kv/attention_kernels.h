@@ -14,6 +14,7 @@ constexpr int kChunkTokens = 2048;  // KV-length split (multiple of kBlock): fix
 struct Shape {
   int D, H, KVH, G, n_q, n_tokens, n_quant;
   float scale;
+  int qstride;  // floats per (query, head) row of the K-domain query: D, or 2 D for prod K
 };
 
 // Online-softmax states of n rows (query x head): [m, l, pad..., acc[D]] each, stride D + 16.

@@ -258,7 +258,7 @@ bool fused_decode(const Shape& sh, const Stream& sk, const Stream& sv, const flo
   if (sk.fmt->kind == Kind::f16 && sv.fmt->kind == Kind::f16)
     return HWY_DYNAMIC_DISPATCH(DecodeF16)(sh, sk, sv, qd, limit, a, b, st);
   const auto is_tq = [](const Stream& s) { return s.fmt->kind == Kind::tq || s.fmt->kind == Kind::tq_split; };
-  if (!exact && is_tq(sk) && is_tq(sv)) return decode_tq_vnni(sh, sk, sv, qd, limit, a, b, st);
+  if (!exact && (is_tq(sk) || sk.fmt->kind == Kind::tq_prod) && is_tq(sv)) return decode_tq_vnni(sh, sk, sv, qd, limit, a, b, st);
   return false;
 }
 

@@ -128,12 +128,14 @@ AccumFn pick_accum(int bits) {
 }
 
 // Byte tables of a codebook: centroid * 127 / max|centroid|, K unsigned (+128), V signed.
-__m512i byte_table(const Codebook& cb, bool offset, float* cscale) {
+__m512i byte_table(const Codebook* cb, bool offset, float* cscale) {
+  static const std::vector<float> kSigns = {-1.f, 1.f};
+  const std::vector<float>& cs = cb ? cb->centroids : kSigns;
   float cmax = 0;
-  for (float c : cb.centroids) cmax = std::max(cmax, std::fabs(c));
+  for (float c : cs) cmax = std::max(cmax, std::fabs(c));
   alignas(16) int8_t t[16] = {};
-  for (int j = 0; j < cb.levels() && j < 16; ++j) {
-    const int v = (int)std::lrint(cb.centroids[j] * 127.0 / cmax);
+  for (int j = 0; j < (int)cs.size() && j < 16; ++j) {
+    const int v = (int)std::lrint(cs[j] * 127.0 / cmax);
     t[j] = (int8_t)(offset ? v + 128 : v);
   }
   *cscale = cmax / 127.f;
@@ -146,18 +148,32 @@ inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
 // A tq stream is one part (tqB) or two (tq2.5 / tq3.5: outlier and regular channels), each
 // with its own codebook, fp16 norms and bit-plane tiles, covering dims [off, off + dim) of
 // the stream's domain.
+//
+// prod K (tq3p / tq4p) is two K parts over all D dims: the (b-1)-bit mse indices scored
+// against Pi q with norm s, and the QJL signs (a 1-bit "codebook" {-1, +1}) scored against
+// S Pi q with norm s * gamma * sqrt(pi/2) / D: exactly the codec's prod estimator.
 struct Part {
   int off = 0, dim = 0, bits = 0;
-  const Codebook* cb = nullptr;
+  const Codebook* cb = nullptr;        // nullptr: the sign table {-1, +1}
   size_t norm_off = 0, tiles_off = 0;  // bytes within a block
+  int qoff = 0;                        // query slice (K)
+  size_t norm2_off = 0;                // != 0: norm multiplied by this second fp16 norm ...
+  float norm_mul = 1.f;                // ... and this constant
 };
 int parts_of(const Stream& s, Part* p) {
   if (s.fmt->kind == Kind::tq) {
-    p[0] = Part{0, s.dim, s.cb->bits, s.cb, 0, s.norms_bytes};
+    p[0] = Part{0, s.dim, s.cb->bits, s.cb, 0, s.norms_bytes, 0};
     return 1;
   }
-  p[0] = Part{0, s.d_hi, s.cb_hi->bits, s.cb_hi, 0, s.norms_bytes};
-  p[1] = Part{s.d_hi, s.d_lo, s.cb->bits, s.cb, kBlock * 2, s.norms_bytes + s.tiles_hi_bytes};
+  if (s.fmt->kind == Kind::tq_prod) {
+    const int D = s.dim;
+    p[0] = Part{0, D, s.cb->bits, s.cb, 0, s.norms_bytes, 0};
+    p[1] = Part{0, D, 1, nullptr, 0, s.norms_bytes + s.tiles_hi_bytes, D, kBlock * 2,
+                (float)(1.2533141373155003 / D)  /* sqrt(pi/2) / D */};
+    return 2;
+  }
+  p[0] = Part{0, s.d_hi, s.cb_hi->bits, s.cb_hi, 0, s.norms_bytes, 0};
+  p[1] = Part{s.d_hi, s.d_lo, s.cb->bits, s.cb, kBlock * 2, s.norms_bytes + s.tiles_hi_bytes, s.d_hi};
   return 2;
 }
 
@@ -184,7 +200,7 @@ inline __m512 load_norms16(const uint8_t* p) {
 
 bool run(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a, int b,
          const States& st) {
-  const int D = sh.D, G = sh.G;
+  const int G = sh.G;
   Part pk[2], pv[2];
   const int npk = parts_of(sk, pk), npv = parts_of(sv, pv);
   ScoreFn score[2] = {};
@@ -196,20 +212,20 @@ bool run(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, i
   for (int i = 0; i < npv; ++i)
     if (!pick_g(G, 1, pv[i].bits, &unused_s, &accum[i])) return false;
   constexpr int kMaxG = 8;
-  alignas(64) int8_t q8[kMaxG * kMaxHeadDim];      // per K part: G x dim
+  alignas(64) int8_t q8[kMaxG * 2 * kMaxHeadDim];  // per K part: G x dim
   alignas(64) int32_t raw[2][kMaxG * 32];
   alignas(64) uint8_t w8[2][kMaxG * 32];
   alignas(64) int32_t accv[kMaxG * kMaxHeadDim];
   float kscale[2][kMaxG], qoff[2][kMaxG], wscale[kMaxG], alpha[kMaxG];
   __m512i tblK[2], tblV[2];
   float ck[2], cv[2];
-  for (int i = 0; i < npk; ++i) tblK[i] = byte_table(*pk[i].cb, true, &ck[i]);
-  for (int i = 0; i < npv; ++i) tblV[i] = byte_table(*pv[i].cb, false, &cv[i]);
+  for (int i = 0; i < npk; ++i) tblK[i] = byte_table(pk[i].cb, true, &ck[i]);
+  for (int i = 0; i < npv; ++i) tblV[i] = byte_table(pv[i].cb, false, &cv[i]);
   size_t q8_off[2] = {0, 0};
   for (int i = 0; i < npk; ++i) {
-    q8_off[i] = (size_t)G * pk[i].off;
+    q8_off[i] = i == 0 ? 0 : (size_t)G * pk[0].dim;
     for (int g = 0; g < G; ++g) {
-      const float* qg = qd + (size_t)g * D + pk[i].off;
+      const float* qg = qd + (size_t)g * sh.qstride + pk[i].qoff;
       int8_t* out = q8 + q8_off[i] + (size_t)g * pk[i].dim;
       float amax = 0;
       for (int d = 0; d < pk[i].dim; ++d) amax = std::max(amax, std::fabs(qg[d]));
@@ -242,6 +258,11 @@ bool run(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, i
     for (int i = 0; i < npk; ++i) {
       kn0[i] = load_norms16(kb + pk[i].norm_off);
       kn1[i] = load_norms16(kb + pk[i].norm_off + 32);
+      if (pk[i].norm2_off) {
+        const __m512 mul = _mm512_set1_ps(pk[i].norm_mul);
+        kn0[i] = _mm512_mul_ps(_mm512_mul_ps(kn0[i], load_norms16(kb + pk[i].norm2_off)), mul);
+        kn1[i] = _mm512_mul_ps(_mm512_mul_ps(kn1[i], load_norms16(kb + pk[i].norm2_off + 32)), mul);
+      }
     }
     for (int i = 0; i < npv; ++i) {
       vn0[i] = load_norms16(vb + pv[i].norm_off);
@@ -319,7 +340,11 @@ bool host_ok() {
 
 bool decode_tq_vnni(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a,
                     int b, const States& st) {
+  if (sk.fmt->kind == Kind::tq_prod) {
+    if (sk.cb->bits > 4 || sv.fmt->kind == Kind::tq_prod) return false;
+  }
   for (const Stream* s : {&sk, &sv}) {
+    if (s == &sk && s->fmt->kind == Kind::tq_prod) continue;
     if (s->fmt->kind != Kind::tq && s->fmt->kind != Kind::tq_split) return false;
     if (s->cb->bits > 4 || (s->cb_hi && s->cb_hi->bits > 4)) return false;
     if (s->fmt->kind == Kind::tq_split && !s->split_frozen) return false;

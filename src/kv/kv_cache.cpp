@@ -11,6 +11,7 @@
 
 #include "kv/attention_kernels.h"
 #include "kv/kv_internal.h"
+#include "tq/bitpack.h"
 #include "tq/error.h"
 #include "tq/simd.h"
 
@@ -161,6 +162,25 @@ static void expand_tiles(const uint8_t* tiles, int dim, int bits, bool is_k, uin
           codes[(size_t)(4 * r + (x & 3)) * dim + 16 * e + 2 * g + (x >> 2)] = (uint8_t)(c >> (8 * x));
       }
     }
+  }
+}
+
+// Rebuild the codec's prod code rows (quantizer.h layout) of tokens [t, t + n), one block.
+void prod_rows(const Stream& s, int t, int n, uint8_t* rows) {
+  const int D = s.dim, bm = s.fmt->bits - 1, first = t % kBlock;
+  TQ_ASSERT(first + n <= kBlock);
+  const uint8_t* blk = s.block(t / kBlock);
+  const uint16_t* norms = reinterpret_cast<const uint16_t*>(blk);
+  std::vector<uint8_t> idx((size_t)kBlock * D), sg((size_t)kBlock * D);
+  expand_tiles(blk + s.norms_bytes, D, bm, s.side == 0, idx.data());
+  expand_tiles(blk + s.norms_bytes + s.tiles_hi_bytes, D, 1, s.side == 0, sg.data());
+  const size_t pb = packed_bytes((size_t)D, bm);
+  for (int j = 0; j < n; ++j) {
+    uint8_t* row = rows + (size_t)j * s.row_bytes;
+    std::memcpy(row, &norms[first + j], 2);
+    std::memcpy(row + 2, &norms[kBlock + first + j], 2);
+    pack_bits((size_t)D, bm, idx.data() + (size_t)(first + j) * D, row + 4);
+    pack_bits((size_t)D, 1, sg.data() + (size_t)(first + j) * D, row + 4 + pb);
   }
 }
 
@@ -424,7 +444,27 @@ void KvCache::Impl::encode_rows(Stream& s, int side, int n, const float* x, size
         case Kind::tq_prod: break;
       }
     }
-    if (s.fmt->kind == Kind::tq_prod) s.prod->encode((size_t)m, xb.data(), blk + (size_t)slot0 * s.row_bytes);
+    if (s.fmt->kind == Kind::tq_prod) {  // codec prod code per row, re-laid out into tiles
+      std::vector<uint8_t> rows((size_t)m * s.row_bytes), sg((size_t)D);
+      s.prod->encode((size_t)m, xb.data(), rows.data());
+      const int bm = s.fmt->bits - 1;
+      uint16_t* norms = reinterpret_cast<uint16_t*>(blk);
+      for (int j = 0; j < m; ++j) {
+        const uint8_t* row = rows.data() + (size_t)j * s.row_bytes;
+        const int slot = slot0 + j;
+        std::memcpy(&norms[slot], row, 2);
+        std::memcpy(&norms[kBlock + slot], row + 2, 2);
+        unpack_bits((size_t)D, bm, row + 4, idx.data());
+        unpack_bits((size_t)D, 1, row + 4 + packed_bytes((size_t)D, bm), sg.data());
+        if (s.side == 0) {
+          set_tile_codes_k(blk + s.norms_bytes, D, bm, slot, idx.data());
+          set_tile_codes_k(blk + s.norms_bytes + s.tiles_hi_bytes, D, 1, slot, sg.data());
+        } else {
+          set_tile_codes_v(blk + s.norms_bytes, D, bm, slot, idx.data());
+          set_tile_codes_v(blk + s.norms_bytes + s.tiles_hi_bytes, D, 1, slot, sg.data());
+        }
+      }
+    }
     s.n_quant += m;
     r += m;
   }
@@ -466,6 +506,16 @@ void KvCache::Impl::decode_domain(const Stream& s, int side, int t0, int n, floa
     }
     return;
   }
+  if (s.fmt->kind == Kind::tq_prod && !simd::use_scalar()) {
+    std::vector<uint8_t> rows((size_t)kBlock * s.row_bytes);
+    for (int r = 0; r < n;) {
+      const int t = t0 + r, m = std::min(n - r, kBlock - t % kBlock);
+      prod_rows(s, t, m, rows.data());
+      s.prod->decode((size_t)m, rows.data(), out + (size_t)r * D);
+      r += m;
+    }
+    return;
+  }
   std::vector<uint8_t> idx((size_t)D);
   for (int r = 0; r < n; ++r) {
     const int t = t0 + r;
@@ -498,7 +548,12 @@ void KvCache::Impl::decode_domain(const Stream& s, int side, int t0, int n, floa
                        fp16_to_fp32(norms[kBlock + t % kBlock]), idx.data(), o + s.d_hi);
         break;
       }
-      case Kind::tq_prod: s.prod->decode(1, row, o); break;  // original domain
+      case Kind::tq_prod: {  // original domain
+        std::vector<uint8_t> rb(s.row_bytes);
+        prod_rows(s, t, 1, rb.data());
+        s.prod->decode(1, rb.data(), o);
+        break;
+      }
     }
   }
 }
@@ -572,6 +627,10 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
           s.chan_energy.assign(D, 0.0);
         } else if (f.kind == Kind::tq_prod) {
           s.prod = I.prod_q[f.bits].get();
+          s.cb = &get_codebook(D, f.bits - 1);
+          s.norms_bytes = 2 * kBlock * 2;  // norms s, then gamma
+          s.tiles_hi_bytes = tiles_bytes(D, f.bits - 1);
+          TQ_ASSERT(s.block_bytes == s.norms_bytes + s.tiles_hi_bytes + tiles_bytes(D, 1));
         }
         if (cfg.window > 0) s.ring = make_aligned<uint16_t>((size_t)cfg.window * D);
       }

@@ -14,7 +14,8 @@
 //   tqB    [32 fp16 corrected norms] [bit-plane tiles of the B-bit codebook indices]
 //   tqX.5  [32 fp16 norms, outlier part] [32 fp16 norms, regular part]
 //          [tiles of the D/4 outlier channels at B+1 bits] [tiles of the 3D/4 others at B bits]
-//   tqBp   32 rows of the codec's prod code (quantizer.h layout), row-major
+//   tqBp   [32 fp16 norms s][32 fp16 gamma][tiles of the (B-1)-bit mse indices][tiles of the
+//          QJL sign bits] (the codec's prod code re-laid out; prod_rows() rebuilds it)
 //
 // Bit-plane tiles (tq types). A tile holds 64 codes as `bits` little-endian 64-bit planes;
 // bit (4*i + j) of plane p is bit p of code (lane i, sub j), i < 16, j < 4. Expanding a
@@ -140,4 +141,6 @@ void get_tile_codes_v(const uint8_t* tiles, int dim, int bits, int tok, uint8_t*
 void set_tile_codes_k(uint8_t* tiles, int dim, int bits, int tok, const uint8_t* codes) noexcept;
 void set_tile_codes_v(uint8_t* tiles, int dim, int bits, int tok, const uint8_t* codes) noexcept;
 inline size_t tiles_bytes(int dim, int bits) { return (size_t)kBlock * dim * bits / 8; }
+// Codec prod code rows (quantizer.h layout) of tokens [t, t + n) of a prod stream (one block).
+void prod_rows(const Stream& s, int t, int n, uint8_t* rows);
 }  // namespace tq::kv

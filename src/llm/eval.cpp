@@ -166,6 +166,7 @@ std::vector<PerplexityResult> perplexity_multi(const LlamaModel& m, const std::v
         nll[c] += l;
         chunk_nll += l;
         ++counted[c];
+        res[c].top1.push_back(argmax(p, V));
         if (ref) {
           const int j = row - first;
           const float* q = ref_lp.data() + static_cast<size_t>(j) * V;
@@ -174,7 +175,7 @@ std::vector<PerplexityResult> perplexity_multi(const LlamaModel& m, const std::v
           k = std::max(0.0, k);
           kld[c] += k;
           klds[c].push_back(k);
-          agree[c] += argmax(p, V) == ref_top[j];
+          agree[c] += res[c].top1.back() == ref_top[j];
         }
       });
       res[c].chunk_ppl.push_back(std::exp(chunk_nll / n_score));

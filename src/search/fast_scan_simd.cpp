@@ -7,8 +7,8 @@
 // N / 16 consecutive groups (1 on SSE4, 2 on AVX2, 4 on AVX-512), so both codes and LUTs
 // are consumed in their natural order and each 128-bit block is a different group.
 //
-// Accumulation: the shuffled bytes are split into even / odd bytes as uint16 lanes (mask and
-// shift) and summed in uint16; every 64 iterations the partial sums of the N / 16 blocks are
+// Accumulation: per uint16 lane, the whole lane (even byte + 256 * odd byte, wrapping) and the
+// odd byte (shift) are summed; the even-byte sum is all - (odd << 8), exact mod 2^16; every 64 iterations the partial sums of the N / 16 blocks are
 // added together (<= 4 * 64 * 255 < 65536), interleaved back into vector order and flushed
 // into uint32, so the results are exact integers for any m_groups and are identical
 // to fast_scan_u8_ref. HWY_SCALAR (1-byte vectors) falls back to the reference.
@@ -81,7 +81,6 @@ void FastScanU8(size_t n_blocks, size_t m_groups, const uint8_t* HWY_RESTRICT co
   }
   const size_t iters = m_groups / G;
   const auto mask4 = hn::Set(d8, 0x0F);
-  const auto mask8 = hn::Set(d16, 0x00FF);
   // 128-bit views for the flush: the G blocks of a register hold the same 16 vectors.
   const hn::FixedTag<uint16_t, 8> h16;
   const hn::FixedTag<uint32_t, 4> h32;
@@ -121,11 +120,15 @@ void FastScanU8(size_t n_blocks, size_t m_groups, const uint8_t* HWY_RESTRICT co
         const auto c_hi = hn::And(hn::BitCast(d8, hn::ShiftRight<4>(hn::BitCast(d16, c))), mask4);
         const auto r_lo = hn::BitCast(d16, hn::TableLookupBytes(t, c_lo));
         const auto r_hi = hn::BitCast(d16, hn::TableLookupBytes(t, c_hi));
-        acc_le = hn::Add(acc_le, hn::And(r_lo, mask8));
+        // Whole uint16 lanes (even byte + 256 * odd byte, mod 2^16) and the odd bytes alone;
+        // the even-byte sums are recovered below as all - (odd << 8).
+        acc_le = hn::Add(acc_le, r_lo);
         acc_lo = hn::Add(acc_lo, hn::ShiftRight<8>(r_lo));
-        acc_he = hn::Add(acc_he, hn::And(r_hi, mask8));
+        acc_he = hn::Add(acc_he, r_hi);
         acc_ho = hn::Add(acc_ho, hn::ShiftRight<8>(r_hi));
       }
+      acc_le = hn::Sub(acc_le, hn::ShiftLeft<8>(acc_lo));
+      acc_he = hn::Sub(acc_he, hn::ShiftLeft<8>(acc_ho));
       hn::Store(acc_le, d16, le);
       hn::Store(acc_lo, d16, lo);
       hn::Store(acc_he, d16, he);

@@ -460,7 +460,7 @@ void Index::search(size_t nq, const float* q, const SearchParams& p, float* scor
   const bool l2 = I.cfg.metric == Metric::l2;
   const bool cosine = I.cfg.metric == Metric::cosine;
   const bool fast = I.fast_ok && p.fast_scan && !I.quant;
-  const size_t rerank = p.rerank < 0 ? std::max(2 * k, k + 32) : static_cast<size_t>(p.rerank);
+  const size_t rerank = p.rerank < 0 ? k + 16 : static_cast<size_t>(p.rerank);
   // Stage sizes: scan keeps r1 candidates, float-LUT re-rank keeps r2, full re-rank keeps k.
   const size_t r2 = std::max(k, static_cast<size_t>(p.rerank_full));
   const size_t r1 = fast && rerank > 0 ? std::max(r2, rerank) : r2;
@@ -520,10 +520,33 @@ void Index::search(size_t nq, const float* q, const SearchParams& p, float* scor
       const float s = I.scale[i] * dot;
       return l2 ? 2.f * s - I.norm[i] * I.norm[i] : s;
     };
+    // Exact float-LUT score of vector i, four partial sums. Fast layout: the vector's codes
+    // are one nibble every 16 bytes of its block.
     auto exact_lut_dot = [&](const float* lut, size_t i) {
-      float s = 0;
-      for (size_t g = 0; g < I.m; ++g) s += lut[g * I.lut_stride + I.group_code(i, g)];
-      return s;
+      float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      const size_t m = I.m, st = I.lut_stride;
+      size_t g = 0;
+      if (I.fast_ok) {
+        const uint8_t* p = I.blocks.data() + (i / kBlock) * I.mp * 16 + (i % 16);
+        const int sh = (i % kBlock) < 16 ? 0 : 4;
+        for (; g + 4 <= m; g += 4) {
+          s0 += lut[g * 16 + ((p[g * 16] >> sh) & 15)];
+          s1 += lut[(g + 1) * 16 + ((p[(g + 1) * 16] >> sh) & 15)];
+          s2 += lut[(g + 2) * 16 + ((p[(g + 2) * 16] >> sh) & 15)];
+          s3 += lut[(g + 3) * 16 + ((p[(g + 3) * 16] >> sh) & 15)];
+        }
+        for (; g < m; ++g) s0 += lut[g * 16 + ((p[g * 16] >> sh) & 15)];
+      } else {
+        const uint8_t* c = I.gcodes.data() + i * m;
+        for (; g + 4 <= m; g += 4) {
+          s0 += lut[g * st + c[g]];
+          s1 += lut[(g + 1) * st + c[g + 1]];
+          s2 += lut[(g + 2) * st + c[g + 2]];
+          s3 += lut[(g + 3) * st + c[g + 3]];
+        }
+        for (; g < m; ++g) s0 += lut[g * st + c[g]];
+      }
+      return (s0 + s1) + (s2 + s3);
     };
 
 #pragma omp for schedule(dynamic, 1)
@@ -627,7 +650,17 @@ void Index::search(size_t nq, const float* q, const SearchParams& p, float* scor
         auto cand = top[b].sorted();
         if (fast && rerank > 0) {
           const float* lut = flut.data() + b * I.m * I.lut_stride;
-          for (auto& c : cand) c.first = internal(c.second, exact_lut_dot(lut, c.second));
+          // Prefetch the code rows of the candidate after next (one 64-byte line per 4 groups).
+          auto prefetch = [&](size_t i) {
+            if (!I.fast_ok) return;
+            const uint8_t* p = I.blocks.data() + (i / kBlock) * I.mp * 16 + (i % 16);
+            for (size_t g = 0; g < I.m; g += 4) __builtin_prefetch(p + g * 16);
+          };
+          for (size_t ci = 0; ci < cand.size() && ci < 2; ++ci) prefetch(cand[ci].second);
+          for (size_t ci = 0; ci < cand.size(); ++ci) {
+            if (ci + 2 < cand.size()) prefetch(cand[ci + 2].second);
+            cand[ci].first = internal(cand[ci].second, exact_lut_dot(lut, cand[ci].second));
+          }
           std::sort(cand.begin(), cand.end(), TopR::cmp);
           if (cand.size() > r2) cand.resize(r2);
         }

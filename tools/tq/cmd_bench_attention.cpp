@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cli.h"
+#include "llm_cli.h"  // ensure_runtime_env(): OMP_WAIT_POLICY=passive (re-exec once)
 #include "tq/common.h"
 #include "tq/error.h"
 #include "tq/kv_cache.h"
@@ -100,6 +101,9 @@ void setup(CLI::App& app) {
                 "run all steps of one type back to back (warm caches) instead of interleaving types");
   sub->add_flag("--json", o->json, "print one JSON object on stdout");
   sub->callback([o] {
+    // Same OpenMP setting as the model commands: idle workers sleep instead of spinning (on the
+    // shared 2-core machine spinning made 2-thread steps stall 4-20 ms at the barrier).
+    tq::cli::ensure_runtime_env();
     TQ_CHECK(o->context >= 1, "--context must be >= 1");
     TQ_CHECK(o->steps >= 1, "--steps must be >= 1");
     TQ_CHECK(o->n_kv_heads >= 1 && o->n_heads % o->n_kv_heads == 0,
@@ -305,10 +309,12 @@ void setup(CLI::App& app) {
       const std::string sp = j["speedup_vs_f16"].is_null() ? "-" : tq::strprintf("%.2fx", j["speedup_vs_f16"].get<double>());
       const double fr = j.contains("rel_err_fused_vs_ref") ? j["rel_err_fused_vs_ref"].get<double>() : -1;
       const double er = j.contains("rel_err_exact_vs_ref") ? j["rel_err_exact_vs_ref"].get<double>() : -1;
-      std::printf("%-12s %3d %10.3f %8s %10.0f %10.2e %10.2e %12.0f %10.1f %10.2e %10.2e\n", j["kv"].get<std::string>().c_str(),
+      const std::string frs = fr < 0 ? "-" : tq::strprintf("%.2e", fr), ers = er < 0 ? "-" : tq::strprintf("%.2e", er);
+      std::printf("%-12s %3d %10.3f %8s %10.0f %10.2e %10.2e %12.0f %10.1f %10s %10s\n", j["kv"].get<std::string>().c_str(),
                   j["threads"].get<int>(), j["ms_per_step"].get<double>(), sp.c_str(),
                   j["bytes_per_token"].get<double>(), j["rel_err"].get<double>(), j["max_abs_err"].get<double>(),
-                  j["append_tokens_per_s"].get<double>(), j["append_us_per_token"].get<double>(), fr, er);
+                  j["append_tokens_per_s"].get<double>(), j["append_us_per_token"].get<double>(), frs.c_str(),
+                  ers.c_str());
     }
   });
 }

@@ -111,7 +111,7 @@ struct SearchOpts {
 void add_search_options(CLI::App* sub, SearchOpts& o, bool with_k) {
   if (with_k) sub->add_option("-k", o.k, "results per query")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   sub->add_option("--rerank", o.rerank,
-                  "fast-scan candidates re-scored with exact float LUTs (-1: auto = max(2k, k+32); 0: off)")
+                  "fast-scan candidates re-scored with exact float LUTs (-1: auto = k + 16; 0: off)")
       ->capture_default_str();
   sub->add_option("--rerank-full", o.rerank_full, "candidates re-scored with kept float vectors (0: off)")
       ->capture_default_str();

@@ -17,11 +17,13 @@ void setup(CLI::App& app) {
   auto chunks = std::make_shared<int>(0);
   auto compare = std::make_shared<std::string>();
   auto sweep = std::make_shared<std::string>();
+  auto dump_top1 = std::make_shared<bool>(false);
   tq::cli::add_model_opts(s, *o, 512);
   tq::cli::add_kv_opts(s, o->kv);
   s->add_option("-f,--file", *file, "text file")->capture_default_str();
   s->add_option("--chunks", *chunks, "number of windows (0 = all)")->capture_default_str();
   s->add_option("--compare", *compare, "also run this cache type (e.g. f16) on the same tokens");
+  s->add_flag("--top1", *dump_top1, "with --json: include the argmax token of every scored position");
   s->add_option("--sweep", *sweep,
                 "several cache configs separated by ';', each 'K[/V] [wN] [bN:T]' (e.g. 'tq4;tq4/tq3;tq3 w128 b2:f16'),\n"
                 "run on the same windows sharing one --compare pass (replaces -ctk/-ctv)");
@@ -68,6 +70,7 @@ void setup(CLI::App& app) {
       nlohmann::json j = {{"kv", tq::cli::kv_json(configs[c])}, {"ppl", r.ppl},
                           {"kv_bytes_per_token", r.kv_bytes_per_token}, {"bits_per_value", r.bits_per_value},
                           {"seconds", r.seconds}, {"chunk_ppl", r.chunk_ppl}};
+      if (*dump_top1) j["top1"] = r.top1;
       if (po.compare) {
         j["compare"] = *compare;
         j["ppl_f16"] = r.ppl_ref;
