@@ -186,8 +186,11 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
   }
   const int n_threads = p.n_threads > 0 ? p.n_threads : omp_get_max_threads();
   const bool scalar = simd::use_scalar();
+  // Small calls (short contexts: tens of microseconds of work) run on the calling thread: an
+  // OpenMP fork/join costs about as much as the work there.
+  const bool parallel = n_threads > 1 && n_tasks > 1 && (int64_t)n_q * sh.n_tokens * KVH >= 16384;
 
-#pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads) if (parallel)
   for (int task = 0; task < n_tasks; ++task) {
     const int h = task / tasks_per_head, c = task % tasks_per_head;
     const States st{&states[(size_t)task * per_task], D};

@@ -227,16 +227,18 @@ bool run(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, i
     for (int g = 0; g < G; ++g) {
       const float* qg = qd + (size_t)g * sh.qstride + pk[i].qoff;
       int8_t* out = q8 + q8_off[i] + (size_t)g * pk[i].dim;
-      float amax = 0;
-      for (int d = 0; d < pk[i].dim; ++d) amax = std::max(amax, std::fabs(qg[d]));
+      __m512 vmax = _mm512_setzero_ps();
+      for (int d = 0; d < pk[i].dim; d += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(qg + d)));
+      const float amax = hmax(vmax);
       const float sq = amax > 0 ? amax / 127.f : 1.f;
-      const float inv = 1.f / sq;
-      int sum = 0;
-      for (int d = 0; d < pk[i].dim; ++d) {
-        const int v = (int)std::lrint(qg[d] * inv);
-        out[d] = (int8_t)v;
-        sum += v;
+      const __m512 inv = _mm512_set1_ps(1.f / sq);
+      __m512i vsum = _mm512_setzero_si512();
+      for (int d = 0; d < pk[i].dim; d += 16) {  // round to nearest even, |v| <= 127
+        const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(qg + d), inv));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + d), _mm512_cvtsepi32_epi8(v));
+        vsum = _mm512_add_epi32(vsum, v);
       }
+      const int sum = _mm512_reduce_add_epi32(vsum);
       kscale[i][g] = sq * ck[i] * sh.scale;
       qoff[i][g] = 128.f * (float)sum;
     }
