@@ -28,6 +28,7 @@ struct LlamaModel::Impl {
   std::vector<Layer> layers;
   int n_threads = 0;
   AttentionImpl attn = AttentionImpl::Fused;
+  bool exact = false;
   int ubatch = 512;
   const float* out_w() const { return cfg.tied_output ? tok_embd.data() : output.data(); }
 };
@@ -132,6 +133,7 @@ void LlamaModel::set_threads(int n) {
 }
 int LlamaModel::threads() const noexcept { return impl_->n_threads > 0 ? impl_->n_threads : omp_get_max_threads(); }
 void LlamaModel::set_attention_impl(AttentionImpl a) noexcept { impl_->attn = a; }
+void LlamaModel::set_attention_exact(bool e) noexcept { impl_->exact = e; }
 void LlamaModel::set_ubatch(int n) noexcept { impl_->ubatch = std::max(1, n); }
 
 namespace {
@@ -230,6 +232,7 @@ void LlamaModel::forward(KvCache& cache, const int32_t* tokens, int n_total, flo
       ap.n_heads = c.n_heads;
       ap.pos0 = pos0;
       ap.n_threads = nt;
+      ap.exact = I.exact;
       if (I.attn == AttentionImpl::Fused) attention(cache, l, n, q.data(), att.data(), ap);
       else attention_ref(cache, l, n, q.data(), att.data(), ap);
       matmul(att.data(), L.wo.data(), tmp.data(), n, E, E, nt);

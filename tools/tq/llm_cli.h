@@ -30,6 +30,7 @@ struct ModelOpts {
   int threads = 0;
   int ctx = 0;
   bool json = false;
+  bool exact = false;
   KvOptions kv;
 };
 
@@ -40,6 +41,8 @@ inline void add_model_opts(CLI::App* s, ModelOpts& o, int default_ctx) {
   s->add_option("-t,--threads", o.threads, "threads (default: all cores)");
   s->add_option("-c,--ctx-size", o.ctx, "context size in tokens")->capture_default_str();
   s->add_flag("--json", o.json, "print one JSON object on stdout");
+  s->add_flag("--exact-attention", o.exact,
+              "fused attention in float arithmetic (default: int8 lookup-table scoring where the cache type has it)");
 }
 
 inline void add_kv_opts(CLI::App* s, KvOptions& kv) {
@@ -128,6 +131,7 @@ inline std::unique_ptr<Loaded> load_model(ModelOpts& o) {
   Tokenizer tok(g);
   LlamaModel m = LlamaModel::load(g);
   m.set_threads(o.threads);
+  m.set_attention_exact(o.exact);
   return std::unique_ptr<Loaded>(new Loaded{std::move(g), std::move(tok), std::move(m)});
 }
 

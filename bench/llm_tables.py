@@ -1,0 +1,54 @@
+#!/usr/bin/env python3
+"""Markdown tables for docs/sections/llm.md from the JSON written by `tq perplexity --sweep
+--json`, `tq niah --json` and `tq bench model --json` (files under results/)."""
+import glob
+import json
+import sys
+
+
+def ppl_table(path):
+    j = json.load(open(path))
+    rows = j["results"]
+    ppl_f16 = rows[0]["ppl_f16"]
+    out = [f"ctx {j['ctx']}, {j['chunks']} windows, {j['scored_tokens']} scored tokens, "
+           f"{j['threads']} thread(s); f16 perplexity **{ppl_f16:.4f}** (23040 B/token, 16 bits/value)", "",
+           "| cache (K/V, window, boundary) | bits/value | bytes/token | ppl | delta vs f16 | KLD mean | KLD p99 | top-1 agree |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in sorted(rows, key=lambda r: (-r["bits_per_value"], r["ppl"])):
+        out.append(f"| {r['kv']['label']} | {r['bits_per_value']:.3f} | {r['kv_bytes_per_token']:.0f} | "
+                   f"{r['ppl']:.4f} | {r['ppl_delta_pct']:+.2f}% | {r['kld_mean']:.4f} | {r['kld_p99']:.3f} | "
+                   f"{100 * r['top1_agreement']:.2f}% |")
+    return "\n".join(out)
+
+
+def niah_table(paths):
+    out = ["| context | cache | passed / trials | answers | seconds |", "|---:|---|---:|---|---:|"]
+    rows = [json.load(open(p)) for p in paths]
+    for j in sorted(rows, key=lambda j: (j["context"], j["kv"]["label"])):
+        ans = "; ".join(f"d{d['depth']}: {d['answer'].strip()!r}" for d in j["details"])
+        out.append(f"| {j['context']} | {j['kv']['label']} | {j['passed']} / {j['trials']} | {ans} | {j['seconds']:.0f} |")
+    return "\n".join(out)
+
+
+def speed_table(path):
+    j = json.load(open(path))
+    out = [f"{j['threads']} threads", "", "| context | cache | prefill tok/s | decode tok/s | prefill vs f16 | decode vs f16 | KV MiB |",
+           "|---:|---|---:|---:|---:|---:|---:|"]
+    for r in j["rows"]:
+        out.append(f"| {r['context']} | {r['cache']} | {r['prefill_tok_s']:.1f} | {r['decode_tok_s']:.2f} | "
+                   f"{r['prefill_vs_first']:.2f} | {r['decode_vs_first']:.2f} | {r['kv_bytes'] / 2**20:.2f} |")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    d = sys.argv[1] if len(sys.argv) > 1 else "results"
+    for p in sorted(glob.glob(f"{d}/ppl_c*.json")):
+        try:
+            print(f"### {p}\n\n{ppl_table(p)}\n")
+        except Exception as e:  # incomplete run
+            print(f"### {p}: not readable ({e})\n")
+    n = sorted(glob.glob(f"{d}/niah_c*.json"))
+    if n:
+        print(f"### needle\n\n{niah_table(n)}\n")
+    for p in sorted(glob.glob(f"{d}/speed*.json")):
+        print(f"### {p}\n\n{speed_table(p)}\n")
