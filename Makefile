@@ -47,7 +47,7 @@ test-tsan: fetch
 	CC=clang CXX=clang++ cmake -S . -B build-tsan $(GEN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1" -DTQ_TSAN=ON -DTQ_BUILD_BENCH=OFF
 	cmake --build build-tsan -j $(JOBS) --target tq_tests
 	cd build-tsan && TQ_TEST_SMALL=1 OMP_TOOL_LIBRARIES="$$(ls /usr/lib/llvm-*/lib/libarcher.so | head -1)" \
-	  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+	  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/scripts/tsan.supp" \
 	  ctest --output-on-failure -j $(JOBS) -R 'Thread|Parallel|Concurrent' --timeout 1800
 
 # libFuzzer targets (fuzz/fuzz_*.cpp, clang + ASan + UBSan), each run FUZZ_SECONDS.
