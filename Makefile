@@ -30,16 +30,27 @@ demo: fetch build
 test: fetch build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
 
+# ASan + UBSan over the whole suite (sizes shrunk by TQ_TEST_SMALL=1, never the checks).
+# allocator_may_return_null: a refused huge allocation throws std::bad_alloc as it does
+# without ASan, instead of ASan aborting, so the error paths are what gets tested.
 test-sanitize: fetch
-	cmake -S . -B build-asan $(GEN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTQ_SANITIZE=ON -DTQ_BUILD_BENCH=OFF
-	cmake --build build-asan -j $(JOBS)
-	cd build-asan && TQ_TEST_SMALL=1 ctest --output-on-failure -j $(JOBS) --timeout 1800
+	cmake -S . -B build-asan $(GEN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1" -DTQ_SANITIZE=ON -DTQ_BUILD_BENCH=OFF
+	cmake --build build-asan -j $(JOBS) --target tq_tests tq
+	cd build-asan && TQ_TEST_SMALL=1 ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1:strict_string_checks=1 \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j $(JOBS) --timeout 1800
 
+# TSan over the multi-threaded tests (attention split over KV, index search, batched
+# encode, concurrent construction). Built with clang so that OpenMP is LLVM's libomp, whose
+# synchronisation TSan understands through the Archer tool (libarcher, OMP_TOOL_LIBRARIES);
+# GCC's libgomp is not instrumented and gives false reports.
 test-tsan: fetch
-	cmake -S . -B build-tsan $(GEN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTQ_TSAN=ON -DTQ_BUILD_BENCH=OFF
+	CC=clang CXX=clang++ cmake -S . -B build-tsan $(GEN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1" -DTQ_TSAN=ON -DTQ_BUILD_BENCH=OFF
 	cmake --build build-tsan -j $(JOBS) --target tq_tests
-	cd build-tsan && TQ_TEST_SMALL=1 ctest --output-on-failure -j $(JOBS) -R 'Thread|Parallel' --timeout 1800
+	cd build-tsan && TQ_TEST_SMALL=1 OMP_TOOL_LIBRARIES="$$(ls /usr/lib/llvm-*/lib/libarcher.so | head -1)" \
+	  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/scripts/tsan.supp" \
+	  ctest --output-on-failure -j $(JOBS) -R 'Thread|Parallel|Concurrent' --timeout 1800
 
+# libFuzzer targets (fuzz/fuzz_*.cpp, clang + ASan + UBSan), each run FUZZ_SECONDS.
 FUZZ_SECONDS ?= 180
 fuzz: deps
 	CC=clang CXX=clang++ cmake -S . -B build-fuzz $(GEN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTQ_BUILD_FUZZ=ON -DTQ_BUILD_TESTS=OFF -DTQ_BUILD_BENCH=OFF

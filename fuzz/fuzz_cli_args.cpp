@@ -23,8 +23,26 @@
 #include <string>
 #include <vector>
 
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+
 #include "cli.h"
 #include "fuzz_util.h"
+#include "llm_cli.h"
+#include "tq/common.h"
+#include "tq/eval.h"
+#include "tq/fileio.h"
+#include "tq/gguf.h"
+#include "tq/index.h"
+#include "tq/kv_cache.h"
+#include "tq/model.h"
+#include "tq/tokenizer.h"
+#include "tq/vecs.h"
 #include "tq/codebook.h"
 #include "tq/distortion.h"
 #include "tq/error.h"
@@ -66,6 +84,27 @@ namespace cmd_codebook {
 namespace cmd_distortion {
 #include "cmd_distortion.cpp"
 }
+namespace cmd_bench_attention {
+#include "cmd_bench_attention.cpp"
+}
+namespace cmd_bench_model {
+#include "cmd_bench_model.cpp"
+}
+namespace cmd_generate {
+#include "cmd_generate.cpp"
+}
+namespace cmd_index {
+#include "cmd_index.cpp"
+}
+namespace cmd_niah {
+#include "cmd_niah.cpp"
+}
+namespace cmd_perplexity {
+#include "cmd_perplexity.cpp"
+}
+namespace cmd_tokenize {
+#include "cmd_tokenize.cpp"
+}
 
 namespace {
 
@@ -89,6 +128,13 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
       {"bench", "codec", "--threads", "2", "--reps", "3", "-n", "1000", "--json"},
       {"bench", "codec", "--threads", "0x10"},
       {"--simd", "scalar", "codebook"},
+      {"perplexity", "-m", "m.gguf", "-c", "256", "-ctk", "tq3", "-ctv", "q8_0", "--kv-window", "32"},
+      {"generate", "-m", "m.gguf", "-t", "2", "--kv-boundary-layers", "2", "--kv-boundary-type", "f16"},
+      {"niah", "-c", "-5"},
+      {"index", "build", "--help"},
+      {"index", "search", "-k", "10"},
+      {"bench", "attention", "--threads", "2"},
+      {"tokenize", "hello"},
       {"codebook", "--dim", "99999999999999999999"},
   };
   int k = 0;
@@ -118,7 +164,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (args.size() < 17) args.push_back(cur);
   }
   std::vector<const char*> argv;
-  for (auto& a : args) argv.push_back(a.c_str());
+  for (auto& a : args) {  // llama.cpp-style flags, mapped as tools/tq/main.cpp does
+    if (a == "-ctk") a = "--cache-type-k";
+    if (a == "-ctv") a = "--cache-type-v";
+    argv.push_back(a.c_str());
+  }
 
   CLI::App app{"tq"};
   app.require_subcommand(1);

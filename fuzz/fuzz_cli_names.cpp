@@ -1,6 +1,6 @@
 // Fuzz target: the name parsers behind the CLI's type options (tq::parse_rotation,
-// tq::parse_law, tq::parse_quantizer_kind, tq::simd::set_level, and the KV cache and GGUF
-// type names as those land).
+// tq::parse_law, tq::parse_quantizer_kind, tq::simd::set_level, tq::parse_kv_type,
+// tq::parse_metric, tq::parse_scale_mode).
 //
 // Input: byte 0 picks the parser, the rest is the name (any bytes, embedded NULs included).
 // Properties: a parser either returns a value whose canonical name parses back to the same
@@ -11,6 +11,8 @@
 #include "fuzz_util.h"
 #include "tq/codebook.h"
 #include "tq/error.h"
+#include "tq/index.h"
+#include "tq/kv_cache.h"
 #include "tq/quantizer.h"
 #include "tq/rotation.h"
 #include "tq/simd.h"
@@ -46,13 +48,17 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     seed(2, tq::quantizer_kind_name(k));
   for (const auto& l : tq::simd::available_levels()) seed(3, l);
   seed(3, "auto");
+  for (const auto& k : tq::kv_type_names()) seed(4, k);
+  for (auto m : {tq::Metric::ip, tq::Metric::l2, tq::Metric::cosine}) seed(5, tq::metric_name(m));
+  for (auto m : {tq::ScaleMode::plain, tq::ScaleMode::corrected, tq::ScaleMode::eden, tq::ScaleMode::lsq})
+    seed(6, tq::scale_mode_name(m));
   return 0;
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   const std::string s(reinterpret_cast<const char*>(data + 1), size - 1);
-  switch (data[0] % 4) {
+  switch (data[0] % 7) {
     case 0:
       try {
         const tq::RotationSpec r = tq::parse_rotation(s);
@@ -90,6 +96,32 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         TQ_FUZZ_REQUIRE(known);
       } catch (const tq::Error& e) {
         check_error(e, s, "scalar");
+      }
+      break;
+    case 4:
+      try {
+        const tq::KvType t = tq::parse_kv_type(s);
+        TQ_FUZZ_REQUIRE(tq::kv_type_name(t) == s);
+        TQ_FUZZ_REQUIRE(tq::parse_kv_type(tq::kv_type_name(t)) == t);
+        (void)tq::kv_type_bytes(t, 128);
+      } catch (const tq::Error& e) {
+        check_error(e, s, "f16");
+      }
+      break;
+    case 5:
+      try {
+        const tq::Metric m = tq::parse_metric(s);
+        TQ_FUZZ_REQUIRE(s == tq::metric_name(m));
+      } catch (const tq::Error& e) {
+        check_error(e, s, "cosine");
+      }
+      break;
+    case 6:
+      try {
+        const tq::ScaleMode m = tq::parse_scale_mode(s);
+        TQ_FUZZ_REQUIRE(s == tq::scale_mode_name(m));
+      } catch (const tq::Error& e) {
+        check_error(e, s, "corrected");
       }
       break;
   }

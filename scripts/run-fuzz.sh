@@ -4,6 +4,7 @@
 # features), corpus size, and crashes. Exits non-zero when any target crashed.
 #
 #   scripts/run-fuzz.sh BUILD_DIR SECONDS [target ...]     (default: all fuzz_* in BUILD_DIR)
+#   (SECONDS = 0 only writes missing seed folders, or all of them with REGEN_SEEDS=1)
 #
 # Seeds come from fuzz/corpus/<target>/ (committed; made by the project's own writers: when a
 # seed folder is missing or REGEN_SEEDS=1, the target writes them itself, see fuzz/fuzz_util.h).
@@ -38,7 +39,7 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:symbolize=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 WORK="$BUILD/fuzz-work"
 mkdir -p "$WORK"
-SUMMARY="$WORK/summary.md"
+SUMMARY="$WORK/summary.$$.md"   # per invocation: runs may go on side by side
 {
   echo "| target | seconds | execs | execs/s | cov (edges) | ft | corpus | crashes |"
   echo "|---|---|---|---|---|---|---|---|"
@@ -56,6 +57,7 @@ for t in "${targets[@]}"; do
     rmdir "$empty" 2>/dev/null || rm -rf "$empty"
     echo "run-fuzz: $t: wrote $(ls "$seeds" | wc -l) seeds into fuzz/corpus/$t"
   fi
+  if [ "$SECONDS_EACH" = 0 ]; then continue; fi   # 0 seconds: only (re)write the seeds
   dir="$WORK/$t"
   mkdir -p "$dir/corpus" "$dir/crashes"
   log="$dir/log.txt"
@@ -84,6 +86,7 @@ for t in "${targets[@]}"; do
   fi
 done
 mv "$SUMMARY.new" "$SUMMARY"
+cp "$SUMMARY" "$WORK/summary.md"
 echo
 cat "$SUMMARY"
 exit $status
