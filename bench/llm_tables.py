@@ -23,7 +23,12 @@ def ppl_table(path):
 
 def niah_table(paths):
     out = ["| context | cache | passed / trials | answers | seconds |", "|---:|---|---:|---|---:|"]
-    rows = [json.load(open(p)) for p in paths]
+    rows = []
+    for p in paths:
+        try:
+            rows.append(json.load(open(p)))
+        except Exception:  # run not finished
+            pass
     for j in sorted(rows, key=lambda j: (j["context"], j["kv"]["label"])):
         ans = "; ".join(f"d{d['depth']}: {d['answer'].strip()!r}" for d in j["details"])
         out.append(f"| {j['context']} | {j['kv']['label']} | {j['passed']} / {j['trials']} | {ans} | {j['seconds']:.0f} |")
@@ -51,4 +56,7 @@ if __name__ == "__main__":
     if n:
         print(f"### needle\n\n{niah_table(n)}\n")
     for p in sorted(glob.glob(f"{d}/speed*.json")):
-        print(f"### {p}\n\n{speed_table(p)}\n")
+        try:
+            print(f"### {p}\n\n{speed_table(p)}\n")
+        except Exception as e:
+            print(f"### {p}: not readable ({e})\n")

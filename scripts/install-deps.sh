@@ -16,6 +16,7 @@ PKGS=(
   libpcre2-dev          # 10.42: Unicode-aware pre-tokenizer regexes
   libgtest-dev googletest libbenchmark-dev
   clang libclang-rt-14-dev   # libFuzzer and sanitizers
+  libomp-dev            # clang's OpenMP runtime (fuzz and TSan builds)
   python3 python3-pip unzip ca-certificates ccache
 )
 

@@ -503,3 +503,25 @@ TEST(Quantizer, RejectsNullPointersAndOverflowingSizes) {
   }
 }
 }  // namespace
+
+namespace {
+// The batched scoring path (sign lookup tables, n >= 32) agrees with one-by-one scoring.
+TEST(Quantizer, ProdBatchScoreMatchesSingle) {
+  for (int d : {17, 100, 128}) {
+    auto q = tq::make_quantizer(tq::QuantizerKind::prod, cfg_for(d, 3, "hadamard"));
+    const size_t n = 70;
+    std::vector<float> x(n * d), qv(d), st(q->query_state_floats()), batch(n), one(1);
+    tq::Rng rng(d + 1);
+    for (auto& v : x) v = static_cast<float>(rng.normal());
+    for (auto& v : qv) v = static_cast<float>(rng.normal());
+    std::vector<uint8_t> codes(n * q->code_bytes());
+    q->encode(n, x.data(), codes.data());
+    q->prepare_query(qv.data(), st.data());
+    q->score(st.data(), n, codes.data(), batch.data());
+    for (size_t r = 0; r < n; ++r) {
+      q->score(st.data(), 1, codes.data() + r * q->code_bytes(), one.data());
+      EXPECT_NEAR(batch[r], one[0], 1e-4f * (1 + std::fabs(one[0]))) << "d=" << d << " r=" << r;
+    }
+  }
+}
+}  // namespace

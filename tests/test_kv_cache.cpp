@@ -1,9 +1,11 @@
 // KvCache.* and Attention.*: format table, memory accounting, errors, fused attention vs the
 // dequantize-then-exact reference for every type, shapes, windows and thread counts.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -455,4 +457,28 @@ TEST(Attention, EdgeHeadDims) {
     EXPECT_LE(re, kExactRelTol) << describe(c);
     EXPECT_LE(rf, kFastRelTol) << describe(c);
   }
+}
+
+// The CLI prints one JSON object with one result per type and thread count.
+TEST(Attention, BenchCliJson) {
+  const std::string cmd = std::string(TQ_CLI_PATH) +
+                          " bench attention --head-dim 64 --n-heads 4 --n-kv-heads 2 --context 300"
+                          " --kv f16,tq4,q4_0h --threads 1 --steps 1 --err-queries 1 --json 2>/dev/null";
+  FILE* f = popen(cmd.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  ASSERT_EQ(pclose(f), 0) << out;
+  const auto j = nlohmann::json::parse(out);
+  ASSERT_EQ(j["results"].size(), 3u);
+  EXPECT_EQ(j["results"][1]["kv"], "tq4");
+  EXPECT_EQ(j["results"][1]["k_bytes_per_head"], 34);  // 64 * 4 / 8 + 2
+  EXPECT_GT(j["results"][1]["speedup_vs_f16"].get<double>(), 0.0);
+  EXPECT_LT(j["results"][1]["rel_err_exact_vs_ref"].get<double>(), kExactRelTol);
+  EXPECT_LT(j["results"][0]["rel_err"].get<double>(), 1e-2);  // f16 vs exact f32
+  EXPECT_GT(j["results"][2]["append_tokens_per_s"].get<double>(), 0.0);
+  // Unknown type: non-zero exit.
+  EXPECT_NE(std::system((std::string(TQ_CLI_PATH) + " bench attention --kv q5_k --context 10 >/dev/null 2>&1").c_str()), 0);
 }

@@ -87,8 +87,9 @@ struct NiahResult {
   std::vector<NiahTrial> details;
   double seconds = 0;
 };
-// Haystack from `corpus` (random offset per trial), a random 6-digit passphrase sentence at
-// each depth, then the question; greedy decoding must reproduce the digits.
+// Haystack from `corpus` (random offset per trial), the needle " The secret number of the blue
+// dragon is NNNNNN. " at the depth, then "\n\nThe secret number of the blue dragon is" and
+// greedy decoding must reproduce the six random digits.
 NiahResult niah(const LlamaModel& m, const Tokenizer& tok, const std::string& corpus,
                 const NiahOptions& opt);
 

@@ -74,7 +74,8 @@ struct AttentionParams {
   int n_threads = 0;      // 0: OpenMP default
   // false: fused kernels may score with int8 lookup tables / int8 softmax weights (small,
   // reported error; see docs/sections/kv.md). true: float arithmetic from the same codes,
-  // equal to attention_ref up to float summation order.
+  // equal to attention_ref up to float summation order. The environment variable
+  // TQ_KV_EXACT=1 forces exact mode for every call.
   bool exact = false;
 };
 

@@ -38,6 +38,32 @@ void unpack_bits_ref(size_t n, int bits, const uint8_t* in, uint8_t* idx) noexce
   }
 }
 
+namespace {
+
+// Groups of 8 indices <-> `B` bytes through one 64-bit word; B is a compile-time constant so
+// the memcpy calls inline to plain loads and stores.
+template <int B>
+void pack_groups(size_t n, const uint8_t* idx, uint8_t* out) noexcept {
+  constexpr uint64_t mask = (1u << B) - 1;
+  for (size_t g = 0; g + 8 <= n; g += 8) {
+    uint64_t w = 0;
+    for (int k = 0; k < 8; ++k) w |= (idx[g + k] & mask) << (k * B);
+    std::memcpy(out + (g / 8) * B, &w, B);
+  }
+}
+
+template <int B>
+void unpack_groups(size_t n, const uint8_t* in, uint8_t* idx) noexcept {
+  constexpr uint64_t mask = (1u << B) - 1;
+  for (size_t g = 0; g + 8 <= n; g += 8) {
+    uint64_t w = 0;
+    std::memcpy(&w, in + (g / 8) * B, B);
+    for (int k = 0; k < 8; ++k) idx[g + k] = static_cast<uint8_t>((w >> (k * B)) & mask);
+  }
+}
+
+}  // namespace
+
 void pack_bits(size_t n, int bits, const uint8_t* idx, uint8_t* out) noexcept {
   const uint64_t mask = (1u << bits) - 1;
   size_t g = 0;
@@ -60,11 +86,16 @@ void pack_bits(size_t n, int bits, const uint8_t* idx, uint8_t* out) noexcept {
     if (g < n) out[g / 2] = idx[g] & 0xF;
     return;
   }
-  for (; g + 8 <= n; g += 8) {
-    uint64_t w = 0;
-    for (int k = 0; k < 8; ++k) w |= (idx[g + k] & mask) << (k * bits);
-    std::memcpy(out + (g / 8) * bits, &w, static_cast<size_t>(bits));
+  switch (bits) {
+    case 1: pack_groups<1>(n, idx, out); break;
+    case 2: pack_groups<2>(n, idx, out); break;
+    case 3: pack_groups<3>(n, idx, out); break;
+    case 5: pack_groups<5>(n, idx, out); break;
+    case 6: pack_groups<6>(n, idx, out); break;
+    case 7: pack_groups<7>(n, idx, out); break;
+    default: break;
   }
+  g = n & ~static_cast<size_t>(7);
   if (g < n) {
     uint64_t w = 0;
     for (size_t k = 0; g + k < n; ++k) w |= (idx[g + k] & mask) << (k * bits);
@@ -87,11 +118,16 @@ void unpack_bits(size_t n, int bits, const uint8_t* in, uint8_t* idx) noexcept {
     if (g < n) idx[g] = in[g / 2] & 0xF;
     return;
   }
-  for (; g + 8 <= n; g += 8) {
-    uint64_t w = 0;
-    std::memcpy(&w, in + (g / 8) * bits, static_cast<size_t>(bits));
-    for (int k = 0; k < 8; ++k) idx[g + k] = static_cast<uint8_t>((w >> (k * bits)) & mask);
+  switch (bits) {
+    case 1: unpack_groups<1>(n, in, idx); break;
+    case 2: unpack_groups<2>(n, in, idx); break;
+    case 3: unpack_groups<3>(n, in, idx); break;
+    case 5: unpack_groups<5>(n, in, idx); break;
+    case 6: unpack_groups<6>(n, in, idx); break;
+    case 7: unpack_groups<7>(n, in, idx); break;
+    default: break;
   }
+  g = n & ~static_cast<size_t>(7);
   if (g < n) {
     uint64_t w = 0;
     std::memcpy(&w, in + (g / 8) * bits, ((n - g) * bits + 7) / 8);

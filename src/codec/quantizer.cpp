@@ -281,6 +281,23 @@ class ProdQuantizer final : public Quantizer {
     TQ_CHECK(n == 0 || state != nullptr, "score: null query state");
     const float* sq = state + d;
     std::vector<uint8_t> idx(d), sg(d);
+    // For larger batches: a 256-entry table per sign byte, T[pos][byte] = sum of sq over the
+    // set bits, so <Sq, sign> = 2 * sum_pos T[pos][byte] - sum(sq): d/8 lookups per code.
+    const size_t nbytes = packed_bytes(d, 1);
+    std::vector<float> lut;
+    float sq_total = 0;
+    if (n >= 32) {
+      lut.assign(nbytes * 256, 0.0f);
+      for (size_t pos = 0; pos < nbytes; ++pos) {
+        float* t = lut.data() + pos * 256;
+        for (int b = 1; b < 256; ++b) {
+          const int k = __builtin_ctz(b);
+          const size_t j = pos * 8 + k;
+          t[b] = t[b & (b - 1)] + (j < static_cast<size_t>(d) ? sq[j] : 0.0f);
+        }
+      }
+      for (int j = 0; j < d; ++j) sq_total += sq[j];
+    }
     for (size_t r = 0; r < n; ++r) {
       const uint8_t* c = codes + r * code_bytes_;
       const float s = load_norm(cfg_.norm, c);
@@ -290,9 +307,15 @@ class ProdQuantizer final : public Quantizer {
         unpack_bits(d, mse_bits_, c + idx_off_, idx.data());
         est = dot_centroids(*cb_, d, state, idx.data());
       }
-      unpack_bits(d, 1, c + sign_off_, sg.data());
       float qs = 0;
-      for (int j = 0; j < d; ++j) qs += sg[j] ? sq[j] : -sq[j];
+      if (!lut.empty()) {
+        const uint8_t* sb = c + sign_off_;
+        for (size_t pos = 0; pos < nbytes; ++pos) qs += lut[pos * 256 + sb[pos]];
+        qs = 2 * qs - sq_total;
+      } else {
+        unpack_bits(d, 1, c + sign_off_, sg.data());
+        for (int j = 0; j < d; ++j) qs += sg[j] ? sq[j] : -sq[j];
+      }
       out[r] = s * (est + gamma * static_cast<float>(kSqrtHalfPi / d) * qs);
     }
   }

@@ -9,7 +9,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <limits>
 #include <vector>
 
@@ -257,7 +259,12 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
 
 void attention(const KvCache& cache, int layer, int n_q, const float* q, float* out,
                const AttentionParams& p) {
-  kv::run_attention(cache, layer, n_q, q, out, p, p.exact);
+  // TQ_KV_EXACT=1 forces exact mode from any caller (A/B of the int8 kernels, e.g. perplexity).
+  static const bool force_exact = [] {
+    const char* e = std::getenv("TQ_KV_EXACT");
+    return e && *e && std::string(e) != "0";
+  }();
+  kv::run_attention(cache, layer, n_q, q, out, p, p.exact || force_exact);
 }
 
 void attention_ref(const KvCache& cache, int layer, int n_q, const float* q, float* out,

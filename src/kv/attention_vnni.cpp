@@ -36,7 +36,7 @@ namespace {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC target("avx2,fma,f16c,bmi,bmi2,avx512f,avx512vl,avx512dq,avx512bw,avx512vnni")
+#pragma GCC target("avx2,fma,f16c,bmi,bmi2,avx512f,avx512vl,avx512dq,avx512bw,avx512vnni,avx512vbmi")
 
 inline __m512 exp512(__m512 x) {
   // exp(x) = 2^n * exp(r), n = round(x / ln2), r = x - n ln2 in [-ln2/2, ln2/2].
@@ -63,7 +63,16 @@ inline __m512i tile_codes(const uint64_t* pl) {
   if constexpr (B > 1) idx = _mm512_mask_add_epi8(idx, _cvtu64_mask64(pl[1]), idx, _mm512_set1_epi8(2));
   if constexpr (B > 2) idx = _mm512_mask_add_epi8(idx, _cvtu64_mask64(pl[2]), idx, _mm512_set1_epi8(4));
   if constexpr (B > 3) idx = _mm512_mask_add_epi8(idx, _cvtu64_mask64(pl[3]), idx, _mm512_set1_epi8(8));
+  if constexpr (B > 4) idx = _mm512_mask_add_epi8(idx, _cvtu64_mask64(pl[4]), idx, _mm512_set1_epi8(16));
+  if constexpr (B > 5) idx = _mm512_mask_add_epi8(idx, _cvtu64_mask64(pl[5]), idx, _mm512_set1_epi8(32));
   return idx;
+}
+// Codes -> centroid bytes: vpshufb over a 16-entry table in every 128-bit lane (B <= 4), or
+// vpermb over a 64-entry table (B = 5, 6; AVX-512 VBMI).
+template <int B>
+inline __m512i lookup(__m512i tbl, __m512i idx) {
+  if constexpr (B <= 4) return _mm512_shuffle_epi8(tbl, idx);
+  else return _mm512_permutexvar_epi8(idx, tbl);
 }
 
 // K: raw[g][32] = sum_d q8[g][d] * tblK[code(t, d)] for the nt tokens of a block.
@@ -77,7 +86,7 @@ void score_block(const uint8_t* tiles, int D, int nt, const int32_t* q32, __m512
     if (s * 16 < nt) {
       const uint64_t* pl = t64 + (size_t)s * nq * B;
       for (int k = 0; k < nq; ++k, pl += B) {
-        const __m512i vals = _mm512_shuffle_epi8(tbl, tile_codes<B>(pl));
+        const __m512i vals = lookup<B>(tbl, tile_codes<B>(pl));
         for (int g = 0; g < G; ++g)
           acc[g] = _mm512_dpbusd_epi32(acc[g], vals, _mm512_set1_epi32(q32[g * nq + k]));
       }
@@ -96,7 +105,7 @@ void accum_block(const uint8_t* tiles, int D, int nt, const int32_t* w32, __m512
     for (int g = 0; g < G; ++g) acc[g] = _mm512_setzero_si512();
     const uint64_t* pl = t64 + (size_t)e * 8 * B;
     for (int r = 0; r < nr; ++r, pl += B) {
-      const __m512i vals = _mm512_shuffle_epi8(tbl, tile_codes<B>(pl));
+      const __m512i vals = lookup<B>(tbl, tile_codes<B>(pl));
       for (int g = 0; g < G; ++g) acc[g] = _mm512_dpbusd_epi32(acc[g], _mm512_set1_epi32(w32[g * 8 + r]), vals);
     }
     for (int g = 0; g < G; ++g) _mm512_store_si512(accv + (size_t)g * D + e * 16, acc[g]);
@@ -113,6 +122,8 @@ ScoreFn pick_score(int bits) {
     case 2: return score_block<G, 2>;
     case 3: return score_block<G, 3>;
     case 4: return score_block<G, 4>;
+    case 5: return score_block<G, 5>;
+    case 6: return score_block<G, 6>;
   }
   return nullptr;
 }
@@ -123,6 +134,8 @@ AccumFn pick_accum(int bits) {
     case 2: return accum_block<G, 2>;
     case 3: return accum_block<G, 3>;
     case 4: return accum_block<G, 4>;
+    case 5: return accum_block<G, 5>;
+    case 6: return accum_block<G, 6>;
   }
   return nullptr;
 }
@@ -133,12 +146,13 @@ __m512i byte_table(const Codebook* cb, bool offset, float* cscale) {
   const std::vector<float>& cs = cb ? cb->centroids : kSigns;
   float cmax = 0;
   for (float c : cs) cmax = std::max(cmax, std::fabs(c));
-  alignas(16) int8_t t[16] = {};
-  for (int j = 0; j < (int)cs.size() && j < 16; ++j) {
+  alignas(64) int8_t t[64] = {};
+  for (int j = 0; j < (int)cs.size() && j < 64; ++j) {
     const int v = (int)std::lrint(cs[j] * 127.0 / cmax);
     t[j] = (int8_t)(offset ? v + 128 : v);
   }
   *cscale = cmax / 127.f;
+  if (cs.size() > 16) return _mm512_load_si512(t);  // vpermb table
   return _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(t)));
 }
 
@@ -216,7 +230,7 @@ bool run(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, i
   alignas(64) int32_t raw[2][kMaxG * 32];
   alignas(64) uint8_t w8[2][kMaxG * 32];
   alignas(64) int32_t accv[kMaxG * kMaxHeadDim];
-  float kscale[2][kMaxG], qoff[2][kMaxG], wscale[kMaxG], alpha[kMaxG];
+  float kscale[2][kMaxG], qoff[2][kMaxG], alpha[kMaxG];
   __m512i tblK[2], tblV[2];
   float ck[2], cv[2];
   for (int i = 0; i < npk; ++i) tblK[i] = byte_table(pk[i].cb, true, &ck[i]);
@@ -325,7 +339,6 @@ bool run(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, i
       }
     }
   }
-  (void)wscale;
   return true;
 }
 
@@ -334,7 +347,8 @@ bool run(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, i
 
 bool host_ok() {
   static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+                         __builtin_cpu_supports("avx512vbmi");
   return ok;
 }
 
@@ -343,12 +357,12 @@ bool host_ok() {
 bool decode_tq_vnni(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a,
                     int b, const States& st) {
   if (sk.fmt->kind == Kind::tq_prod) {
-    if (sk.cb->bits > 4 || sv.fmt->kind == Kind::tq_prod) return false;
+    if (sk.cb->bits > 6 || sv.fmt->kind == Kind::tq_prod) return false;
   }
   for (const Stream* s : {&sk, &sv}) {
     if (s == &sk && s->fmt->kind == Kind::tq_prod) continue;
     if (s->fmt->kind != Kind::tq && s->fmt->kind != Kind::tq_split) return false;
-    if (s->cb->bits > 4 || (s->cb_hi && s->cb_hi->bits > 4)) return false;
+    if (s->cb->bits > 6 || (s->cb_hi && s->cb_hi->bits > 6)) return false;
     if (s->fmt->kind == Kind::tq_split && !s->split_frozen) return false;
   }
   if (!host_ok() || sh.D % 16 != 0 || sh.D > kMaxHeadDim) return false;

@@ -211,7 +211,7 @@ NiahResult niah(const LlamaModel& m, const Tokenizer& tok, const std::string& co
   for (double d : opt.depths) TQ_CHECK(d >= 0 && d <= 1, "niah: depth %g outside [0, 1]", d);
   const std::vector<int32_t> hay = tok.encode(corpus);
   const std::vector<int32_t> question =
-      tok.encode("\n\nQuestion: what is the secret passphrase?\nAnswer: The secret passphrase is");
+      tok.encode("\n\nThe secret number of the blue dragon is");
   const int answer_budget = 10;
   NiahResult res;
   const double t0 = now_s();
@@ -228,7 +228,7 @@ NiahResult niah(const LlamaModel& m, const Tokenizer& tok, const std::string& co
       std::snprintf(digits, sizeof digits, "%06u", rng.below(1000000));
       tr.passphrase = digits;
       const std::vector<int32_t> needle =
-          tok.encode(" The secret passphrase is " + tr.passphrase + ". Remember it. ");
+          tok.encode(" The secret number of the blue dragon is " + tr.passphrase + ". ");
       const int n_hay = opt.context - static_cast<int>(needle.size() + question.size());
       TQ_CHECK(n_hay > 0 && static_cast<size_t>(n_hay) <= hay.size(),
                "niah: corpus has %zu tokens, not enough for a %d-token haystack", hay.size(), n_hay);
