@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Markdown tables for docs/sections/llm.md from the JSON written by `tq perplexity --sweep
+"""Markdown tables for BENCHMARKS.md from the JSON written by `tq perplexity --sweep
 --json`, `tq niah --json` and `tq bench model --json` (files under results/)."""
 import glob
 import json

@@ -3,7 +3,7 @@
 per context length (all types side by side in each run), writes the raw JSON, a markdown
 table and a PNG plot of ms/step vs context.
 
-  python3 bench/plot_attention.py --tq build/tq --out docs/sections/kv_sweep \\
+  python3 bench/plot_attention.py --tq build/tq --out bench/results/kv/kv_sweep \\
       --contexts 1024,2048,4096,8192,16384,32768,65536,131072 \\
       --kv f16,q8_0,q4_0,q4_0h,tq3,tq4 --threads 1,2 --steps 5
 
@@ -19,7 +19,7 @@ import sys
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tq", default="build/tq")
-    ap.add_argument("--out", default="docs/sections/kv_sweep")
+    ap.add_argument("--out", default="bench/results/kv/kv_sweep")
     ap.add_argument("--contexts", default="1024,2048,4096,8192,16384,32768,65536,131072")
     ap.add_argument("--kv", default="f16,q8_0,q4_0,q4_0h,tq3,tq4")
     ap.add_argument("--threads", default="1,2")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Needle runs for docs/sections/llm.md: f16 vs tq4 at 2K/4K/8K, depth 0.5, 1 trial each.
+# Needle runs for BENCHMARKS.md: f16 vs tq4 at 2K/4K/8K, depth 0.5, 1 trial each.
 set -u
 cd "$(dirname "$0")"
 for ctx in 2048 4096 8192; do

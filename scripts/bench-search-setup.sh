@@ -10,7 +10,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
-# Pinned versions (the ones the figures in docs/sections/search.md were measured with).
+# Pinned versions (the ones the figures in BENCHMARKS.md were measured with).
 "$VENV/bin/python" -m pip install --quiet \
   "faiss-cpu==${FAISS_VERSION:-1.15.1}" \
   "numpy==${NUMPY_VERSION:-2.3.5}" \

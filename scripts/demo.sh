@@ -9,7 +9,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 MODEL="models/SmolLM2-135M-Instruct.Q4_1.gguf"
 CORPUS="data/debian-reference.en.txt"
-# The recommended cache (docs/sections/llm.md, "Recommended defaults").
+# The recommended cache (BENCHMARKS.md, "Recommended defaults").
 REC_K="${TQ_DEMO_CTK:-tq4}"
 REC_V="${TQ_DEMO_CTV:-tq3}"
 THREADS="${TQ_DEMO_THREADS:-2}"

@@ -34,7 +34,7 @@ Real* real() {
 }
 
 // Named thresholds (loose on purpose: a behaviour check, the measured tables are in
-// docs/sections/llm.md).
+// BENCHMARKS.md).
 constexpr double kPplMin = 2.0, kPplMax = 30.0;     // f16 perplexity of technical English
 constexpr double kCompressedMaxRatio = 1.15;       // compressed ppl <= 1.15 x f16
 constexpr double kCompressedMinTop1 = 0.80;        // top-1 agreement with f16

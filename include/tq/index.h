@@ -10,7 +10,7 @@
 //         | ||x|| <y, c> / ||c||^2 (lsq: least-squares optimal scale)
 //   <q, x> ~= scale * <Pi q, c>;   l2: ||q - x||^2 ~= ||q||^2 + ||x||^2 - 2 <q, x>.
 // Fractional widths b + 0.5 split the rotated channels: the first ceil(d/2) channels get
-// b + 1 bits, the rest b bits (two independent codebooks; see docs/sections/search.md).
+// b + 1 bits, the rest b bits (two independent codebooks; see docs/design.md).
 // Codec prod stores TurboQuant_prod codes (tq::Quantizer, kind prod) for comparison and is
 // scored with Quantizer::score (no fast scan).
 //
@@ -105,7 +105,7 @@ class Index {
   // Human-readable description, e.g. "mse 4 bits hadamard corrected f16 cosine".
   std::string describe() const;
 
-  // Persistence (see docs/sections/search.md "File format"): atomic save; load validates
+  // Persistence (see docs/design.md "File format"): atomic save; load validates
   // every field and the xxHash checksum before building anything.
   void save(const std::string& path) const;
   static Index load(const std::string& path);
@@ -123,7 +123,7 @@ void exact_search(Metric metric, size_t n, int dim, const float* x, size_t nq, c
                   int k, float* scores, int64_t* ids, int n_threads = 0);
 
 // Fast-scan kernels over blocks of 32 vectors (exposed for tests and benchmarks).
-// codes: n_blocks * m_groups * 16 bytes (layout in docs/sections/search.md); lut: m_groups *
+// codes: n_blocks * m_groups * 16 bytes (layout in docs/design.md); lut: m_groups *
 // 16 uint8; out: n_blocks * 32 exact integer sums. m_groups is a multiple of 4.
 void fast_scan_u8(size_t n_blocks, size_t m_groups, const uint8_t* codes, const uint8_t* lut,
                   uint32_t* out) noexcept;

@@ -73,7 +73,7 @@ struct AttentionParams {
   int pos0 = -1;          // absolute position of the first query; -1: n_tokens - n_q
   int n_threads = 0;      // 0: OpenMP default
   // false: fused kernels may score with int8 lookup tables / int8 softmax weights (small,
-  // reported error; see docs/sections/kv.md). true: float arithmetic from the same codes,
+  // reported error; see docs/design.md). true: float arithmetic from the same codes,
   // equal to attention_ref up to float summation order. The environment variable
   // TQ_KV_EXACT=1 forces exact mode for every call.
   bool exact = false;

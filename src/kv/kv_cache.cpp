@@ -1,5 +1,5 @@
 // KvCache: the table of formats, storage, the write (quantize) path and memory accounting.
-// Layouts are described in kv_internal.h and docs/sections/kv.md.
+// Layouts are described in kv_internal.h and docs/design.md.
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif

@@ -2,7 +2,7 @@
 //
 // Storage: per (layer, kv head, side K|V) one Stream. Tokens that have left the f16 window
 // live in blocks of kBlock = 32 tokens; each block is one contiguous byte range whose
-// layout depends on the format (see docs/sections/kv.md "Layouts"):
+// layout depends on the format (see docs/design.md "Layouts"):
 //
 //   f32    32 rows x D floats, row-major                              (32 bits / value)
 //   f16    V: 32 rows x D binary16, row-major; K: dim-major (D x 32 tokens) so that one

@@ -1,5 +1,5 @@
 // GGUF reader/writer and the ggml weight block codecs (F32, F16, BF16, Q4_0, Q4_1, Q8_0).
-// Scalar code only: weights are dequantized once at load time (see docs/sections/llm.md).
+// Scalar code only: weights are dequantized once at load time (see docs/design.md).
 #include "tq/gguf.h"
 
 #include <fcntl.h>

@@ -1,5 +1,5 @@
 // tq::Index: build (encode in batches) and search (fast scan + float-LUT re-rank).
-// Layouts and the file format are documented in docs/sections/search.md.
+// Layouts and the file format are documented in docs/design.md.
 #include "tq/index.h"
 
 #include <omp.h>
