@@ -270,10 +270,8 @@ TEST(CliBadInput, Distortion) {
   expect_clean_error(e, "bits 9", {"distortion", "-b", "9"}, {"bits"});
 }
 
-// `--seed -1` is accepted by CLI11 as 2^64 - 1 for a uint64_t option (reported to the lead:
-// tools/tq/cmd_distortion.cpp should reject a negative seed). Kept disabled so the suite
-// stays green; run with --gtest_also_run_disabled_tests to see it fail.
-TEST(CliBadInput, DISABLED_DistortionNegativeSeed) {
+// `--seed -1` used to be accepted by CLI11 as 2^64 - 1 for a uint64_t option; regression test.
+TEST(CliBadInput, DistortionNegativeSeed) {
   expect_clean_error("tq distortion", "negative seed", {"distortion", "--seed", "-1", "-n", "10"}, {"--seed"});
 }
 
@@ -551,18 +549,17 @@ TEST(CliBadInput, BenchAttention) {
   expect_clean_error(e, "non-numeric steps", with({"bench", "attention", "--steps", "x"}, small), {"--steps"});
 }
 
-// Found by these tests, reported (not our files); disabled so the suite stays green. Run with
-// --gtest_also_run_disabled_tests to see them fail.
-//  - src/llm/eval.cpp read_text_file(): a directory opens as an empty stream, so
-//    `tq perplexity -f <dir>` says "the text has 0 tokens" instead of naming the directory.
-TEST(CliBadInput, DISABLED_PerplexityTextFileIsDirectory) {
+// Regression tests for bugs these tests found:
+//  - src/llm/eval.cpp read_text_file(): a directory opened as an empty stream, so
+//    `tq perplexity -f <dir>` said "the text has 0 tokens" instead of naming the directory.
+TEST(CliBadInput, PerplexityTextFileIsDirectory) {
   Fixtures fx;
   expect_clean_error("tq perplexity", "directory as text file",
                      {"perplexity", "-m", fx.model, "-f", fx.folder, "-c", "64"}, {"a_directory"}, &fx.dir);
 }
-//  - tools/tq/cmd_bench_attention.cpp: --threads is split and parsed with std::stoi, unchecked:
-//    "1,two" prints "tq: error: stoi" and "-1" runs with -1 threads.
-TEST(CliBadInput, DISABLED_BenchAttentionThreadList) {
+//  - tools/tq/cmd_bench_attention.cpp: --threads was split and parsed with std::stoi, unchecked:
+//    "1,two" printed "tq: error: stoi" and "-1" ran with -1 threads.
+TEST(CliBadInput, BenchAttentionThreadList) {
   const std::vector<std::string> small = {"--context", "64", "--steps", "1", "--n-heads", "4", "--n-kv-heads", "2",
                                           "--head-dim", "64"};
   expect_clean_error("tq bench attention", "non-numeric thread list",

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -51,6 +52,8 @@ double kv_bits_per_value(const LlamaModel& m, double bytes_per_token) {
 }
 
 std::string read_text_file(const std::string& path) {
+  std::error_code ec;
+  TQ_CHECK(!std::filesystem::is_directory(path, ec), "'%s' is a directory, not a text file", path.c_str());
   std::ifstream f(path, std::ios::binary);
   TQ_CHECK(f.good(), "cannot read '%s' (run scripts/fetch-corpus.sh for the default corpus)", path.c_str());
   std::stringstream ss;

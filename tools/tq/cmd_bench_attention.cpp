@@ -1,3 +1,5 @@
+#include <cerrno>
+#include <cstdlib>
 // tq bench attention: decode-attention speed, memory and accuracy per KV cache type, all
 // types measured side by side in one run (steps interleaved across types).
 #include <algorithm>
@@ -110,7 +112,14 @@ void setup(CLI::App& app) {
              "--n-heads %d must be a multiple of --n-kv-heads %d", o->n_heads, o->n_kv_heads);
     const int D = o->head_dim, KVH = o->n_kv_heads, H = o->n_heads, N = o->context;
     std::vector<int> threads;
-    for (const auto& t : split_list(o->threads)) threads.push_back(std::stoi(t));
+    for (const auto& t : split_list(o->threads)) {
+      char* end = nullptr;
+      errno = 0;
+      const long v = std::strtol(t.c_str(), &end, 10);
+      TQ_CHECK(!t.empty() && end && *end == '\0' && errno == 0 && v >= 1 && v <= 1024,
+               "--threads: '%s' is not a thread count in 1..1024", t.c_str());
+      threads.push_back(static_cast<int>(v));
+    }
     TQ_CHECK(!threads.empty(), "--threads is empty");
     const Gen gen{KVH, D, o->seed};
     const int kBatch = 1024;

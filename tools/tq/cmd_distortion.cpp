@@ -32,7 +32,10 @@ void setup(CLI::App& app) {
   sub->add_flag("--no-norm-correction", o->no_corr, "store ||x|| instead of ||x|| / ||c[idx]|| (mse only)");
   sub->add_option("--data", o->data, "unit: isotropic unit vectors; outlier: key-like vectors with 1/16 of the channels 10x larger")
       ->capture_default_str();
-  sub->add_option("--seed,-s", o->seed, "seed for the data and the rotation")->capture_default_str();
+  sub->add_option("--seed,-s", o->seed, "seed for the data and the rotation (0 .. 2^64-1)")->capture_default_str()
+      ->check(CLI::Validator(
+          [](std::string& v) { return !v.empty() && v[0] == '-' ? std::string("the seed must not be negative") : std::string(); },
+          "UINT", "non-negative"));
   sub->add_flag("--json", o->json, "print one JSON object on stdout");
   sub->callback([o] {
     tq::QuantizerConfig cfg;
