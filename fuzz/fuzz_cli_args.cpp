@@ -2,7 +2,7 @@
 // subcommand, parsed by CLI11 with the declarations in tools/tq/cmd_*.cpp).
 //
 // The real subcommand sources are compiled into this target (each in its own namespace) and
-// register themselves as in the `tq` binary; the registry below mirrors tools/tq/main.cpp.
+// register themselves as in the `tq` binary; the registry is tools/tq/cli.cpp, shared with the binary.
 // Each input is split at NUL bytes into at most 16 arguments and parsed by a fresh app; the
 // root's parse-complete callback stops before any subcommand callback, so only parsing runs.
 // Property: every argument vector either parses or is rejected with a CLI11 ParseError or a
@@ -49,30 +49,8 @@
 #include "tq/quantizer.h"
 #include "tq/simd.h"
 
-namespace tq::cli {
-namespace {
-std::vector<std::pair<std::string, SetupFn>>& registry() {
-  static std::vector<std::pair<std::string, SetupFn>> r;
-  return r;
-}
-}  // namespace
-Registrar::Registrar(const char* key, SetupFn fn) { registry().emplace_back(key, fn); }
-CLI::App* group(CLI::App& parent, const std::string& name, const std::string& help) {
-  for (auto* s : parent.get_subcommands([](CLI::App*) { return true; }))
-    if (s->get_name() == name) return s;
-  auto* g = parent.add_subcommand(name, help);
-  g->require_subcommand(1);
-  return g;
-}
-CLI::App* subcommand(CLI::App& parent, const std::string& name, const std::string& help) {
-  return parent.add_subcommand(name, help);
-}
-void print_json(const nlohmann::json& j) { std::cout << j.dump(2) << std::endl; }
-Progress::Progress(std::string label, size_t total) : label_(std::move(label)), total_(total), enabled_(false) {}
-void Progress::update(size_t) {}
-void Progress::finish() { finished_ = true; }
-Progress::~Progress() = default;
-}  // namespace tq::cli
+// The registry of the tq binary itself (tools/tq/cli.cpp).
+#include "cli.cpp"
 
 // The subcommands of the tq binary (same sources).
 namespace cmd_bench_codec {

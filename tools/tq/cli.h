@@ -17,6 +17,8 @@
 
 #include <cstdio>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace tq::cli {
 
@@ -25,6 +27,8 @@ using SetupFn = void (*)(CLI::App& app);
 struct Registrar {
   Registrar(const char* key, SetupFn fn);
 };
+// Every registered (key, setup) pair, in registration order.
+std::vector<std::pair<std::string, SetupFn>>& registry();
 
 // A subcommand of `parent` (created once; later calls return the same object).
 CLI::App* group(CLI::App& parent, const std::string& name, const std::string& help);
