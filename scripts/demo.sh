@@ -10,7 +10,7 @@ cd "$ROOT"
 MODEL="models/SmolLM2-135M-Instruct.Q4_1.gguf"
 CORPUS="data/debian-reference.en.txt"
 # The recommended cache (BENCHMARKS.md, "Recommended defaults").
-REC_K="${TQ_DEMO_CTK:-tq4}"
+REC_K="${TQ_DEMO_CTK:-tq5}"
 REC_V="${TQ_DEMO_CTV:-tq3}"
 THREADS="${TQ_DEMO_THREADS:-2}"
 PROMPT="${TQ_DEMO_PROMPT:-What is a Debian package, in two sentences?}"
