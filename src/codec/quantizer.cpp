@@ -98,6 +98,24 @@ void check_rows_finite(size_t n, int d, const float* x, size_t row0) {
     TQ_CHECK(all_finite(static_cast<size_t>(d), x + r * d), "vector %zu contains NaN or Inf", row0 + r);
 }
 
+// The encode front end shared by the quantizers: checks and rotates x in chunks of kChunk
+// rows, then calls f(row, y_row, norm, 1 / norm) for every row (y_row: the rotated row, not
+// yet normalized, writable; 1 / norm is 0 for a zero vector).
+template <class F>
+void for_each_rotated(const Rotation& rot, int d, size_t n, const float* x, F&& f) {
+  std::vector<float> y(kChunk * d);
+  for (size_t r0 = 0; r0 < n; r0 += kChunk) {
+    const size_t m = std::min(kChunk, n - r0);
+    const float* xc = x + r0 * d;
+    check_rows_finite(m, d, xc, r0);
+    rot.forward(m, xc, y.data());
+    for (size_t r = 0; r < m; ++r) {
+      const double s = std::sqrt(sum_sq(xc + r * d, d));
+      f(r0 + r, y.data() + r * d, s, s > 0 ? static_cast<float>(1.0 / s) : 0.0f);
+    }
+  }
+}
+
 // Dense Gaussian QJL matrix S (d x d, row-major), seeded apart from the rotation.
 std::vector<float> gaussian_matrix(int d, uint64_t seed) {
   std::vector<float> s(checked_mul(static_cast<size_t>(d), static_cast<size_t>(d), "QJL matrix"));
@@ -135,24 +153,15 @@ class MseQuantizer final : public Quantizer {
   void encode(size_t n, const float* x, uint8_t* codes) const override {
     const int d = cfg_.dim;
     check_batch("encode", n, d * sizeof(float), x, code_bytes_, codes);
-    std::vector<float> y(kChunk * d);
     std::vector<uint8_t> idx(d);
-    for (size_t r0 = 0; r0 < n; r0 += kChunk) {
-      const size_t m = std::min(kChunk, n - r0);
-      const float* xc = x + r0 * d;
-      check_rows_finite(m, d, xc, r0);
-      rot_->forward(m, xc, y.data());
-      for (size_t r = 0; r < m; ++r) {
-        const double s = std::sqrt(sum_sq(xc + r * d, d));
-        const float inv = s > 0 ? static_cast<float>(1.0 / s) : 0.0f;
-        const int64_t c2 = detail::quantize_scaled(cb_, d, y.data() + r * d, inv, idx.data(), csq_.data());
-        double stored = s;
-        if (cfg_.norm_correction && s > 0 && c2 > 0) stored = s / std::sqrt(c2 * csq_unit_);
-        uint8_t* out = codes + (r0 + r) * code_bytes_;
-        store_norm(cfg_.norm, stored, out, r0 + r);
-        pack_bits(d, cfg_.bits, idx.data(), out + nb_);
-      }
-    }
+    for_each_rotated(*rot_, d, n, x, [&](size_t row, float* yr, double s, float inv) {
+      const int64_t c2 = detail::quantize_scaled(cb_, d, yr, inv, idx.data(), csq_.data());
+      double stored = s;
+      if (cfg_.norm_correction && s > 0 && c2 > 0) stored = s / std::sqrt(c2 * csq_unit_);
+      uint8_t* out = codes + row * code_bytes_;
+      store_norm(cfg_.norm, stored, out, row);
+      pack_bits(d, cfg_.bits, idx.data(), out + nb_);
+    });
   }
 
   void decode(size_t n, const uint8_t* codes, float* x) const override {
@@ -210,32 +219,23 @@ class ProdQuantizer final : public Quantizer {
   void encode(size_t n, const float* x, uint8_t* codes) const override {
     const int d = cfg_.dim;
     check_batch("encode", n, d * sizeof(float), x, code_bytes_, codes);
-    std::vector<float> y(kChunk * d), sr(d);
+    std::vector<float> sr(d);
     std::vector<uint8_t> idx(d), sg(d);
-    for (size_t r0 = 0; r0 < n; r0 += kChunk) {
-      const size_t m = std::min(kChunk, n - r0);
-      const float* xc = x + r0 * d;
-      check_rows_finite(m, d, xc, r0);
-      rot_->forward(m, xc, y.data());
-      for (size_t r = 0; r < m; ++r) {
-        const double s = std::sqrt(sum_sq(xc + r * d, d));
-        const float inv = s > 0 ? static_cast<float>(1.0 / s) : 0.0f;
-        float* yr = y.data() + r * d;  // becomes the residual in the rotated domain
-        for (int i = 0; i < d; ++i) yr[i] *= inv;
-        uint8_t* out = codes + (r0 + r) * code_bytes_;
-        store_norm(cfg_.norm, s, out, r0 + r);
-        if (mse_bits_ > 0) {
-          quantize_rotated(*cb_, d, yr, idx.data());
-          for (int i = 0; i < d; ++i) yr[i] -= cb_->centroids[idx[i]];
-          store_norm(cfg_.norm, std::sqrt(sum_sq(yr, d)), out + nb_, r0 + r);
-          pack_bits(d, mse_bits_, idx.data(), out + idx_off_);
-        }
-        // QJL in the rotated domain: S Pi^T is again i.i.d. Gaussian.
-        matvec(S_, d, yr, sr.data());
-        for (int j = 0; j < d; ++j) sg[j] = sr[j] >= 0 ? 1 : 0;
-        pack_bits(d, 1, sg.data(), out + sign_off_);
+    for_each_rotated(*rot_, d, n, x, [&](size_t row, float* yr, double s, float inv) {
+      for (int i = 0; i < d; ++i) yr[i] *= inv;  // yr becomes the residual in the rotated domain
+      uint8_t* out = codes + row * code_bytes_;
+      store_norm(cfg_.norm, s, out, row);
+      if (mse_bits_ > 0) {
+        quantize_rotated(*cb_, d, yr, idx.data());
+        for (int i = 0; i < d; ++i) yr[i] -= cb_->centroids[idx[i]];
+        store_norm(cfg_.norm, std::sqrt(sum_sq(yr, d)), out + nb_, row);
+        pack_bits(d, mse_bits_, idx.data(), out + idx_off_);
       }
-    }
+      // QJL in the rotated domain: S Pi^T is again i.i.d. Gaussian.
+      matvec(S_, d, yr, sr.data());
+      for (int j = 0; j < d; ++j) sg[j] = sr[j] >= 0 ? 1 : 0;
+      pack_bits(d, 1, sg.data(), out + sign_off_);
+    });
   }
 
   void decode(size_t n, const uint8_t* codes, float* x) const override {
