@@ -33,6 +33,7 @@ QuantizerKind parse_quantizer_kind(const std::string& s);  // "mse" | "prod" | "
 const char* quantizer_kind_name(QuantizerKind k) noexcept;
 
 enum class NormFormat : uint8_t { f16 = 0, f32 = 1 };
+NormFormat parse_norm_format(const std::string& s);  // "f16" | "f32"; throws tq::Error
 
 struct QuantizerConfig {
   int dim = 0;

@@ -29,6 +29,11 @@ QuantizerKind parse_quantizer_kind(const std::string& s) {
   return QuantizerKind::mse;
 }
 
+NormFormat parse_norm_format(const std::string& s) {
+  TQ_CHECK(s == "f16" || s == "f32", "unknown norm format '%s' (valid: f16, f32)", s.c_str());
+  return s == "f16" ? NormFormat::f16 : NormFormat::f32;
+}
+
 const char* quantizer_kind_name(QuantizerKind k) noexcept {
   switch (k) {
     case QuantizerKind::mse: return "mse";

@@ -44,8 +44,7 @@ void setup(CLI::App& app) {
     cfg.rotation = tq::parse_rotation(o->rotation);
     cfg.seed = o->seed;
     cfg.law = tq::parse_law(o->law);
-    TQ_CHECK(o->norm == "f16" || o->norm == "f32", "unknown norm format '%s' (valid: f16, f32)", o->norm.c_str());
-    cfg.norm = o->norm == "f16" ? tq::NormFormat::f16 : tq::NormFormat::f32;
+    cfg.norm = tq::parse_norm_format(o->norm);
     cfg.norm_correction = !o->no_corr;
     auto q = tq::make_quantizer(tq::parse_quantizer_kind(o->quantizer), cfg);
     const tq::DistortionResult r = tq::measure_distortion(*q, o->n, o->seed, o->data.c_str());

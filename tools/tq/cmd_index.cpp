@@ -73,8 +73,7 @@ tq::IndexConfig config_of(const BuildOpts& o, int dim) {
   c.codec = tq::parse_quantizer_kind(o.codec);
   TQ_CHECK(c.codec != tq::QuantizerKind::qjl, "index: codec must be mse or prod");
   c.scale = tq::parse_scale_mode(o.scale);
-  TQ_CHECK(o.norm == "f16" || o.norm == "f32", "unknown norm format '%s' (valid: f16, f32)", o.norm.c_str());
-  c.norm = o.norm == "f16" ? tq::NormFormat::f16 : tq::NormFormat::f32;
+  c.norm = tq::parse_norm_format(o.norm);
   c.rotation = tq::parse_rotation(o.rotation);
   c.law = tq::parse_law(o.law);
   c.seed = o.seed;
