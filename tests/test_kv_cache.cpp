@@ -21,9 +21,10 @@ namespace {
 // Types whose fused path is compared with the reference.
 const std::vector<std::string> kTypes = tq::kv_type_names();
 
-// Exact-mode fused output vs reference: same codes, only float summation order differs.
+// Default (float) kernels and exact mode vs reference: same codes, only float summation
+// order differs (issue bound: 1e-5).
 constexpr double kExactRelTol = 1e-5;
-// Fast mode (int8 lookup tables / int8 weights where a fused kernel uses them).
+// lut8 mode (int8 lookup tables / int8 weights where a fused kernel uses them).
 constexpr double kFastRelTol = 3e-2;
 
 bool small() { return std::getenv("TQ_TEST_SMALL") != nullptr; }
@@ -55,7 +56,8 @@ struct Case {
 };
 
 // Fill a cache with n_ctx tokens (appended in two uneven batches), then compare attention of
-// n_q queries (the last n_q positions) with attention_ref.
+// n_q queries (the last n_q positions) with attention_ref. rel_exact: the worse of the
+// default kernels and exact mode; rel_fast: lut8 mode.
 void check_case(const Case& c, int n_threads, double* rel_exact, double* rel_fast) {
   tq::KvCacheConfig cfg;
   cfg.n_layers = 2;
@@ -81,16 +83,18 @@ void check_case(const Case& c, int n_threads, double* rel_exact, double* rel_fas
   const int H = c.kvh * c.G;
   std::vector<float> q((size_t)c.n_q * H * c.D);
   for (auto& x : q) x = (float)rng.normal();
-  std::vector<float> ref(q.size()), fused(q.size(), -1.f), fast(q.size(), -1.f);
+  std::vector<float> ref(q.size()), fused(q.size(), -1.f), exact(q.size(), -1.f), fast(q.size(), -1.f);
   tq::AttentionParams p;
   p.n_heads = H;
   p.n_threads = n_threads;
   tq::attention_ref(cache, 1, c.n_q, q.data(), ref.data(), p);
-  p.exact = true;
   tq::attention(cache, 1, c.n_q, q.data(), fused.data(), p);
+  p.exact = true;
+  tq::attention(cache, 1, c.n_q, q.data(), exact.data(), p);
   p.exact = false;
+  p.lut8 = true;
   tq::attention(cache, 1, c.n_q, q.data(), fast.data(), p);
-  *rel_exact = rel_err(fused, ref);
+  *rel_exact = std::max(rel_err(fused, ref), rel_err(exact, ref));
   *rel_fast = rel_err(fast, ref);
 }
 
@@ -236,7 +240,11 @@ TEST(Attention, EmptyCacheAndSingleToken) {
     std::vector<float> ref(q.size());
     tq::attention(cache, 0, 1, q.data(), out.data(), p);
     tq::attention_ref(cache, 0, 1, q.data(), ref.data(), p);
+    EXPECT_LE(rel_err(out, ref), kExactRelTol) << t;
+    p.lut8 = true;
+    tq::attention(cache, 0, 1, q.data(), out.data(), p);
     EXPECT_LE(rel_err(out, ref), kFastRelTol) << t;
+    p.lut8 = false;
     p.exact = true;
     tq::attention(cache, 0, 1, q.data(), out.data(), p);
     EXPECT_LE(rel_err(out, ref), kExactRelTol) << t;
@@ -463,7 +471,7 @@ TEST(Attention, EdgeHeadDims) {
 TEST(Attention, BenchCliJson) {
   const std::string cmd = std::string(TQ_CLI_PATH) +
                           " bench attention --head-dim 64 --n-heads 4 --n-kv-heads 2 --context 300"
-                          " --kv f16,tq4,q4_0h --threads 1 --steps 1 --err-queries 1 --json 2>/dev/null";
+                          " --kv f16,tq4,q4_0h,tq4@lut8 --threads 1 --steps 1 --err-queries 1 --json 2>/dev/null";
   FILE* f = popen(cmd.c_str(), "r");
   ASSERT_NE(f, nullptr);
   std::string out;
@@ -472,13 +480,72 @@ TEST(Attention, BenchCliJson) {
   while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
   ASSERT_EQ(pclose(f), 0) << out;
   const auto j = nlohmann::json::parse(out);
-  ASSERT_EQ(j["results"].size(), 3u);
+  ASSERT_EQ(j["results"].size(), 4u);
   EXPECT_EQ(j["results"][1]["kv"], "tq4");
   EXPECT_EQ(j["results"][1]["k_bytes_per_head"], 34);  // 64 * 4 / 8 + 2
   EXPECT_GT(j["results"][1]["speedup_vs_f16"].get<double>(), 0.0);
-  EXPECT_LT(j["results"][1]["rel_err_exact_vs_ref"].get<double>(), kExactRelTol);
+  EXPECT_LT(j["results"][1]["rel_err_fused_vs_ref"].get<double>(), kExactRelTol);  // the timed kernel
+  EXPECT_LT(j["results"][1]["rel_err_float_vs_ref"].get<double>(), kExactRelTol);
+  EXPECT_LT(j["results"][3]["rel_err_fused_vs_ref"].get<double>(), kFastRelTol);  // tq4@lut8
+  EXPECT_EQ(j["results"][3]["type_k"], "tq4");
+  if (tq::simd::current_level() == "avx3_dl") {
+    EXPECT_EQ(j["results"][0]["kernel"], "f16");
+    EXPECT_EQ(j["results"][1]["kernel"], "tq-float");
+    EXPECT_EQ(j["results"][2]["kernel"], "rows");
+    EXPECT_EQ(j["results"][3]["kernel"], "tq-lut8");
+  }
   EXPECT_LT(j["results"][0]["rel_err"].get<double>(), 1e-2);  // f16 vs exact f32
   EXPECT_GT(j["results"][2]["append_tokens_per_s"].get<double>(), 0.0);
-  // Unknown type: non-zero exit.
+  // Unknown type or kernel suffix: non-zero exit.
+  EXPECT_NE(std::system((std::string(TQ_CLI_PATH) + " bench attention --kv tq4@lut9 --context 10 >/dev/null 2>&1").c_str()), 0);
   EXPECT_NE(std::system((std::string(TQ_CLI_PATH) + " bench attention --kv q5_k --context 10 >/dev/null 2>&1").c_str()), 0);
+}
+
+// Which decode kernel runs: every tq mse / split / prod K with tq V up to 8 bits gets the
+// fused float kernel on AVX-512 (the int8 one only when asked, up to 6 bits); formats
+// without a fused kernel report "rows". Values are checked by the tests above.
+TEST(Attention, KernelSelection) {
+  const std::string level = tq::simd::current_level();
+  if (level != "avx3" && level != "avx3_dl") GTEST_SKIP() << "no AVX-512 at level " << level;
+  auto kernel = [](const std::string& k, const std::string& v, int D, int G, bool lut8) {
+    tq::KvCacheConfig cfg;
+    cfg.n_kv_heads = 2;
+    cfg.head_dim = D;
+    cfg.max_tokens = 64;
+    cfg.type_k = k;
+    cfg.type_v = v;
+    tq::KvCache cache(cfg);
+    tq::Rng rng(5);
+    std::vector<float> kk, vv;
+    fill_kv(rng, 40, 2, D, kk, vv);
+    cache.append(0, 40, kk.data(), vv.data());  // freezes the tq2.5 / tq3.5 outlier channels
+    tq::AttentionParams p;
+    p.n_heads = 2 * G;
+    p.lut8 = lut8;
+    return tq::attention_kernel(cache, 0, p);
+  };
+  for (const char* t : {"tq1", "tq2", "tq3", "tq4", "tq5", "tq6", "tq7", "tq8", "tq2.5", "tq3.5"}) {
+    EXPECT_EQ(kernel(t, t, 128, 4, false), "tq-float") << t;
+    EXPECT_EQ(kernel(t, "tq3", 64, 3, false), "tq-float") << t;
+  }
+  EXPECT_EQ(kernel("tq3p", "tq3", 128, 4, false), "tq-float");
+  EXPECT_EQ(kernel("tq4p", "tq2", 64, 1, false), "tq-float");
+  EXPECT_EQ(kernel("tq4", "tq3", 48, 2, false), "tq-float");   // D multiple of 16
+  EXPECT_EQ(kernel("tq4", "tq3", 128, 5, false), "rows");      // G = 5: no kernel instance
+  EXPECT_EQ(kernel("tq4", "f16", 128, 4, false), "rows");
+  EXPECT_EQ(kernel("f16", "f16", 128, 4, false), "f16");
+  EXPECT_EQ(kernel("q4_0h", "q4_0h", 128, 4, false), "rows");
+  if (level == "avx3_dl") {
+    EXPECT_EQ(kernel("tq4", "tq3", 128, 4, true), "tq-lut8");
+    EXPECT_EQ(kernel("tq6", "tq6", 64, 3, true), "tq-lut8");
+    EXPECT_EQ(kernel("tq7", "tq3", 128, 4, true), "rows");  // lut8 tables hold 6 bits
+  }
+  {
+    tq::simd::ScopedLevel sl("avx2");
+    EXPECT_EQ(kernel("tq4", "tq3", 128, 4, false), "rows");
+  }
+  tq::KvCacheConfig cfg;
+  tq::KvCache cache(cfg);
+  tq::AttentionParams p;
+  EXPECT_THROW(tq::attention_kernel(cache, 3, p), tq::Error);
 }

@@ -72,10 +72,13 @@ struct AttentionParams {
   float scale = 0;        // 0: 1/sqrt(head_dim)
   int pos0 = -1;          // absolute position of the first query; -1: n_tokens - n_q
   int n_threads = 0;      // 0: OpenMP default
-  // false: fused kernels may score with int8 lookup tables / int8 softmax weights (small,
-  // reported error; see docs/design.md). true: float arithmetic from the same codes,
-  // equal to attention_ref up to float summation order. The environment variable
-  // TQ_KV_EXACT=1 forces exact mode for every call.
+  // Arithmetic of the fused tq decode kernels. Default: float centroids and float FMAs from
+  // the codes, equal to attention_ref up to float summation order (tested <= 1e-5 relative).
+  // lut8: int8 lookup tables for Q.K and uint8 softmax weights for V (AVX-512 VNNI/VBMI,
+  // <= 6 bits): faster decode at about 2e-2 relative error vs attention_ref (see
+  // docs/design.md). exact: never lut8 (wins over lut8). TQ_KV_LUT8=1 / TQ_KV_EXACT=1 set
+  // them for every call.
+  bool lut8 = false;
   bool exact = false;
 };
 
@@ -83,6 +86,10 @@ struct AttentionParams {
 // position pos0 + i) attends to cache tokens 0..pos0+i. q, out: n_q * n_heads * head_dim.
 void attention(const KvCache& cache, int layer, int n_q, const float* q, float* out,
                const AttentionParams& p);
+// The decode kernel attention() runs over the quantized tokens of this layer with these
+// params at the current SIMD level: "f16", "tq-float", "tq-lut8" (fused kernels) or "rows"
+// (rows dequantized to float, then float attention). The TQ_KV_* variables are not applied.
+std::string attention_kernel(const KvCache& cache, int layer, const AttentionParams& p);
 // Reference: dequantize every cached row, then exact f32 attention. The test oracle.
 void attention_ref(const KvCache& cache, int layer, int n_q, const float* q, float* out,
                    const AttentionParams& p);

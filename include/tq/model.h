@@ -55,8 +55,9 @@ class LlamaModel {
   void set_threads(int n_threads);                 // OpenMP + OpenBLAS; 0 = all cores
   int threads() const noexcept;
   void set_attention_impl(AttentionImpl a) noexcept;
-  // AttentionParams::exact for the fused kernels (float scoring instead of int8 tables).
+  // AttentionParams::exact / lut8 for the fused kernels (see tq/kv_cache.h).
   void set_attention_exact(bool exact) noexcept;
+  void set_attention_lut8(bool lut8) noexcept;
   void set_ubatch(int n) noexcept;                 // prefill micro-batch (default 512)
 
   // Process n tokens at positions cache.n_tokens(0) ... (appends their K/V to the cache).

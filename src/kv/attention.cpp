@@ -149,7 +149,7 @@ Prepared prepare(const KvCache& cache, int layer, int n_q, const float* q, const
 
 // ------------------------------------------------------------------ driver
 void run_attention(const KvCache& cache, int layer, int n_q, const float* q, float* out,
-                   const AttentionParams& p, bool exact) {
+                   const AttentionParams& p, bool lut8) {
   Prepared P = prepare(cache, layer, n_q, q, out, p);
   if (n_q == 0) return;
   const Shape& sh = P.sh;
@@ -206,10 +206,10 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
       const float* qf = prod_k ? &pqk[(size_t)h * n_q * G * 2 * D] : qd;  // prod: [Pi q, S Pi q]
       // Fused kernels run one query at a time (prefill: each query with its own causal limit);
       // whether one applies depends only on the types, so the first query decides.
-      if (!scalar && fused_decode(sh, sk, sv, qf, P.limits[0], a, b, st, exact)) {
+      if (!scalar && fused_decode(sh, sk, sv, qf, P.limits[0], a, b, st, lut8)) {
         for (int i = 1; i < n_q; ++i)
           fused_decode(sh, sk, sv, qf + (size_t)i * G * sh.qstride, P.limits[i], a, b,
-                       States{st.base + (size_t)i * G * st.stride(), D}, exact);
+                       States{st.base + (size_t)i * G * st.stride(), D}, lut8);
         continue;
       }
       const bool prod = sk.fmt->kind == Kind::tq_prod;
@@ -259,12 +259,31 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
 
 void attention(const KvCache& cache, int layer, int n_q, const float* q, float* out,
                const AttentionParams& p) {
-  // TQ_KV_EXACT=1 forces exact mode from any caller (A/B of the int8 kernels, e.g. perplexity).
-  static const bool force_exact = [] {
-    const char* e = std::getenv("TQ_KV_EXACT");
+  // TQ_KV_LUT8=1 / TQ_KV_EXACT=1 set lut8 / exact for every caller (A/B runs of whole
+  // programs, e.g. perplexity); exact wins.
+  static const auto env_on = [](const char* name) {
+    const char* e = std::getenv(name);
     return e && *e && std::string(e) != "0";
-  }();
-  kv::run_attention(cache, layer, n_q, q, out, p, p.exact || force_exact);
+  };
+  static const bool force_lut8 = env_on("TQ_KV_LUT8"), force_exact = env_on("TQ_KV_EXACT");
+  const bool exact = p.exact || force_exact;
+  kv::run_attention(cache, layer, n_q, q, out, p, !exact && (p.lut8 || force_lut8));
+}
+
+std::string attention_kernel(const KvCache& cache, int layer, const AttentionParams& p) {
+  using namespace kv;
+  const auto& I = cache.impl();
+  TQ_CHECK(layer >= 0 && layer < (int)I.layers.size(), "attention_kernel: layer %d out of range 0..%d", layer,
+           (int)I.layers.size() - 1);
+  Shape sh{};
+  sh.D = I.cfg.head_dim;
+  sh.KVH = I.cfg.n_kv_heads;
+  TQ_CHECK(p.n_heads > 0 && p.n_heads % sh.KVH == 0, "attention_kernel: %d query heads over %d kv heads",
+           p.n_heads, sh.KVH);
+  sh.H = p.n_heads;
+  sh.G = p.n_heads / sh.KVH;
+  const Layer& L = I.layers[layer];
+  return fused_kernel_name(sh, L.k[0], L.v[0], p.lut8 && !p.exact);
 }
 
 void attention_ref(const KvCache& cache, int layer, int n_q, const float* q, float* out,

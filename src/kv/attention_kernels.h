@@ -34,16 +34,21 @@ struct States {
 
 // Fused decode (one query, G heads of one kv head) over quantized tokens [a, b) (a block
 // aligned), limit = number of tokens the query sees. qd: G x D in the K domain. Updates st
-// (rows 0..G-1, V domain). Returns false when no fused kernel handles (sk, sv) here; with
-// exact, only kernels with float arithmetic (f16) run.
+// (rows 0..G-1, V domain). Returns false when no fused kernel handles (sk, sv) here. lut8
+// lets the tq kernels use int8 lookup tables (AttentionParams::lut8).
 bool fused_decode(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit,
-                  int a, int b, const States& st, bool exact);
+                  int a, int b, const States& st, bool lut8);
 
-// tq (mse, 1..4 bits) K and V on AVX-512 VNNI: int8 lookup tables (see attention_vnni.cpp).
+// tq K (mse 1..8 bits, split, prod) and tq V on AVX-512 (see attention_vnni.cpp): float
+// centroids from the codes and float FMAs, or with lut8 int8 tables on VNNI/VBMI (<= 6 bits).
 // Returns false when the host or the current SIMD level cannot run it or the shape is not
 // handled (then the caller uses the generic float path).
-bool decode_tq_vnni(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit,
-                    int a, int b, const States& st);
+bool decode_tq(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a,
+               int b, const States& st, bool lut8);
+bool decode_tq_supported(const Shape& sh, const Stream& sk, const Stream& sv, bool lut8);
+// Which decode kernel fused_decode runs for (sk, sv): "f16", "tq-float", "tq-lut8" or
+// "rows" (no fused kernel: dequantized rows, float attention).
+const char* fused_kernel_name(const Shape& sh, const Stream& sk, const Stream& sv, bool lut8);
 
 // SIMD (Highway) pieces of the generic path. kR, vR: nt x D floats (rows in the stream domain).
 void attend_rows(int D, int G, float scale, const float* qd, const float* kR, const float* vR, int nt,

@@ -5,7 +5,7 @@
 //               horizontal sums), block softmax with a vector exp, V rows accumulated for the G
 //               heads with each row converted once. Float arithmetic: equals the reference up
 //               to summation order (test tolerance 1e-5 relative).
-//   tq kernels  in attention_vnni.cpp (AVX-512 VNNI, int8 lookup tables).
+//   tq kernels  in attention_vnni.cpp (AVX-512: float centroid tables; VNNI: int8 tables).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kv/attention_simd.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -253,13 +253,30 @@ void decode_q4_rows(int D, int n, const uint8_t* rows, float* out) {
   HWY_DYNAMIC_DISPATCH(DecodeQ4Rows)(D, n, rows, out);
 }
 
+namespace {
+bool tq_pair(const Stream& sk, const Stream& sv) {
+  const auto is_tq = [](const Stream& s) { return s.fmt->kind == Kind::tq || s.fmt->kind == Kind::tq_split; };
+  return (is_tq(sk) || sk.fmt->kind == Kind::tq_prod) && is_tq(sv);
+}
+}  // namespace
+
 bool fused_decode(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a,
-                  int b, const States& st, bool exact) {
+                  int b, const States& st, bool lut8) {
   if (sk.fmt->kind == Kind::f16 && sv.fmt->kind == Kind::f16)
     return HWY_DYNAMIC_DISPATCH(DecodeF16)(sh, sk, sv, qd, limit, a, b, st);
-  const auto is_tq = [](const Stream& s) { return s.fmt->kind == Kind::tq || s.fmt->kind == Kind::tq_split; };
-  if (!exact && (is_tq(sk) || sk.fmt->kind == Kind::tq_prod) && is_tq(sv)) return decode_tq_vnni(sh, sk, sv, qd, limit, a, b, st);
+  if (tq_pair(sk, sv)) return decode_tq(sh, sk, sv, qd, limit, a, b, st, lut8);
   return false;
+}
+
+const char* fused_kernel_name(const Shape& sh, const Stream& sk, const Stream& sv, bool lut8) {
+  if (simd::use_scalar()) return "rows";
+  if (sk.fmt->kind == Kind::f16 && sv.fmt->kind == Kind::f16) {
+    // DecodeF16 runs for these G when the vector length divides D (16 covers every level).
+    const bool g_ok = sh.G == 1 || sh.G == 2 || sh.G == 3 || sh.G == 4 || sh.G == 8;
+    return g_ok && sh.D % 16 == 0 ? "f16" : "rows";
+  }
+  if (tq_pair(sk, sv) && decode_tq_supported(sh, sk, sv, lut8)) return lut8 ? "tq-lut8" : "tq-float";
+  return "rows";
 }
 
 }  // namespace tq::kv

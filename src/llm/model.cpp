@@ -29,6 +29,7 @@ struct LlamaModel::Impl {
   int n_threads = 0;
   AttentionImpl attn = AttentionImpl::Fused;
   bool exact = false;
+  bool lut8 = false;
   int ubatch = 512;
   const float* out_w() const { return cfg.tied_output ? tok_embd.data() : output.data(); }
 };
@@ -134,6 +135,7 @@ void LlamaModel::set_threads(int n) {
 int LlamaModel::threads() const noexcept { return impl_->n_threads > 0 ? impl_->n_threads : omp_get_max_threads(); }
 void LlamaModel::set_attention_impl(AttentionImpl a) noexcept { impl_->attn = a; }
 void LlamaModel::set_attention_exact(bool e) noexcept { impl_->exact = e; }
+void LlamaModel::set_attention_lut8(bool e) noexcept { impl_->lut8 = e; }
 void LlamaModel::set_ubatch(int n) noexcept { impl_->ubatch = std::max(1, n); }
 
 namespace {
@@ -233,6 +235,7 @@ void LlamaModel::forward(KvCache& cache, const int32_t* tokens, int n_total, flo
       ap.pos0 = pos0;
       ap.n_threads = nt;
       ap.exact = I.exact;
+      ap.lut8 = I.lut8;
       if (I.attn == AttentionImpl::Fused) attention(cache, l, n, q.data(), att.data(), ap);
       else attention_ref(cache, l, n, q.data(), att.data(), ap);
       matmul(att.data(), L.wo.data(), tmp.data(), n, E, E, nt);

@@ -49,13 +49,14 @@ struct Gen {
 
 struct Row {
   std::string name, type_k, type_v;
+  bool lut8 = false;  // this row's tq kernels use int8 tables ("tq4@lut8" or --lut8)
   std::unique_ptr<tq::KvCache> cache;
   double append_s = 0;
   std::vector<std::vector<double>> ms;  // per thread setting
   std::vector<float> out;
   std::vector<float> out_err;  // outputs of the n_err queries (fused kernels, as timed)
   double append1_us = 0;  // median single-token append (decode-time write), one layer
-  double rel_fused_ref = -1, rel_exact_ref = -1;  // same codes: fused / exact mode vs attention_ref
+  double rel_fused_ref = -1, rel_float_ref = -1;  // same codes: timed kernel / float kernel vs attention_ref
 };
 
 double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
@@ -72,7 +73,7 @@ void setup(CLI::App& app) {
     int head_dim = 128, n_heads = 32, n_kv_heads = 8, context = 32768, steps = 9, window = 0, err_queries = 4;
     std::string kv = "f16,q8_0,q4_0,q4_0h,tq3,tq4", threads = "1";
     uint64_t seed = 1;
-    bool json = false, exact = false, grouped = false, no_ref = false;
+    bool json = false, exact = false, lut8 = false, grouped = false, no_ref = false;
   };
   auto o = std::make_shared<Opts>();
   auto* bench = tq::cli::group(app, "bench", "Benchmarks that print figures (and JSON with --json)");
@@ -83,7 +84,10 @@ void setup(CLI::App& app) {
       "bytes_per_token (one layer, K+V, all kv heads), speedup_vs_f16 (same threads), max_abs_err and\n"
       "rel_err of the output vs exact f32 attention on the unquantized vectors, and the write\n"
       "throughput append_tokens_per_s (prefill batches of 1024 tokens, one layer, all kv heads).\n"
-      "A type 'tq4:tq3' uses tq4 for K and tq3 for V.");
+      "A type 'tq4:tq3' uses tq4 for K and tq3 for V; a suffix '@lut8' (e.g. 'tq4@lut8') runs that\n"
+      "row's fused tq kernel with int8 lookup tables instead of float arithmetic, so both kernels\n"
+      "can be timed side by side. fused~ref is the relative difference of the timed kernel's output\n"
+      "from attention_ref (dequantize, then exact attention) on the same codes.");
   sub->add_option("--head-dim", o->head_dim, "head dimension D")->capture_default_str();
   sub->add_option("--n-heads", o->n_heads, "query heads")->capture_default_str();
   sub->add_option("--n-kv-heads", o->n_kv_heads, "kv heads (n-heads must be a multiple)")->capture_default_str();
@@ -96,7 +100,8 @@ void setup(CLI::App& app) {
   sub->add_option("--seed", o->seed, "data seed")->capture_default_str();
   sub->add_option("--err-queries", o->err_queries, "queries averaged in rel_err / max_abs_err vs exact")
       ->capture_default_str()->check(CLI::Range(1, 64));
-  sub->add_flag("--exact", o->exact, "float scoring from codes (no int8 lookup tables)");
+  sub->add_flag("--lut8", o->lut8, "every tq row uses the int8 lookup-table kernel (AVX-512 VNNI/VBMI)");
+  sub->add_flag("--exact", o->exact, "never the int8 lookup-table kernel (overrides --lut8 and '@lut8')");
   sub->add_flag("--no-ref", o->no_ref,
                 "skip the same-codes check (fused and exact-mode output vs attention_ref on the cache)");
   sub->add_flag("--grouped", o->grouped,
@@ -177,9 +182,17 @@ void setup(CLI::App& app) {
     for (const auto& t : types) {
       Row r;
       r.name = t;
-      const auto colon = t.find(':');
-      r.type_k = colon == std::string::npos ? t : t.substr(0, colon);
-      r.type_v = colon == std::string::npos ? t : t.substr(colon + 1);
+      std::string spec = t;
+      const auto at = spec.find('@');
+      if (at != std::string::npos) {
+        TQ_CHECK(spec.substr(at + 1) == "lut8", "--kv: unknown kernel suffix in '%s' (valid: @lut8)", t.c_str());
+        spec = spec.substr(0, at);
+        r.lut8 = true;
+      }
+      r.lut8 = (r.lut8 || o->lut8) && !o->exact;
+      const auto colon = spec.find(':');
+      r.type_k = colon == std::string::npos ? spec : spec.substr(0, colon);
+      r.type_v = colon == std::string::npos ? spec : spec.substr(colon + 1);
       tq::KvCacheConfig cfg;
       cfg.n_layers = 1;
       cfg.n_kv_heads = KVH;
@@ -208,12 +221,18 @@ void setup(CLI::App& app) {
     tq::AttentionParams p;
     p.n_heads = H;
     p.exact = o->exact;
+    auto params = [&](const Row& r) {
+      tq::AttentionParams pr = p;
+      pr.lut8 = r.lut8;
+      return pr;
+    };
     for (size_t ti = 0; ti < threads.size(); ++ti) {
       p.n_threads = threads[ti];
-      for (auto& r : rows) tq::attention(*r.cache, 0, 1, q.data(), r.out.data(), p);  // warm up
+      for (auto& r : rows) tq::attention(*r.cache, 0, 1, q.data(), r.out.data(), params(r));  // warm up
       auto step = [&](Row& r) {
+        const tq::AttentionParams pr = params(r);
         const auto a = Clock::now();
-        tq::attention(*r.cache, 0, 1, q.data(), r.out.data(), p);
+        tq::attention(*r.cache, 0, 1, q.data(), r.out.data(), pr);
         r.ms[ti].push_back(std::chrono::duration<double, std::milli>(Clock::now() - a).count());
       };
       if (o->grouped) {
@@ -227,7 +246,7 @@ void setup(CLI::App& app) {
     // Outputs of all error queries (fused kernels as timed).
     for (auto& r : rows) {
       r.out_err.resize((size_t)HQ * D);
-      tq::AttentionParams pe = p;
+      tq::AttentionParams pe = params(r);
       pe.n_threads = threads.back();
       for (int e = 0; e < n_err; ++e)
         tq::attention(*r.cache, 0, 1, &qs[(size_t)e * H * D], &r.out_err[(size_t)e * H * D], pe);
@@ -236,13 +255,13 @@ void setup(CLI::App& app) {
     if (!o->no_ref) {
       std::vector<float> ref((size_t)H * D), ex((size_t)H * D);
       for (auto& r : rows) {
-        tq::AttentionParams pr = p;
+        tq::AttentionParams pr = params(r);
         pr.n_threads = threads.back();
         tq::attention_ref(*r.cache, 0, 1, q.data(), ref.data(), pr);
         r.rel_fused_ref = rel_diff(r.out, ref);
-        pr.exact = true;
+        pr.lut8 = false;
         tq::attention(*r.cache, 0, 1, q.data(), ex.data(), pr);
-        r.rel_exact_ref = rel_diff(ex, ref);
+        r.rel_float_ref = rel_diff(ex, ref);
       }
     }
     // Decode-time writes: single tokens (quantize on write), after the steps.
@@ -283,6 +302,7 @@ void setup(CLI::App& app) {
         j["kv"] = r.name;
         j["type_k"] = r.type_k;
         j["type_v"] = r.type_v;
+        j["kernel"] = tq::attention_kernel(*r.cache, 0, params(r));
         j["threads"] = threads[ti];
         j["ms_per_step"] = ms;
         j["ms_min"] = *std::min_element(r.ms[ti].begin(), r.ms[ti].end());
@@ -294,7 +314,7 @@ void setup(CLI::App& app) {
         j["rel_err"] = std::sqrt(num / den);
         if (r.rel_fused_ref >= 0) {
           j["rel_err_fused_vs_ref"] = r.rel_fused_ref;
-          j["rel_err_exact_vs_ref"] = r.rel_exact_ref;
+          j["rel_err_float_vs_ref"] = r.rel_float_ref;
         }
         j["append_tokens_per_s"] = N / r.append_s;
         j["append_us_per_token"] = r.append1_us;
@@ -304,7 +324,7 @@ void setup(CLI::App& app) {
     }
     if (o->json) {
       tq::cli::print_json({{"head_dim", D}, {"n_heads", H}, {"n_kv_heads", KVH}, {"context", N},
-                           {"steps", o->steps}, {"window", o->window}, {"exact", o->exact}, {"err_queries", n_err},
+                           {"steps", o->steps}, {"window", o->window}, {"exact", o->exact}, {"lut8", o->lut8}, {"err_queries", n_err},
                            {"interleaved", !o->grouped},
                            {"simd", tq::simd::current_level()}, {"results", results}});
       return;
@@ -313,11 +333,11 @@ void setup(CLI::App& app) {
                 H, KVH, N, o->steps, o->window, tq::simd::current_level().c_str(), o->exact ? " exact" : "",
                 o->grouped ? " grouped" : " interleaved");
     std::printf("%-12s %3s %10s %8s %10s %10s %10s %12s %10s %10s %10s\n", "kv", "thr", "ms/step", "vs f16", "B/token",
-                "rel_err", "max_abs", "append tok/s", "append1 us", "fused~ref", "exact~ref");
+                "rel_err", "max_abs", "append tok/s", "append1 us", "fused~ref", "float~ref");
     for (const auto& j : results) {
       const std::string sp = j["speedup_vs_f16"].is_null() ? "-" : tq::strprintf("%.2fx", j["speedup_vs_f16"].get<double>());
       const double fr = j.contains("rel_err_fused_vs_ref") ? j["rel_err_fused_vs_ref"].get<double>() : -1;
-      const double er = j.contains("rel_err_exact_vs_ref") ? j["rel_err_exact_vs_ref"].get<double>() : -1;
+      const double er = j.contains("rel_err_float_vs_ref") ? j["rel_err_float_vs_ref"].get<double>() : -1;
       const std::string frs = fr < 0 ? "-" : tq::strprintf("%.2e", fr), ers = er < 0 ? "-" : tq::strprintf("%.2e", er);
       std::printf("%-12s %3d %10.3f %8s %10.0f %10.2e %10.2e %12.0f %10.1f %10s %10s\n", j["kv"].get<std::string>().c_str(),
                   j["threads"].get<int>(), j["ms_per_step"].get<double>(), sp.c_str(),

@@ -31,6 +31,7 @@ struct ModelOpts {
   int ctx = 0;
   bool json = false;
   bool exact = false;
+  bool lut8 = false;
   KvOptions kv;
 };
 
@@ -41,8 +42,10 @@ inline void add_model_opts(CLI::App* s, ModelOpts& o, int default_ctx) {
   s->add_option("-t,--threads", o.threads, "threads (default: all cores)");
   s->add_option("-c,--ctx-size", o.ctx, "context size in tokens")->capture_default_str();
   s->add_flag("--json", o.json, "print one JSON object on stdout");
-  s->add_flag("--exact-attention", o.exact,
-              "fused attention in float arithmetic (default: int8 lookup-table scoring where the cache type has it)");
+  s->add_flag("--attn-lut8", o.lut8,
+              "tq cache decode with int8 lookup tables (AVX-512 VNNI: faster, ~2e-2 relative attention error; "
+              "default: float arithmetic from the codes)");
+  s->add_flag("--exact-attention", o.exact, "never the int8 lookup tables (wins over --attn-lut8 and TQ_KV_LUT8=1)");
 }
 
 inline void add_kv_opts(CLI::App* s, KvOptions& kv) {
@@ -132,6 +135,7 @@ inline std::unique_ptr<Loaded> load_model(ModelOpts& o) {
   LlamaModel m = LlamaModel::load(g);
   m.set_threads(o.threads);
   m.set_attention_exact(o.exact);
+  m.set_attention_lut8(o.lut8);
   return std::unique_ptr<Loaded>(new Loaded{std::move(g), std::move(tok), std::move(m)});
 }
 
