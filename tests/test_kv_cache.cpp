@@ -502,11 +502,12 @@ TEST(Attention, BenchCliJson) {
 }
 
 // Which decode kernel runs: every tq mse / split / prod K with tq V up to 8 bits gets the
-// fused float kernel on AVX-512 (the int8 one only when asked, up to 6 bits); formats
-// without a fused kernel report "rows". Values are checked by the tests above.
+// fused float kernel at every SIMD level but scalar (the int8 one only when asked, on
+// avx3_dl, up to 6 bits); formats without a fused kernel report "rows". Values are checked
+// by the tests above.
 TEST(Attention, KernelSelection) {
   const std::string level = tq::simd::current_level();
-  if (level != "avx3" && level != "avx3_dl") GTEST_SKIP() << "no AVX-512 at level " << level;
+  if (level == "scalar") GTEST_SKIP() << "scalar level: row path only";
   auto kernel = [](const std::string& k, const std::string& v, int D, int G, bool lut8) {
     tq::KvCacheConfig cfg;
     cfg.n_kv_heads = 2;
@@ -538,11 +539,12 @@ TEST(Attention, KernelSelection) {
   if (level == "avx3_dl") {
     EXPECT_EQ(kernel("tq4", "tq3", 128, 4, true), "tq-lut8");
     EXPECT_EQ(kernel("tq6", "tq6", 64, 3, true), "tq-lut8");
-    EXPECT_EQ(kernel("tq7", "tq3", 128, 4, true), "rows");  // lut8 tables hold 6 bits
+    EXPECT_EQ(kernel("tq7", "tq3", 128, 4, true), "tq-float");  // lut8 tables hold 6 bits
   }
-  {
-    tq::simd::ScopedLevel sl("avx2");
-    EXPECT_EQ(kernel("tq4", "tq3", 128, 4, false), "rows");
+  for (const auto& lv : tq::simd::available_levels()) {  // Highway: every level but scalar
+    tq::simd::ScopedLevel sl(lv);
+    EXPECT_EQ(kernel("tq4", "tq3", 128, 4, false), lv == "scalar" ? "rows" : "tq-float") << lv;
+    if (lv != "avx3_dl") EXPECT_EQ(kernel("tq4", "tq3", 128, 4, true), lv == "scalar" ? "rows" : "tq-float") << lv;
   }
   tq::KvCacheConfig cfg;
   tq::KvCache cache(cfg);

@@ -39,16 +39,53 @@ struct States {
 bool fused_decode(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit,
                   int a, int b, const States& st, bool lut8);
 
-// tq K (mse 1..8 bits, split, prod) and tq V on AVX-512 (see attention_vnni.cpp): float
-// centroids from the codes and float FMAs, or with lut8 int8 tables on VNNI/VBMI (<= 6 bits).
+// tq K (mse 1..8 bits, split, prod) and tq V: float centroids from the codes and float FMAs
+// (attention_tq_simd.cpp, Highway), or with lut8 int8 tables on AVX-512 VNNI/VBMI (<= 6 bits,
+// attention_vnni.cpp).
 // Returns false when the host or the current SIMD level cannot run it or the shape is not
 // handled (then the caller uses the generic float path).
 bool decode_tq(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a,
                int b, const States& st, bool lut8);
 bool decode_tq_supported(const Shape& sh, const Stream& sk, const Stream& sv, bool lut8);
+// The float kernel (attention_tq_simd.cpp, Highway): false when the current target cannot run it.
+bool decode_tq_float(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a,
+                     int b, const States& st);
+int decode_tq_float_lanes();  // float lanes of the float kernel at the current target (scalar: 1)
 // Which decode kernel fused_decode runs for (sk, sv): "f16", "tq-float", "tq-lut8" or
 // "rows" (no fused kernel: dequantized rows, float attention).
 const char* fused_kernel_name(const Shape& sh, const Stream& sk, const Stream& sv, bool lut8);
+
+// A tq stream is one part (tqB) or two (tq2.5 / tq3.5: outlier and regular channels), each
+// with its own codebook, fp16 norms and bit-plane tiles, covering dims [off, off + dim) of
+// the stream's domain.
+//
+// prod K (tq3p / tq4p) is two K parts over all D dims: the (b-1)-bit mse indices scored
+// against Pi q with norm s, and the QJL signs (a 1-bit "codebook" {-1, +1}) scored against
+// S Pi q with norm s * gamma * sqrt(pi/2) / D: exactly the codec's prod estimator.
+struct Part {
+  int off = 0, dim = 0, bits = 0;
+  const Codebook* cb = nullptr;        // nullptr: the sign table {-1, +1}
+  size_t norm_off = 0, tiles_off = 0;  // bytes within a block
+  int qoff = 0;                        // query slice (K)
+  size_t norm2_off = 0;                // != 0: norm multiplied by this second fp16 norm ...
+  float norm_mul = 1.f;                // ... and this constant
+};
+inline int parts_of(const Stream& s, Part* p) {
+  if (s.fmt->kind == Kind::tq) {
+    p[0] = Part{0, s.dim, s.cb->bits, s.cb, 0, s.norms_bytes, 0};
+    return 1;
+  }
+  if (s.fmt->kind == Kind::tq_prod) {
+    const int D = s.dim;
+    p[0] = Part{0, D, s.cb->bits, s.cb, 0, s.norms_bytes, 0};
+    p[1] = Part{0, D, 1, nullptr, 0, s.norms_bytes + s.tiles_hi_bytes, D, kBlock * 2,
+                (float)(1.2533141373155003 / D)  /* sqrt(pi/2) / D */};
+    return 2;
+  }
+  p[0] = Part{0, s.d_hi, s.cb_hi->bits, s.cb_hi, 0, s.norms_bytes, 0};
+  p[1] = Part{s.d_hi, s.d_lo, s.cb->bits, s.cb, kBlock * 2, s.norms_bytes + s.tiles_hi_bytes, s.d_hi};
+  return 2;
+}
 
 // SIMD (Highway) pieces of the generic path. kR, vR: nt x D floats (rows in the stream domain).
 void attend_rows(int D, int G, float scale, const float* qd, const float* kR, const float* vR, int nt,

@@ -24,6 +24,7 @@ HWY_BEFORE_NAMESPACE();
 namespace tq::kv {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
+#include "kv/block_softmax-inl.h"
 
 template <int G>
 void DecodeF16G(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a,
@@ -39,8 +40,6 @@ void DecodeF16G(const Shape& sh, const Stream& sk, const Stream& sv, const float
   HWY_ALIGN float pbuf[G][kBlock];
   float alpha[G];
   using V = hn::Vec<decltype(df)>;
-  const V neg_inf = hn::Set(df, -std::numeric_limits<float>::infinity());
-  const V vscale = hn::Set(df, sh.scale);
   for (int t0 = a; t0 < end; t0 += kBlock) {
     const int nt = std::min(kBlock, end - t0);
     const hwy::float16_t* kb = reinterpret_cast<const hwy::float16_t*>(sk.block(t0 / kBlock));
@@ -58,28 +57,7 @@ void DecodeF16G(const Shape& sh, const Stream& sk, const Stream& sv, const float
       }
     }
     // Block softmax per head.
-    for (int g = 0; g < G; ++g) {
-      V mx = neg_inf;
-      for (size_t j = 0; j < NV; ++j) {
-        const auto valid = hn::FirstN(df, (size_t)std::max(0, nt - (int)(j * N)));
-        acc[g][j] = hn::IfThenElse(valid, hn::Mul(acc[g][j], vscale), neg_inf);
-        mx = hn::Max(mx, acc[g][j]);
-      }
-      const float mb = hn::GetLane(hn::MaxOfLanes(df, mx));
-      float& m = st.m(g);
-      const float m_new = std::max(m, mb);
-      alpha[g] = m == -std::numeric_limits<float>::infinity() ? 0.f : std::exp(m - m_new);
-      m = m_new;
-      const V vm = hn::Set(df, m_new);
-      V sum = hn::Zero(df);
-      for (size_t j = 0; j < NV; ++j) {
-        const auto valid = hn::FirstN(df, (size_t)std::max(0, nt - (int)(j * N)));
-        const V p = hn::IfThenElseZero(valid, hn::Exp(df, hn::Sub(acc[g][j], vm)));
-        sum = hn::Add(sum, p);
-        hn::Store(p, df, pbuf[g] + j * N);
-      }
-      st.l(g) = st.l(g) * alpha[g] + hn::GetLane(hn::SumOfLanes(df, sum));
-    }
+    for (int g = 0; g < G; ++g) alpha[g] = BlockSoftmax(df, acc[g], NV, nt, sh.scale, st, g, pbuf[g]);
     // V: out[g] = out[g] * alpha[g] + sum_t p[g][t] V[t].
     for (int dv = 0; dv < D; dv += (int)N) {
       V o[G];
@@ -275,7 +253,10 @@ const char* fused_kernel_name(const Shape& sh, const Stream& sk, const Stream& s
     const bool g_ok = sh.G == 1 || sh.G == 2 || sh.G == 3 || sh.G == 4 || sh.G == 8;
     return g_ok && sh.D % 16 == 0 ? "f16" : "rows";
   }
-  if (tq_pair(sk, sv) && decode_tq_supported(sh, sk, sv, lut8)) return lut8 ? "tq-lut8" : "tq-float";
+  if (tq_pair(sk, sv)) {
+    if (lut8 && decode_tq_supported(sh, sk, sv, true)) return "tq-lut8";
+    if (decode_tq_supported(sh, sk, sv, false)) return "tq-float";
+  }
   return "rows";
 }
 

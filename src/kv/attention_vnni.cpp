@@ -1,4 +1,6 @@
-// Fused decode attention for TurboQuant mse codes (tq1..tq4 for K and V) on AVX-512 VNNI.
+// The opt-in lut8 fused decode kernel (AttentionParams::lut8) for TurboQuant codes (tq1..tq6,
+// tq2.5, tq3.5 for K and V, tq3p / tq4p for K) on AVX-512 VNNI + VBMI, and the dispatch of
+// both tq kernels (the default float kernel is attention_tq_simd.cpp).
 //
 // Everything stays in the rotated domain: the query was rotated once by the driver, the
 // output is inverse-rotated once after the merge. Per 32-token block of one kv head:
@@ -16,9 +18,9 @@
 //     one vpdpbusd per head adds 4 tokens x 16 dims. The int32 sums are scaled into the float
 //     output once per block.
 //
-// Accuracy: int8 query and int8 weights; the attention error this adds is reported by
-// `tq bench attention` and tested against a named threshold (tests/test_kv_cache.cpp);
-// AttentionParams::exact selects the float path instead.
+// Accuracy: int8 query, int8 centroid table and uint8 weights: about 2e-2 relative vs
+// attention_ref on the same codes, reported by `tq bench attention` and tested against a
+// named threshold (tests/test_kv_cache.cpp).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -36,9 +38,7 @@ namespace {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-// Base target of every function here: AVX-512 F/BW/DQ/VL (the float kernel). The int8
-// kernels add VNNI and VBMI in their own target region below.
-#pragma GCC target("avx2,fma,f16c,bmi,bmi2,avx512f,avx512vl,avx512dq,avx512bw")
+#pragma GCC target("avx2,fma,f16c,bmi,bmi2,avx512f,avx512vl,avx512dq,avx512bw,avx512vnni,avx512vbmi")
 
 inline __m512 exp512(__m512 x) {
   // exp(x) = 2^n * exp(r), n = round(x / ln2), r = x - n ln2 in [-ln2/2, ln2/2].
@@ -67,12 +67,8 @@ inline __m512i tile_codes(const uint64_t* pl) {
   if constexpr (B > 3) idx = _mm512_mask_add_epi8(idx, _cvtu64_mask64(pl[3]), idx, _mm512_set1_epi8(8));
   if constexpr (B > 4) idx = _mm512_mask_add_epi8(idx, _cvtu64_mask64(pl[4]), idx, _mm512_set1_epi8(16));
   if constexpr (B > 5) idx = _mm512_mask_add_epi8(idx, _cvtu64_mask64(pl[5]), idx, _mm512_set1_epi8(32));
-  if constexpr (B > 6) idx = _mm512_mask_add_epi8(idx, _cvtu64_mask64(pl[6]), idx, _mm512_set1_epi8(64));
-  if constexpr (B > 7) idx = _mm512_mask_add_epi8(idx, _cvtu64_mask64(pl[7]), idx, (__m512i)_mm512_set1_epi8((char)128));
   return idx;
 }
-#pragma GCC push_options
-#pragma GCC target("avx512vnni,avx512vbmi")
 // Codes -> centroid bytes: vpshufb over a 16-entry table in every 128-bit lane (B <= 4), or
 // vpermb over a 64-entry table (B = 5, 6; AVX-512 VBMI).
 template <int B>
@@ -118,152 +114,38 @@ void accum_block(const uint8_t* tiles, int D, int nt, const int32_t* w32, __m512
   }
 }
 
-#pragma GCC pop_options
-
-// ---- float kernels: the same tiles, centroids as floats (vpermps over a table of 2^B floats
-// in registers), float FMAs: equal to the reference up to float summation order.
-struct FTable {
-  __m512 t[16];  // 2^B floats, 16 per register (B <= 8)
-};
-// Centroids of the codes in the low byte of each dword of idx (upper bytes ignored).
-template <int B>
-inline __m512 lookup_f(const FTable& T, __m512i idx) {
-  if constexpr (B <= 4) {
-    return _mm512_permutexvar_ps(idx, T.t[0]);
-  } else if constexpr (B == 5) {
-    return _mm512_permutex2var_ps(T.t[0], idx, T.t[1]);
-  } else {
-    // 32-entry slices selected by the code's bits 5 and up.
-    const __m512i hi = _mm512_srli_epi32(_mm512_and_si512(idx, _mm512_set1_epi32(0xff)), 5);
-    __m512 r = _mm512_permutex2var_ps(T.t[0], idx, T.t[1]);
-    for (int h = 1; h < (1 << (B - 5)); ++h)
-      r = _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(hi, _mm512_set1_epi32(h)), r,
-                               _mm512_permutex2var_ps(T.t[2 * h], idx, T.t[2 * h + 1]));
-    return r;
-  }
-}
-// Byte i of every dword of idx moved to byte 0.
-template <int I>
-inline __m512i byte_of(__m512i idx) {
-  if constexpr (I == 0) return idx;
-  else return _mm512_srli_epi32(idx, 8 * I);
-}
-
-// K: raw[g][32] = sum_d qf[g][d] * c(code(t, d)) for the 32 token slots of a block (slots
-// past nt score zero codes; the caller masks them). Both 16-token halves at once: 2 G
-// independent FMA chains.
-template <int G, int B>
-void score_block_f(const uint8_t* tiles, int D, const float* qf, const FTable& T, float* raw) {
-  const int nq = D / 4;
-  const uint64_t* p0 = reinterpret_cast<const uint64_t*>(tiles);
-  const uint64_t* p1 = p0 + (size_t)nq * B;
-  __m512 a0[G], a1[G];
-  for (int g = 0; g < G; ++g) a0[g] = a1[g] = _mm512_setzero_ps();
-  auto step = [&](auto I, int k, __m512i i0, __m512i i1) {
-    const __m512 c0 = lookup_f<B>(T, byte_of<decltype(I)::value>(i0));
-    const __m512 c1 = lookup_f<B>(T, byte_of<decltype(I)::value>(i1));
-    for (int g = 0; g < G; ++g) {
-      const __m512 q = _mm512_set1_ps(qf[(size_t)g * D + 4 * k + decltype(I)::value]);
-      a0[g] = _mm512_fmadd_ps(c0, q, a0[g]);
-      a1[g] = _mm512_fmadd_ps(c1, q, a1[g]);
-    }
-  };
-  for (int k = 0; k < nq; ++k, p0 += B, p1 += B) {
-    const __m512i i0 = tile_codes<B>(p0), i1 = tile_codes<B>(p1);
-    step(std::integral_constant<int, 0>{}, k, i0, i1);
-    step(std::integral_constant<int, 1>{}, k, i0, i1);
-    step(std::integral_constant<int, 2>{}, k, i0, i1);
-    step(std::integral_constant<int, 3>{}, k, i0, i1);
-  }
-  for (int g = 0; g < G; ++g) {
-    _mm512_store_ps(raw + g * 32, a0[g]);
-    _mm512_store_ps(raw + g * 32 + 16, a1[g]);
-  }
-}
-
-// V: accv[g][d] = sum_t w[g][t] * c(code(t, d)), w = softmax weight * V norm (0 past nt).
-// Two 16-dim columns at once: 2 G independent FMA chains.
-template <int G, int B>
-void accum_block_f(const uint8_t* tiles, int D, int nt, const float* w, const FTable& T, float* accv) {
-  const uint64_t* t64 = reinterpret_cast<const uint64_t*>(tiles);
-  const int nr = (nt + 3) / 4;
-  const int ne = D / 16;
-  for (int e = 0; e < ne; e += 2) {
-    const bool two = e + 1 < ne;
-    __m512 a0[G], a1[G];
-    for (int g = 0; g < G; ++g) a0[g] = a1[g] = _mm512_setzero_ps();
-    const uint64_t* p0 = t64 + (size_t)e * 8 * B;
-    const uint64_t* p1 = two ? p0 + (size_t)8 * B : p0;
-    auto step = [&](auto I, int r, __m512i i0, __m512i i1) {
-      const __m512 c0 = lookup_f<B>(T, byte_of<decltype(I)::value>(i0));
-      const __m512 c1 = lookup_f<B>(T, byte_of<decltype(I)::value>(i1));
-      for (int g = 0; g < G; ++g) {
-        const __m512 wv = _mm512_set1_ps(w[g * 32 + 4 * r + decltype(I)::value]);
-        a0[g] = _mm512_fmadd_ps(wv, c0, a0[g]);
-        a1[g] = _mm512_fmadd_ps(wv, c1, a1[g]);
-      }
-    };
-    for (int r = 0; r < nr; ++r, p0 += B, p1 += B) {
-      const __m512i i0 = tile_codes<B>(p0), i1 = tile_codes<B>(p1);
-      step(std::integral_constant<int, 0>{}, r, i0, i1);
-      step(std::integral_constant<int, 1>{}, r, i0, i1);
-      step(std::integral_constant<int, 2>{}, r, i0, i1);
-      step(std::integral_constant<int, 3>{}, r, i0, i1);
-    }
-    for (int g = 0; g < G; ++g) {
-      _mm512_store_ps(accv + (size_t)g * D + e * 16, a0[g]);
-      if (two) _mm512_store_ps(accv + (size_t)g * D + (e + 1) * 16, a1[g]);
-    }
-  }
-}
-
-// Kernel tables: [G][bits] for the int8 (lut8) and float kernels.
 using ScoreFn = void (*)(const uint8_t*, int, int, const int32_t*, __m512i, int32_t*);
 using AccumFn = void (*)(const uint8_t*, int, int, const int32_t*, __m512i, int32_t*);
-using ScoreFnF = void (*)(const uint8_t*, int, const float*, const FTable&, float*);
-using AccumFnF = void (*)(const uint8_t*, int, int, const float*, const FTable&, float*);
-constexpr int kMaxBitsLut8 = 6;  // vpermb tables hold 64 bytes
-constexpr int kMaxBitsFloat = 8;
 
-template <int G, int B>
-struct Fns {
-  static constexpr ScoreFn score = B <= kMaxBitsLut8 ? score_block<G, (B <= kMaxBitsLut8 ? B : 1)> : nullptr;
-  static constexpr AccumFn accum = B <= kMaxBitsLut8 ? accum_block<G, (B <= kMaxBitsLut8 ? B : 1)> : nullptr;
-  static constexpr ScoreFnF score_f = score_block_f<G, B>;
-  static constexpr AccumFnF accum_f = accum_block_f<G, B>;
-};
-template <int G, int B = 1>
-void pick_bits(int bits, ScoreFn* s, AccumFn* a, ScoreFnF* sf, AccumFnF* af) {
-  if constexpr (B <= kMaxBitsFloat) {
-    if (bits == B) {
-      *s = Fns<G, B>::score;
-      *a = Fns<G, B>::accum;
-      *sf = Fns<G, B>::score_f;
-      *af = Fns<G, B>::accum_f;
-      return;
-    }
-    pick_bits<G, B + 1>(bits, s, a, sf, af);
+template <int G>
+ScoreFn pick_score(int bits) {
+  switch (bits) {
+    case 1: return score_block<G, 1>;
+    case 2: return score_block<G, 2>;
+    case 3: return score_block<G, 3>;
+    case 4: return score_block<G, 4>;
+    case 5: return score_block<G, 5>;
+    case 6: return score_block<G, 6>;
   }
+  return nullptr;
 }
-// All four kernels for G heads per kv head and a codebook of `bits` (nullptr: none).
-void pick(int G, int bits, ScoreFn* s, AccumFn* a, ScoreFnF* sf, AccumFnF* af) {
-  *s = nullptr, *a = nullptr, *sf = nullptr, *af = nullptr;
-  switch (G) {
-    case 1: return pick_bits<1>(bits, s, a, sf, af);
-    case 2: return pick_bits<2>(bits, s, a, sf, af);
-    case 3: return pick_bits<3>(bits, s, a, sf, af);
-    case 4: return pick_bits<4>(bits, s, a, sf, af);
-    case 8: return pick_bits<8>(bits, s, a, sf, af);
+template <int G>
+AccumFn pick_accum(int bits) {
+  switch (bits) {
+    case 1: return accum_block<G, 1>;
+    case 2: return accum_block<G, 2>;
+    case 3: return accum_block<G, 3>;
+    case 4: return accum_block<G, 4>;
+    case 5: return accum_block<G, 5>;
+    case 6: return accum_block<G, 6>;
   }
+  return nullptr;
 }
 
-const std::vector<float>& table_values(const Codebook* cb) {
-  static const std::vector<float> kSigns = {-1.f, 1.f};
-  return cb ? cb->centroids : kSigns;
-}
 // Byte tables of a codebook: centroid * 127 / max|centroid|, K unsigned (+128), V signed.
 __m512i byte_table(const Codebook* cb, bool offset, float* cscale) {
-  const std::vector<float>& cs = table_values(cb);
+  static const std::vector<float> kSigns = {-1.f, 1.f};
+  const std::vector<float>& cs = cb ? cb->centroids : kSigns;
   float cmax = 0;
   for (float c : cs) cmax = std::max(cmax, std::fabs(c));
   alignas(64) int8_t t[64] = {};
@@ -275,58 +157,31 @@ __m512i byte_table(const Codebook* cb, bool offset, float* cscale) {
   if (cs.size() > 16) return _mm512_load_si512(t);  // vpermb table
   return _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(t)));
 }
-// Float table of a codebook: the centroids themselves (zero padded).
-FTable float_table(const Codebook* cb) {
-  const std::vector<float>& cs = table_values(cb);
-  alignas(64) float t[256] = {};
-  for (size_t j = 0; j < cs.size() && j < 256; ++j) t[j] = cs[j];
-  FTable T;
-  for (int r = 0; r < 16; ++r) T.t[r] = _mm512_load_ps(t + 16 * r);
-  return T;
-}
 
 inline float hmax(__m512 v) { return _mm512_reduce_max_ps(v); }
 inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
 
-// A tq stream is one part (tqB) or two (tq2.5 / tq3.5: outlier and regular channels), each
-// with its own codebook, fp16 norms and bit-plane tiles, covering dims [off, off + dim) of
-// the stream's domain.
-//
-// prod K (tq3p / tq4p) is two K parts over all D dims: the (b-1)-bit mse indices scored
-// against Pi q with norm s, and the QJL signs (a 1-bit "codebook" {-1, +1}) scored against
-// S Pi q with norm s * gamma * sqrt(pi/2) / D: exactly the codec's prod estimator.
-struct Part {
-  int off = 0, dim = 0, bits = 0;
-  const Codebook* cb = nullptr;        // nullptr: the sign table {-1, +1}
-  size_t norm_off = 0, tiles_off = 0;  // bytes within a block
-  int qoff = 0;                        // query slice (K)
-  size_t norm2_off = 0;                // != 0: norm multiplied by this second fp16 norm ...
-  float norm_mul = 1.f;                // ... and this constant
-};
-int parts_of(const Stream& s, Part* p) {
-  if (s.fmt->kind == Kind::tq) {
-    p[0] = Part{0, s.dim, s.cb->bits, s.cb, 0, s.norms_bytes, 0};
-    return 1;
+template <int G>
+bool pick(int bits_k, int bits_v, ScoreFn* sc, AccumFn* ac) {
+  *sc = pick_score<G>(bits_k);
+  *ac = pick_accum<G>(bits_v);
+  return *sc && *ac;
+}
+bool pick_g(int G, int bits_k, int bits_v, ScoreFn* sc, AccumFn* ac) {
+  switch (G) {
+    case 1: return pick<1>(bits_k, bits_v, sc, ac);
+    case 2: return pick<2>(bits_k, bits_v, sc, ac);
+    case 3: return pick<3>(bits_k, bits_v, sc, ac);
+    case 4: return pick<4>(bits_k, bits_v, sc, ac);
+    case 8: return pick<8>(bits_k, bits_v, sc, ac);
   }
-  if (s.fmt->kind == Kind::tq_prod) {
-    const int D = s.dim;
-    p[0] = Part{0, D, s.cb->bits, s.cb, 0, s.norms_bytes, 0};
-    p[1] = Part{0, D, 1, nullptr, 0, s.norms_bytes + s.tiles_hi_bytes, D, kBlock * 2,
-                (float)(1.2533141373155003 / D)  /* sqrt(pi/2) / D */};
-    return 2;
-  }
-  p[0] = Part{0, s.d_hi, s.cb_hi->bits, s.cb_hi, 0, s.norms_bytes, 0};
-  p[1] = Part{s.d_hi, s.d_lo, s.cb->bits, s.cb, kBlock * 2, s.norms_bytes + s.tiles_hi_bytes, s.d_hi};
-  return 2;
+  return false;
 }
 
 inline __m512 load_norms16(const uint8_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-// One driver for both kernels. kLut8: int8 query and softmax weights against byte tables
-// (vpdpbusd); otherwise float centroids and float FMAs (no rounding beyond float sums).
-template <bool kLut8>
 bool run(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a, int b,
          const States& st) {
   const int G = sh.G;
@@ -334,61 +189,28 @@ bool run(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, i
   const int npk = parts_of(sk, pk), npv = parts_of(sv, pv);
   ScoreFn score[2] = {};
   AccumFn accum[2] = {};
-  ScoreFnF score_f[2] = {};
-  AccumFnF accum_f[2] = {};
-  for (int i = 0; i < npk; ++i) {
-    ScoreFn s;
-    AccumFn a_;
-    ScoreFnF sf;
-    AccumFnF af;
-    pick(G, pk[i].bits, &s, &a_, &sf, &af);
-    score[i] = s, score_f[i] = sf;
-    if (kLut8 ? !s : !sf) return false;
-  }
-  for (int i = 0; i < npv; ++i) {
-    ScoreFn s;
-    AccumFn a_;
-    ScoreFnF sf;
-    AccumFnF af;
-    pick(G, pv[i].bits, &s, &a_, &sf, &af);
-    accum[i] = a_, accum_f[i] = af;
-    if (kLut8 ? !a_ : !af) return false;
-  }
+  AccumFn unused_a;
+  ScoreFn unused_s;
+  for (int i = 0; i < npk; ++i)
+    if (!pick_g(G, pk[i].bits, 1, &score[i], &unused_a)) return false;
+  for (int i = 0; i < npv; ++i)
+    if (!pick_g(G, 1, pv[i].bits, &unused_s, &accum[i])) return false;
   constexpr int kMaxG = 8;
-  // lut8: int8 query per K part (G x dim), int32 raw scores, uint8 weights, int32 V sums.
-  // float: the query slices are read in place, float raw scores / weights / V sums.
-  alignas(64) int8_t q8[kLut8 ? kMaxG * 2 * kMaxHeadDim : 64];
+  alignas(64) int8_t q8[kMaxG * 2 * kMaxHeadDim];  // per K part: G x dim
   alignas(64) int32_t raw[2][kMaxG * 32];
-  alignas(64) float rawf[2][kMaxG * 32];
   alignas(64) uint8_t w8[2][kMaxG * 32];
-  alignas(64) float wf[2][kMaxG * 32];
-  alignas(64) int32_t accv[kLut8 ? kMaxG * kMaxHeadDim : 16];
-  alignas(64) float accvf[kLut8 ? 16 : kMaxG * kMaxHeadDim];
-  alignas(64) float qf[kLut8 ? 16 : kMaxG * 2 * kMaxHeadDim];
+  alignas(64) int32_t accv[kMaxG * kMaxHeadDim];
   float kscale[2][kMaxG], qoff[2][kMaxG], alpha[kMaxG];
   __m512i tblK[2], tblV[2];
-  FTable ftK[2], ftV[2];
-  float ck[2] = {1.f, 1.f}, cv[2] = {1.f, 1.f};
+  float ck[2], cv[2];
+  for (int i = 0; i < npk; ++i) tblK[i] = byte_table(pk[i].cb, true, &ck[i]);
+  for (int i = 0; i < npv; ++i) tblV[i] = byte_table(pv[i].cb, false, &cv[i]);
+  size_t q8_off[2] = {0, 0};
   for (int i = 0; i < npk; ++i) {
-    if constexpr (kLut8) tblK[i] = byte_table(pk[i].cb, true, &ck[i]);
-    else ftK[i] = float_table(pk[i].cb);
-  }
-  for (int i = 0; i < npv; ++i) {
-    if constexpr (kLut8) tblV[i] = byte_table(pv[i].cb, false, &cv[i]);
-    else ftV[i] = float_table(pv[i].cb);
-  }
-  size_t q_off[2] = {0, 0};
-  for (int i = 0; i < npk; ++i) {
-    q_off[i] = i == 0 ? 0 : (size_t)G * pk[0].dim;
+    q8_off[i] = i == 0 ? 0 : (size_t)G * pk[0].dim;
     for (int g = 0; g < G; ++g) {
       const float* qg = qd + (size_t)g * sh.qstride + pk[i].qoff;
-      if constexpr (!kLut8) {
-        std::memcpy(qf + q_off[i] + (size_t)g * pk[i].dim, qg, sizeof(float) * pk[i].dim);
-        kscale[i][g] = sh.scale;
-        qoff[i][g] = 0;
-        continue;
-      }
-      int8_t* out = q8 + q_off[i] + (size_t)g * pk[i].dim;
+      int8_t* out = q8 + q8_off[i] + (size_t)g * pk[i].dim;
       __m512 vmax = _mm512_setzero_ps();
       for (int d = 0; d < pk[i].dim; d += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(qg + d)));
       const float amax = hmax(vmax);
@@ -413,13 +235,9 @@ bool run(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, i
     const int nt = std::min(kBlock, end - t0);
     const uint8_t* kb = sk.block(t0 / kBlock);
     const uint8_t* vb = sv.block(t0 / kBlock);
-    for (int i = 0; i < npk; ++i) {
-      if constexpr (kLut8)
-        score[i](kb + pk[i].tiles_off, pk[i].dim, nt, reinterpret_cast<const int32_t*>(q8 + q_off[i]), tblK[i],
-                 raw[i]);
-      else
-        score_f[i](kb + pk[i].tiles_off, pk[i].dim, qf + q_off[i], ftK[i], rawf[i]);
-    }
+    for (int i = 0; i < npk; ++i)
+      score[i](kb + pk[i].tiles_off, pk[i].dim, nt, reinterpret_cast<const int32_t*>(q8 + q8_off[i]), tblK[i],
+               raw[i]);
     const __mmask16 valid0 = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(nt));
     const __mmask16 valid1 = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(nt - 16));
     __m512 kn0[2], kn1[2], vn0[2], vn1[2];
@@ -441,16 +259,9 @@ bool run(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, i
     for (int g = 0; g < G; ++g) {
       __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
       for (int i = 0; i < npk; ++i) {
-        const __m512 ks = _mm512_set1_ps(kscale[i][g]);
-        __m512 r0, r1;
-        if constexpr (kLut8) {
-          const __m512 off = _mm512_set1_ps(qoff[i][g]);
-          r0 = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_load_si512(raw[i] + g * 32)), off);
-          r1 = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_load_si512(raw[i] + g * 32 + 16)), off);
-        } else {
-          r0 = _mm512_load_ps(rawf[i] + g * 32);
-          r1 = _mm512_load_ps(rawf[i] + g * 32 + 16);
-        }
+        const __m512 off = _mm512_set1_ps(qoff[i][g]), ks = _mm512_set1_ps(kscale[i][g]);
+        const __m512 r0 = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_load_si512(raw[i] + g * 32)), off);
+        const __m512 r1 = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_load_si512(raw[i] + g * 32 + 16)), off);
         s0 = _mm512_fmadd_ps(_mm512_mul_ps(r0, ks), kn0[i], s0);
         s1 = _mm512_fmadd_ps(_mm512_mul_ps(r1, ks), kn1[i], s1);
       }
@@ -467,13 +278,6 @@ bool run(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, i
       st.l(g) = st.l(g) * alpha[g] + hsum(_mm512_add_ps(p0, p1));
       for (int i = 0; i < npv; ++i) {
         const __m512 w0 = _mm512_mul_ps(p0, vn0[i]), w1 = _mm512_mul_ps(p1, vn1[i]);
-        if constexpr (!kLut8) {
-          _mm512_store_ps(wf[i] + g * 32, w0);
-          _mm512_store_ps(wf[i] + g * 32 + 16, w1);
-          wsc[i][g] = 1.f;
-          any_w[i] = true;
-          continue;
-        }
         const float wmax = hmax(_mm512_max_ps(w0, w1));
         if (wmax > 0) {
           const __m512 f = _mm512_set1_ps(255.f / wmax);
@@ -491,23 +295,15 @@ bool run(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, i
     }
     for (int i = 0; i < npv; ++i) {
       const Part& P = pv[i];
-      if (any_w[i]) {
-        if constexpr (kLut8)
-          accum[i](vb + P.tiles_off, P.dim, nt, reinterpret_cast<const int32_t*>(w8[i]), tblV[i], accv);
-        else
-          accum_f[i](vb + P.tiles_off, P.dim, nt, wf[i], ftV[i], accvf);
-      }
+      if (any_w[i])
+        accum[i](vb + P.tiles_off, P.dim, nt, reinterpret_cast<const int32_t*>(w8[i]), tblV[i], accv);
       for (int g = 0; g < G; ++g) {
         float* o = st.acc(g) + P.off;
         const __m512 al = _mm512_set1_ps(alpha[g]), ws = _mm512_set1_ps(wsc[i][g]);
         for (int d = 0; d < P.dim; d += 16) {
           __m512 x = _mm512_mul_ps(_mm512_loadu_ps(o + d), al);
-          if (any_w[i]) {
-            if constexpr (kLut8)
-              x = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(accv + (size_t)g * P.dim + d)), ws, x);
-            else
-              x = _mm512_add_ps(x, _mm512_load_ps(accvf + (size_t)g * P.dim + d));
-          }
+          if (any_w[i])
+            x = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(accv + (size_t)g * P.dim + d)), ws, x);
           _mm512_storeu_ps(o + d, x);
         }
       }
@@ -519,20 +315,17 @@ bool run(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, i
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
 
-bool has_avx512() {
+bool host_ok() {
   static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  return ok;
-}
-bool has_vnni_vbmi() {
-  static const bool ok = has_avx512() && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi");
+                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+                         __builtin_cpu_supports("avx512vbmi");
   return ok;
 }
 
 }  // namespace
 
 bool decode_tq_supported(const Shape& sh, const Stream& sk, const Stream& sv, bool lut8) {
-  const int max_bits = lut8 ? kMaxBitsLut8 : kMaxBitsFloat;
+  const int max_bits = lut8 ? 6 : 8;  // lut8: 64-byte vpermb tables
   if (sk.fmt->kind == Kind::tq_prod) {
     if (sk.cb->bits > max_bits || sv.fmt->kind == Kind::tq_prod) return false;
   }
@@ -544,17 +337,19 @@ bool decode_tq_supported(const Shape& sh, const Stream& sk, const Stream& sv, bo
   }
   if (sh.D % 16 != 0 || sh.D > kMaxHeadDim) return false;
   if (sh.G != 1 && sh.G != 2 && sh.G != 3 && sh.G != 4 && sh.G != 8) return false;
-  // The SIMD level (TQ_SIMD / --simd) caps what runs: avx3 (AVX-512 F/BW/DQ/VL) for the float
-  // kernel, avx3_dl (adds VNNI, VBMI) for the int8 one.
+  // The SIMD level (TQ_SIMD / --simd) decides: lut8 needs VNNI + VBMI and the avx3_dl level;
+  // the float kernel runs at every Highway level with 4-16 float lanes (not scalar).
   const std::string level = simd::current_level();
-  if (lut8) return has_vnni_vbmi() && level == "avx3_dl";
-  return has_avx512() && (level == "avx3" || level == "avx3_dl");
+  if (lut8) return host_ok() && level == "avx3_dl";
+  return level != "scalar" && decode_tq_float_lanes() >= 4;
 }
 
 bool decode_tq(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a, int b,
                const States& st, bool lut8) {
-  if (!decode_tq_supported(sh, sk, sv, lut8)) return false;
-  return lut8 ? run<true>(sh, sk, sv, qd, limit, a, b, st) : run<false>(sh, sk, sv, qd, limit, a, b, st);
+  // lut8 is a permission: where the int8 kernel cannot run, the float kernel does.
+  if (lut8 && decode_tq_supported(sh, sk, sv, true)) return run(sh, sk, sv, qd, limit, a, b, st);
+  if (!decode_tq_supported(sh, sk, sv, false)) return false;
+  return decode_tq_float(sh, sk, sv, qd, limit, a, b, st);
 }
 
 }  // namespace tq::kv
