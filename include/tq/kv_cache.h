@@ -35,6 +35,14 @@ struct KvCacheConfig {
   std::string type_k = "f16";
   std::string type_v = "f16";
   int window = 0;                 // most recent tokens kept in f16, quantized on leaving
+  int sink = 0;                   // first tokens of every stream kept in f16 for good
+                                  // (attention sinks); never quantized
+  // Per-stream mean centring: quantize x - mu with mu (per layer, kv head, side; D values,
+  // fp16-rounded, counted in bytes_used) chosen online when the stream's first token is
+  // quantized: the mean of every token the stream has seen then (sink, window and the batch
+  // being appended) except position 0; mu = 0 when position 0 is all it has seen.
+  bool center_k = false;
+  bool center_v = false;
   int boundary_layers = 0;        // first and last N layers use the boundary types
   std::string boundary_type_k = "f16";
   std::string boundary_type_v = "f16";
@@ -55,9 +63,12 @@ class KvCache {
   int n_tokens(int layer) const;
   void clear();  // drop all tokens, keep allocations
   // Exact storage cost of one token over all layers, K and V, norms/scales included,
-  // as it will be once it has left the window (the window's f16 rows are reported apart).
+  // as it will be once it has left the window (the window's and sinks' f16 rows and the
+  // centring means are reported apart: see bytes_used).
   double bytes_per_token() const;
-  size_t bytes_used() const;  // everything held now
+  // Everything held now: quantized rows, f16 window and sink rows, outlier channel masks,
+  // centring means.
+  size_t bytes_used() const;
 
   struct Impl;
   Impl& impl() noexcept { return *impl_; }

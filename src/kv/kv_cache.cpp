@@ -332,6 +332,25 @@ static void freeze_split(Stream& s) {
   s.domain = Domain::split;
 }
 
+// Mean centring, chosen online: when a centred stream's first token is quantized, mu is the
+// mean of every token the stream has seen so far (sinks, window and the whole batch being
+// appended) except position 0 (the BOS / attention-sink token, an outlier in most models),
+// rounded to fp16 and frozen from then on. If position 0 is the only token seen (token-by-token
+// from an empty cache with no sink and no window), mu = 0: no centring for that stream.
+static void freeze_mu(Stream& s) {
+  const int D = s.dim, n = s.stat_n - 1;  // position 0 excluded
+  s.mu.assign(D, 0.f);
+  if (n > 0)
+    for (int d = 0; d < D; ++d)
+      s.mu[d] = fp16_to_fp32(fp32_to_fp16((float)((s.stat_sum[d] - s.stat_x0[d]) / n)));
+  s.mu_frozen = true;
+  if (s.fmt->kind == Kind::tq_split && !s.split_frozen) {
+    // The outlier channels are those of the centred rows: sum (x - mu)^2 over the same tokens.
+    for (int d = 0; d < D; ++d)
+      s.chan_energy[d] += -2.0 * s.mu[d] * s.stat_sum[d] + (double)s.stat_n * s.mu[d] * s.mu[d];
+  }
+}
+
 // ------------------------------------------------------------------ Impl: transforms
 void KvCache::Impl::to_domain(const Stream& s, int side, int n, const float* x, float* y) const {
   const int D = s.dim;
@@ -385,6 +404,7 @@ void KvCache::Impl::to_orig(const Stream& s, int side, int n, float* x) const {
 void KvCache::Impl::encode_rows(Stream& s, int side, int n, const float* x, size_t stride) {
   const int D = s.dim;
   if (n <= 0) return;
+  if (s.center && !s.mu_frozen) freeze_mu(s);
   if (s.fmt->kind == Kind::tq_split && !s.split_frozen) freeze_split(s);
   std::vector<float> xb((size_t)kBlock * D), yb((size_t)kBlock * D), u((size_t)D);
   std::vector<uint8_t> idx((size_t)D);
@@ -402,6 +422,9 @@ void KvCache::Impl::encode_rows(Stream& s, int side, int n, const float* x, size
     if (slot0 == 0) std::memset(blk, 0, s.block_bytes);
     for (int j = 0; j < m; ++j)
       std::memcpy(&xb[(size_t)j * D], x + (size_t)(r + j) * stride, sizeof(float) * D);
+    if (s.center)
+      for (int j = 0; j < m; ++j)
+        for (int d = 0; d < D; ++d) xb[(size_t)j * D + d] -= s.mu[d];
     if (s.domain != Domain::orig) to_domain(s, side, m, xb.data(), yb.data());
     for (int j = 0; j < m; ++j) {
       const int slot = slot0 + j;
@@ -567,6 +590,8 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
   TQ_CHECK(cfg.max_tokens >= 1 && cfg.max_tokens <= (1 << 24), "kv cache: max_tokens %d out of range [1, 2^24]", cfg.max_tokens);
   TQ_CHECK(cfg.window >= 0 && cfg.window <= 65536 && cfg.window <= cfg.max_tokens,
            "kv cache: window %d out of range [0, min(65536, max_tokens=%d)]", cfg.window, cfg.max_tokens);
+  TQ_CHECK(cfg.sink >= 0 && cfg.sink <= 65536 && cfg.sink <= cfg.max_tokens,
+           "kv cache: sink %d out of range [0, min(65536, max_tokens=%d)]", cfg.sink, cfg.max_tokens);
   TQ_CHECK(cfg.boundary_layers >= 0 && 2 * cfg.boundary_layers <= cfg.n_layers + 1,
            "kv cache: boundary_layers %d too large for %d layers", cfg.boundary_layers, cfg.n_layers);
   const int D = cfg.head_dim;
@@ -633,6 +658,14 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
           TQ_ASSERT(s.block_bytes == s.norms_bytes + s.tiles_hi_bytes + tiles_bytes(D, 1));
         }
         if (cfg.window > 0) s.ring = make_aligned<uint16_t>((size_t)cfg.window * D);
+        s.sink = cfg.sink;
+        if (cfg.sink > 0) s.sink_rows = make_aligned<uint16_t>((size_t)cfg.sink * D);
+        // Centring buys nothing for the float formats: only quantized streams are centred.
+        s.center = (side == 0 ? cfg.center_k : cfg.center_v) && f.kind != Kind::f32 && f.kind != Kind::f16;
+        if (s.center) {
+          s.stat_sum.assign(D, 0.0);
+          s.stat_x0.assign(D, 0.f);
+        }
       }
     }
   }
@@ -654,6 +687,11 @@ void KvCache::clear() {
     for (auto* vec : {&L.k, &L.v})
       for (auto& s : *vec) {
         s.n_quant = 0;
+        if (s.center) {
+          s.mu_frozen = false;
+          s.stat_sum.assign(s.dim, 0.0);
+          s.stat_n = 0;
+        }
         if (s.fmt->kind == Kind::tq_split) {
           s.split_frozen = false;
           s.domain = Domain::orig;
@@ -689,15 +727,28 @@ void KvCache::append(int layer, int n_tokens, const float* k, const float* v) {
       if (s.fmt->kind == Kind::tq_split && !s.split_frozen)
         for (int r = 0; r < n_tokens; ++r)
           for (int d = 0; d < D; ++d) s.chan_energy[d] += (double)xh[(size_t)r * stride + d] * xh[(size_t)r * stride + d];
+      if (s.center && !s.mu_frozen)
+        for (int r = 0; r < n_tokens; ++r) {
+          const float* xr = xh + (size_t)r * stride;
+          for (int d = 0; d < D; ++d) s.stat_sum[d] += xr[d];
+          if (L.n_tokens + r == 0) std::memcpy(s.stat_x0.data(), xr, sizeof(float) * D);
+          ++s.stat_n;
+        }
+      // Sinks: the first S positions stay in f16 for good.
+      const int S = cfg.sink;
+      const int r0 = std::clamp(S - L.n_tokens, 0, n_tokens);
+      for (int r = 0; r < r0; ++r)
+        f32_to_f16(D, xh + (size_t)r * stride, s.sink_rows.get() + (size_t)(L.n_tokens + r) * D);
+      if (r0 == n_tokens) continue;
       if (W == 0) {
-        I.encode_rows(s, side, n_tokens, xh, stride);
+        I.encode_rows(s, side, n_tokens - r0, xh + (size_t)r0 * stride, stride);
         continue;
       }
       std::vector<float> tmp((size_t)D);
-      for (int r = 0; r < n_tokens; ++r) {
-        const int t = L.n_tokens + r;  // absolute position of the new token
+      for (int r = r0; r < n_tokens; ++r) {
+        const int t = L.n_tokens + r - S;  // position of the new token after the sinks
         uint16_t* slot = s.ring.get() + (size_t)(t % W) * D;
-        if (t >= W) {  // token t - W leaves the window: quantize it
+        if (t >= W) {  // token t - W (after the sinks) leaves the window: quantize it
           f16_to_f32(D, slot, tmp.data());
           I.encode_rows(s, side, 1, tmp.data(), (size_t)D);
         }
@@ -724,8 +775,11 @@ size_t KvCache::bytes_used() const {
     for (const auto* vec : {&L.k, &L.v})
       for (const auto& s : *vec) {
         total += (size_t)s.n_quant * s.row_bytes;
-        total += (size_t)std::min(L.n_tokens, s.window) * s.dim * 2;  // f16 window rows
+        const int n_sink = std::min(L.n_tokens, s.sink);
+        total += (size_t)n_sink * s.dim * 2;                                  // f16 sink rows
+        total += (size_t)std::min(L.n_tokens - n_sink, s.window) * s.dim * 2;  // f16 window rows
         if (s.fmt->kind == Kind::tq_split) total += (size_t)(s.dim + 7) / 8;  // channel mask
+        if (s.center && s.mu_frozen) total += (size_t)s.dim * 2;              // fp16 mean
       }
   return total;
 }

@@ -95,9 +95,22 @@ struct Stream {
   bool split_frozen = false;
   std::vector<double> chan_energy;  // sum of x^2 per channel over tokens seen before freezing
   std::vector<int> perm;            // D entries: outlier channels first (ascending), then the rest
-  // f16 window (original domain): ring of `window` rows
+  // f16 window (original domain): ring of `window` rows; token at absolute position t >= sink
+  // sits in slot (t - sink) % window
   int window = 0;
   AlignedPtr<uint16_t> ring;
+  // f16 sinks (original domain): the first `sink` tokens, rows 0..sink-1, never quantized.
+  // Absolute positions: [0, sink) sinks, [sink, sink + n_quant) blocks, then the window.
+  int sink = 0;
+  AlignedPtr<uint16_t> sink_rows;
+  // Mean centring (original domain): blocks hold codes of x - mu. Statistics of every token
+  // seen before freezing (sum over all positions, and the position-0 row to exclude it).
+  bool center = false;
+  bool mu_frozen = false;
+  std::vector<float> mu;            // D values (fp16-exact), valid once mu_frozen
+  std::vector<double> stat_sum;     // sum of x per channel over tokens seen
+  std::vector<float> stat_x0;       // the row at position 0
+  int stat_n = 0;                   // tokens seen (position 0 included)
 
   uint8_t* block(int b) noexcept {
     return chunks[b / kBlocksPerChunk].get() + (size_t)(b % kBlocksPerChunk) * block_bytes;

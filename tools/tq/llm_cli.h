@@ -51,6 +51,17 @@ inline void add_kv_opts(CLI::App* s, KvOptions& kv) {
   s->add_option("--cache-type-v", kv.type_v, "-ctv: KV cache type for V")->capture_default_str();
   s->add_option("--kv-window", kv.window, "most recent tokens kept in f16 (quantized when they leave)")
       ->capture_default_str();
+  s->add_option("--kv-sink", kv.sink, "first N tokens of every layer kept in f16 for good (attention sinks)")
+      ->capture_default_str();
+  s->add_option_function<std::string>(
+      "--kv-center",
+      [&kv](const std::string& w) {
+        TQ_CHECK(w == "k" || w == "v" || w == "kv" || w == "none",
+                 "--kv-center: '%s' is not one of k, v, kv, none", w.c_str());
+        kv.center_k = w == "k" || w == "kv";
+        kv.center_v = w == "v" || w == "kv";
+      },
+      "per-stream mean centring of the quantized K and/or V: k, v, kv or none (mean chosen online)");
   s->add_option("--kv-boundary-layers", kv.boundary_layers,
                 "first and last N layers use --kv-boundary-type")->capture_default_str();
   s->add_option("--kv-boundary-type", kv.boundary_type_k, "cache type of the boundary layers (K and V)")
@@ -136,7 +147,8 @@ inline std::unique_ptr<Loaded> load_model(ModelOpts& o) {
 }
 
 inline nlohmann::json kv_json(const KvOptions& kv) {
-  return {{"type_k", kv.type_k}, {"type_v", kv.type_v}, {"window", kv.window},
+  return {{"type_k", kv.type_k}, {"type_v", kv.type_v}, {"window", kv.window}, {"sink", kv.sink},
+          {"center_k", kv.center_k}, {"center_v", kv.center_v},
           {"boundary_layers", kv.boundary_layers}, {"boundary_type", kv.boundary_type_k},
           {"label", kv.label()}};
 }
