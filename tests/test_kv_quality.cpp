@@ -214,6 +214,14 @@ TEST(KvQuality, MeanRule) {
     for (int d = 0; d < D; ++d) ASSERT_EQ(s.mu[d], mean_fp16(1, 20, d)) << d;
     EXPECT_FALSE(c.impl().layers[0].v[0].center);  // V not centred in this config
   }
+  {  // center_tokens = 5: one batch of 20, mu from positions 1..5 only
+    auto cfg = cfg_for(0, 0);
+    cfg.center_tokens = 5;
+    tq::KvCache c(cfg);
+    c.append(0, 20, k.data(), v.data());
+    const auto& s = c.impl().layers[0].k[0];
+    for (int d = 0; d < D; ++d) ASSERT_EQ(s.mu[d], mean_fp16(1, 6, d)) << d;
+  }
   {  // token by token, no sink, no window: position 0 is quantized first, alone: mu = 0
     tq::KvCache c(cfg_for(0, 0));
     for (int t = 0; t < 20; ++t) c.append(0, 1, k.data() + t * D, v.data() + t * D);
@@ -339,6 +347,40 @@ TEST(KvQuality, BadConfigAndLabels) {
   const tq::KvOptions k_only = tq::parse_kv_label("tq3 ck");
   EXPECT_TRUE(k_only.center_k);
   EXPECT_FALSE(k_only.center_v);
+  EXPECT_EQ(tq::parse_kv_label("tq3 s1 ck:64").center_tokens, 64);
+  EXPECT_EQ(tq::parse_kv_label("tq3 s1 ck:64").label(), "tq3 s1 ck:64");
+  EXPECT_THROW(tq::parse_kv_label("tq3 ck:"), tq::Error);
+  EXPECT_THROW(tq::parse_kv_label("tq3 ck:x"), tq::Error);
+  EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.center_tokens = -1; }), tq::Error);
   EXPECT_THROW(tq::parse_kv_label("tq3 cx"), tq::Error);
   EXPECT_THROW(tq::parse_kv_label("tq3 sx"), tq::Error);
+}
+
+TEST(KvQuality, SplitChannelsOfCentredRows) {
+  // Channels 0..15 carry a big constant offset but little variance; channels 40..55 carry big
+  // variance. Without centring the offset channels are the "outliers"; centred, the varying ones.
+  const int D = 64, n = 40;
+  tq::Rng rng(8);
+  std::vector<float> k((size_t)n * D), v((size_t)n * D);
+  for (int t = 0; t < n; ++t)
+    for (int d = 0; d < D; ++d) {
+      k[(size_t)t * D + d] = (d < 16 ? 20.f : 0.f) + (d >= 40 && d < 56 ? 5.f : 0.3f) * (float)rng.normal();
+      v[(size_t)t * D + d] = (float)rng.normal();
+    }
+  for (bool centre : {false, true}) {
+    tq::KvCacheConfig cfg;
+    cfg.n_kv_heads = 1;
+    cfg.head_dim = D;
+    cfg.max_tokens = n;
+    cfg.type_k = "tq2.5";
+    cfg.center_k = centre;
+    tq::KvCache c(cfg);
+    c.append(0, n, k.data(), v.data());
+    const auto& s = c.impl().layers[0].k[0];
+    ASSERT_TRUE(s.split_frozen);
+    std::vector<int> hi(s.perm.begin(), s.perm.begin() + 16);
+    std::vector<int> want(16);
+    for (int i = 0; i < 16; ++i) want[i] = centre ? 40 + i : i;
+    EXPECT_EQ(hi, want) << (centre ? "centred" : "plain");
+  }
 }

@@ -43,6 +43,7 @@ struct KvCacheConfig {
   // being appended) except position 0; mu = 0 when position 0 is all it has seen.
   bool center_k = false;
   bool center_v = false;
+  int center_tokens = 0;          // > 0: mu uses only positions 1..center_tokens of those
   int boundary_layers = 0;        // first and last N layers use the boundary types
   std::string boundary_type_k = "f16";
   std::string boundary_type_v = "f16";

@@ -347,7 +347,7 @@ static void freeze_mu(Stream& s) {
   if (s.fmt->kind == Kind::tq_split && !s.split_frozen) {
     // The outlier channels are those of the centred rows: sum (x - mu)^2 over the same tokens.
     for (int d = 0; d < D; ++d)
-      s.chan_energy[d] += -2.0 * s.mu[d] * s.stat_sum[d] + (double)s.stat_n * s.mu[d] * s.mu[d];
+      s.chan_energy[d] += -2.0 * s.mu[d] * s.chan_sum[d] + (double)s.chan_n * s.mu[d] * s.mu[d];
   }
 }
 
@@ -592,6 +592,7 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
            "kv cache: window %d out of range [0, min(65536, max_tokens=%d)]", cfg.window, cfg.max_tokens);
   TQ_CHECK(cfg.sink >= 0 && cfg.sink <= 65536 && cfg.sink <= cfg.max_tokens,
            "kv cache: sink %d out of range [0, min(65536, max_tokens=%d)]", cfg.sink, cfg.max_tokens);
+  TQ_CHECK(cfg.center_tokens >= 0, "kv cache: center_tokens %d is negative", cfg.center_tokens);
   TQ_CHECK(cfg.boundary_layers >= 0 && 2 * cfg.boundary_layers <= cfg.n_layers + 1,
            "kv cache: boundary_layers %d too large for %d layers", cfg.boundary_layers, cfg.n_layers);
   const int D = cfg.head_dim;
@@ -650,6 +651,7 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
           TQ_ASSERT(s.block_bytes == s.norms_bytes + s.tiles_hi_bytes + tiles_bytes(s.d_lo, f.bits));
           s.domain = Domain::orig;  // until the outlier channels are frozen
           s.chan_energy.assign(D, 0.0);
+          s.chan_sum.assign(D, 0.0);
         } else if (f.kind == Kind::tq_prod) {
           s.prod = I.prod_q[f.bits].get();
           s.cb = &get_codebook(D, f.bits - 1);
@@ -696,6 +698,8 @@ void KvCache::clear() {
           s.split_frozen = false;
           s.domain = Domain::orig;
           s.chan_energy.assign(s.dim, 0.0);
+          s.chan_sum.assign(s.dim, 0.0);
+          s.chan_n = 0;
         }
       }
   }
@@ -725,13 +729,20 @@ void KvCache::append(int layer, int n_tokens, const float* k, const float* v) {
       Stream& s = vec[h];
       const float* xh = x + (size_t)h * D;
       if (s.fmt->kind == Kind::tq_split && !s.split_frozen)
-        for (int r = 0; r < n_tokens; ++r)
-          for (int d = 0; d < D; ++d) s.chan_energy[d] += (double)xh[(size_t)r * stride + d] * xh[(size_t)r * stride + d];
+        for (int r = 0; r < n_tokens; ++r) {
+          const float* xr = xh + (size_t)r * stride;
+          for (int d = 0; d < D; ++d) s.chan_energy[d] += (double)xr[d] * xr[d];
+          if (s.center)
+            for (int d = 0; d < D; ++d) s.chan_sum[d] += xr[d];
+          ++s.chan_n;
+        }
       if (s.center && !s.mu_frozen)
         for (int r = 0; r < n_tokens; ++r) {
           const float* xr = xh + (size_t)r * stride;
+          const int pos = L.n_tokens + r;
+          if (cfg.center_tokens > 0 && pos > cfg.center_tokens) break;
           for (int d = 0; d < D; ++d) s.stat_sum[d] += xr[d];
-          if (L.n_tokens + r == 0) std::memcpy(s.stat_x0.data(), xr, sizeof(float) * D);
+          if (pos == 0) std::memcpy(s.stat_x0.data(), xr, sizeof(float) * D);
           ++s.stat_n;
         }
       // Sinks: the first S positions stay in f16 for good.

@@ -94,6 +94,8 @@ struct Stream {
   // tq_split: channel selection (online, frozen at the first quantized token)
   bool split_frozen = false;
   std::vector<double> chan_energy;  // sum of x^2 per channel over tokens seen before freezing
+  std::vector<double> chan_sum;     // sum of x per channel, same tokens (centred split streams)
+  int chan_n = 0;                   // tokens counted in chan_energy
   std::vector<int> perm;            // D entries: outlier channels first (ascending), then the rest
   // f16 window (original domain): ring of `window` rows; token at absolute position t >= sink
   // sits in slot (t - sink) % window

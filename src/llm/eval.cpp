@@ -27,7 +27,10 @@ std::string KvOptions::label() const {
   std::string s = type_k == type_v ? type_k : type_k + "/" + type_v;
   if (window > 0) s += " w" + std::to_string(window);
   if (sink > 0) s += " s" + std::to_string(sink);
-  if (center_k || center_v) s += std::string(" c") + (center_k ? "k" : "") + (center_v ? "v" : "");
+  if (center_k || center_v) {
+    s += std::string(" c") + (center_k ? "k" : "") + (center_v ? "v" : "");
+    if (center_tokens > 0) s += ":" + std::to_string(center_tokens);
+  }
   if (boundary_layers > 0) {
     s += " b" + std::to_string(boundary_layers) + ":" +
          (boundary_type_k == boundary_type_v ? boundary_type_k : boundary_type_k + "/" + boundary_type_v);
@@ -43,6 +46,7 @@ KvCacheConfig make_kv_config(const LlamaModel& m, const KvOptions& kv, int max_t
   c.sink = kv.sink;
   c.center_k = kv.center_k;
   c.center_v = kv.center_v;
+  c.center_tokens = kv.center_tokens;
   c.boundary_layers = kv.boundary_layers;
   c.boundary_type_k = kv.boundary_type_k;
   c.boundary_type_v = kv.boundary_type_v;
@@ -84,9 +88,17 @@ KvOptions parse_kv_label(const std::string& label) {
       kv.window = std::stoi(tok.substr(1));
     } else if (tok.size() > 1 && tok[0] == 's' && tok.find_first_not_of("0123456789", 1) == std::string::npos) {
       kv.sink = std::stoi(tok.substr(1));
-    } else if (tok == "ck" || tok == "cv" || tok == "ckv") {
-      kv.center_k = tok.find('k') != std::string::npos;
-      kv.center_v = tok.find('v') != std::string::npos;
+    } else if (tok.rfind("ck", 0) == 0 || tok.rfind("cv", 0) == 0) {
+      const size_t c = tok.find(':');
+      const std::string w = tok.substr(0, c);
+      TQ_CHECK(w == "ck" || w == "cv" || w == "ckv", "cache config '%s': cannot parse '%s' (expected ck, cv or ckv[:N])",
+               label.c_str(), tok.c_str());
+      TQ_CHECK(c == std::string::npos ||
+                   (c + 1 < tok.size() && tok.find_first_not_of("0123456789", c + 1) == std::string::npos),
+               "cache config '%s': cannot parse '%s' (expected ck, cv or ckv[:N])", label.c_str(), tok.c_str());
+      kv.center_k = w.find('k') != std::string::npos;
+      kv.center_v = w.find('v') != std::string::npos;
+      if (c != std::string::npos) kv.center_tokens = std::stoi(tok.substr(c + 1));
     } else if (tok.size() > 1 && tok[0] == 'b' && tok.find(':') != std::string::npos) {
       const size_t c = tok.find(':');
       kv.boundary_layers = std::stoi(tok.substr(1, c - 1));
