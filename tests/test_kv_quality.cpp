@@ -138,6 +138,8 @@ TEST(KvQuality, FusedMatchesReferenceWithSinksAndCentring) {
       {"tq5", "tq3", 2, 4, 301, 4, 0, 4, true, true, true},
       {"tq3p", "tq3", 2, 2, 301, 1, 0, 4, true, true, false},
       {"f16", "q8_0", 2, 2, 301, 2, 3, 4, true, true, false},  // f16 K: not centred
+      {"tq3n8", "tq3n8", 2, 4, nl, 2, 3, 1, true, false, false},
+      {"tq5n8", "tq3", 3, 3, 301, 1, 0, 1, true, false, true},
       {"tq3", "tq3", 2, 4, 40, 3, 0, 44, true, true, false},   // all tokens are sinks
       {"tq3", "tq3", 2, 4, 70, 3, 64, 4, true, true, false},   // sinks + window only
   };
@@ -383,4 +385,71 @@ TEST(KvQuality, SplitChannelsOfCentredRows) {
     for (int i = 0; i < 16; ++i) want[i] = centre ? 40 + i : i;
     EXPECT_EQ(hi, want) << (centre ? "centred" : "plain");
   }
+}
+
+TEST(KvQuality, LogNormFormats) {
+  // tqBn8: the tq codes with an 8-bit log norm (16 steps per octave) + an int16 exponent per
+  // 32-token block. Token norms spanning 2^-6..2^6, in rising order inside blocks (so the
+  // block exponent moves up and the earlier codes are shifted), token by token.
+  const int D = 64, n = 100;
+  tq::Rng rng(31);
+  std::vector<float> k((size_t)n * D), v((size_t)n * D);
+  for (int t = 0; t < n; ++t) {
+    const float sc = std::exp2(-6.f + 12.f * (float)(t % 37) / 36.f);
+    for (int d = 0; d < D; ++d) {
+      k[(size_t)t * D + d] = sc * (float)rng.normal();
+      v[(size_t)t * D + d] = (t == 50) ? 0.f : sc * (float)rng.normal();  // one zero vector
+    }
+  }
+  tq::KvCacheConfig cfg;
+  cfg.n_kv_heads = 1;
+  cfg.head_dim = D;
+  cfg.max_tokens = n;
+  cfg.type_k = "tq3n8";
+  cfg.type_v = "tq3";
+  tq::KvCache a(cfg);
+  cfg.type_k = "tq3";
+  tq::KvCache b(cfg);
+  for (int t = 0; t < n; ++t) {
+    a.append(0, 1, k.data() + t * D, v.data() + t * D);
+    b.append(0, 1, k.data() + t * D, v.data() + t * D);
+  }
+  // Same codes; norms within half a log step (2^(1/32) - 1 = 2.2%) of the fp16 ones.
+  const auto& sa = a.impl().layers[0].k[0];
+  const auto& sb = b.impl().layers[0].k[0];
+  std::vector<float> ra((size_t)n * D), rb((size_t)n * D);
+  a.impl().decode_domain(sa, 0, 0, n, ra.data());
+  b.impl().decode_domain(sb, 0, 0, n, rb.data());
+  for (int t = 0; t < n; ++t) {
+    double na = 0, nb = 0, dot = 0;
+    for (int d = 0; d < D; ++d) {
+      na += (double)ra[t * D + d] * ra[t * D + d];
+      nb += (double)rb[t * D + d] * rb[t * D + d];
+      dot += (double)ra[t * D + d] * rb[t * D + d];
+    }
+    EXPECT_NEAR(std::sqrt(na / nb), 1.0, 0.0225) << t;
+    EXPECT_NEAR(dot / std::sqrt(na * nb), 1.0, 1e-6) << t;  // same direction (same codes)
+  }
+  // Bytes: 25 B per K vector + 2 B per started 32-token block; bytes_per_token shares the header.
+  EXPECT_EQ(tq::kv_type_bytes(tq::parse_kv_type("tq3n8"), 64), 25u);
+  EXPECT_DOUBLE_EQ(a.bytes_per_token(), 25 + 2.0 / 32 + 26);
+  EXPECT_EQ(a.bytes_used(), (size_t)n * (25 + 26) + 4 * 2);
+  // Attention with n8 on both sides (zero V vector included) matches the reference.
+  cfg.type_k = "tq5n8";
+  cfg.type_v = "tq2n8";
+  cfg.sink = 1;
+  cfg.center_k = true;
+  tq::KvCache c(cfg);
+  c.append(0, n, k.data(), v.data());
+  std::vector<float> q(2 * D), ref(q.size()), out(q.size());
+  for (auto& x : q) x = (float)rng.normal();
+  tq::AttentionParams p;
+  p.n_heads = 2;
+  tq::attention_ref(c, 0, 1, q.data(), ref.data(), p);
+  p.exact = true;
+  tq::attention(c, 0, 1, q.data(), out.data(), p);
+  EXPECT_LE(rel_err(out, ref), kExactRelTol);
+  p.exact = false;
+  tq::attention(c, 0, 1, q.data(), out.data(), p);
+  EXPECT_LE(rel_err(out, ref), kExactRelTol);  // no int8 kernel for n8: float path
 }

@@ -38,6 +38,10 @@ static const Format kFormats[] = {
     {"tq3.5", Kind::tq_split, true, 3, 4, "D/4 outlier channels at 4 bits + rest at 3, 2 fp16 norms"},
     {"tq3p", Kind::tq_prod, false, 3, 0, "TurboQuant prod: 2-bit mse + 1-bit QJL, fp16 norm+gamma"},
     {"tq4p", Kind::tq_prod, false, 4, 0, "TurboQuant prod: 3-bit mse + 1-bit QJL, fp16 norm+gamma"},
+    {"tq2n8", Kind::tq_n8, true, 2, 0, "tq2 with an 8-bit log-coded norm (+ int16 exponent per 32 tokens)"},
+    {"tq3n8", Kind::tq_n8, true, 3, 0, "tq3 with an 8-bit log-coded norm (+ int16 exponent per 32 tokens)"},
+    {"tq4n8", Kind::tq_n8, true, 4, 0, "tq4 with an 8-bit log-coded norm (+ int16 exponent per 32 tokens)"},
+    {"tq5n8", Kind::tq_n8, true, 5, 0, "tq5 with an 8-bit log-coded norm (+ int16 exponent per 32 tokens)"},
 };
 constexpr int kNumFormats = sizeof(kFormats) / sizeof(kFormats[0]);
 
@@ -236,6 +240,7 @@ static size_t row_bytes_for(const Format& f, int D) {
     case Kind::q8_0: return (size_t)D / 32 * sizeof(BlockQ8_0);
     case Kind::q4_0: return (size_t)D / 32 * sizeof(BlockQ4_0);
     case Kind::tq: return (size_t)D * f.bits / 8 + 2;
+    case Kind::tq_n8: return (size_t)D * f.bits / 8 + 1;  // + 2 B per 32-token block (block_bytes)
     case Kind::tq_split: {
       const int dh = D / 4, dl = D - dh;
       return (size_t)(dh * f.bits_hi + dl * f.bits) / 8 + 4;
@@ -294,17 +299,53 @@ static double norm2(const float* x, int n) {
 
 // One TurboQuant mse part of a row: y = the rotated part (dim values), s = ||x part||.
 // Writes the corrected norm s / ||c[idx]|| (fp16) and the codes into the block's tiles.
-static void encode_tq_part(const Codebook& cb, int dim, int side, const float* y, double s,
-                           uint16_t* norm, uint8_t* tiles, int slot, uint8_t* idx, float* u) {
+static double encode_tq_part(const Codebook& cb, int dim, int side, const float* y, double s,
+                             uint16_t* norm, uint8_t* tiles, int slot, uint8_t* idx, float* u) {
   const float inv = s > 0 ? (float)(1.0 / s) : 0.f;
   for (int i = 0; i < dim; ++i) u[i] = y[i] * inv;
   quantize_rotated(cb, (size_t)dim, u, idx);
   double c2 = 0;
   for (int i = 0; i < dim; ++i) c2 += (double)cb.centroids[idx[i]] * cb.centroids[idx[i]];
   const double stored = (s > 0 && c2 > 0) ? s / std::sqrt(c2) : 0.0;
-  *norm = fp32_to_fp16((float)stored);
+  if (norm) *norm = fp32_to_fp16((float)stored);
   if (side == 0) set_tile_codes_k(tiles, dim, cb.bits, slot, idx);
   else set_tile_codes_v(tiles, dim, cb.bits, slot, idx);
+  return stored;
+}
+
+// tq_n8 norms: [int16 e][32 codes]; e = INT16_MIN while the block holds no nonzero norm.
+constexpr int16_t kN8NoExp = INT16_MIN;
+static void set_n8_norm(uint8_t* blk, int slot, double norm) {
+  int16_t e;
+  std::memcpy(&e, blk, 2);
+  if (slot == 0) e = kN8NoExp;
+  uint8_t* codes = blk + 2;
+  if (!(norm > 0)) {
+    codes[slot] = 255;
+  } else {
+    const double L = 16.0 * std::log2(norm);
+    const int ce = (int)std::ceil(L);
+    if (e == kN8NoExp) {
+      e = (int16_t)ce;
+    } else if (ce > e) {  // raise the block exponent: shift the earlier codes (exact)
+      for (int j = 0; j < slot; ++j)
+        if (codes[j] != 255) codes[j] = (uint8_t)std::min(254, codes[j] + (ce - e));
+      e = (int16_t)ce;
+    }
+    codes[slot] = (uint8_t)std::clamp((int)std::lrint(e - L), 0, 254);
+  }
+  std::memcpy(blk, &e, 2);
+}
+
+float kv::tq_block_norm(const Stream& s, const uint8_t* blk, int part, int slot) noexcept {
+  if (s.fmt->kind == Kind::tq_n8) {
+    const uint8_t c = blk[2 + slot];
+    if (c == 255) return 0.f;
+    int16_t e;
+    std::memcpy(&e, blk, 2);
+    return std::exp2((float)(e - c) * (1.0f / 16));
+  }
+  return fp16_to_fp32(reinterpret_cast<const uint16_t*>(blk)[part * kBlock + slot]);
 }
 
 static void decode_tq_part(const Codebook& cb, int dim, int side, const uint8_t* tiles, int slot,
@@ -453,6 +494,10 @@ void KvCache::Impl::encode_rows(Stream& s, int side, int n, const float* x, size
           encode_tq_part(*s.cb, D, s.side, yr, norm2(xr, D), reinterpret_cast<uint16_t*>(blk) + slot,
                          blk + s.norms_bytes, slot, idx.data(), u.data());
           break;
+        case Kind::tq_n8:
+          set_n8_norm(blk, slot, encode_tq_part(*s.cb, D, s.side, yr, norm2(xr, D), nullptr,
+                                                blk + s.norms_bytes, slot, idx.data(), u.data()));
+          break;
         case Kind::tq_split: {
           double e_hi = 0, e_lo = 0;
           for (int i = 0; i < s.d_hi; ++i) e_hi += (double)xr[s.perm[i]] * xr[s.perm[i]];
@@ -505,13 +550,13 @@ void KvCache::Impl::decode_domain(const Stream& s, int side, int t0, int n, floa
     }
     return;
   }
-  if ((s.fmt->kind == Kind::tq || s.fmt->kind == Kind::tq_split) && !simd::use_scalar()) {
+  if ((s.fmt->kind == Kind::tq || s.fmt->kind == Kind::tq_split || s.fmt->kind == Kind::tq_n8) &&
+      !simd::use_scalar()) {
     std::vector<uint8_t> codes((size_t)kBlock * D);
     for (int r = 0; r < n;) {  // whole blocks: expand the tiles once, then emit the rows
       const int t = t0 + r, b = t / kBlock, first = t % kBlock, m = std::min(n - r, kBlock - first);
       const uint8_t* blk = s.block(b);
-      const uint16_t* norms = reinterpret_cast<const uint16_t*>(blk);
-      const int nparts = s.fmt->kind == Kind::tq ? 1 : 2;
+      const int nparts = s.fmt->kind == Kind::tq_split ? 2 : 1;
       for (int part = 0; part < nparts; ++part) {
         const Codebook& cb = (nparts == 2 && part == 0) ? *s.cb_hi : *s.cb;
         const int dim = nparts == 1 ? D : (part == 0 ? s.d_hi : s.d_lo);
@@ -519,7 +564,7 @@ void KvCache::Impl::decode_domain(const Stream& s, int side, int t0, int n, floa
         const uint8_t* tiles = blk + s.norms_bytes + (part == 1 ? s.tiles_hi_bytes : 0);
         expand_tiles(tiles, dim, cb.bits, s.side == 0, codes.data());
         for (int j = 0; j < m; ++j) {
-          const float nrm = fp16_to_fp32(norms[part * kBlock + first + j]);
+          const float nrm = tq_block_norm(s, blk, part, first + j);
           const uint8_t* c = codes.data() + (size_t)(first + j) * dim;
           float* o = out + (size_t)(r + j) * D + off;
           for (int d = 0; d < dim; ++d) o[d] = nrm * cb.centroids[c[d]];
@@ -557,10 +602,10 @@ void KvCache::Impl::decode_domain(const Stream& s, int side, int t0, int n, floa
         break;
       case Kind::q8_0: dequantize_q8_0(D, reinterpret_cast<const BlockQ8_0*>(row), o); break;
       case Kind::q4_0: dequantize_q4_0(D, reinterpret_cast<const BlockQ4_0*>(row), o); break;
-      case Kind::tq: {
+      case Kind::tq:
+      case Kind::tq_n8: {
         const uint8_t* tiles = blk + s.norms_bytes;
-        decode_tq_part(*s.cb, D, s.side, tiles, t % kBlock,
-                       fp16_to_fp32(reinterpret_cast<const uint16_t*>(blk)[t % kBlock]), idx.data(), o);
+        decode_tq_part(*s.cb, D, s.side, tiles, t % kBlock, tq_block_norm(s, blk, 0, t % kBlock), idx.data(), o);
         break;
       }
       case Kind::tq_split: {
@@ -641,6 +686,10 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
           s.cb = &get_codebook(D, f.bits);
           s.norms_bytes = kBlock * 2;
           TQ_ASSERT(s.block_bytes == s.norms_bytes + tiles_bytes(D, f.bits));
+        } else if (f.kind == Kind::tq_n8) {
+          s.cb = &get_codebook(D, f.bits);
+          s.norms_bytes = kN8HeaderBytes;
+          s.block_bytes = s.norms_bytes + tiles_bytes(D, f.bits);  // row_bytes * 32 + 2
         } else if (f.kind == Kind::tq_split) {
           s.d_hi = D / 4;
           s.d_lo = D - s.d_hi;
@@ -775,7 +824,7 @@ double KvCache::bytes_per_token() const {
   double total = 0;
   for (const auto& L : I.layers)
     for (const auto* vec : {&L.k, &L.v})
-      for (const auto& s : *vec) total += (double)s.row_bytes;
+      for (const auto& s : *vec) total += (double)s.block_bytes / kBlock;  // tq_n8: block header shared
   return total;
 }
 
@@ -786,6 +835,7 @@ size_t KvCache::bytes_used() const {
     for (const auto* vec : {&L.k, &L.v})
       for (const auto& s : *vec) {
         total += (size_t)s.n_quant * s.row_bytes;
+        if (s.fmt->kind == Kind::tq_n8) total += (size_t)(s.n_quant + kBlock - 1) / kBlock * 2;  // exponents
         const int n_sink = std::min(L.n_tokens, s.sink);
         total += (size_t)n_sink * s.dim * 2;                                  // f16 sink rows
         total += (size_t)std::min(L.n_tokens - n_sink, s.window) * s.dim * 2;  // f16 window rows

@@ -14,6 +14,7 @@
 //   tqB    [32 fp16 corrected norms] [bit-plane tiles of the B-bit codebook indices]
 //   tqX.5  [32 fp16 norms, outlier part] [32 fp16 norms, regular part]
 //          [tiles of the D/4 outlier channels at B+1 bits] [tiles of the 3D/4 others at B bits]
+//   tqBn8  [int16 exponent][32 uint8 log norms][bit-plane tiles] (see Kind::tq_n8)
 //   tqBp   [32 fp16 norms s][32 fp16 gamma][tiles of the (B-1)-bit mse indices][tiles of the
 //          QJL sign bits] (the codec's prod code re-laid out; prod_rows() rebuilds it)
 //
@@ -44,7 +45,13 @@ constexpr int kBlock = 32;          // tokens per storage block
 constexpr int kBlocksPerChunk = 64; // blocks per allocation chunk (2048 tokens)
 constexpr int kMaxHeadDim = 1024;
 
-enum class Kind : uint8_t { f32, f16, q8_0, q4_0, tq, tq_split, tq_prod };
+enum class Kind : uint8_t { f32, f16, q8_0, q4_0, tq, tq_split, tq_prod, tq_n8 };
+
+// tq_n8 (tqBn8): the tq layout with 8-bit log-coded norms instead of fp16. Block header:
+// [int16 e][32 uint8 codes], norm = 2^((e - c) / 16) (c = 255: zero), e = the block's largest
+// norm exponent (16 steps per octave: relative step 4.4%). A larger norm arriving in a
+// partly filled block raises e and shifts the earlier codes (exact; codes saturate at 254).
+
 
 // One row of the table of formats (architecture.md point 4).
 struct Format {
@@ -156,6 +163,9 @@ void get_tile_codes_v(const uint8_t* tiles, int dim, int bits, int tok, uint8_t*
 void set_tile_codes_k(uint8_t* tiles, int dim, int bits, int tok, const uint8_t* codes) noexcept;
 void set_tile_codes_v(uint8_t* tiles, int dim, int bits, int tok, const uint8_t* codes) noexcept;
 inline size_t tiles_bytes(int dim, int bits) { return (size_t)kBlock * dim * bits / 8; }
+constexpr size_t kN8HeaderBytes = 2 + kBlock;  // tq_n8 block header: int16 exponent + 32 codes
+// Norm of token `slot` of a tq / tq_split (part 0 or 1) / tq_n8 block.
+float tq_block_norm(const Stream& s, const uint8_t* blk, int part, int slot) noexcept;
 // Codec prod code rows (quantizer.h layout) of tokens [t, t + n) of a prod stream (one block).
 void prod_rows(const Stream& s, int t, int n, uint8_t* rows);
 }  // namespace tq::kv
