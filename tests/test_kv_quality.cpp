@@ -54,13 +54,14 @@ struct QCase {
   int kvh, G, n_ctx, n_q, window, sink;
   bool ck, cv;
   bool token_by_token;
+  int segment = 0;  // center_segment
 };
 
 std::string describe(const QCase& c) {
   return c.tk + "/" + c.tv + " kvh=" + std::to_string(c.kvh) + " G=" + std::to_string(c.G) +
          " n=" + std::to_string(c.n_ctx) + " nq=" + std::to_string(c.n_q) + " W=" + std::to_string(c.window) +
          " S=" + std::to_string(c.sink) + (c.ck ? " ck" : "") + (c.cv ? " cv" : "") +
-         (c.token_by_token ? " token-by-token" : " batches");
+         (c.token_by_token ? " token-by-token" : " batches") + " seg=" + std::to_string(c.segment);
 }
 
 tq::KvCacheConfig make_cfg(const QCase& c, int D = 64) {
@@ -75,6 +76,7 @@ tq::KvCacheConfig make_cfg(const QCase& c, int D = 64) {
   cfg.sink = c.sink;
   cfg.center_k = c.ck;
   cfg.center_v = c.cv;
+  cfg.center_segment = c.segment;
   return cfg;
 }
 
@@ -139,6 +141,10 @@ TEST(KvQuality, FusedMatchesReferenceWithSinksAndCentring) {
       {"tq3p", "tq3", 2, 2, 301, 1, 0, 4, true, true, false},
       {"f16", "q8_0", 2, 2, 301, 2, 3, 4, true, true, false},  // f16 K: not centred
       {"tq3n8", "tq3n8", 2, 4, nl, 2, 3, 1, true, false, false},
+      {"tq3", "tq3", 2, 4, nl, 1, 0, 1, true, true, false, 256},
+      {"tq3", "tq2.5", 3, 3, nl, 3, 5, 2, true, true, false, 64},
+      {"tq5n8", "tq3", 2, 4, 301, 1, 0, 1, true, false, true, 32},
+      {"q4_0h", "tq3", 2, 2, 301, 2, 7, 0, false, true, true, 96},
       {"tq5n8", "tq3", 3, 3, 301, 1, 0, 1, true, false, true},
       {"tq3", "tq3", 2, 4, 40, 3, 0, 44, true, true, false},   // all tokens are sinks
       {"tq3", "tq3", 2, 4, 70, 3, 64, 4, true, true, false},   // sinks + window only
@@ -223,6 +229,32 @@ TEST(KvQuality, MeanRule) {
     c.append(0, 20, k.data(), v.data());
     const auto& s = c.impl().layers[0].k[0];
     for (int d = 0; d < D; ++d) ASSERT_EQ(s.mu[d], mean_fp16(1, 6, d)) << d;
+  }
+  {  // center_segment = 32, one sink, 100 tokens in one batch: segment 0 (positions 1..32)
+     // has the mean of positions 1..99; segment g >= 1 the mean of segment g - 1's rows
+    std::vector<float> k2, v2;
+    fill_shifted(rng, 100, 1, D, k2, v2);
+    auto cfg = cfg_for(1, 0);
+    cfg.max_tokens = 100;
+    cfg.center_segment = 32;
+    tq::KvCache c(cfg);
+    c.append(0, 100, k2.data(), v2.data());
+    const auto& s = c.impl().layers[0].k[0];
+    ASSERT_EQ(s.n_quant, 99);
+    ASSERT_EQ(s.n_mu, 4);  // segments start at stream index 0, 32, 64, 96
+    auto mean2 = [&](int a, int b, int d) {
+      double sum = 0;
+      for (int t = a; t < b; ++t) sum += k2[(size_t)t * D + d];
+      return tq::fp16_to_fp32(tq::fp32_to_fp16((float)(sum / (b - a))));
+    };
+    for (int d = 0; d < D; ++d) {
+      ASSERT_EQ(s.mu_of(0)[d], mean2(1, 100, d)) << d;
+      ASSERT_EQ(s.mu_of(40)[d], mean2(1, 33, d)) << d;   // segment 1: positions 1..32
+      ASSERT_EQ(s.mu_of(70)[d], mean2(33, 65, d)) << d;  // segment 2
+      ASSERT_EQ(s.mu_of(98)[d], mean2(65, 97, d)) << d;  // segment 3
+    }
+    // 1 sink row + 99 quantized rows + 4 K means (fp16), V: sink row + 99 rows
+    EXPECT_EQ(c.bytes_used(), (size_t)2 * 64 * 2 + 99 * 2 * 26 + 4 * 64 * 2);
   }
   {  // token by token, no sink, no window: position 0 is quantized first, alone: mu = 0
     tq::KvCache c(cfg_for(0, 0));
@@ -354,6 +386,10 @@ TEST(KvQuality, BadConfigAndLabels) {
   EXPECT_THROW(tq::parse_kv_label("tq3 ck:"), tq::Error);
   EXPECT_THROW(tq::parse_kv_label("tq3 ck:x"), tq::Error);
   EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.center_tokens = -1; }), tq::Error);
+  EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.center_segment = 48; }), tq::Error);   // not a multiple of 32
+  EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.center_segment = 4096; }), tq::Error); // above the chunk
+  EXPECT_EQ(tq::parse_kv_label("tq3 s1 ck cs256").center_segment, 256);
+  EXPECT_EQ(tq::parse_kv_label("tq3 s1 ck cs256").label(), "tq3 s1 ck cs256");
   EXPECT_THROW(tq::parse_kv_label("tq3 cx"), tq::Error);
   EXPECT_THROW(tq::parse_kv_label("tq3 sx"), tq::Error);
 }

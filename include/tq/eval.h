@@ -24,13 +24,14 @@ struct KvOptions {
   bool center_k = false;     // --kv-center k|v|kv: per-stream mean centring
   bool center_v = false;
   int center_tokens = 0;     // --kv-center-tokens: mu from positions 1..N only (0: all seen)
+  int center_segment = 0;    // --kv-center-segment: one mean per N quantized tokens (label csN)
   int boundary_layers = 0;
   std::string boundary_type_k = "f16";
   std::string boundary_type_v = "f16";
   uint64_t seed = 0x5eed;
   std::string label() const;  // e.g. "tq4/tq3 w128 s4 ckv b2:f16"
 };
-// Parses a label as written by KvOptions::label(): "K[/V] [wN] [sN] [ck|cv|ckv[:N]] [bN:T[/T]]".
+// Parses a label as written by KvOptions::label(): "K[/V] [wN] [sN] [ck|cv|ckv[:N]] [csN] [bN:T[/T]]".
 KvOptions parse_kv_label(const std::string& label);
 KvCacheConfig make_kv_config(const LlamaModel& m, const KvOptions& kv, int max_tokens);
 // Average stored bits per cached value (K and V, all layers, norms/scales counted).

@@ -44,6 +44,10 @@ struct KvCacheConfig {
   bool center_k = false;
   bool center_v = false;
   int center_tokens = 0;          // > 0: mu uses only positions 1..center_tokens of those
+  // > 0 (a multiple of 32, at most 2048): one mean per segment of this many quantized tokens.
+  // Segment 0 uses the rule above; segment g >= 1 uses the mean of segment g - 1's tokens
+  // (always fully seen before g starts: the same in prefill and token-by-token decode).
+  int center_segment = 0;
   int boundary_layers = 0;        // first and last N layers use the boundary types
   std::string boundary_type_k = "f16";
   std::string boundary_type_v = "f16";

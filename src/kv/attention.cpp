@@ -165,7 +165,9 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
   const int q0 = n_sink;
   const int nq_tok = sh.n_quant;
   const int n_win = sh.n_tokens - n_sink - nq_tok;
-  const int chunk = kChunkTokens;
+  // Segmented centring: one task per mean segment (each chunk has one K and one V mean).
+  const int seg = std::max(L.k[0].center ? L.k[0].mu_segment : 0, L.v[0].center ? L.v[0].mu_segment : 0);
+  const int chunk = seg > 0 ? seg : kChunkTokens;
   const int n_chunks = (nq_tok + chunk - 1) / chunk;
   const int task_win = n_win > 0 ? n_chunks : -1, task_sink = n_chunks + (n_win > 0 ? 1 : 0);
   const int tasks_per_head = task_sink + (n_sink > 0 ? 1 : 0);
@@ -267,22 +269,37 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
     for (int k = 0; k < n_q * G; ++k) {
       const int i = k / G, g = k % G;
       acc.reset(0);
-      float kshift = 0;
-      if (sk.center && n_chunks > 0) {
-        const float* qv = &qo[((size_t)h * n_q * G + k) * D];
+      const float* qv = &qo[((size_t)h * n_q * G + k) * D];
+      auto kshift = [&](int j) {  // scale * q.mu_k of quantized token j's segment
+        const float* mu = sk.mu_of(j);
         double dot = 0;
-        for (int d = 0; d < D; ++d) dot += (double)qv[d] * sk.mu[d];
-        kshift = (float)(dot * sh.scale);
-      }
-      for (int c = 0; c < n_chunks; ++c) {
-        const States sc{&states[((size_t)h * tasks_per_head + c) * per_task], D};
-        if (sc.m(k) != kNegInf) sc.m(k) += kshift;
-        merge_state(acc, 0, sc, k);
-      }
-      if (n_chunks > 0 && acc.m(0) != kNegInf) {
-        I.to_orig(sv, 1, 1, acc.acc(0));
-        if (sv.center)
-          for (int d = 0; d < D; ++d) acc.acc(0)[d] += sv.mu[d] * acc.l(0);
+        for (int d = 0; d < D; ++d) dot += (double)qv[d] * mu[d];
+        return (float)(dot * sh.scale);
+      };
+      if (seg == 0) {  // one mean per stream: merge in the V domain, one inverse transform
+        const float ks = sk.center && n_chunks > 0 ? kshift(0) : 0.f;
+        for (int c = 0; c < n_chunks; ++c) {
+          const States sc{&states[((size_t)h * tasks_per_head + c) * per_task], D};
+          if (sc.m(k) != kNegInf) sc.m(k) += ks;
+          merge_state(acc, 0, sc, k);
+        }
+        if (n_chunks > 0 && acc.m(0) != kNegInf) {
+          I.to_orig(sv, 1, 1, acc.acc(0));
+          if (sv.center)
+            for (int d = 0; d < D; ++d) acc.acc(0)[d] += sv.mu[d] * acc.l(0);
+        }
+      } else {  // a mean per chunk: each chunk to the original domain, plus its V mean, then merge
+        for (int c = 0; c < n_chunks; ++c) {
+          const States sc{&states[((size_t)h * tasks_per_head + c) * per_task], D};
+          if (sc.m(k) == kNegInf) continue;
+          if (sk.center) sc.m(k) += kshift(c * chunk);
+          I.to_orig(sv, 1, 1, sc.acc(k));
+          if (sv.center) {
+            const float* mu = sv.mu_of(c * chunk);
+            for (int d = 0; d < D; ++d) sc.acc(k)[d] += mu[d] * sc.l(k);
+          }
+          merge_state(acc, 0, sc, k);
+        }
       }
       if (n_win > 0)
         merge_state(acc, 0, States{&states[((size_t)h * tasks_per_head + task_win) * per_task], D}, k);
@@ -340,8 +357,8 @@ void attention_ref(const KvCache& cache, int layer, int n_q, const float* q, flo
       I.to_orig(sv, 1, nq, Vq);
       for (int j = 0; j < nq; ++j)
         for (int d = 0; d < D; ++d) {
-          if (sk.center) Kq[(size_t)j * D + d] += sk.mu[d];
-          if (sv.center) Vq[(size_t)j * D + d] += sv.mu[d];
+          if (sk.center) Kq[(size_t)j * D + d] += sk.mu_of(j)[d];
+          if (sv.center) Vq[(size_t)j * D + d] += sv.mu_of(j)[d];
         }
     }
     for (int t = n_sink + nq; t < sh.n_tokens; ++t) {

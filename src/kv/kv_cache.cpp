@@ -381,6 +381,7 @@ static void freeze_split(Stream& s) {
 static void freeze_mu(Stream& s) {
   const int D = s.dim, n = s.stat_n - 1;  // position 0 excluded
   s.mu.assign(D, 0.f);
+  s.n_mu = 1;
   if (n > 0)
     for (int d = 0; d < D; ++d)
       s.mu[d] = fp16_to_fp32(fp32_to_fp16((float)((s.stat_sum[d] - s.stat_x0[d]) / n)));
@@ -463,9 +464,24 @@ void KvCache::Impl::encode_rows(Stream& s, int side, int n, const float* x, size
     if (slot0 == 0) std::memset(blk, 0, s.block_bytes);
     for (int j = 0; j < m; ++j)
       std::memcpy(&xb[(size_t)j * D], x + (size_t)(r + j) * stride, sizeof(float) * D);
+    if (s.center) {
+      // Segmented means: segment g >= 1 starts here: its mean is that of segment g - 1.
+      if (s.mu_segment > 0 && t / s.mu_segment >= s.n_mu) {
+        TQ_ASSERT(t % s.mu_segment == 0 && t / s.mu_segment == s.n_mu);
+        s.mu.resize((size_t)(s.n_mu + 1) * D);
+        for (int d = 0; d < D; ++d)
+          s.mu[(size_t)s.n_mu * D + d] = fp16_to_fp32(fp32_to_fp16((float)(s.seg_sum[d] / s.mu_segment)));
+        ++s.n_mu;
+        std::fill(s.seg_sum.begin(), s.seg_sum.end(), 0.0);
+      }
+      if (s.mu_segment > 0)
+        for (int j = 0; j < m; ++j)
+          for (int d = 0; d < D; ++d) s.seg_sum[d] += xb[(size_t)j * D + d];
+    }
+    const float* mu = s.center ? s.mu_of(t) : nullptr;
     if (s.center)
       for (int j = 0; j < m; ++j)
-        for (int d = 0; d < D; ++d) xb[(size_t)j * D + d] -= s.mu[d];
+        for (int d = 0; d < D; ++d) xb[(size_t)j * D + d] -= mu[d];
     if (s.domain != Domain::orig) to_domain(s, side, m, xb.data(), yb.data());
     for (int j = 0; j < m; ++j) {
       const int slot = slot0 + j;
@@ -638,6 +654,9 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
   TQ_CHECK(cfg.sink >= 0 && cfg.sink <= 65536 && cfg.sink <= cfg.max_tokens,
            "kv cache: sink %d out of range [0, min(65536, max_tokens=%d)]", cfg.sink, cfg.max_tokens);
   TQ_CHECK(cfg.center_tokens >= 0, "kv cache: center_tokens %d is negative", cfg.center_tokens);
+  TQ_CHECK(cfg.center_segment >= 0 && cfg.center_segment % kBlock == 0 && cfg.center_segment <= kChunkTokens,
+           "kv cache: center_segment %d must be a multiple of %d in [0, %d]", cfg.center_segment, kBlock,
+           kChunkTokens);
   TQ_CHECK(cfg.boundary_layers >= 0 && 2 * cfg.boundary_layers <= cfg.n_layers + 1,
            "kv cache: boundary_layers %d too large for %d layers", cfg.boundary_layers, cfg.n_layers);
   const int D = cfg.head_dim;
@@ -716,6 +735,8 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
         if (s.center) {
           s.stat_sum.assign(D, 0.0);
           s.stat_x0.assign(D, 0.f);
+          s.mu_segment = cfg.center_segment;
+          if (s.mu_segment > 0) s.seg_sum.assign(D, 0.0);
         }
       }
     }
@@ -740,6 +761,8 @@ void KvCache::clear() {
         s.n_quant = 0;
         if (s.center) {
           s.mu_frozen = false;
+          s.n_mu = 0;
+          if (s.mu_segment > 0) s.seg_sum.assign(s.dim, 0.0);
           s.stat_sum.assign(s.dim, 0.0);
           s.stat_n = 0;
         }
@@ -840,7 +863,7 @@ size_t KvCache::bytes_used() const {
         total += (size_t)n_sink * s.dim * 2;                                  // f16 sink rows
         total += (size_t)std::min(L.n_tokens - n_sink, s.window) * s.dim * 2;  // f16 window rows
         if (s.fmt->kind == Kind::tq_split) total += (size_t)(s.dim + 7) / 8;  // channel mask
-        if (s.center && s.mu_frozen) total += (size_t)s.dim * 2;              // fp16 mean
+        if (s.center) total += (size_t)s.n_mu * s.dim * 2;                    // fp16 means
       }
   return total;
 }

@@ -115,8 +115,14 @@ struct Stream {
   // Mean centring (original domain): blocks hold codes of x - mu. Statistics of every token
   // seen before freezing (sum over all positions, and the position-0 row to exclude it).
   bool center = false;
-  bool mu_frozen = false;
-  std::vector<float> mu;            // D values (fp16-exact), valid once mu_frozen
+  bool mu_frozen = false;           // segment 0's mean is chosen
+  std::vector<float> mu;            // n_mu x D values (fp16-exact): one mean per segment
+  int n_mu = 0;
+  int mu_segment = 0;               // tokens per segment (0: one mean)
+  std::vector<double> seg_sum;      // sum of the current segment's (uncentred) rows
+  const float* mu_of(int j) const noexcept {  // mean of quantized token j (stream index)
+    return mu.data() + (size_t)(mu_segment > 0 ? j / mu_segment : 0) * dim;
+  }
   std::vector<double> stat_sum;     // sum of x per channel over tokens seen
   std::vector<float> stat_x0;       // the row at position 0
   int stat_n = 0;                   // tokens seen (position 0 included)

@@ -30,6 +30,7 @@ std::string KvOptions::label() const {
   if (center_k || center_v) {
     s += std::string(" c") + (center_k ? "k" : "") + (center_v ? "v" : "");
     if (center_tokens > 0) s += ":" + std::to_string(center_tokens);
+    if (center_segment > 0) s += " cs" + std::to_string(center_segment);
   }
   if (boundary_layers > 0) {
     s += " b" + std::to_string(boundary_layers) + ":" +
@@ -47,6 +48,7 @@ KvCacheConfig make_kv_config(const LlamaModel& m, const KvOptions& kv, int max_t
   c.center_k = kv.center_k;
   c.center_v = kv.center_v;
   c.center_tokens = kv.center_tokens;
+  c.center_segment = kv.center_segment;
   c.boundary_layers = kv.boundary_layers;
   c.boundary_type_k = kv.boundary_type_k;
   c.boundary_type_v = kv.boundary_type_v;
@@ -88,6 +90,8 @@ KvOptions parse_kv_label(const std::string& label) {
       kv.window = std::stoi(tok.substr(1));
     } else if (tok.size() > 1 && tok[0] == 's' && tok.find_first_not_of("0123456789", 1) == std::string::npos) {
       kv.sink = std::stoi(tok.substr(1));
+    } else if (tok.size() > 2 && tok.rfind("cs", 0) == 0 && tok.find_first_not_of("0123456789", 2) == std::string::npos) {
+      kv.center_segment = std::stoi(tok.substr(2));
     } else if (tok.rfind("ck", 0) == 0 || tok.rfind("cv", 0) == 0) {
       const size_t c = tok.find(':');
       const std::string w = tok.substr(0, c);
