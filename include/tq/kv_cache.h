@@ -13,7 +13,8 @@
 
 namespace tq {
 
-// Cache element formats. Names: f32 f16 q8_0 q4_0 q8_0h q4_0h tq1..tq8 tq2.5 tq3.5 tq3p tq4p.
+// Cache element formats. Names: f32 f16 q8_0 q4_0 q8_0h q4_0h tq1..tq8 tq2.5 tq3.5 tq3p tq4p
+// tq2n8..tq5n8.
 struct KvType {
   uint8_t id = 0;  // index into the format table
   bool operator==(const KvType& o) const noexcept { return id == o.id; }

@@ -52,7 +52,6 @@ enum class Kind : uint8_t { f32, f16, q8_0, q4_0, tq, tq_split, tq_prod, tq_n8 }
 // norm exponent (16 steps per octave: relative step 4.4%). A larger norm arriving in a
 // partly filled block raises e and shifts the earlier codes (exact; codes saturate at 254).
 
-
 // One row of the table of formats (architecture.md point 4).
 struct Format {
   const char* name;
@@ -85,8 +84,8 @@ struct Stream {
   KvType type{};
   const Format* fmt = nullptr;
   int dim = 0;
-  size_t row_bytes = 0;    // exact bytes per token (norms/scales included)
-  size_t block_bytes = 0;  // kBlock * row_bytes
+  size_t row_bytes = 0;    // exact bytes per token (norms/scales included; tq_n8: + 2 B per block)
+  size_t block_bytes = 0;  // kBlock * row_bytes (tq_n8: + 2)
   Domain domain = Domain::orig;
   int side = 0;            // 0: K (K tile layout), 1: V (V tile layout)
   int n_quant = 0;         // tokens in blocks

@@ -46,7 +46,7 @@ inline void add_model_opts(CLI::App* s, ModelOpts& o, int default_ctx) {
 }
 
 inline void add_kv_opts(CLI::App* s, KvOptions& kv) {
-  s->add_option("--cache-type-k", kv.type_k, "-ctk: KV cache type for K (f16, q8_0, q4_0, q4_0h, tq2..tq4, tq2.5, tq3.5, ...)")
+  s->add_option("--cache-type-k", kv.type_k, "-ctk: KV cache type for K (f16, q8_0, q4_0, q4_0h, tq2..tq4, tq2.5, tq3.5, tq3n8, ...)")
       ->capture_default_str();
   s->add_option("--cache-type-v", kv.type_v, "-ctv: KV cache type for V")->capture_default_str();
   s->add_option("--kv-window", kv.window, "most recent tokens kept in f16 (quantized when they leave)")
