@@ -11,9 +11,19 @@ def ppl_table(path):
     rows = j["results"]
     ppl_f16 = rows[0]["ppl_f16"]
     out = [f"ctx {j['ctx']}, {j['chunks']} windows, {j['scored_tokens']} scored tokens, "
-           f"{j['threads']} thread(s); f16 perplexity **{ppl_f16:.4f}** (23040 B/token, 16 bits/value)", "",
-           "| cache (K/V, window, boundary) | bits/value | bytes/token | ppl | delta vs f16 | KLD mean | KLD p99 | top-1 agree |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+           f"{j['threads']} thread(s); f16 perplexity **{ppl_f16:.4f}** (23040 B/token, 16 bits/value)", ""]
+    if all("bits_per_value_all" in r for r in rows):
+        # Newer runs: bits/value with everything counted (f16 sinks and window rows, means)
+        # for a cache holding one full window of ctx tokens.
+        out += ["| cache (K/V, window, sinks, centring, boundary) | bits/value all counted | bits/value per quantized token | ppl | delta vs f16 | KLD mean | KLD p99 | top-1 agree |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in sorted(rows, key=lambda r: (-r["bits_per_value_all"], r["ppl"])):
+            out.append(f"| {r['kv']['label']} | {r['bits_per_value_all']:.3f} | {r['bits_per_value']:.3f} | "
+                       f"{r['ppl']:.4f} | {r['ppl_delta_pct']:+.2f}% | {r['kld_mean']:.4f} | {r['kld_p99']:.3f} | "
+                       f"{100 * r['top1_agreement']:.2f}% |")
+        return "\n".join(out)
+    out += ["| cache (K/V, window, boundary) | bits/value | bytes/token | ppl | delta vs f16 | KLD mean | KLD p99 | top-1 agree |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in sorted(rows, key=lambda r: (-r["bits_per_value"], r["ppl"])):
         out.append(f"| {r['kv']['label']} | {r['bits_per_value']:.3f} | {r['kv_bytes_per_token']:.0f} | "
                    f"{r['ppl']:.4f} | {r['ppl_delta_pct']:+.2f}% | {r['kld_mean']:.4f} | {r['kld_p99']:.3f} | "

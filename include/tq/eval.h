@@ -20,13 +20,18 @@ struct KvOptions {
   std::string type_k = "f16";
   std::string type_v = "f16";
   int window = 0;
+  int sink = 0;              // --kv-sink: first tokens kept in f16
+  bool center_k = false;     // --kv-center k|v|kv: per-stream mean centring
+  bool center_v = false;
+  int center_tokens = 0;     // --kv-center-tokens: mu from positions 1..N only (0: all seen)
+  int center_segment = 0;    // --kv-center-segment: one mean per N quantized tokens (label csN)
   int boundary_layers = 0;
   std::string boundary_type_k = "f16";
   std::string boundary_type_v = "f16";
   uint64_t seed = 0x5eed;
-  std::string label() const;  // e.g. "tq4/tq3 w128 b2:f16"
+  std::string label() const;  // e.g. "tq4/tq3 w128 s4 ckv b2:f16"
 };
-// Parses a label as written by KvOptions::label(): "K[/V] [wN] [bN:T[/T]]".
+// Parses a label as written by KvOptions::label(): "K[/V] [wN] [sN] [ck|cv|ckv[:N]] [csN] [bN:T[/T]]".
 KvOptions parse_kv_label(const std::string& label);
 KvCacheConfig make_kv_config(const LlamaModel& m, const KvOptions& kv, int max_tokens);
 // Average stored bits per cached value (K and V, all layers, norms/scales counted).
@@ -52,7 +57,11 @@ struct PerplexityResult {
   double kld_p99 = 0;
   double top1_agreement = 0; // fraction of scored tokens where both argmaxes agree
   double kv_bytes_per_token = 0, kv_bytes_per_token_ref = 0;
-  double bits_per_value = 0;
+  double bits_per_value = 0;   // from bytes_per_token (a token's cost once quantized)
+  // Everything counted: bytes_used() of the cache holding a full window of n_ctx tokens
+  // (f16 sinks and window rows, centring means, channel masks included) per cached value.
+  double bits_per_value_all = 0;
+  size_t kv_bytes_used = 0;    // bytes_used() at that point
   double seconds = 0;
   std::vector<double> chunk_ppl;
   std::vector<int32_t> top1;  // argmax of every scored row, in order (for outside references)

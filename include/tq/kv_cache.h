@@ -13,7 +13,8 @@
 
 namespace tq {
 
-// Cache element formats. Names: f32 f16 q8_0 q4_0 q8_0h q4_0h tq1..tq8 tq2.5 tq3.5 tq3p tq4p.
+// Cache element formats. Names: f32 f16 q8_0 q4_0 q8_0h q4_0h tq1..tq8 tq2.5 tq3.5 tq3p tq4p
+// tq2n8..tq5n8.
 struct KvType {
   uint8_t id = 0;  // index into the format table
   bool operator==(const KvType& o) const noexcept { return id == o.id; }
@@ -35,6 +36,19 @@ struct KvCacheConfig {
   std::string type_k = "f16";
   std::string type_v = "f16";
   int window = 0;                 // most recent tokens kept in f16, quantized on leaving
+  int sink = 0;                   // first tokens of every stream kept in f16 for good
+                                  // (attention sinks); never quantized
+  // Per-stream mean centring: quantize x - mu with mu (per layer, kv head, side; D values,
+  // fp16-rounded, counted in bytes_used) chosen online when the stream's first token is
+  // quantized: the mean of every token the stream has seen then (sink, window and the batch
+  // being appended) except position 0; mu = 0 when position 0 is all it has seen.
+  bool center_k = false;
+  bool center_v = false;
+  int center_tokens = 0;          // > 0: mu uses only positions 1..center_tokens of those
+  // > 0 (a multiple of 32, at most 2048): one mean per segment of this many quantized tokens.
+  // Segment 0 uses the rule above; segment g >= 1 uses the mean of segment g - 1's tokens
+  // (always fully seen before g starts: the same in prefill and token-by-token decode).
+  int center_segment = 0;
   int boundary_layers = 0;        // first and last N layers use the boundary types
   std::string boundary_type_k = "f16";
   std::string boundary_type_v = "f16";
@@ -55,9 +69,12 @@ class KvCache {
   int n_tokens(int layer) const;
   void clear();  // drop all tokens, keep allocations
   // Exact storage cost of one token over all layers, K and V, norms/scales included,
-  // as it will be once it has left the window (the window's f16 rows are reported apart).
+  // as it will be once it has left the window (the window's and sinks' f16 rows and the
+  // centring means are reported apart: see bytes_used).
   double bytes_per_token() const;
-  size_t bytes_used() const;  // everything held now
+  // Everything held now: quantized rows, f16 window and sink rows, outlier channel masks,
+  // centring means.
+  size_t bytes_used() const;
 
   struct Impl;
   Impl& impl() noexcept { return *impl_; }

@@ -158,11 +158,22 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
   const int D = sh.D, G = sh.G, KVH = sh.KVH;
   const int W = I.cfg.window;
   const size_t state_floats = (size_t)D + 16;
+  // Absolute positions: [0, n_sink) f16 sinks, [q0, q0 + nq_tok) quantized blocks (stream
+  // index j at position q0 + j), [q0 + nq_tok, n_tokens) the f16 window.
+  const int S = I.cfg.sink;
+  const int n_sink = std::min(sh.n_tokens, S);
+  const int q0 = n_sink;
   const int nq_tok = sh.n_quant;
-  const int n_win = sh.n_tokens - nq_tok;
-  const int chunk = kChunkTokens;
+  const int n_win = sh.n_tokens - n_sink - nq_tok;
+  // Segmented centring: one task per mean segment (each chunk has one K and one V mean).
+  const int seg = std::max(L.k[0].center ? L.k[0].mu_segment : 0, L.v[0].center ? L.v[0].mu_segment : 0);
+  const int chunk = seg > 0 ? seg : kChunkTokens;
   const int n_chunks = (nq_tok + chunk - 1) / chunk;
-  const int tasks_per_head = n_chunks + (n_win > 0 ? 1 : 0);
+  const int task_win = n_win > 0 ? n_chunks : -1, task_sink = n_chunks + (n_win > 0 ? 1 : 0);
+  const int tasks_per_head = task_sink + (n_sink > 0 ? 1 : 0);
+  // Causal limits of the queries in stream coordinates of the quantized blocks.
+  std::vector<int> qlimits(n_q);
+  for (int i = 0; i < n_q; ++i) qlimits[i] = std::clamp(P.limits[i] - q0, 0, nq_tok);
   const int n_tasks = KVH * tasks_per_head;
   const size_t per_task = (size_t)n_q * G * state_floats;
   std::vector<float> states(std::max<size_t>(1, (size_t)n_tasks * per_task));
@@ -205,11 +216,17 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
       const bool prod_k = sk.fmt->kind == Kind::tq_prod;
       const float* qf = prod_k ? &pqk[(size_t)h * n_q * G * 2 * D] : qd;  // prod: [Pi q, S Pi q]
       // Fused kernels run one query at a time (prefill: each query with its own causal limit);
-      // whether one applies depends only on the types, so the first query decides.
-      if (!scalar && fused_decode(sh, sk, sv, qf, P.limits[0], a, b, st, lut8)) {
-        for (int i = 1; i < n_q; ++i)
-          fused_decode(sh, sk, sv, qf + (size_t)i * G * sh.qstride, P.limits[i], a, b,
-                       States{st.base + (size_t)i * G * st.stride(), D}, lut8);
+      // whether one applies depends only on the types, so the first query decides. Queries
+      // that see none of [a, b) keep reset states.
+      int i0 = 0;
+      while (i0 < n_q && qlimits[i0] <= a) ++i0;
+      if (i0 == n_q) continue;
+      if (!scalar && fused_decode(sh, sk, sv, qf + (size_t)i0 * G * sh.qstride, qlimits[i0], a, b,
+                                  States{st.base + (size_t)i0 * G * st.stride(), D}, lut8)) {
+        for (int i = i0 + 1; i < n_q; ++i)
+          if (qlimits[i] > a)
+            fused_decode(sh, sk, sv, qf + (size_t)i * G * sh.qstride, qlimits[i], a, b,
+                         States{st.base + (size_t)i * G * st.stride(), D}, lut8);
         continue;
       }
       const bool prod = sk.fmt->kind == Kind::tq_prod;
@@ -218,32 +235,76 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
         I.decode_domain(sv, 1, t0, n, vb);
       };
       const float* pq = prod ? &pqk[(size_t)h * n_q * G * 2 * D] : nullptr;
-      generic_task(sh, qd, P.limits.data(), a, b, fetch, st, prod ? &sk : nullptr, pq);
-    } else {
+      generic_task(sh, qd, qlimits.data(), a, b, fetch, st, prod ? &sk : nullptr, pq);
+    } else if (c == task_win) {
       const float* qd = &qo[(size_t)h * n_q * G * D];
       auto fetch = [&](int t0, int n, float* kb, float* vb) {
         for (int r = 0; r < n; ++r) {
-          const int t = t0 + r;
+          const int t = t0 + r - S;  // window slot of absolute position t0 + r
           f16_to_f32(D, sk.ring.get() + (size_t)(t % W) * D, kb + (size_t)r * D);
           f16_to_f32(D, sv.ring.get() + (size_t)(t % W) * D, vb + (size_t)r * D);
         }
       };
-      generic_task(sh, qd, P.limits.data(), nq_tok, sh.n_tokens, fetch, st);
+      generic_task(sh, qd, P.limits.data(), q0 + nq_tok, sh.n_tokens, fetch, st);
+    } else {
+      TQ_ASSERT(c == task_sink);
+      const float* qd = &qo[(size_t)h * n_q * G * D];
+      auto fetch = [&](int t0, int n, float* kb, float* vb) {
+        f16_to_f32(n * D, sk.sink_rows.get() + (size_t)t0 * D, kb);
+        f16_to_f32(n * D, sv.sink_rows.get() + (size_t)t0 * D, vb);
+      };
+      generic_task(sh, qd, P.limits.data(), 0, n_sink, fetch, st);
     }
   }
 
-  // Merge: quantized chunks (V domain) -> inverse transform -> merge window -> normalize.
+  // Merge: quantized chunks (V domain) -> inverse transform -> V mean -> merge window and
+  // sinks -> normalize. Centred K: the chunks scored q.(k - mu_k); the true scores add
+  // scale * q.mu_k to every token of the stream, i.e. to each chunk state's running max m
+  // (exactly equivalent). Centred V: acc holds sum_t w_t (v_t - mu_v), so add mu_v * l.
   std::vector<float> tmp(state_floats);
   const States acc{tmp.data(), D};
   for (int h = 0; h < KVH; ++h) {
+    const Stream& sk = L.k[h];
+    const Stream& sv = L.v[h];
     for (int k = 0; k < n_q * G; ++k) {
       const int i = k / G, g = k % G;
       acc.reset(0);
-      for (int c = 0; c < n_chunks; ++c)
-        merge_state(acc, 0, States{&states[((size_t)h * tasks_per_head + c) * per_task], D}, k);
-      if (n_chunks > 0 && acc.m(0) != kNegInf) I.to_orig(L.v[h], 1, 1, acc.acc(0));
+      const float* qv = &qo[((size_t)h * n_q * G + k) * D];
+      auto kshift = [&](int j) {  // scale * q.mu_k of quantized token j's segment
+        const float* mu = sk.mu_of(j);
+        double dot = 0;
+        for (int d = 0; d < D; ++d) dot += (double)qv[d] * mu[d];
+        return (float)(dot * sh.scale);
+      };
+      if (seg == 0) {  // one mean per stream: merge in the V domain, one inverse transform
+        const float ks = sk.center && n_chunks > 0 ? kshift(0) : 0.f;
+        for (int c = 0; c < n_chunks; ++c) {
+          const States sc{&states[((size_t)h * tasks_per_head + c) * per_task], D};
+          if (sc.m(k) != kNegInf) sc.m(k) += ks;
+          merge_state(acc, 0, sc, k);
+        }
+        if (n_chunks > 0 && acc.m(0) != kNegInf) {
+          I.to_orig(sv, 1, 1, acc.acc(0));
+          if (sv.center)
+            for (int d = 0; d < D; ++d) acc.acc(0)[d] += sv.mu[d] * acc.l(0);
+        }
+      } else {  // a mean per chunk: each chunk to the original domain, plus its V mean, then merge
+        for (int c = 0; c < n_chunks; ++c) {
+          const States sc{&states[((size_t)h * tasks_per_head + c) * per_task], D};
+          if (sc.m(k) == kNegInf) continue;
+          if (sk.center) sc.m(k) += kshift(c * chunk);
+          I.to_orig(sv, 1, 1, sc.acc(k));
+          if (sv.center) {
+            const float* mu = sv.mu_of(c * chunk);
+            for (int d = 0; d < D; ++d) sc.acc(k)[d] += mu[d] * sc.l(k);
+          }
+          merge_state(acc, 0, sc, k);
+        }
+      }
       if (n_win > 0)
-        merge_state(acc, 0, States{&states[((size_t)h * tasks_per_head + n_chunks) * per_task], D}, k);
+        merge_state(acc, 0, States{&states[((size_t)h * tasks_per_head + task_win) * per_task], D}, k);
+      if (n_sink > 0)
+        merge_state(acc, 0, States{&states[((size_t)h * tasks_per_head + task_sink) * per_task], D}, k);
       float* o = out + ((size_t)i * sh.H + h * G + g) * D;
       if (acc.m(0) == kNegInf || acc.l(0) <= 0) {
         std::fill(o, o + D, 0.f);
@@ -294,21 +355,35 @@ void attention_ref(const KvCache& cache, int layer, int n_q, const float* q, flo
   const Shape& sh = P.sh;
   const auto& I = cache.impl();
   const Layer& L = I.layers[layer];
-  const int D = sh.D, G = sh.G, W = I.cfg.window;
+  const int D = sh.D, G = sh.G, W = I.cfg.window, S = I.cfg.sink;
+  const int n_sink = std::min(sh.n_tokens, S), nq = sh.n_quant;
   std::vector<float> K((size_t)sh.n_tokens * D), V((size_t)sh.n_tokens * D);
   std::vector<double> s(sh.n_tokens), o(D);
   for (int h = 0; h < sh.KVH; ++h) {
     const Stream& sk = L.k[h];
     const Stream& sv = L.v[h];
-    if (sh.n_quant > 0) {
-      I.decode_domain(sk, 0, 0, sh.n_quant, K.data());
-      I.to_orig(sk, 0, sh.n_quant, K.data());
-      I.decode_domain(sv, 1, 0, sh.n_quant, V.data());
-      I.to_orig(sv, 1, sh.n_quant, V.data());
+    // Every row in the original domain: sinks, then mu + decoded blocks, then the window.
+    for (int t = 0; t < n_sink; ++t) {
+      fp16_to_fp32_n((size_t)D, sk.sink_rows.get() + (size_t)t * D, &K[(size_t)t * D]);
+      fp16_to_fp32_n((size_t)D, sv.sink_rows.get() + (size_t)t * D, &V[(size_t)t * D]);
     }
-    for (int t = sh.n_quant; t < sh.n_tokens; ++t) {
-      fp16_to_fp32_n((size_t)D, sk.ring.get() + (size_t)(t % W) * D, &K[(size_t)t * D]);
-      fp16_to_fp32_n((size_t)D, sv.ring.get() + (size_t)(t % W) * D, &V[(size_t)t * D]);
+    if (nq > 0) {
+      float* Kq = &K[(size_t)n_sink * D];
+      float* Vq = &V[(size_t)n_sink * D];
+      I.decode_domain(sk, 0, 0, nq, Kq);
+      I.to_orig(sk, 0, nq, Kq);
+      I.decode_domain(sv, 1, 0, nq, Vq);
+      I.to_orig(sv, 1, nq, Vq);
+      for (int j = 0; j < nq; ++j)
+        for (int d = 0; d < D; ++d) {
+          if (sk.center) Kq[(size_t)j * D + d] += sk.mu_of(j)[d];
+          if (sv.center) Vq[(size_t)j * D + d] += sv.mu_of(j)[d];
+        }
+    }
+    for (int t = n_sink + nq; t < sh.n_tokens; ++t) {
+      const int slot = (t - S) % W;
+      fp16_to_fp32_n((size_t)D, sk.ring.get() + (size_t)slot * D, &K[(size_t)t * D]);
+      fp16_to_fp32_n((size_t)D, sv.ring.get() + (size_t)slot * D, &V[(size_t)t * D]);
     }
     for (int i = 0; i < n_q; ++i) {
       const int lim = P.limits[i];

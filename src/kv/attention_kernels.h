@@ -69,8 +69,14 @@ struct Part {
   int qoff = 0;                        // query slice (K)
   size_t norm2_off = 0;                // != 0: norm multiplied by this second fp16 norm ...
   float norm_mul = 1.f;                // ... and this constant
+  bool n8 = false;                     // tq_n8: norms are [int16 e][32 uint8 log codes] at norm_off
 };
 inline int parts_of(const Stream& s, Part* p) {
+  if (s.fmt->kind == Kind::tq_n8) {
+    p[0] = Part{0, s.dim, s.cb->bits, s.cb, 0, s.norms_bytes, 0};
+    p[0].n8 = true;
+    return 1;
+  }
   if (s.fmt->kind == Kind::tq) {
     p[0] = Part{0, s.dim, s.cb->bits, s.cb, 0, s.norms_bytes, 0};
     return 1;

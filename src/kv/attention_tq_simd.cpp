@@ -250,6 +250,19 @@ void DecodeTqG(const Shape& sh, const Stream& sk, const Stream& sv, const float*
   float alpha[G];
   const int end = std::min(b, limit);
   auto load_norms = [&](const uint8_t* blk, const Part& P, float* out) {
+    if (P.n8) {  // norm = 2^((e - c) / 16) = 2^(e / 16) * 2^(-c / 16); c = 255: 0
+      static const auto* kPow = [] {
+        auto* t = new float[256];
+        for (int c = 0; c < 256; ++c) t[c] = c == 255 ? 0.f : std::exp2((float)-c * (1.0f / 16));
+        return t;
+      }();
+      int16_t e;
+      std::memcpy(&e, blk + P.norm_off, 2);
+      const float base = std::exp2((float)e * (1.0f / 16));
+      const uint8_t* c = blk + P.norm_off + 2;
+      for (int t = 0; t < 32; ++t) out[t] = base * kPow[c[t]];
+      return;
+    }
     const hwy::float16_t* h = reinterpret_cast<const hwy::float16_t*>(blk + P.norm_off);
     const hwy::float16_t* h2 = reinterpret_cast<const hwy::float16_t*>(blk + P.norm2_off);
     for (size_t t = 0; t < 32; t += N) {

@@ -331,7 +331,9 @@ bool decode_tq_supported(const Shape& sh, const Stream& sk, const Stream& sv, bo
   }
   for (const Stream* s : {&sk, &sv}) {
     if (s == &sk && s->fmt->kind == Kind::tq_prod) continue;
-    if (s->fmt->kind != Kind::tq && s->fmt->kind != Kind::tq_split) return false;
+    if (s->fmt->kind != Kind::tq && s->fmt->kind != Kind::tq_split &&
+        (lut8 || s->fmt->kind != Kind::tq_n8))  // lut8 reads fp16 norms only
+      return false;
     if (s->cb->bits > max_bits || (s->cb_hi && s->cb_hi->bits > max_bits)) return false;
     if (s->fmt->kind == Kind::tq_split && !s->split_frozen) return false;
   }

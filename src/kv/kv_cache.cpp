@@ -38,6 +38,10 @@ static const Format kFormats[] = {
     {"tq3.5", Kind::tq_split, true, 3, 4, "D/4 outlier channels at 4 bits + rest at 3, 2 fp16 norms"},
     {"tq3p", Kind::tq_prod, false, 3, 0, "TurboQuant prod: 2-bit mse + 1-bit QJL, fp16 norm+gamma"},
     {"tq4p", Kind::tq_prod, false, 4, 0, "TurboQuant prod: 3-bit mse + 1-bit QJL, fp16 norm+gamma"},
+    {"tq2n8", Kind::tq_n8, true, 2, 0, "tq2 with an 8-bit log-coded norm (+ int16 exponent per 32 tokens)"},
+    {"tq3n8", Kind::tq_n8, true, 3, 0, "tq3 with an 8-bit log-coded norm (+ int16 exponent per 32 tokens)"},
+    {"tq4n8", Kind::tq_n8, true, 4, 0, "tq4 with an 8-bit log-coded norm (+ int16 exponent per 32 tokens)"},
+    {"tq5n8", Kind::tq_n8, true, 5, 0, "tq5 with an 8-bit log-coded norm (+ int16 exponent per 32 tokens)"},
 };
 constexpr int kNumFormats = sizeof(kFormats) / sizeof(kFormats[0]);
 
@@ -236,6 +240,7 @@ static size_t row_bytes_for(const Format& f, int D) {
     case Kind::q8_0: return (size_t)D / 32 * sizeof(BlockQ8_0);
     case Kind::q4_0: return (size_t)D / 32 * sizeof(BlockQ4_0);
     case Kind::tq: return (size_t)D * f.bits / 8 + 2;
+    case Kind::tq_n8: return (size_t)D * f.bits / 8 + 1;  // + 2 B per 32-token block (block_bytes)
     case Kind::tq_split: {
       const int dh = D / 4, dl = D - dh;
       return (size_t)(dh * f.bits_hi + dl * f.bits) / 8 + 4;
@@ -294,17 +299,53 @@ static double norm2(const float* x, int n) {
 
 // One TurboQuant mse part of a row: y = the rotated part (dim values), s = ||x part||.
 // Writes the corrected norm s / ||c[idx]|| (fp16) and the codes into the block's tiles.
-static void encode_tq_part(const Codebook& cb, int dim, int side, const float* y, double s,
-                           uint16_t* norm, uint8_t* tiles, int slot, uint8_t* idx, float* u) {
+static double encode_tq_part(const Codebook& cb, int dim, int side, const float* y, double s,
+                             uint16_t* norm, uint8_t* tiles, int slot, uint8_t* idx, float* u) {
   const float inv = s > 0 ? (float)(1.0 / s) : 0.f;
   for (int i = 0; i < dim; ++i) u[i] = y[i] * inv;
   quantize_rotated(cb, (size_t)dim, u, idx);
   double c2 = 0;
   for (int i = 0; i < dim; ++i) c2 += (double)cb.centroids[idx[i]] * cb.centroids[idx[i]];
   const double stored = (s > 0 && c2 > 0) ? s / std::sqrt(c2) : 0.0;
-  *norm = fp32_to_fp16((float)stored);
+  if (norm) *norm = fp32_to_fp16((float)stored);
   if (side == 0) set_tile_codes_k(tiles, dim, cb.bits, slot, idx);
   else set_tile_codes_v(tiles, dim, cb.bits, slot, idx);
+  return stored;
+}
+
+// tq_n8 norms: [int16 e][32 codes]; e = INT16_MIN while the block holds no nonzero norm.
+constexpr int16_t kN8NoExp = INT16_MIN;
+static void set_n8_norm(uint8_t* blk, int slot, double norm) {
+  int16_t e;
+  std::memcpy(&e, blk, 2);
+  if (slot == 0) e = kN8NoExp;
+  uint8_t* codes = blk + 2;
+  if (!(norm > 0)) {
+    codes[slot] = 255;
+  } else {
+    const double L = 16.0 * std::log2(norm);
+    const int ce = (int)std::ceil(L);
+    if (e == kN8NoExp) {
+      e = (int16_t)ce;
+    } else if (ce > e) {  // raise the block exponent: shift the earlier codes (exact)
+      for (int j = 0; j < slot; ++j)
+        if (codes[j] != 255) codes[j] = (uint8_t)std::min(254, codes[j] + (ce - e));
+      e = (int16_t)ce;
+    }
+    codes[slot] = (uint8_t)std::clamp((int)std::lrint(e - L), 0, 254);
+  }
+  std::memcpy(blk, &e, 2);
+}
+
+float kv::tq_block_norm(const Stream& s, const uint8_t* blk, int part, int slot) noexcept {
+  if (s.fmt->kind == Kind::tq_n8) {
+    const uint8_t c = blk[2 + slot];
+    if (c == 255) return 0.f;
+    int16_t e;
+    std::memcpy(&e, blk, 2);
+    return std::exp2((float)(e - c) * (1.0f / 16));
+  }
+  return fp16_to_fp32(reinterpret_cast<const uint16_t*>(blk)[part * kBlock + slot]);
 }
 
 static void decode_tq_part(const Codebook& cb, int dim, int side, const uint8_t* tiles, int slot,
@@ -330,6 +371,26 @@ static void freeze_split(Stream& s) {
   s.perm.insert(s.perm.end(), lo.begin(), lo.end());
   s.split_frozen = true;
   s.domain = Domain::split;
+}
+
+// Mean centring, chosen online: when a centred stream's first token is quantized, mu is the
+// mean of every token the stream has seen so far (sinks, window and the whole batch being
+// appended) except position 0 (the BOS / attention-sink token, an outlier in most models),
+// rounded to fp16 and frozen from then on. If position 0 is the only token seen (token-by-token
+// from an empty cache with no sink and no window), mu = 0: no centring for that stream.
+static void freeze_mu(Stream& s) {
+  const int D = s.dim, n = s.stat_n - 1;  // position 0 excluded
+  s.mu.assign(D, 0.f);
+  s.n_mu = 1;
+  if (n > 0)
+    for (int d = 0; d < D; ++d)
+      s.mu[d] = fp16_to_fp32(fp32_to_fp16((float)((s.stat_sum[d] - s.stat_x0[d]) / n)));
+  s.mu_frozen = true;
+  if (s.fmt->kind == Kind::tq_split && !s.split_frozen) {
+    // The outlier channels are those of the centred rows: sum (x - mu)^2 over the same tokens.
+    for (int d = 0; d < D; ++d)
+      s.chan_energy[d] += -2.0 * s.mu[d] * s.chan_sum[d] + (double)s.chan_n * s.mu[d] * s.mu[d];
+  }
 }
 
 // ------------------------------------------------------------------ Impl: transforms
@@ -385,6 +446,7 @@ void KvCache::Impl::to_orig(const Stream& s, int side, int n, float* x) const {
 void KvCache::Impl::encode_rows(Stream& s, int side, int n, const float* x, size_t stride) {
   const int D = s.dim;
   if (n <= 0) return;
+  if (s.center && !s.mu_frozen) freeze_mu(s);
   if (s.fmt->kind == Kind::tq_split && !s.split_frozen) freeze_split(s);
   std::vector<float> xb((size_t)kBlock * D), yb((size_t)kBlock * D), u((size_t)D);
   std::vector<uint8_t> idx((size_t)D);
@@ -402,6 +464,24 @@ void KvCache::Impl::encode_rows(Stream& s, int side, int n, const float* x, size
     if (slot0 == 0) std::memset(blk, 0, s.block_bytes);
     for (int j = 0; j < m; ++j)
       std::memcpy(&xb[(size_t)j * D], x + (size_t)(r + j) * stride, sizeof(float) * D);
+    if (s.center) {
+      // Segmented means: segment g >= 1 starts here: its mean is that of segment g - 1.
+      if (s.mu_segment > 0 && t / s.mu_segment >= s.n_mu) {
+        TQ_ASSERT(t % s.mu_segment == 0 && t / s.mu_segment == s.n_mu);
+        s.mu.resize((size_t)(s.n_mu + 1) * D);
+        for (int d = 0; d < D; ++d)
+          s.mu[(size_t)s.n_mu * D + d] = fp16_to_fp32(fp32_to_fp16((float)(s.seg_sum[d] / s.mu_segment)));
+        ++s.n_mu;
+        std::fill(s.seg_sum.begin(), s.seg_sum.end(), 0.0);
+      }
+      if (s.mu_segment > 0)
+        for (int j = 0; j < m; ++j)
+          for (int d = 0; d < D; ++d) s.seg_sum[d] += xb[(size_t)j * D + d];
+    }
+    const float* mu = s.center ? s.mu_of(t) : nullptr;
+    if (s.center)
+      for (int j = 0; j < m; ++j)
+        for (int d = 0; d < D; ++d) xb[(size_t)j * D + d] -= mu[d];
     if (s.domain != Domain::orig) to_domain(s, side, m, xb.data(), yb.data());
     for (int j = 0; j < m; ++j) {
       const int slot = slot0 + j;
@@ -429,6 +509,10 @@ void KvCache::Impl::encode_rows(Stream& s, int side, int n, const float* x, size
         case Kind::tq:
           encode_tq_part(*s.cb, D, s.side, yr, norm2(xr, D), reinterpret_cast<uint16_t*>(blk) + slot,
                          blk + s.norms_bytes, slot, idx.data(), u.data());
+          break;
+        case Kind::tq_n8:
+          set_n8_norm(blk, slot, encode_tq_part(*s.cb, D, s.side, yr, norm2(xr, D), nullptr,
+                                                blk + s.norms_bytes, slot, idx.data(), u.data()));
           break;
         case Kind::tq_split: {
           double e_hi = 0, e_lo = 0;
@@ -482,13 +566,13 @@ void KvCache::Impl::decode_domain(const Stream& s, int side, int t0, int n, floa
     }
     return;
   }
-  if ((s.fmt->kind == Kind::tq || s.fmt->kind == Kind::tq_split) && !simd::use_scalar()) {
+  if ((s.fmt->kind == Kind::tq || s.fmt->kind == Kind::tq_split || s.fmt->kind == Kind::tq_n8) &&
+      !simd::use_scalar()) {
     std::vector<uint8_t> codes((size_t)kBlock * D);
     for (int r = 0; r < n;) {  // whole blocks: expand the tiles once, then emit the rows
       const int t = t0 + r, b = t / kBlock, first = t % kBlock, m = std::min(n - r, kBlock - first);
       const uint8_t* blk = s.block(b);
-      const uint16_t* norms = reinterpret_cast<const uint16_t*>(blk);
-      const int nparts = s.fmt->kind == Kind::tq ? 1 : 2;
+      const int nparts = s.fmt->kind == Kind::tq_split ? 2 : 1;
       for (int part = 0; part < nparts; ++part) {
         const Codebook& cb = (nparts == 2 && part == 0) ? *s.cb_hi : *s.cb;
         const int dim = nparts == 1 ? D : (part == 0 ? s.d_hi : s.d_lo);
@@ -496,7 +580,7 @@ void KvCache::Impl::decode_domain(const Stream& s, int side, int t0, int n, floa
         const uint8_t* tiles = blk + s.norms_bytes + (part == 1 ? s.tiles_hi_bytes : 0);
         expand_tiles(tiles, dim, cb.bits, s.side == 0, codes.data());
         for (int j = 0; j < m; ++j) {
-          const float nrm = fp16_to_fp32(norms[part * kBlock + first + j]);
+          const float nrm = tq_block_norm(s, blk, part, first + j);
           const uint8_t* c = codes.data() + (size_t)(first + j) * dim;
           float* o = out + (size_t)(r + j) * D + off;
           for (int d = 0; d < dim; ++d) o[d] = nrm * cb.centroids[c[d]];
@@ -534,10 +618,10 @@ void KvCache::Impl::decode_domain(const Stream& s, int side, int t0, int n, floa
         break;
       case Kind::q8_0: dequantize_q8_0(D, reinterpret_cast<const BlockQ8_0*>(row), o); break;
       case Kind::q4_0: dequantize_q4_0(D, reinterpret_cast<const BlockQ4_0*>(row), o); break;
-      case Kind::tq: {
+      case Kind::tq:
+      case Kind::tq_n8: {
         const uint8_t* tiles = blk + s.norms_bytes;
-        decode_tq_part(*s.cb, D, s.side, tiles, t % kBlock,
-                       fp16_to_fp32(reinterpret_cast<const uint16_t*>(blk)[t % kBlock]), idx.data(), o);
+        decode_tq_part(*s.cb, D, s.side, tiles, t % kBlock, tq_block_norm(s, blk, 0, t % kBlock), idx.data(), o);
         break;
       }
       case Kind::tq_split: {
@@ -567,6 +651,12 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
   TQ_CHECK(cfg.max_tokens >= 1 && cfg.max_tokens <= (1 << 24), "kv cache: max_tokens %d out of range [1, 2^24]", cfg.max_tokens);
   TQ_CHECK(cfg.window >= 0 && cfg.window <= 65536 && cfg.window <= cfg.max_tokens,
            "kv cache: window %d out of range [0, min(65536, max_tokens=%d)]", cfg.window, cfg.max_tokens);
+  TQ_CHECK(cfg.sink >= 0 && cfg.sink <= 65536 && cfg.sink <= cfg.max_tokens,
+           "kv cache: sink %d out of range [0, min(65536, max_tokens=%d)]", cfg.sink, cfg.max_tokens);
+  TQ_CHECK(cfg.center_tokens >= 0, "kv cache: center_tokens %d is negative", cfg.center_tokens);
+  TQ_CHECK(cfg.center_segment >= 0 && cfg.center_segment % kBlock == 0 && cfg.center_segment <= kChunkTokens,
+           "kv cache: center_segment %d must be a multiple of %d in [0, %d]", cfg.center_segment, kBlock,
+           kChunkTokens);
   TQ_CHECK(cfg.boundary_layers >= 0 && 2 * cfg.boundary_layers <= cfg.n_layers + 1,
            "kv cache: boundary_layers %d too large for %d layers", cfg.boundary_layers, cfg.n_layers);
   const int D = cfg.head_dim;
@@ -615,6 +705,10 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
           s.cb = &get_codebook(D, f.bits);
           s.norms_bytes = kBlock * 2;
           TQ_ASSERT(s.block_bytes == s.norms_bytes + tiles_bytes(D, f.bits));
+        } else if (f.kind == Kind::tq_n8) {
+          s.cb = &get_codebook(D, f.bits);
+          s.norms_bytes = kN8HeaderBytes;
+          s.block_bytes = s.norms_bytes + tiles_bytes(D, f.bits);  // row_bytes * 32 + 2
         } else if (f.kind == Kind::tq_split) {
           s.d_hi = D / 4;
           s.d_lo = D - s.d_hi;
@@ -625,6 +719,7 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
           TQ_ASSERT(s.block_bytes == s.norms_bytes + s.tiles_hi_bytes + tiles_bytes(s.d_lo, f.bits));
           s.domain = Domain::orig;  // until the outlier channels are frozen
           s.chan_energy.assign(D, 0.0);
+          s.chan_sum.assign(D, 0.0);
         } else if (f.kind == Kind::tq_prod) {
           s.prod = I.prod_q[f.bits].get();
           s.cb = &get_codebook(D, f.bits - 1);
@@ -633,6 +728,16 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
           TQ_ASSERT(s.block_bytes == s.norms_bytes + s.tiles_hi_bytes + tiles_bytes(D, 1));
         }
         if (cfg.window > 0) s.ring = make_aligned<uint16_t>((size_t)cfg.window * D);
+        s.sink = cfg.sink;
+        if (cfg.sink > 0) s.sink_rows = make_aligned<uint16_t>((size_t)cfg.sink * D);
+        // Centring buys nothing for the float formats: only quantized streams are centred.
+        s.center = (side == 0 ? cfg.center_k : cfg.center_v) && f.kind != Kind::f32 && f.kind != Kind::f16;
+        if (s.center) {
+          s.stat_sum.assign(D, 0.0);
+          s.stat_x0.assign(D, 0.f);
+          s.mu_segment = cfg.center_segment;
+          if (s.mu_segment > 0) s.seg_sum.assign(D, 0.0);
+        }
       }
     }
   }
@@ -654,10 +759,19 @@ void KvCache::clear() {
     for (auto* vec : {&L.k, &L.v})
       for (auto& s : *vec) {
         s.n_quant = 0;
+        if (s.center) {
+          s.mu_frozen = false;
+          s.n_mu = 0;
+          if (s.mu_segment > 0) s.seg_sum.assign(s.dim, 0.0);
+          s.stat_sum.assign(s.dim, 0.0);
+          s.stat_n = 0;
+        }
         if (s.fmt->kind == Kind::tq_split) {
           s.split_frozen = false;
           s.domain = Domain::orig;
           s.chan_energy.assign(s.dim, 0.0);
+          s.chan_sum.assign(s.dim, 0.0);
+          s.chan_n = 0;
         }
       }
   }
@@ -687,17 +801,37 @@ void KvCache::append(int layer, int n_tokens, const float* k, const float* v) {
       Stream& s = vec[h];
       const float* xh = x + (size_t)h * D;
       if (s.fmt->kind == Kind::tq_split && !s.split_frozen)
-        for (int r = 0; r < n_tokens; ++r)
-          for (int d = 0; d < D; ++d) s.chan_energy[d] += (double)xh[(size_t)r * stride + d] * xh[(size_t)r * stride + d];
+        for (int r = 0; r < n_tokens; ++r) {
+          const float* xr = xh + (size_t)r * stride;
+          for (int d = 0; d < D; ++d) s.chan_energy[d] += (double)xr[d] * xr[d];
+          if (s.center)
+            for (int d = 0; d < D; ++d) s.chan_sum[d] += xr[d];
+          ++s.chan_n;
+        }
+      if (s.center && !s.mu_frozen)
+        for (int r = 0; r < n_tokens; ++r) {
+          const float* xr = xh + (size_t)r * stride;
+          const int pos = L.n_tokens + r;
+          if (cfg.center_tokens > 0 && pos > cfg.center_tokens) break;
+          for (int d = 0; d < D; ++d) s.stat_sum[d] += xr[d];
+          if (pos == 0) std::memcpy(s.stat_x0.data(), xr, sizeof(float) * D);
+          ++s.stat_n;
+        }
+      // Sinks: the first S positions stay in f16 for good.
+      const int S = cfg.sink;
+      const int r0 = std::clamp(S - L.n_tokens, 0, n_tokens);
+      for (int r = 0; r < r0; ++r)
+        f32_to_f16(D, xh + (size_t)r * stride, s.sink_rows.get() + (size_t)(L.n_tokens + r) * D);
+      if (r0 == n_tokens) continue;
       if (W == 0) {
-        I.encode_rows(s, side, n_tokens, xh, stride);
+        I.encode_rows(s, side, n_tokens - r0, xh + (size_t)r0 * stride, stride);
         continue;
       }
       std::vector<float> tmp((size_t)D);
-      for (int r = 0; r < n_tokens; ++r) {
-        const int t = L.n_tokens + r;  // absolute position of the new token
+      for (int r = r0; r < n_tokens; ++r) {
+        const int t = L.n_tokens + r - S;  // position of the new token after the sinks
         uint16_t* slot = s.ring.get() + (size_t)(t % W) * D;
-        if (t >= W) {  // token t - W leaves the window: quantize it
+        if (t >= W) {  // token t - W (after the sinks) leaves the window: quantize it
           f16_to_f32(D, slot, tmp.data());
           I.encode_rows(s, side, 1, tmp.data(), (size_t)D);
         }
@@ -713,7 +847,7 @@ double KvCache::bytes_per_token() const {
   double total = 0;
   for (const auto& L : I.layers)
     for (const auto* vec : {&L.k, &L.v})
-      for (const auto& s : *vec) total += (double)s.row_bytes;
+      for (const auto& s : *vec) total += (double)s.block_bytes / kBlock;  // tq_n8: block header shared
   return total;
 }
 
@@ -724,8 +858,12 @@ size_t KvCache::bytes_used() const {
     for (const auto* vec : {&L.k, &L.v})
       for (const auto& s : *vec) {
         total += (size_t)s.n_quant * s.row_bytes;
-        total += (size_t)std::min(L.n_tokens, s.window) * s.dim * 2;  // f16 window rows
+        if (s.fmt->kind == Kind::tq_n8) total += (size_t)(s.n_quant + kBlock - 1) / kBlock * 2;  // exponents
+        const int n_sink = std::min(L.n_tokens, s.sink);
+        total += (size_t)n_sink * s.dim * 2;                                  // f16 sink rows
+        total += (size_t)std::min(L.n_tokens - n_sink, s.window) * s.dim * 2;  // f16 window rows
         if (s.fmt->kind == Kind::tq_split) total += (size_t)(s.dim + 7) / 8;  // channel mask
+        if (s.center) total += (size_t)s.n_mu * s.dim * 2;                    // fp16 means
       }
   return total;
 }

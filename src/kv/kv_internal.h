@@ -14,6 +14,7 @@
 //   tqB    [32 fp16 corrected norms] [bit-plane tiles of the B-bit codebook indices]
 //   tqX.5  [32 fp16 norms, outlier part] [32 fp16 norms, regular part]
 //          [tiles of the D/4 outlier channels at B+1 bits] [tiles of the 3D/4 others at B bits]
+//   tqBn8  [int16 exponent][32 uint8 log norms][bit-plane tiles] (see Kind::tq_n8)
 //   tqBp   [32 fp16 norms s][32 fp16 gamma][tiles of the (B-1)-bit mse indices][tiles of the
 //          QJL sign bits] (the codec's prod code re-laid out; prod_rows() rebuilds it)
 //
@@ -44,7 +45,12 @@ constexpr int kBlock = 32;          // tokens per storage block
 constexpr int kBlocksPerChunk = 64; // blocks per allocation chunk (2048 tokens)
 constexpr int kMaxHeadDim = 1024;
 
-enum class Kind : uint8_t { f32, f16, q8_0, q4_0, tq, tq_split, tq_prod };
+enum class Kind : uint8_t { f32, f16, q8_0, q4_0, tq, tq_split, tq_prod, tq_n8 };
+
+// tq_n8 (tqBn8): the tq layout with 8-bit log-coded norms instead of fp16. Block header:
+// [int16 e][32 uint8 codes], norm = 2^((e - c) / 16) (c = 255: zero), e = the block's largest
+// norm exponent (16 steps per octave: relative step 4.4%). A larger norm arriving in a
+// partly filled block raises e and shifts the earlier codes (exact; codes saturate at 254).
 
 // One row of the table of formats (architecture.md point 4).
 struct Format {
@@ -78,8 +84,8 @@ struct Stream {
   KvType type{};
   const Format* fmt = nullptr;
   int dim = 0;
-  size_t row_bytes = 0;    // exact bytes per token (norms/scales included)
-  size_t block_bytes = 0;  // kBlock * row_bytes
+  size_t row_bytes = 0;    // exact bytes per token (norms/scales included; tq_n8: + 2 B per block)
+  size_t block_bytes = 0;  // kBlock * row_bytes (tq_n8: + 2)
   Domain domain = Domain::orig;
   int side = 0;            // 0: K (K tile layout), 1: V (V tile layout)
   int n_quant = 0;         // tokens in blocks
@@ -94,10 +100,31 @@ struct Stream {
   // tq_split: channel selection (online, frozen at the first quantized token)
   bool split_frozen = false;
   std::vector<double> chan_energy;  // sum of x^2 per channel over tokens seen before freezing
+  std::vector<double> chan_sum;     // sum of x per channel, same tokens (centred split streams)
+  int chan_n = 0;                   // tokens counted in chan_energy
   std::vector<int> perm;            // D entries: outlier channels first (ascending), then the rest
-  // f16 window (original domain): ring of `window` rows
+  // f16 window (original domain): ring of `window` rows; token at absolute position t >= sink
+  // sits in slot (t - sink) % window
   int window = 0;
   AlignedPtr<uint16_t> ring;
+  // f16 sinks (original domain): the first `sink` tokens, rows 0..sink-1, never quantized.
+  // Absolute positions: [0, sink) sinks, [sink, sink + n_quant) blocks, then the window.
+  int sink = 0;
+  AlignedPtr<uint16_t> sink_rows;
+  // Mean centring (original domain): blocks hold codes of x - mu. Statistics of every token
+  // seen before freezing (sum over all positions, and the position-0 row to exclude it).
+  bool center = false;
+  bool mu_frozen = false;           // segment 0's mean is chosen
+  std::vector<float> mu;            // n_mu x D values (fp16-exact): one mean per segment
+  int n_mu = 0;
+  int mu_segment = 0;               // tokens per segment (0: one mean)
+  std::vector<double> seg_sum;      // sum of the current segment's (uncentred) rows
+  const float* mu_of(int j) const noexcept {  // mean of quantized token j (stream index)
+    return mu.data() + (size_t)(mu_segment > 0 ? j / mu_segment : 0) * dim;
+  }
+  std::vector<double> stat_sum;     // sum of x per channel over tokens seen
+  std::vector<float> stat_x0;       // the row at position 0
+  int stat_n = 0;                   // tokens seen (position 0 included)
 
   uint8_t* block(int b) noexcept {
     return chunks[b / kBlocksPerChunk].get() + (size_t)(b % kBlocksPerChunk) * block_bytes;
@@ -141,6 +168,9 @@ void get_tile_codes_v(const uint8_t* tiles, int dim, int bits, int tok, uint8_t*
 void set_tile_codes_k(uint8_t* tiles, int dim, int bits, int tok, const uint8_t* codes) noexcept;
 void set_tile_codes_v(uint8_t* tiles, int dim, int bits, int tok, const uint8_t* codes) noexcept;
 inline size_t tiles_bytes(int dim, int bits) { return (size_t)kBlock * dim * bits / 8; }
+constexpr size_t kN8HeaderBytes = 2 + kBlock;  // tq_n8 block header: int16 exponent + 32 codes
+// Norm of token `slot` of a tq / tq_split (part 0 or 1) / tq_n8 block.
+float tq_block_norm(const Stream& s, const uint8_t* blk, int part, int slot) noexcept;
 // Codec prod code rows (quantizer.h layout) of tokens [t, t + n) of a prod stream (one block).
 void prod_rows(const Stream& s, int t, int n, uint8_t* rows);
 }  // namespace tq::kv

@@ -26,6 +26,12 @@ double now_s() {
 std::string KvOptions::label() const {
   std::string s = type_k == type_v ? type_k : type_k + "/" + type_v;
   if (window > 0) s += " w" + std::to_string(window);
+  if (sink > 0) s += " s" + std::to_string(sink);
+  if (center_k || center_v) {
+    s += std::string(" c") + (center_k ? "k" : "") + (center_v ? "v" : "");
+    if (center_tokens > 0) s += ":" + std::to_string(center_tokens);
+    if (center_segment > 0) s += " cs" + std::to_string(center_segment);
+  }
   if (boundary_layers > 0) {
     s += " b" + std::to_string(boundary_layers) + ":" +
          (boundary_type_k == boundary_type_v ? boundary_type_k : boundary_type_k + "/" + boundary_type_v);
@@ -38,6 +44,11 @@ KvCacheConfig make_kv_config(const LlamaModel& m, const KvOptions& kv, int max_t
   c.type_k = kv.type_k;
   c.type_v = kv.type_v;
   c.window = kv.window;
+  c.sink = kv.sink;
+  c.center_k = kv.center_k;
+  c.center_v = kv.center_v;
+  c.center_tokens = kv.center_tokens;
+  c.center_segment = kv.center_segment;
   c.boundary_layers = kv.boundary_layers;
   c.boundary_type_k = kv.boundary_type_k;
   c.boundary_type_v = kv.boundary_type_v;
@@ -77,12 +88,27 @@ KvOptions parse_kv_label(const std::string& label) {
       first = false;
     } else if (tok.size() > 1 && tok[0] == 'w') {
       kv.window = std::stoi(tok.substr(1));
+    } else if (tok.size() > 1 && tok[0] == 's' && tok.find_first_not_of("0123456789", 1) == std::string::npos) {
+      kv.sink = std::stoi(tok.substr(1));
+    } else if (tok.size() > 2 && tok.rfind("cs", 0) == 0 && tok.find_first_not_of("0123456789", 2) == std::string::npos) {
+      kv.center_segment = std::stoi(tok.substr(2));
+    } else if (tok.rfind("ck", 0) == 0 || tok.rfind("cv", 0) == 0) {
+      const size_t c = tok.find(':');
+      const std::string w = tok.substr(0, c);
+      TQ_CHECK(w == "ck" || w == "cv" || w == "ckv", "cache config '%s': cannot parse '%s' (expected ck, cv or ckv[:N])",
+               label.c_str(), tok.c_str());
+      TQ_CHECK(c == std::string::npos ||
+                   (c + 1 < tok.size() && tok.find_first_not_of("0123456789", c + 1) == std::string::npos),
+               "cache config '%s': cannot parse '%s' (expected ck, cv or ckv[:N])", label.c_str(), tok.c_str());
+      kv.center_k = w.find('k') != std::string::npos;
+      kv.center_v = w.find('v') != std::string::npos;
+      if (c != std::string::npos) kv.center_tokens = std::stoi(tok.substr(c + 1));
     } else if (tok.size() > 1 && tok[0] == 'b' && tok.find(':') != std::string::npos) {
       const size_t c = tok.find(':');
       kv.boundary_layers = std::stoi(tok.substr(1, c - 1));
       split(tok.substr(c + 1), kv.boundary_type_k, kv.boundary_type_v);
     } else {
-      TQ_CHECK(false, "cache config '%s': cannot parse '%s' (expected K[/V] [wN] [bN:T])", label.c_str(), tok.c_str());
+      TQ_CHECK(false, "cache config '%s': cannot parse '%s' (expected K[/V] [wN] [sN] [ck|cv|ckv] [bN:T])", label.c_str(), tok.c_str());
     }
   }
   TQ_CHECK(!first, "empty cache config");
@@ -163,6 +189,9 @@ std::vector<PerplexityResult> perplexity_multi(const LlamaModel& m, const std::v
       const double t0 = now_s();
       caches[c]->clear();
       m.forward(*caches[c], tk, n_ctx, hidden.data());
+      res[c].kv_bytes_used = std::max(res[c].kv_bytes_used, caches[c]->bytes_used());
+      res[c].bits_per_value_all =
+          kv_bits_per_value(m, static_cast<double>(res[c].kv_bytes_used) / n_ctx);
       double chunk_nll = 0;
       score_rows([&](int row, const float* p) {
         const double l = -p[tk[row + 1]];

@@ -25,7 +25,8 @@ void setup(CLI::App& app) {
   s->add_option("--compare", *compare, "also run this cache type (e.g. f16) on the same tokens");
   s->add_flag("--top1", *dump_top1, "with --json: include the argmax token of every scored position");
   s->add_option("--sweep", *sweep,
-                "several cache configs separated by ';', each 'K[/V] [wN] [bN:T]' (e.g. 'tq4;tq4/tq3;tq3 w128 b2:f16'),\n"
+                "several cache configs separated by ';', each 'K[/V] [wN] [sN] [ck|cv|ckv[:N]] [csN] [bN:T]'\n"
+                "(e.g. 'tq4;tq4/tq3;tq3 w128 b2:f16;tq3 s4 ckv'; sN = --kv-sink N, ck/cv/ckv = --kv-center, :N = --kv-center-tokens N, csN = --kv-center-segment N),\n"
                 "run on the same windows sharing one --compare pass (replaces -ctk/-ctv)");
   s->callback([=] {
     auto L = tq::cli::load_model(*o);
@@ -69,6 +70,7 @@ void setup(CLI::App& app) {
       const tq::PerplexityResult& r = results[c];
       nlohmann::json j = {{"kv", tq::cli::kv_json(configs[c])}, {"ppl", r.ppl},
                           {"kv_bytes_per_token", r.kv_bytes_per_token}, {"bits_per_value", r.bits_per_value},
+                          {"bits_per_value_all", r.bits_per_value_all}, {"kv_bytes_used", r.kv_bytes_used},
                           {"seconds", r.seconds}, {"chunk_ppl", r.chunk_ppl}};
       if (*dump_top1) j["top1"] = r.top1;
       if (po.compare) {
@@ -104,8 +106,8 @@ void setup(CLI::App& app) {
       std::printf("%-26s ppl %.4f   %.1f bytes/token\n", compare->c_str(), r0.ppl_ref, r0.kv_bytes_per_token_ref);
     for (size_t c = 0; c < configs.size(); ++c) {
       const tq::PerplexityResult& r = results[c];
-      std::printf("%-26s ppl %.4f   %7.1f bytes/token (%.3f bits/value)", configs[c].label().c_str(), r.ppl,
-                  r.kv_bytes_per_token, r.bits_per_value);
+      std::printf("%-26s ppl %.4f   %7.1f bytes/token (%.3f bits/value, %.3f all counted)", configs[c].label().c_str(),
+                  r.ppl, r.kv_bytes_per_token, r.bits_per_value, r.bits_per_value_all);
       if (po.compare)
         std::printf("  delta %+.2f%%  KLD %.5f (p99 %.4f)  top-1 %.2f%%", 100.0 * (r.ppl / r.ppl_ref - 1.0),
                     r.kld_mean, r.kld_p99, 100.0 * r.top1_agreement);

@@ -49,10 +49,27 @@ inline void add_model_opts(CLI::App* s, ModelOpts& o, int default_ctx) {
 }
 
 inline void add_kv_opts(CLI::App* s, KvOptions& kv) {
-  s->add_option("--cache-type-k", kv.type_k, "-ctk: KV cache type for K (f16, q8_0, q4_0, q4_0h, tq2..tq4, tq2.5, tq3.5, ...)")
+  s->add_option("--cache-type-k", kv.type_k, "-ctk: KV cache type for K (f16, q8_0, q4_0, q4_0h, tq2..tq4, tq2.5, tq3.5, tq3n8, ...)")
       ->capture_default_str();
   s->add_option("--cache-type-v", kv.type_v, "-ctv: KV cache type for V")->capture_default_str();
   s->add_option("--kv-window", kv.window, "most recent tokens kept in f16 (quantized when they leave)")
+      ->capture_default_str();
+  s->add_option("--kv-sink", kv.sink, "first N tokens of every layer kept in f16 for good (attention sinks)")
+      ->capture_default_str();
+  s->add_option_function<std::string>(
+      "--kv-center",
+      [&kv](const std::string& w) {
+        TQ_CHECK(w == "k" || w == "v" || w == "kv" || w == "none",
+                 "--kv-center: '%s' is not one of k, v, kv, none", w.c_str());
+        kv.center_k = w == "k" || w == "kv";
+        kv.center_v = w == "v" || w == "kv";
+      },
+      "per-stream mean centring of the quantized K and/or V: k, v, kv or none (mean chosen online)");
+  s->add_option("--kv-center-tokens", kv.center_tokens,
+                "with --kv-center: the mean uses positions 1..N only (0: every token seen when the first is quantized)")
+      ->capture_default_str();
+  s->add_option("--kv-center-segment", kv.center_segment,
+                "with --kv-center: one mean per N quantized tokens (multiple of 32, <= 2048), each the mean of the previous segment; 0: one mean")
       ->capture_default_str();
   s->add_option("--kv-boundary-layers", kv.boundary_layers,
                 "first and last N layers use --kv-boundary-type")->capture_default_str();
@@ -140,7 +157,8 @@ inline std::unique_ptr<Loaded> load_model(ModelOpts& o) {
 }
 
 inline nlohmann::json kv_json(const KvOptions& kv) {
-  return {{"type_k", kv.type_k}, {"type_v", kv.type_v}, {"window", kv.window},
+  return {{"type_k", kv.type_k}, {"type_v", kv.type_v}, {"window", kv.window}, {"sink", kv.sink},
+          {"center_k", kv.center_k}, {"center_v", kv.center_v}, {"center_tokens", kv.center_tokens}, {"center_segment", kv.center_segment},
           {"boundary_layers", kv.boundary_layers}, {"boundary_type", kv.boundary_type_k},
           {"label", kv.label()}};
 }

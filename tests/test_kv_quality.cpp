@@ -1,0 +1,491 @@
+// KvQuality.*: the quality options of the KV cache (f16 sink tokens, per-stream mean
+// centring): fused attention vs attention_ref with them on (several types, GQA, across sink /
+// window / 2048-token chunk boundaries, token-by-token and batch appends), the online mean
+// rule, byte accounting and config errors.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "kv/kv_internal.h"
+#include "tq/common.h"
+#include "tq/error.h"
+#include "tq/eval.h"
+#include "tq/kv_cache.h"
+
+namespace {
+
+constexpr double kExactRelTol = 1e-5;  // same bound as Attention.FusedMatchesReferenceAllTypes
+constexpr double kFastRelTol = 3e-2;
+
+bool small() { return std::getenv("TQ_TEST_SMALL") != nullptr; }
+
+// Rows with a large common mean (like real keys: a few channels carry a big offset) plus
+// noise; token 0 is an outlier (like the BOS / attention-sink token).
+void fill_shifted(tq::Rng& rng, int n, int kvh, int D, std::vector<float>& k, std::vector<float>& v) {
+  k.resize((size_t)n * kvh * D);
+  v.resize((size_t)n * kvh * D);
+  for (int t = 0; t < n; ++t)
+    for (int h = 0; h < kvh; ++h)
+      for (int d = 0; d < D; ++d) {
+        const size_t i = ((size_t)t * kvh + h) * D + d;
+        const float mk = (d % 7 == 3) ? 4.f + h : 0.5f * std::sin(0.3f * d + h);
+        const float mv = 0.8f * std::cos(0.2f * d + h);
+        k[i] = mk + (float)rng.normal();
+        v[i] = mv + 0.5f * (float)rng.normal();
+        if (t == 0) { k[i] *= 6.f; v[i] *= 0.1f; }
+      }
+}
+
+double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (double)(a[i] - b[i]) * (a[i] - b[i]);
+    den += (double)b[i] * b[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+struct QCase {
+  std::string tk, tv;
+  int kvh, G, n_ctx, n_q, window, sink;
+  bool ck, cv;
+  bool token_by_token;
+  int segment = 0;  // center_segment
+};
+
+std::string describe(const QCase& c) {
+  return c.tk + "/" + c.tv + " kvh=" + std::to_string(c.kvh) + " G=" + std::to_string(c.G) +
+         " n=" + std::to_string(c.n_ctx) + " nq=" + std::to_string(c.n_q) + " W=" + std::to_string(c.window) +
+         " S=" + std::to_string(c.sink) + (c.ck ? " ck" : "") + (c.cv ? " cv" : "") +
+         (c.token_by_token ? " token-by-token" : " batches") + " seg=" + std::to_string(c.segment);
+}
+
+tq::KvCacheConfig make_cfg(const QCase& c, int D = 64) {
+  tq::KvCacheConfig cfg;
+  cfg.n_layers = 2;
+  cfg.n_kv_heads = c.kvh;
+  cfg.head_dim = D;
+  cfg.max_tokens = c.n_ctx + 8;
+  cfg.type_k = c.tk;
+  cfg.type_v = c.tv;
+  cfg.window = c.window;
+  cfg.sink = c.sink;
+  cfg.center_k = c.ck;
+  cfg.center_v = c.cv;
+  cfg.center_segment = c.segment;
+  return cfg;
+}
+
+// Fills layer 1, then compares attention (exact and fast) of the last n_q positions and of
+// n_q queries at early positions (inside the sinks / the first blocks) with attention_ref.
+void check(const QCase& c) {
+  SCOPED_TRACE(describe(c));
+  const int D = 64;
+  tq::KvCache cache(make_cfg(c, D));
+  tq::Rng rng(99 + c.n_ctx + c.sink);
+  std::vector<float> k, v;
+  fill_shifted(rng, c.n_ctx, c.kvh, D, k, v);
+  const size_t row = (size_t)c.kvh * D;
+  if (c.token_by_token) {
+    for (int t = 0; t < c.n_ctx; ++t) cache.append(1, 1, k.data() + t * row, v.data() + t * row);
+  } else {
+    const int first = c.n_ctx / 3;
+    cache.append(1, first, k.data(), v.data());
+    for (int t = first; t < c.n_ctx; t += 13) {
+      const int n = std::min(13, c.n_ctx - t);
+      cache.append(1, n, k.data() + t * row, v.data() + t * row);
+    }
+  }
+  ASSERT_EQ(cache.n_tokens(1), c.n_ctx);
+  const auto& L = cache.impl().layers[1];
+  EXPECT_EQ(L.k[0].n_quant, std::max(0, c.n_ctx - c.sink - c.window));
+  const int H = c.kvh * c.G;
+  std::vector<float> q((size_t)c.n_q * H * D);
+  for (auto& x : q) x = (float)rng.normal();
+  for (int pos0 : {-1, 0, std::max(0, std::min(c.sink + 3, c.n_ctx - c.n_q))}) {
+    std::vector<float> ref(q.size()), exact(q.size(), -1.f), fast(q.size(), -1.f);
+    tq::AttentionParams p;
+    p.n_heads = H;
+    p.n_threads = 2;
+    p.pos0 = pos0;
+    tq::attention_ref(cache, 1, c.n_q, q.data(), ref.data(), p);
+    p.exact = true;
+    tq::attention(cache, 1, c.n_q, q.data(), exact.data(), p);
+    p.exact = false;
+    tq::attention(cache, 1, c.n_q, q.data(), fast.data(), p);
+    EXPECT_LE(rel_err(exact, ref), kExactRelTol) << "pos0 " << pos0;
+    EXPECT_LE(rel_err(fast, ref), kFastRelTol) << "pos0 " << pos0;
+  }
+}
+
+}  // namespace
+
+TEST(KvQuality, FusedMatchesReferenceWithSinksAndCentring) {
+  const int nl = small() ? 300 : 2100;  // 2100 - sink - window crosses the 2048-token chunk
+  const std::vector<QCase> cases = {
+      {"tq3", "tq3", 2, 4, nl, 1, 0, 4, true, true, false},
+      {"tq3", "tq3", 2, 4, nl, 5, 7, 4, true, true, false},
+      {"tq2.5", "tq2.5", 3, 3, nl, 1, 16, 1, true, true, false},
+      {"tq4", "tq2", 3, 3, nl, 3, 0, 0, true, false, false},
+      {"q4_0h", "q4_0h", 2, 2, nl, 1, 5, 3, true, true, false},
+      {"q4_0h", "tq3", 1, 8, nl, 2, 0, 33, false, true, false},
+      {"tq3.5", "tq2.5", 2, 4, 301, 1, 0, 2, true, true, true},
+      {"tq3", "tq3", 3, 3, 301, 1, 0, 0, true, true, true},   // mu = 0: only position 0 seen
+      {"tq3", "tq3", 3, 3, 301, 1, 0, 1, true, true, true},   // mu = row 1
+      {"tq3", "tq3", 2, 4, 301, 1, 9, 2, true, true, true},
+      {"tq5", "tq3", 2, 4, 301, 4, 0, 4, true, true, true},
+      {"tq3p", "tq3", 2, 2, 301, 1, 0, 4, true, true, false},
+      {"f16", "q8_0", 2, 2, 301, 2, 3, 4, true, true, false},  // f16 K: not centred
+      {"tq3n8", "tq3n8", 2, 4, nl, 2, 3, 1, true, false, false},
+      {"tq3", "tq3", 2, 4, nl, 1, 0, 1, true, true, false, 256},
+      {"tq3", "tq2.5", 3, 3, nl, 3, 5, 2, true, true, false, 64},
+      {"tq5n8", "tq3", 2, 4, 301, 1, 0, 1, true, false, true, 32},
+      {"q4_0h", "tq3", 2, 2, 301, 2, 7, 0, false, true, true, 96},
+      {"tq5n8", "tq3", 3, 3, 301, 1, 0, 1, true, false, true},
+      {"tq3", "tq3", 2, 4, 40, 3, 0, 44, true, true, false},   // all tokens are sinks
+      {"tq3", "tq3", 2, 4, 70, 3, 64, 4, true, true, false},   // sinks + window only
+  };
+  for (const auto& c : cases) check(c);
+}
+
+TEST(KvQuality, SinksAreExactF16) {
+  // A query that only sees the sinks gets exact f16 attention, whatever the quantized type.
+  tq::KvCacheConfig cfg;
+  cfg.n_kv_heads = 2;
+  cfg.head_dim = 64;
+  cfg.max_tokens = 200;
+  cfg.type_k = "tq2";
+  cfg.type_v = "tq2";
+  cfg.sink = 5;
+  cfg.center_k = cfg.center_v = true;
+  tq::KvCache cache(cfg);
+  tq::Rng rng(5);
+  std::vector<float> k, v;
+  fill_shifted(rng, 150, 2, 64, k, v);
+  cache.append(0, 150, k.data(), v.data());
+  std::vector<float> q(4 * 64), out(q.size());
+  for (auto& x : q) x = (float)rng.normal();
+  tq::AttentionParams p;
+  p.n_heads = 4;
+  p.pos0 = 4;  // sees positions 0..4: all sinks
+  p.exact = true;
+  tq::attention(cache, 0, 1, q.data(), out.data(), p);
+  for (int h = 0; h < 4; ++h) {
+    const int kh = h / 2;
+    double s[5], mx = -1e30, l = 0;
+    for (int t = 0; t < 5; ++t) {
+      double a = 0;
+      for (int d = 0; d < 64; ++d) a += (double)q[h * 64 + d] * k[(t * 2 + kh) * 64 + d];
+      s[t] = a / 8.0;
+      mx = std::max(mx, s[t]);
+    }
+    for (double& x : s) { x = std::exp(x - mx); l += x; }
+    for (int d = 0; d < 64; ++d) {
+      double o = 0;
+      for (int t = 0; t < 5; ++t) o += s[t] * v[(t * 2 + kh) * 64 + d];
+      EXPECT_NEAR(out[h * 64 + d], o / l, 2e-3 * (1 + std::fabs(o / l))) << h << " " << d;
+    }
+  }
+}
+
+TEST(KvQuality, MeanRule) {
+  const int D = 64;
+  auto cfg_for = [&](int sink, int window) {
+    tq::KvCacheConfig cfg;
+    cfg.n_kv_heads = 1;
+    cfg.head_dim = D;
+    cfg.max_tokens = 64;
+    cfg.type_k = "tq3";
+    cfg.type_v = "tq3";
+    cfg.sink = sink;
+    cfg.window = window;
+    cfg.center_k = true;
+    return cfg;
+  };
+  tq::Rng rng(3);
+  std::vector<float> k, v;
+  fill_shifted(rng, 20, 1, D, k, v);
+  auto mean_fp16 = [&](int a, int b, int d) {  // mean of rows a..b-1, rounded to fp16
+    double s = 0;
+    for (int t = a; t < b; ++t) s += k[(size_t)t * D + d];
+    return tq::fp16_to_fp32(tq::fp32_to_fp16((float)(s / (b - a))));
+  };
+  {  // one batch of 20: mu = mean of positions 1..19 (position 0 excluded)
+    tq::KvCache c(cfg_for(0, 0));
+    c.append(0, 20, k.data(), v.data());
+    const auto& s = c.impl().layers[0].k[0];
+    ASSERT_TRUE(s.mu_frozen);
+    for (int d = 0; d < D; ++d) ASSERT_EQ(s.mu[d], mean_fp16(1, 20, d)) << d;
+    EXPECT_FALSE(c.impl().layers[0].v[0].center);  // V not centred in this config
+  }
+  {  // center_tokens = 5: one batch of 20, mu from positions 1..5 only
+    auto cfg = cfg_for(0, 0);
+    cfg.center_tokens = 5;
+    tq::KvCache c(cfg);
+    c.append(0, 20, k.data(), v.data());
+    const auto& s = c.impl().layers[0].k[0];
+    for (int d = 0; d < D; ++d) ASSERT_EQ(s.mu[d], mean_fp16(1, 6, d)) << d;
+  }
+  {  // center_segment = 32, one sink, 100 tokens in one batch: segment 0 (positions 1..32)
+     // has the mean of positions 1..99; segment g >= 1 the mean of segment g - 1's rows
+    std::vector<float> k2, v2;
+    fill_shifted(rng, 100, 1, D, k2, v2);
+    auto cfg = cfg_for(1, 0);
+    cfg.max_tokens = 100;
+    cfg.center_segment = 32;
+    tq::KvCache c(cfg);
+    c.append(0, 100, k2.data(), v2.data());
+    const auto& s = c.impl().layers[0].k[0];
+    ASSERT_EQ(s.n_quant, 99);
+    ASSERT_EQ(s.n_mu, 4);  // segments start at stream index 0, 32, 64, 96
+    auto mean2 = [&](int a, int b, int d) {
+      double sum = 0;
+      for (int t = a; t < b; ++t) sum += k2[(size_t)t * D + d];
+      return tq::fp16_to_fp32(tq::fp32_to_fp16((float)(sum / (b - a))));
+    };
+    for (int d = 0; d < D; ++d) {
+      ASSERT_EQ(s.mu_of(0)[d], mean2(1, 100, d)) << d;
+      ASSERT_EQ(s.mu_of(40)[d], mean2(1, 33, d)) << d;   // segment 1: positions 1..32
+      ASSERT_EQ(s.mu_of(70)[d], mean2(33, 65, d)) << d;  // segment 2
+      ASSERT_EQ(s.mu_of(98)[d], mean2(65, 97, d)) << d;  // segment 3
+    }
+    // 1 sink row + 99 quantized rows + 4 K means (fp16), V: sink row + 99 rows
+    EXPECT_EQ(c.bytes_used(), (size_t)2 * 64 * 2 + 99 * 2 * 26 + 4 * 64 * 2);
+  }
+  {  // token by token, no sink, no window: position 0 is quantized first, alone: mu = 0
+    tq::KvCache c(cfg_for(0, 0));
+    for (int t = 0; t < 20; ++t) c.append(0, 1, k.data() + t * D, v.data() + t * D);
+    const auto& s = c.impl().layers[0].k[0];
+    ASSERT_TRUE(s.mu_frozen);
+    for (int d = 0; d < D; ++d) ASSERT_EQ(s.mu[d], 0.f);
+  }
+  {  // token by token, one sink: the first quantized token is position 1: mu = row 1
+    tq::KvCache c(cfg_for(1, 0));
+    for (int t = 0; t < 20; ++t) c.append(0, 1, k.data() + t * D, v.data() + t * D);
+    const auto& s = c.impl().layers[0].k[0];
+    for (int d = 0; d < D; ++d) ASSERT_EQ(s.mu[d], mean_fp16(1, 2, d)) << d;
+  }
+  {  // token by token, window 6, one sink: position 1 is quantized when position 7 arrives:
+     // mu = mean of positions 1..7
+    tq::KvCache c(cfg_for(1, 6));
+    for (int t = 0; t < 7; ++t) c.append(0, 1, k.data() + t * D, v.data() + t * D);
+    EXPECT_FALSE(c.impl().layers[0].k[0].mu_frozen);
+    for (int t = 7; t < 20; ++t) c.append(0, 1, k.data() + t * D, v.data() + t * D);
+    const auto& s = c.impl().layers[0].k[0];
+    for (int d = 0; d < D; ++d) ASSERT_EQ(s.mu[d], mean_fp16(1, 8, d)) << d;
+    // clear() forgets the mean; the next fill chooses it again
+    c.clear();
+    EXPECT_FALSE(s.mu_frozen);
+    c.append(0, 20, k.data(), v.data());
+    for (int d = 0; d < D; ++d) ASSERT_EQ(s.mu[d], mean_fp16(1, 20, d)) << d;
+  }
+}
+
+TEST(KvQuality, CentringHelpsShiftedData) {
+  // Keys with a large common offset: quantizing x - mu loses less than quantizing x.
+  const int D = 64, n = 512, kvh = 2, G = 2;
+  tq::Rng rng(17);
+  std::vector<float> k, v;
+  fill_shifted(rng, n, kvh, D, k, v);
+  std::vector<float> q((size_t)kvh * G * D);
+  for (auto& x : q) x = (float)rng.normal();
+  auto run = [&](const char* type, bool ck, bool cv, int sink) {
+    tq::KvCacheConfig cfg;
+    cfg.n_kv_heads = kvh;
+    cfg.head_dim = D;
+    cfg.max_tokens = n;
+    cfg.type_k = cfg.type_v = type;
+    cfg.center_k = ck;
+    cfg.center_v = cv;
+    cfg.sink = sink;
+    tq::KvCache cache(cfg);
+    cache.append(0, n, k.data(), v.data());
+    std::vector<float> out(q.size());
+    tq::AttentionParams p;
+    p.n_heads = kvh * G;
+    p.exact = true;
+    tq::attention(cache, 0, 1, q.data(), out.data(), p);
+    return out;
+  };
+  const auto exact = run("f32", false, false, 0);
+  for (const char* t : {"tq2", "tq3"}) {
+    const double plain = rel_err(run(t, false, false, 0), exact);
+    const double centred = rel_err(run(t, true, true, 0), exact);
+    const double both = rel_err(run(t, true, true, 1), exact);
+    EXPECT_LT(centred, plain) << t;
+    EXPECT_LT(both, plain) << t;
+  }
+}
+
+TEST(KvQuality, BytesAccounting) {
+  tq::KvCacheConfig cfg;
+  cfg.n_layers = 3;
+  cfg.n_kv_heads = 2;
+  cfg.head_dim = 64;
+  cfg.max_tokens = 256;
+  cfg.type_k = "tq3";   // 26 B per vector at D = 64
+  cfg.type_v = "tq2.5"; // 22 B per vector + 8 B channel mask per stream
+  cfg.window = 10;
+  cfg.sink = 4;
+  cfg.center_k = true;  // K: 128 B fp16 mean per stream; V not centred
+  tq::KvCache cache(cfg);
+  EXPECT_DOUBLE_EQ(cache.bytes_per_token(), 3 * 2 * (26 + 22));  // sinks / means reported apart
+  const size_t masks = (size_t)3 * 2 * 8;  // the channel masks are counted from the start
+  EXPECT_EQ(cache.bytes_used(), masks);
+  const int streams = 3 * 2 * 2;
+  std::vector<float> k(100 * 2 * 64, 0.1f), v(k.size(), 0.2f);
+  for (int l = 0; l < 3; ++l) cache.append(l, 3, k.data(), v.data());
+  EXPECT_EQ(cache.bytes_used(), (size_t)streams * 3 * 64 * 2 + masks);  // 3 sink rows each
+  for (int l = 0; l < 3; ++l) cache.append(l, 97, k.data(), v.data());
+  // 100 tokens: 4 sinks + 10 window rows in f16, 86 quantized; K mean, V channel mask.
+  const size_t f16_rows = (size_t)streams * (4 + 10) * 64 * 2;
+  const size_t quant = (size_t)86 * 3 * 2 * (26 + 22);
+  const size_t means = (size_t)3 * 2 * 64 * 2;
+  EXPECT_EQ(cache.bytes_used(), f16_rows + quant + means + masks);
+  cache.clear();
+  EXPECT_EQ(cache.bytes_used(), masks);
+}
+
+TEST(KvQuality, BadConfigAndLabels) {
+  auto make = [](auto edit) {
+    tq::KvCacheConfig cfg;
+    cfg.head_dim = 64;
+    cfg.max_tokens = 64;
+    edit(cfg);
+    tq::KvCache c(cfg);
+  };
+  EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.sink = -1; }), tq::Error);
+  EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.sink = 65; }), tq::Error);  // beyond capacity
+  try {
+    make([](tq::KvCacheConfig& c) { c.sink = 100; });
+    FAIL() << "no error";
+  } catch (const tq::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sink"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(make([](tq::KvCacheConfig& c) { c.sink = 64; c.window = 64; c.center_k = true; }));
+
+  const tq::KvOptions kv = tq::parse_kv_label("tq4/tq2 w16 s4 ckv b1:f16");
+  EXPECT_EQ(kv.type_k, "tq4");
+  EXPECT_EQ(kv.type_v, "tq2");
+  EXPECT_EQ(kv.window, 16);
+  EXPECT_EQ(kv.sink, 4);
+  EXPECT_TRUE(kv.center_k);
+  EXPECT_TRUE(kv.center_v);
+  EXPECT_EQ(kv.boundary_layers, 1);
+  EXPECT_EQ(kv.label(), "tq4/tq2 w16 s4 ckv b1:f16");
+  EXPECT_EQ(tq::parse_kv_label(tq::parse_kv_label("tq3 cv").label()).label(), "tq3 cv");
+  const tq::KvOptions k_only = tq::parse_kv_label("tq3 ck");
+  EXPECT_TRUE(k_only.center_k);
+  EXPECT_FALSE(k_only.center_v);
+  EXPECT_EQ(tq::parse_kv_label("tq3 s1 ck:64").center_tokens, 64);
+  EXPECT_EQ(tq::parse_kv_label("tq3 s1 ck:64").label(), "tq3 s1 ck:64");
+  EXPECT_THROW(tq::parse_kv_label("tq3 ck:"), tq::Error);
+  EXPECT_THROW(tq::parse_kv_label("tq3 ck:x"), tq::Error);
+  EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.center_tokens = -1; }), tq::Error);
+  EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.center_segment = 48; }), tq::Error);   // not a multiple of 32
+  EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.center_segment = 4096; }), tq::Error); // above the chunk
+  EXPECT_EQ(tq::parse_kv_label("tq3 s1 ck cs256").center_segment, 256);
+  EXPECT_EQ(tq::parse_kv_label("tq3 s1 ck cs256").label(), "tq3 s1 ck cs256");
+  EXPECT_THROW(tq::parse_kv_label("tq3 cx"), tq::Error);
+  EXPECT_THROW(tq::parse_kv_label("tq3 sx"), tq::Error);
+}
+
+TEST(KvQuality, SplitChannelsOfCentredRows) {
+  // Channels 0..15 carry a big constant offset but little variance; channels 40..55 carry big
+  // variance. Without centring the offset channels are the "outliers"; centred, the varying ones.
+  const int D = 64, n = 40;
+  tq::Rng rng(8);
+  std::vector<float> k((size_t)n * D), v((size_t)n * D);
+  for (int t = 0; t < n; ++t)
+    for (int d = 0; d < D; ++d) {
+      k[(size_t)t * D + d] = (d < 16 ? 20.f : 0.f) + (d >= 40 && d < 56 ? 5.f : 0.3f) * (float)rng.normal();
+      v[(size_t)t * D + d] = (float)rng.normal();
+    }
+  for (bool centre : {false, true}) {
+    tq::KvCacheConfig cfg;
+    cfg.n_kv_heads = 1;
+    cfg.head_dim = D;
+    cfg.max_tokens = n;
+    cfg.type_k = "tq2.5";
+    cfg.center_k = centre;
+    tq::KvCache c(cfg);
+    c.append(0, n, k.data(), v.data());
+    const auto& s = c.impl().layers[0].k[0];
+    ASSERT_TRUE(s.split_frozen);
+    std::vector<int> hi(s.perm.begin(), s.perm.begin() + 16);
+    std::vector<int> want(16);
+    for (int i = 0; i < 16; ++i) want[i] = centre ? 40 + i : i;
+    EXPECT_EQ(hi, want) << (centre ? "centred" : "plain");
+  }
+}
+
+TEST(KvQuality, LogNormFormats) {
+  // tqBn8: the tq codes with an 8-bit log norm (16 steps per octave) + an int16 exponent per
+  // 32-token block. Token norms spanning 2^-6..2^6, in rising order inside blocks (so the
+  // block exponent moves up and the earlier codes are shifted), token by token.
+  const int D = 64, n = 100;
+  tq::Rng rng(31);
+  std::vector<float> k((size_t)n * D), v((size_t)n * D);
+  for (int t = 0; t < n; ++t) {
+    const float sc = std::exp2(-6.f + 12.f * (float)(t % 37) / 36.f);
+    for (int d = 0; d < D; ++d) {
+      k[(size_t)t * D + d] = sc * (float)rng.normal();
+      v[(size_t)t * D + d] = (t == 50) ? 0.f : sc * (float)rng.normal();  // one zero vector
+    }
+  }
+  tq::KvCacheConfig cfg;
+  cfg.n_kv_heads = 1;
+  cfg.head_dim = D;
+  cfg.max_tokens = n;
+  cfg.type_k = "tq3n8";
+  cfg.type_v = "tq3";
+  tq::KvCache a(cfg);
+  cfg.type_k = "tq3";
+  tq::KvCache b(cfg);
+  for (int t = 0; t < n; ++t) {
+    a.append(0, 1, k.data() + t * D, v.data() + t * D);
+    b.append(0, 1, k.data() + t * D, v.data() + t * D);
+  }
+  // Same codes; norms within half a log step (2^(1/32) - 1 = 2.2%) of the fp16 ones.
+  const auto& sa = a.impl().layers[0].k[0];
+  const auto& sb = b.impl().layers[0].k[0];
+  std::vector<float> ra((size_t)n * D), rb((size_t)n * D);
+  a.impl().decode_domain(sa, 0, 0, n, ra.data());
+  b.impl().decode_domain(sb, 0, 0, n, rb.data());
+  for (int t = 0; t < n; ++t) {
+    double na = 0, nb = 0, dot = 0;
+    for (int d = 0; d < D; ++d) {
+      na += (double)ra[t * D + d] * ra[t * D + d];
+      nb += (double)rb[t * D + d] * rb[t * D + d];
+      dot += (double)ra[t * D + d] * rb[t * D + d];
+    }
+    EXPECT_NEAR(std::sqrt(na / nb), 1.0, 0.0225) << t;
+    EXPECT_NEAR(dot / std::sqrt(na * nb), 1.0, 1e-6) << t;  // same direction (same codes)
+  }
+  // Bytes: 25 B per K vector + 2 B per started 32-token block; bytes_per_token shares the header.
+  EXPECT_EQ(tq::kv_type_bytes(tq::parse_kv_type("tq3n8"), 64), 25u);
+  EXPECT_DOUBLE_EQ(a.bytes_per_token(), 25 + 2.0 / 32 + 26);
+  EXPECT_EQ(a.bytes_used(), (size_t)n * (25 + 26) + 4 * 2);
+  // Attention with n8 on both sides (zero V vector included) matches the reference.
+  cfg.type_k = "tq5n8";
+  cfg.type_v = "tq2n8";
+  cfg.sink = 1;
+  cfg.center_k = true;
+  tq::KvCache c(cfg);
+  c.append(0, n, k.data(), v.data());
+  std::vector<float> q(2 * D), ref(q.size()), out(q.size());
+  for (auto& x : q) x = (float)rng.normal();
+  tq::AttentionParams p;
+  p.n_heads = 2;
+  tq::attention_ref(c, 0, 1, q.data(), ref.data(), p);
+  p.exact = true;
+  tq::attention(c, 0, 1, q.data(), out.data(), p);
+  EXPECT_LE(rel_err(out, ref), kExactRelTol);
+  p.exact = false;
+  tq::attention(c, 0, 1, q.data(), out.data(), p);
+  EXPECT_LE(rel_err(out, ref), kExactRelTol);  // no int8 kernel for n8: float path
+}
