@@ -7,12 +7,20 @@
 #   8K:     one trial per depth per run (seeds 42, 43, ... N8 of them): 3 needles per run.
 # Finished files are skipped, so the script can be re-run to resume.
 # Usage: bash results/run_niah.sh [context ...]    (default: 2048 4096 8192)
-# Env:   TQ (binary, default ../build/tq), N8 (number of 8K seeds, default 3), NICE (default 10)
+# Env:   TQ (binary, default ../build/tq), N8 (number of 8K seeds, default 3), S8 (first 8K seed,
+#        default 42), DEPTHS (default 0.1,0.5,0.9; other values add _d<DEPTHS> to the file name),
+#        NICE (default 10).
+# The runs in BENCHMARKS.md: `bash results/run_niah.sh 2048 4096`, `N8=1 bash results/run_niah.sh 8192`,
+# `DEPTHS=0.5 S8=43 N8=1 bash results/run_niah.sh 8192`.
 set -u
 cd "$(dirname "$0")"
 TQ="${TQ:-../build/tq}"
 N8="${N8:-3}"
 NICE="${NICE:-10}"
+S8="${S8:-42}"
+DEPTHS="${DEPTHS:-0.1,0.5,0.9}"
+DTAG=""
+[[ $DEPTHS != 0.1,0.5,0.9 ]] && DTAG="_d${DEPTHS//,/-}"
 MODEL=../models/SmolLM2-135M-Instruct.Q4_1.gguf
 CORPUS=../data/debian-reference.en.txt
 
@@ -21,10 +29,10 @@ run() {  # context trials seed
   for kv in "f16 f16 f16" "tq5 tq3 tq5tq3"; do
     set -- $kv
     tag=$3
-    out="niah_c${ctx}_${tag}_s${seed}.json"
+    out="niah_c${ctx}_${tag}_s${seed}${DTAG}.json"
     if [[ -s $out ]]; then echo "skip $out (exists)"; continue; fi
     echo "$(date -u +%H:%M:%S) start $out"
-    if nice -n "$NICE" "$TQ" niah -m "$MODEL" -f "$CORPUS" --context "$ctx" --depths 0.1,0.5,0.9 \
+    if nice -n "$NICE" "$TQ" niah -m "$MODEL" -f "$CORPUS" --context "$ctx" --depths "$DEPTHS" \
         --trials "$trials" --seed "$seed" -t 1 --exact-attention -ctk "$1" -ctv "$2" --json \
         > "$out.tmp" 2> "${out%.json}.err"; then
       mv "$out.tmp" "$out"
@@ -39,7 +47,7 @@ contexts=("$@")
 [[ ${#contexts[@]} -eq 0 ]] && contexts=(2048 4096 8192)
 for ctx in "${contexts[@]}"; do
   if [[ $ctx -ge 8192 ]]; then
-    for ((s = 42; s < 42 + N8; s++)); do run "$ctx" 1 "$s"; done
+    for ((s = S8; s < S8 + N8; s++)); do run "$ctx" 1 "$s"; done
   else
     run "$ctx" 3 42
   fi
