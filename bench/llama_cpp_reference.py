@@ -188,6 +188,10 @@ def main():
         return
     import llama_cpp
     report["llama_cpp_python"] = llama_cpp.__version__
+    # This llama.cpp applies a Walsh-Hadamard rotation to K and V when their cache type is
+    # quantized (attn_rot_k / attn_rot_v in llama-kv-cache.cpp) unless LLAMA_ATTN_ROT_DISABLE=1:
+    # its q8_0 / q4_0 are then the counterparts of tq's q8_0h / q4_0h, not of tq's q8_0 / q4_0.
+    report["LLAMA_ATTN_ROT_DISABLE"] = os.environ.get("LLAMA_ATTN_ROT_DISABLE", "")
     vocab = llama_cpp.Llama(model_path=args.model, vocab_only=True, verbose=False)
     report["llama_cpp_add_bos"] = bool(llama_cpp.llama_vocab_get_add_bos(llama_cpp.llama_model_get_vocab(vocab.model)))
     ref_ids = list(vocab.tokenize(text.encode("utf-8"), add_bos=False, special=False))
