@@ -11,7 +11,7 @@
 #        default 42), DEPTHS (default 0.1,0.5,0.9; other values add _d<DEPTHS> to the file name),
 #        NICE (default 10).
 # The runs in BENCHMARKS.md: `bash results/run_niah.sh 2048 4096`, `N8=1 bash results/run_niah.sh 8192`,
-# `DEPTHS=0.5 S8=43 N8=1 bash results/run_niah.sh 8192`.
+# `DEPTHS=0.5 S8=43 N8=5 bash results/run_niah.sh 8192`.
 set -u
 cd "$(dirname "$0")"
 TQ="${TQ:-../build/tq}"
