@@ -16,6 +16,8 @@ ctx tokens, no BOS (the model's add_bos_token is false), tokens ctx/2+1 .. ctx-1
 import argparse
 import json
 import math
+import os
+import statistics
 import struct
 import subprocess
 import sys
@@ -86,40 +88,65 @@ def log_softmax(x):
     return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
 
 
-def llama_perplexity(args, tokens, type_k, type_v):
+def llama_perplexity(args, tokens, type_k, type_v, other_top1=None):
+    """llama.cpp perplexity with the convention of its `perplexity` tool and `tq perplexity`:
+    window c is tokens[c*ctx, (c+1)*ctx), evaluated from an empty cache in one batch; rows
+    ctx/2 .. ctx-2 predict tokens ctx/2+1 .. ctx-1. Where other_top1 (tq's argmax per scored
+    row) differs from llama.cpp's, records llama.cpp's logit gap between the two choices."""
     from llama_cpp import Llama
-    llm = Llama(model_path=args.model, n_ctx=args.ctx, n_batch=args.ctx, n_ubatch=args.ctx, n_threads=args.threads,
+    ctx = args.ctx
+    llm = Llama(model_path=args.model, n_ctx=ctx, n_batch=ctx, n_ubatch=ctx, n_threads=args.threads,
                 n_threads_batch=args.threads, logits_all=True, type_k=type_k, type_v=type_v,
                 flash_attn=True, verbose=False)
-    first = args.ctx // 2
-    nll, n, top1 = 0.0, 0, []
+    first = ctx // 2
+    nll, n, top1, gaps, chunk_ppl = 0.0, 0, [], [], []
     t0 = time.time()
     for c in range(args.chunks):
-        chunk = tokens[c * args.ctx:(c + 1) * args.ctx]
+        chunk = tokens[c * ctx:(c + 1) * ctx]
         llm.reset()
         llm.eval(chunk)
-        lp = log_softmax(np.asarray(llm.scores[:args.ctx], dtype=np.float64))
-        for j in range(first, args.ctx - 1):
-            nll -= lp[j, chunk[j + 1]]
-            top1.append(int(lp[j].argmax()))
-            n += 1
+        logits = np.asarray(llm.scores[first:ctx - 1], dtype=np.float64)
+        lp = log_softmax(logits)
+        tgt = np.asarray(chunk[first + 1:ctx])
+        nl = -lp[np.arange(len(tgt)), tgt]
+        chunk_ppl.append(math.exp(nl.mean()))
+        nll += float(nl.sum())
+        n += len(tgt)
+        mine = lp.argmax(axis=1)
+        if other_top1 is not None:
+            theirs = np.asarray(other_top1[len(top1):len(top1) + len(mine)])
+            for r in np.nonzero(mine != theirs)[0]:
+                gaps.append(float(logits[r, mine[r]] - logits[r, theirs[r]]))
+        top1.extend(int(i) for i in mine)
     secs = time.time() - t0
-    return math.exp(nll / n), top1, secs, llm
+    del llm
+    return {"ppl": math.exp(nll / n), "scored": n, "chunk_ppl": chunk_ppl, "top1": top1, "seconds": secs,
+            "gaps": gaps}
 
 
-def llama_speed(args, tokens, type_k, type_v, ctx, n_decode=16):
+def llama_speed(args, tokens, type_k, type_v, ctx):
+    """Prefill of ctx corpus tokens from an empty cache, then args.decode greedy steps (the
+    protocol of `tq bench model`); medians over args.reps."""
+    import llama_cpp
     from llama_cpp import Llama
-    llm = Llama(model_path=args.model, n_ctx=ctx + n_decode, n_batch=512, n_threads=args.threads,
-                n_threads_batch=args.threads, type_k=type_k, type_v=type_v, flash_attn=True, verbose=False)
-    t0 = time.time()
-    llm.eval(tokens[:ctx])
-    pf = ctx / (time.time() - t0)
-    t0 = time.time()
-    for i in range(n_decode):
-        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-        llm.eval([tok])
-    dc = n_decode / (time.time() - t0)
-    return pf, dc
+    llm = Llama(model_path=args.model, n_ctx=ctx + args.decode, n_batch=512, n_ubatch=512,
+                n_threads=args.speed_threads, n_threads_batch=args.speed_threads, type_k=type_k, type_v=type_v,
+                flash_attn=True, verbose=False)
+    n_vocab = llm.n_vocab()
+    pf, dc = [], []
+    for _ in range(args.reps):
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(tokens[:ctx])
+        pf.append(ctx / (time.perf_counter() - t0))
+        t0 = time.perf_counter()
+        for _ in range(args.decode):
+            # logits_all=False: llm.scores is not filled, read the last row from llama.cpp
+            last = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(n_vocab,))
+            llm.eval([int(last.argmax())])
+        dc.append(args.decode / (time.perf_counter() - t0))
+    del llm
+    return statistics.median(pf), statistics.median(dc)
 
 
 def main():
@@ -129,52 +156,114 @@ def main():
     ap.add_argument("--corpus", required=True)
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--chunks", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--speed-contexts", default="512,4096,8192")
+    ap.add_argument("--threads", type=int, default=1, help="threads for the perplexity runs (tq and llama.cpp)")
+    ap.add_argument("--speed-threads", type=int, default=2)
+    ap.add_argument("--speed-contexts", default="512", help="comma-separated; empty: no speed runs")
+    ap.add_argument("--decode", type=int, default=32, help="greedy decode steps in the speed runs")
+    ap.add_argument("--reps", type=int, default=3, help="speed repetitions (median)")
+    ap.add_argument("--tq-caches", default="f16,q8_0,q4_0,tq5/tq3", help="tq caches in the speed runs")
+    ap.add_argument("--no-quality", action="store_true", help="speed runs only")
+    ap.add_argument("--kv-ppl", default="q8_0,q4_0", help="llama.cpp quantized KV caches for perplexity ('' for none)")
     ap.add_argument("--hf-tokenizer", action="store_true", help="only compare tq's ids with HF tokenizers")
     ap.add_argument("--out")
     args = ap.parse_args()
     text = open(args.corpus, encoding="utf-8").read()
-    report = {"model": args.model, "corpus": args.corpus, "ctx": args.ctx, "chunks": args.chunks,
-              "threads": args.threads}
+    report = {"date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "model": args.model,
+              "corpus": args.corpus, "ctx": args.ctx, "chunks": args.chunks, "threads": args.threads}
+
+    def save():
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(report, f, indent=2)
 
     ours = tq_json(args, "tokenize", "-m", args.model, "-f", args.corpus)["ids"]
-    hf = hf_tokenizer(args.model).encode(text).ids
     report["tokens_tq"] = len(ours)
-    report["tokens_hf_identical"] = hf == ours
-    print(f"tokenizer: tq {len(ours)} tokens; HF tokenizers identical: {hf == ours}")
+    try:
+        hf = hf_tokenizer(args.model).encode(text).ids
+        report["tokens_hf_identical"] = hf == ours
+        print(f"tokenizer: tq {len(ours)} tokens; HF tokenizers identical: {hf == ours}")
+    except ImportError:
+        print("tokenizer: HF tokenizers not installed, skipped")
     if args.hf_tokenizer:
         return
     import llama_cpp
-    ref_ids = llama_cpp.Llama(model_path=args.model, vocab_only=True, verbose=False).tokenize(
-        text.encode("utf-8"), add_bos=False, special=False)
-    report["tokens_llama_cpp_identical"] = list(ref_ids) == ours
-    print(f"tokenizer: llama.cpp identical: {report['tokens_llama_cpp_identical']}")
+    report["llama_cpp_python"] = llama_cpp.__version__
+    # This llama.cpp applies a Walsh-Hadamard rotation to K and V when their cache type is
+    # quantized (attn_rot_k / attn_rot_v in llama-kv-cache.cpp) unless LLAMA_ATTN_ROT_DISABLE=1:
+    # its q8_0 / q4_0 are then the counterparts of tq's q8_0h / q4_0h, not of tq's q8_0 / q4_0.
+    report["LLAMA_ATTN_ROT_DISABLE"] = os.environ.get("LLAMA_ATTN_ROT_DISABLE", "")
+    vocab = llama_cpp.Llama(model_path=args.model, vocab_only=True, verbose=False)
+    report["llama_cpp_add_bos"] = bool(llama_cpp.llama_vocab_get_add_bos(llama_cpp.llama_model_get_vocab(vocab.model)))
+    ref_ids = list(vocab.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+    del vocab
+    same = ref_ids == ours
+    report["tokens_llama_cpp"] = len(ref_ids)
+    report["tokens_llama_cpp_identical"] = same
+    if not same:
+        k = next((i for i, (a, b) in enumerate(zip(ref_ids, ours)) if a != b), min(len(ref_ids), len(ours)))
+        report["tokens_first_mismatch"] = {"index": k, "tq": ours[k:k + 8], "llama_cpp": ref_ids[k:k + 8]}
+    print(f"tokenizer: llama.cpp {len(ref_ids)} tokens, identical: {same} (llama.cpp add_bos: "
+          f"{report['llama_cpp_add_bos']})")
+    save()
 
-    tq_ppl = tq_json(args, "perplexity", "-m", args.model, "-f", args.corpus, "-c", str(args.ctx), "--chunks",
-                     str(args.chunks), "-t", str(args.threads), "--top1")
     F16, Q8, Q4 = llama_cpp.GGML_TYPE_F16, llama_cpp.GGML_TYPE_Q8_0, llama_cpp.GGML_TYPE_Q4_0
-    ppl_f16, top1, secs, _ = llama_perplexity(args, ours, F16, F16)
-    agree = float(np.mean(np.asarray(top1) == np.asarray(tq_ppl["top1"])))
-    report.update({"llama_cpp_ppl_f16": ppl_f16, "tq_ppl_f16": tq_ppl["ppl"],
-                   "ppl_rel_diff_pct": 100 * (tq_ppl["ppl"] / ppl_f16 - 1), "top1_agreement_vs_llama_cpp": agree,
-                   "llama_cpp_seconds_f16": secs, "tq_seconds_f16": tq_ppl["seconds"]})
-    print(f"f16 perplexity: llama.cpp {ppl_f16:.4f}, tq {tq_ppl['ppl']:.4f} "
-          f"({report['ppl_rel_diff_pct']:+.2f}%); top-1 agreement {100 * agree:.2f}%")
-    for name, t in (("q8_0", Q8), ("q4_0", Q4)):
-        p, _, s, _ = llama_perplexity(args, ours, t, t)
-        report[f"llama_cpp_ppl_{name}"] = p
-        print(f"llama.cpp {name} KV: ppl {p:.4f} ({100 * (p / ppl_f16 - 1):+.2f}% vs its f16)")
+    if not args.no_quality:
+        tq_ppl = tq_json(args, "perplexity", "-m", args.model, "-f", args.corpus, "-c", str(args.ctx), "--chunks",
+                         str(args.chunks), "-t", str(args.threads), "--top1")
+        ref = llama_perplexity(args, ours, F16, F16, tq_ppl["top1"])
+        a, b = np.asarray(ref["top1"]), np.asarray(tq_ppl["top1"])
+        assert len(a) == len(b) == tq_ppl["scored_tokens"], (len(a), len(b), tq_ppl["scored_tokens"])
+        agree = float(np.mean(a == b))
+        # Where the two argmaxes differ: llama.cpp's logit gap between its choice and ours
+        # (a near-tie means the disagreement is rounding, not a different model).
+        dis = np.nonzero(a != b)[0]
+        gaps = ref["gaps"]
+        report.update({
+            "scored_tokens": ref["scored"], "llama_cpp_ppl_f16": ref["ppl"], "tq_ppl_f16": tq_ppl["ppl"],
+            "ppl_rel_diff_pct": 100 * (tq_ppl["ppl"] / ref["ppl"] - 1), "top1_agreement_vs_llama_cpp": agree,
+            "top1_disagreements": len(dis), "top1_disagreement_logit_gaps": sorted(gaps),
+            "llama_cpp_chunk_ppl_f16": ref["chunk_ppl"], "tq_chunk_ppl_f16": tq_ppl.get("chunk_ppl"),
+            "llama_cpp_seconds_f16": ref["seconds"], "tq_seconds_f16": tq_ppl["seconds"],
+            "llama_cpp_top1_f16": ref["top1"], "tq_top1_f16": tq_ppl["top1"]})
+        print(f"f16 perplexity ({ref['scored']} scored tokens): llama.cpp {ref['ppl']:.4f}, tq {tq_ppl['ppl']:.4f} "
+              f"({report['ppl_rel_diff_pct']:+.3f}%); top-1 agreement {100 * agree:.2f}% "
+              f"({len(dis)} differ; llama.cpp logit gap at those: max {max(gaps, default=0):.3f})")
+        save()
+        for name, t in (("q8_0", Q8), ("q4_0", Q4)):
+            if name not in args.kv_ppl.split(","):
+                continue
+            r = llama_perplexity(args, ours, t, t)
+            ag = float(np.mean(np.asarray(r["top1"]) == a))
+            report[f"llama_cpp_ppl_{name}"] = r["ppl"]
+            report[f"llama_cpp_top1_vs_own_f16_{name}"] = ag
+            report[f"llama_cpp_seconds_{name}"] = r["seconds"]
+            print(f"llama.cpp {name} KV: ppl {r['ppl']:.4f} ({100 * (r['ppl'] / ref['ppl'] - 1):+.2f}% vs its f16), "
+                  f"top-1 vs its f16 {100 * ag:.2f}%")
+            save()
     speed = []
-    for ctx in [int(x) for x in args.speed_contexts.split(",")]:
+    ctxs = [int(x) for x in args.speed_contexts.split(",") if x.strip()]
+    for ctx in ctxs:
+        load0 = os.getloadavg()[0]
         for name, t in (("f16", F16), ("q8_0", Q8), ("q4_0", Q4)):
             pf, dc = llama_speed(args, ours, t, t, ctx)
-            speed.append({"context": ctx, "cache": name, "prefill_tok_s": pf, "decode_tok_s": dc})
+            speed.append({"engine": "llama.cpp", "context": ctx, "cache": name, "prefill_tok_s": pf,
+                          "decode_tok_s": dc, "threads": args.speed_threads, "reps": args.reps,
+                          "decode_tokens": args.decode})
             print(f"llama.cpp ctx {ctx} {name}: prefill {pf:.1f} tok/s, decode {dc:.2f} tok/s")
-    report["llama_cpp_speed"] = speed
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=2)
+        tq = tq_json(args, "bench", "model", "-m", args.model, "-f", args.corpus, "-t", str(args.speed_threads),
+                     "--contexts", str(ctx), "--caches", args.tq_caches, "--decode", str(args.decode),
+                     "--reps", str(args.reps))
+        for r in tq["rows"]:
+            speed.append({"engine": "tq", "context": ctx, "cache": r["cache"], "prefill_tok_s": r["prefill_tok_s"],
+                          "decode_tok_s": r["decode_tok_s"], "threads": args.speed_threads, "reps": args.reps,
+                          "decode_tokens": args.decode})
+            print(f"tq        ctx {ctx} {r['cache']}: prefill {r['prefill_tok_s']:.1f} tok/s, "
+                  f"decode {r['decode_tok_s']:.2f} tok/s")
+        for row in speed:
+            if row["context"] == ctx:
+                row["loadavg_1min_before"] = load0
+        report["speed"] = speed
+        save()
 
 
 if __name__ == "__main__":

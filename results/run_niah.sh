@@ -1,10 +1,54 @@
 #!/usr/bin/env bash
-# Needle runs for BENCHMARKS.md: f16 vs tq4 at 2K/4K/8K, depth 0.5, 1 trial each.
+# Needle runs for BENCHMARKS.md: f16 vs the recommended cache tq5/tq3 (K tq5, V tq3) at
+# 2K / 4K / 8K context, depths 0.1, 0.5, 0.9, exact (float) attention, 1 thread.
+# Both caches get the same trials: the seed fixes every passphrase and haystack offset, and
+# each (context, seed) runs f16 then tq5/tq3 back to back, so a stop leaves complete pairs.
+#   2K, 4K: one run per cache with 3 trials per depth (seed 42): 9 needles per cache.
+#   8K:     one trial per depth per run (seeds 42, 43, ... N8 of them): 3 needles per run.
+# Finished files are skipped, so the script can be re-run to resume.
+# Usage: bash results/run_niah.sh [context ...]    (default: 2048 4096 8192)
+# Env:   TQ (binary, default ../build/tq), N8 (number of 8K seeds, default 3), S8 (first 8K seed,
+#        default 42), DEPTHS (default 0.1,0.5,0.9; other values add _d<DEPTHS> to the file name),
+#        NICE (default 10).
+# The runs in BENCHMARKS.md: `bash results/run_niah.sh 2048 4096`, `N8=1 bash results/run_niah.sh 8192`,
+# `DEPTHS=0.5 S8=43 N8=5 bash results/run_niah.sh 8192`.
 set -u
 cd "$(dirname "$0")"
-for ctx in 2048 4096 8192; do
-  for c in f16 tq4; do
-    ./bin/tq-niah niah -m ../models/SmolLM2-135M-Instruct.Q4_1.gguf -f ../data/debian-reference.en.txt \
-      --context $ctx --depths 0.5 --trials 1 -t 1 -ctk $c -ctv $c --json > niah_c${ctx}_${c}.json 2> niah_c${ctx}_${c}.err
+TQ="${TQ:-../build/tq}"
+N8="${N8:-3}"
+NICE="${NICE:-10}"
+S8="${S8:-42}"
+DEPTHS="${DEPTHS:-0.1,0.5,0.9}"
+DTAG=""
+[[ $DEPTHS != 0.1,0.5,0.9 ]] && DTAG="_d${DEPTHS//,/-}"
+MODEL=../models/SmolLM2-135M-Instruct.Q4_1.gguf
+CORPUS=../data/debian-reference.en.txt
+
+run() {  # context trials seed
+  local ctx=$1 trials=$2 seed=$3 kv tag out
+  for kv in "f16 f16 f16" "tq5 tq3 tq5tq3"; do
+    set -- $kv
+    tag=$3
+    out="niah_c${ctx}_${tag}_s${seed}${DTAG}.json"
+    if [[ -s $out ]]; then echo "skip $out (exists)"; continue; fi
+    echo "$(date -u +%H:%M:%S) start $out"
+    if nice -n "$NICE" "$TQ" niah -m "$MODEL" -f "$CORPUS" --context "$ctx" --depths "$DEPTHS" \
+        --trials "$trials" --seed "$seed" -t 1 --exact-attention -ctk "$1" -ctv "$2" --json \
+        > "$out.tmp" 2> "${out%.json}.err"; then
+      mv "$out.tmp" "$out"
+      echo "$(date -u +%H:%M:%S) done  $out: $(python3 -c "import json,sys; j=json.load(open('$out')); print(j['passed'], '/', j['trials'])")"
+    else
+      echo "$(date -u +%H:%M:%S) FAILED $out (see ${out%.json}.err)"
+    fi
   done
+}
+
+contexts=("$@")
+[[ ${#contexts[@]} -eq 0 ]] && contexts=(2048 4096 8192)
+for ctx in "${contexts[@]}"; do
+  if [[ $ctx -ge 8192 ]]; then
+    for ((s = S8; s < S8 + N8; s++)); do run "$ctx" 1 "$s"; done
+  else
+    run "$ctx" 3 42
+  fi
 done

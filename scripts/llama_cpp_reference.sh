@@ -1,28 +1,46 @@
 #!/usr/bin/env bash
 # Outside reference (NOT part of CI): installs llama-cpp-python from PyPI into a virtual
-# environment (it compiles llama.cpp from source: slow on 2 cores) and compares it with `tq`
-# on the same model and text: token ids, top-1 agreement of next-token predictions,
-# perplexity with the f16 cache, llama.cpp's q8_0 / q4_0 KV perplexity and tok/s.
-# Usage: bash scripts/llama_cpp_reference.sh [build/tq] [ctx] [chunks] [threads]
+# environment and compares it with `tq` on the same model and text: token ids, top-1
+# agreement of next-token predictions, perplexity with the f16 cache, llama.cpp's q8_0 / q4_0
+# KV perplexity, and prefill / decode tok/s of both engines.
+#
+# PyPI has no binary wheel of llama-cpp-python (checked for 0.3.36 and 0.3.16 with
+# `pip download --no-deps --only-binary=:all:`), so pip compiles the bundled llama.cpp from
+# the sdist: CPU backend only, no mtmd/llava, no tools/tests/examples; about 30-40 minutes at
+# nice 10 with 2 jobs on the shared 2-core machine (once; the venv is reused).
+#
+# Usage: bash scripts/llama_cpp_reference.sh [build/tq] [ctx] [chunks] [quality threads] [speed threads] [speed contexts] [extra args]
+#   defaults: build/tq 512 8 1 2 512 (speed contexts comma-separated; "" for none); extra args
+#   go to bench/llama_cpp_reference.py (e.g. --no-quality, --kv-ppl "", --reps 3).
+# Then: bench/forward_ref64.py (float64 numpy forward pass) says which engine is nearer the
+# exact result where they differ (see BENCHMARKS.md, "Outside reference").
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 TQ="${1:-build/tq}"
 CTX="${2:-512}"
 CHUNKS="${3:-8}"
-THREADS="${4:-2}"
+THREADS="${4:-1}"
+SPEED_THREADS="${5:-2}"
+SPEED_CONTEXTS="${6-512}"
+shift $(($# < 6 ? $# : 6))
 VENV="${TQ_REF_VENV:-$ROOT/.venv-ref}"
+LLAMA_CPP_PYTHON_VERSION=0.3.36
 
 bash scripts/fetch-model.sh
 bash scripts/fetch-corpus.sh
 if [[ ! -x "$VENV/bin/python" ]]; then
   python3 -m venv "$VENV"
 fi
-if ! "$VENV/bin/python" -c "import llama_cpp, numpy, tokenizers" 2>/dev/null; then
-  echo "llama_cpp_reference.sh: installing llama-cpp-python (builds llama.cpp; this takes a while)" >&2
-  CMAKE_BUILD_PARALLEL_LEVEL="$THREADS" "$VENV/bin/pip" install --quiet llama-cpp-python numpy tokenizers
+if ! "$VENV/bin/python" -c "import llama_cpp, numpy, tokenizers, gguf, sys; sys.exit(llama_cpp.__version__ != '$LLAMA_CPP_PYTHON_VERSION')" 2>/dev/null; then
+  echo "llama_cpp_reference.sh: installing llama-cpp-python $LLAMA_CPP_PYTHON_VERSION (compiles llama.cpp; this takes a while)" >&2
+  CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF \
+-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF" \
+  CMAKE_BUILD_PARALLEL_LEVEL="${TQ_REF_JOBS:-2}" \
+    nice -n 10 "$VENV/bin/pip" install "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" numpy tokenizers gguf==0.19.0
 fi
 mkdir -p results
 "$VENV/bin/python" bench/llama_cpp_reference.py --tq "$TQ" --model models/SmolLM2-135M-Instruct.Q4_1.gguf \
   --corpus data/debian-reference.en.txt --ctx "$CTX" --chunks "$CHUNKS" --threads "$THREADS" \
-  --out "results/llama_cpp_reference_c${CTX}.json"
+  --speed-threads "$SPEED_THREADS" --speed-contexts "$SPEED_CONTEXTS" \
+  --out "${TQ_REF_OUT:-results/llama_cpp_reference_c${CTX}.json}" "$@"

@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""Float64 reference forward pass of the GGUF llama model, in numpy (not part of CI).
+
+Third opinion for the llama.cpp comparison (bench/llama_cpp_reference.py): when tq and llama.cpp
+disagree on a next-token argmax, which one is nearer to the exact computation? Weights are
+dequantized from the GGUF with the `gguf` package (Q4_1 / Q8_0 -> float), everything else is
+float64: RMSNorm, normal-mode RoPE (adjacent pairs, as llama.cpp's LLAMA arch), GQA causal
+attention, SwiGLU FFN, tied output. K and V are rounded to float16 as both engines' f16 caches
+do (--exact-kv to keep them in float64). Windows and scored rows follow `tq perplexity`.
+
+With --compare REPORT (the JSON of llama_cpp_reference.py, which holds both engines' top-1
+lists), prints each engine's top-1 agreement with this reference and the perplexities.
+Usage: python bench/forward_ref64.py --model M.gguf --tq build/tq --corpus text --ctx 512 --chunks 8 \
+           --compare results/llama_cpp_reference_c512.json --out results/ref64_c512.json
+"""
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+
+def load(model):
+    import gguf
+    r = gguf.GGUFReader(model)
+    md = {}
+    for f in r.fields.values():
+        if f.types and f.types[0] != gguf.GGUFValueType.ARRAY:
+            md[f.name] = f.contents()
+    W = {}
+    for t in r.tensors:
+        a = gguf.quants.dequantize(t.data, t.tensor_type)
+        W[t.name] = np.asarray(a, dtype=np.float64).reshape([int(x) for x in reversed(t.shape)])
+    return md, W
+
+
+def rmsnorm(x, w, eps):
+    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * w
+
+
+def forward(md, W, toks, first, exact_kv):
+    """Logits (float64) of rows first .. len(toks)-2."""
+    n = len(toks)
+    L = md["llama.block_count"]
+    H = md["llama.attention.head_count"]
+    Hk = md["llama.attention.head_count_kv"]
+    E = md["llama.embedding_length"]
+    D = E // H
+    eps = md["llama.attention.layer_norm_rms_epsilon"]
+    base = md["llama.rope.freq_base"]
+    rd = md.get("llama.rope.dimension_count", D)
+    pos = np.arange(n, dtype=np.float64)[:, None]
+    ang = pos * base ** (-2.0 * np.arange(rd // 2) / rd)  # (n, rd/2)
+    cos, sin = np.cos(ang), np.sin(ang)
+
+    def rope(x, heads):
+        x = x.reshape(n, heads, D).copy()
+        a, b = x[:, :, 0:rd:2].copy(), x[:, :, 1:rd:2].copy()
+        x[:, :, 0:rd:2] = a * cos[:, None, :] - b * sin[:, None, :]
+        x[:, :, 1:rd:2] = a * sin[:, None, :] + b * cos[:, None, :]
+        return x
+
+    mask = np.triu(np.full((n, n), -np.inf), 1)
+    x = W["token_embd.weight"][np.asarray(toks)]
+    for l in range(L):
+        p = f"blk.{l}."
+        h = rmsnorm(x, W[p + "attn_norm.weight"], eps)
+        q = rope(h @ W[p + "attn_q.weight"].T, H)
+        k = rope(h @ W[p + "attn_k.weight"].T, Hk)
+        v = (h @ W[p + "attn_v.weight"].T).reshape(n, Hk, D)
+        if not exact_kv:
+            k = k.astype(np.float16).astype(np.float64)
+            v = v.astype(np.float16).astype(np.float64)
+        out = np.empty((n, H, D))
+        for hh in range(H):
+            kv = hh // (H // Hk)
+            s = q[:, hh, :] @ k[:, kv, :].T / math.sqrt(D) + mask
+            s = np.exp(s - s.max(axis=1, keepdims=True))
+            s /= s.sum(axis=1, keepdims=True)
+            out[:, hh, :] = s @ v[:, kv, :]
+        x = x + out.reshape(n, E) @ W[p + "attn_output.weight"].T
+        h = rmsnorm(x, W[p + "ffn_norm.weight"], eps)
+        g = h @ W[p + "ffn_gate.weight"].T
+        u = h @ W[p + "ffn_up.weight"].T
+        x = x + ((g / (1 + np.exp(-g))) * u) @ W[p + "ffn_down.weight"].T
+    h = rmsnorm(x[first:n - 1], W["output_norm.weight"], eps)
+    out_w = W.get("output.weight", W["token_embd.weight"])
+    return h @ out_w.T
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--corpus", required=True)
+    ap.add_argument("--tq", default="build/tq", help="used only to tokenize (ids checked against llama.cpp)")
+    ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--chunks", type=int, default=8)
+    ap.add_argument("--exact-kv", action="store_true", help="keep K/V in float64 instead of rounding to f16")
+    ap.add_argument("--compare", help="JSON report of llama_cpp_reference.py with both engines' top-1 lists")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    toks = json.loads(subprocess.run([args.tq, "tokenize", "-m", args.model, "-f", args.corpus, "--json"],
+                                     check=True, capture_output=True, text=True).stdout)["ids"]
+    md, W = load(args.model)
+    ctx, first = args.ctx, args.ctx // 2
+    nll, n, top1, logits_all, chunk_ppl = 0.0, 0, [], [], []
+    t0 = time.time()
+    for c in range(args.chunks):
+        win = toks[c * ctx:(c + 1) * ctx]
+        lg = forward(md, W, win, first, args.exact_kv)
+        m = lg.max(axis=1, keepdims=True)
+        lp = lg - m - np.log(np.exp(lg - m).sum(axis=1, keepdims=True))
+        tgt = np.asarray(win[first + 1:ctx])
+        nl = -lp[np.arange(len(tgt)), tgt]
+        chunk_ppl.append(math.exp(nl.mean()))
+        nll += float(nl.sum())
+        n += len(tgt)
+        top1.extend(int(i) for i in lg.argmax(axis=1))
+        logits_all.append(lg.astype(np.float32))
+        print(f"window {c}: ppl {chunk_ppl[-1]:.4f} ({time.time() - t0:.0f} s)", file=sys.stderr)
+    lg = np.concatenate(logits_all)
+    rep = {"ctx": ctx, "chunks": args.chunks, "scored_tokens": n, "kv": "float64" if args.exact_kv else "f16-rounded",
+           "ppl": math.exp(nll / n), "chunk_ppl": chunk_ppl, "seconds": time.time() - t0}
+    print(f"ref64 ({rep['kv']} K/V): ppl {rep['ppl']:.4f} over {n} scored tokens")
+    if args.compare:
+        other = json.load(open(args.compare))
+        srt = np.sort(lg, axis=1)
+        margin = srt[:, -1] - srt[:, -2]  # reference top-1 margin per row
+        ref = np.asarray(top1)
+        for eng in ("tq", "llama_cpp"):
+            t = np.asarray(other[f"{eng}_top1_f16"])
+            assert len(t) == len(ref), (eng, len(t), len(ref))
+            dis = np.nonzero(t != ref)[0]
+            # how far below the reference's best logit the engine's choice is, where they differ
+            gaps = [float(lg[i, ref[i]] - lg[i, t[i]]) for i in dis]
+            rep[f"{eng}_top1_agreement_vs_ref64"] = float(np.mean(t == ref))
+            rep[f"{eng}_top1_disagreements_vs_ref64"] = len(dis)
+            rep[f"{eng}_ref64_logit_gap_at_disagreements"] = sorted(gaps)
+            rep[f"{eng}_ppl_f16"] = other[f"{eng}_ppl_f16"]
+            rep[f"{eng}_ppl_rel_diff_vs_ref64_pct"] = 100 * (other[f"{eng}_ppl_f16"] / rep["ppl"] - 1)
+            print(f"{eng:9s}: top-1 agreement with ref64 {100 * np.mean(t == ref):.2f}% ({len(dis)} differ, ref64 "
+                  f"gap max {max(gaps, default=0):.3f}); ppl {other[f'{eng}_ppl_f16']:.4f} "
+                  f"({rep[f'{eng}_ppl_rel_diff_vs_ref64_pct']:+.3f}% vs ref64)")
+        a, b = np.asarray(other["tq_top1_f16"]), np.asarray(other["llama_cpp_top1_f16"])
+        both = np.nonzero(a != b)[0]
+        rep["engines_disagree"] = len(both)
+        rep["engines_disagree_ref64_margin_median"] = float(np.median(margin[both])) if len(both) else None
+        rep["all_rows_ref64_margin_median"] = float(np.median(margin))
+        rep["engines_disagree_ref64_sides_with"] = {
+            "tq": int(np.sum(a[both] == ref[both])), "llama_cpp": int(np.sum(b[both] == ref[both])),
+            "neither": int(np.sum((a[both] != ref[both]) & (b[both] != ref[both])))}
+        print(f"where tq and llama.cpp differ ({len(both)} rows): ref64 sides with "
+              f"{rep['engines_disagree_ref64_sides_with']}; ref64 top-1 margin there median "
+              f"{rep['engines_disagree_ref64_margin_median']}, over all rows {rep['all_rows_ref64_margin_median']:.3f}")
+    rep["top1"] = top1
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rep, f, indent=2)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
