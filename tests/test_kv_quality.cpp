@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kv_test_util.h"
 #include "kv/kv_internal.h"
 #include "tq/common.h"
 #include "tq/error.h"
@@ -40,14 +41,7 @@ void fill_shifted(tq::Rng& rng, int n, int kvh, int D, std::vector<float>& k, st
       }
 }
 
-double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (double)(a[i] - b[i]) * (a[i] - b[i]);
-    den += (double)b[i] * b[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
+using tq_test::rel_err;
 
 struct QCase {
   std::string tk, tv;
