@@ -1,7 +1,7 @@
 // Attention over the KV cache: the driver (tasks over kv heads x KV-length chunks, merged
 // with log-sum-exp), the generic float path (decode a block of rows in the stream's domain,
-// then exact online softmax; used for prefill, exact mode and formats without a fused
-// kernel) and attention_ref (dequantize every row to the original domain, then exact
+// then exact online softmax; used for formats and levels without a fused kernel, the f16
+// window and the sinks) and attention_ref (dequantize every row to the original domain, then exact
 // attention in double: the oracle).
 //
 // Fused SIMD kernels (f16 rows, tq bit-plane codes) live in attention_simd.cpp.

@@ -87,8 +87,8 @@ bool DecodeF16(const Shape& sh, const Stream& sk, const Stream& sv, const float*
 
 // One block of decoded rows (kR, vR: nt x D floats, row-major) for G heads of one query:
 // scores as per-token dot products (one horizontal sum per head and token), block softmax,
-// V accumulation. Used for the row formats (f32, q8_0, q4_0 and rotated, tq5..8, tq2.5/3.5,
-// prod V), for prefill and for exact mode.
+// V accumulation. Used for the row formats (f32, q8_0, q4_0 and rotated, prod V), tq at the
+// scalar level or without a kernel instance for the GQA ratio, the f16 window and the sinks.
 template <int G>
 void AttendRowsG(int D, float scale, const float* qd, const float* kR, const float* vR, int nt,
                  const States& st) {

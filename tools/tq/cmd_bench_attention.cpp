@@ -103,7 +103,7 @@ void setup(CLI::App& app) {
   sub->add_flag("--lut8", o->lut8, "every tq row uses the int8 lookup-table kernel (AVX-512 VNNI/VBMI)");
   sub->add_flag("--exact", o->exact, "never the int8 lookup-table kernel (overrides --lut8 and '@lut8')");
   sub->add_flag("--no-ref", o->no_ref,
-                "skip the same-codes check (fused and exact-mode output vs attention_ref on the cache)");
+                "skip the same-codes check (timed and float-kernel output vs attention_ref on the cache)");
   sub->add_flag("--grouped", o->grouped,
                 "run all steps of one type back to back (warm caches) instead of interleaving types");
   sub->add_flag("--json", o->json, "print one JSON object on stdout");
@@ -251,7 +251,7 @@ void setup(CLI::App& app) {
       for (int e = 0; e < n_err; ++e)
         tq::attention(*r.cache, 0, 1, &qs[(size_t)e * H * D], &r.out_err[(size_t)e * H * D], pe);
     }
-    // Same codes: fused kernels (as timed) and exact mode vs the dequantize-then-exact oracle.
+    // Same codes: the timed kernel and the float kernel vs the dequantize-then-exact oracle.
     if (!o->no_ref) {
       std::vector<float> ref((size_t)H * D), ex((size_t)H * D);
       for (auto& r : rows) {
