@@ -11,6 +11,9 @@ namespace tq::kv {
 constexpr int kChunkTokens = 2048;  // KV-length split (multiple of kBlock): fixed, so results
                                     // do not depend on the thread count
 
+// GQA ratios with fused kernel instances (DecodeF16, DecodeTq, lut8); others take the row path.
+inline bool has_kernel_instance(int G) noexcept { return G == 1 || G == 2 || G == 3 || G == 4 || G == 8; }
+
 struct Shape {
   int D, H, KVH, G, n_q, n_tokens, n_quant;
   float scale;

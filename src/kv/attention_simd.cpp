@@ -252,8 +252,7 @@ const char* fused_kernel_name(const Shape& sh, const Stream& sk, const Stream& s
   if (simd::use_scalar()) return "rows";
   if (sk.fmt->kind == Kind::f16 && sv.fmt->kind == Kind::f16) {
     // DecodeF16 runs for these G when the vector length divides D (16 covers every level).
-    const bool g_ok = sh.G == 1 || sh.G == 2 || sh.G == 3 || sh.G == 4 || sh.G == 8;
-    return g_ok && sh.D % 16 == 0 ? "f16" : "rows";
+    return has_kernel_instance(sh.G) && sh.D % 16 == 0 ? "f16" : "rows";
   }
   if (tq_pair(sk, sv)) {
     if (lut8 && decode_tq_supported(sh, sk, sv, true)) return "tq-lut8";

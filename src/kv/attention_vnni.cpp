@@ -338,12 +338,12 @@ bool decode_tq_supported(const Shape& sh, const Stream& sk, const Stream& sv, bo
     if (s->fmt->kind == Kind::tq_split && !s->split_frozen) return false;
   }
   if (sh.D % 16 != 0 || sh.D > kMaxHeadDim) return false;
-  if (sh.G != 1 && sh.G != 2 && sh.G != 3 && sh.G != 4 && sh.G != 8) return false;
+  if (!has_kernel_instance(sh.G)) return false;
   // The SIMD level (TQ_SIMD / --simd) decides: lut8 needs VNNI + VBMI and the avx3_dl level;
-  // the float kernel runs at every Highway level with 4-16 float lanes (not scalar).
-  const std::string level = simd::current_level();
-  if (lut8) return host_ok() && level == "avx3_dl";
-  return level != "scalar" && decode_tq_float_lanes() >= 4;
+  // the float kernel runs at every Highway level with 4-16 float lanes (not scalar). This runs
+  // per query and chunk: the float check reads an atomic, only lut8 asks for the level name.
+  if (lut8) return host_ok() && simd::current_level() == "avx3_dl";
+  return !simd::use_scalar() && decode_tq_float_lanes() >= 4;
 }
 
 bool decode_tq(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a, int b,
