@@ -162,11 +162,15 @@ def main():
     ap.add_argument("--decode", type=int, default=32, help="greedy decode steps in the speed runs")
     ap.add_argument("--reps", type=int, default=3, help="speed repetitions (median)")
     ap.add_argument("--tq-caches", default="f16,q8_0,q4_0,tq5/tq3", help="tq caches in the speed runs")
+    ap.add_argument("--llama-caches", default="f16,q8_0,q4_0", help="llama.cpp caches in the speed runs (of f16, q8_0, q4_0)")
     ap.add_argument("--no-quality", action="store_true", help="speed runs only")
     ap.add_argument("--kv-ppl", default="q8_0,q4_0", help="llama.cpp quantized KV caches for perplexity ('' for none)")
     ap.add_argument("--hf-tokenizer", action="store_true", help="only compare tq's ids with HF tokenizers")
     ap.add_argument("--out")
     args = ap.parse_args()
+    bad = set(filter(None, args.llama_caches.split(","))) - {"f16", "q8_0", "q4_0"}
+    if bad:
+        ap.error(f"--llama-caches: unknown cache type(s) {', '.join(sorted(bad))} (valid: f16, q8_0, q4_0)")
     text = open(args.corpus, encoding="utf-8").read()
     report = {"date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "model": args.model,
               "corpus": args.corpus, "ctx": args.ctx, "chunks": args.chunks, "threads": args.threads}
@@ -245,6 +249,8 @@ def main():
     for ctx in ctxs:
         load0 = os.getloadavg()[0]
         for name, t in (("f16", F16), ("q8_0", Q8), ("q4_0", Q4)):
+            if name not in args.llama_caches.split(","):
+                continue
             pf, dc = llama_speed(args, ours, t, t, ctx)
             speed.append({"engine": "llama.cpp", "context": ctx, "cache": name, "prefill_tok_s": pf,
                           "decode_tok_s": dc, "threads": args.speed_threads, "reps": args.reps,

@@ -9,7 +9,8 @@
 # Usage: bash results/run_niah.sh [context ...]    (default: 2048 4096 8192)
 # Env:   TQ (binary, default ../build/tq), N8 (number of 8K seeds, default 3), S8 (first 8K seed,
 #        default 42), DEPTHS (default 0.1,0.5,0.9; other values add _d<DEPTHS> to the file name),
-#        NICE (default 10).
+#        NICE (default 10), CACHES (';'-separated "tag|flags" entries, default
+#        "f16|-ctk f16 -ctv f16;tq5tq3|-ctk tq5 -ctv tq3"; the tag names the output files).
 # The runs in BENCHMARKS.md: `bash results/run_niah.sh 2048 4096`, `N8=1 bash results/run_niah.sh 8192`,
 # `DEPTHS=0.5 S8=43 N8=5 bash results/run_niah.sh 8192`.
 set -u
@@ -19,21 +20,24 @@ N8="${N8:-3}"
 NICE="${NICE:-10}"
 S8="${S8:-42}"
 DEPTHS="${DEPTHS:-0.1,0.5,0.9}"
+CACHES="${CACHES:-f16|-ctk f16 -ctv f16;tq5tq3|-ctk tq5 -ctv tq3}"
 DTAG=""
 [[ $DEPTHS != 0.1,0.5,0.9 ]] && DTAG="_d${DEPTHS//,/-}"
 MODEL=../models/SmolLM2-135M-Instruct.Q4_1.gguf
 CORPUS=../data/debian-reference.en.txt
 
 run() {  # context trials seed
-  local ctx=$1 trials=$2 seed=$3 kv tag out
-  for kv in "f16 f16 f16" "tq5 tq3 tq5tq3"; do
-    set -- $kv
-    tag=$3
+  local ctx=$1 trials=$2 seed=$3 entry tag flags out
+  local -a entries
+  IFS=';' read -r -a entries <<< "$CACHES"
+  for entry in "${entries[@]}"; do
+    tag=${entry%%|*}
+    flags=${entry#*|}
     out="niah_c${ctx}_${tag}_s${seed}${DTAG}.json"
     if [[ -s $out ]]; then echo "skip $out (exists)"; continue; fi
     echo "$(date -u +%H:%M:%S) start $out"
     if nice -n "$NICE" "$TQ" niah -m "$MODEL" -f "$CORPUS" --context "$ctx" --depths "$DEPTHS" \
-        --trials "$trials" --seed "$seed" -t 1 --exact-attention -ctk "$1" -ctv "$2" --json \
+        --trials "$trials" --seed "$seed" -t 1 --exact-attention $flags --json \
         > "$out.tmp" 2> "${out%.json}.err"; then
       mv "$out.tmp" "$out"
       echo "$(date -u +%H:%M:%S) done  $out: $(python3 -c "import json,sys; j=json.load(open('$out')); print(j['passed'], '/', j['trials'])")"
