@@ -221,8 +221,8 @@ TEST(QMatvec, RejectsBadInput) {
   EXPECT_FALSE(tq::llm::qmatvec_supported(GgmlType::BF16));
 }
 
-// Tiny random-weight models: greedy decode (one token per forward, the block kernels) and a
-// 3-token forward (also the block kernels) give the same logits as the f32 OpenBLAS path
+// Tiny random-weight models: greedy decode (one token per forward, the block kernels) and 3-
+// and 7-token forwards (also the block kernels, n <= 8) give the same logits as the f32 OpenBLAS path
 // within 2e-5 of the largest logit. Both compute the same products of the same f32 weight
 // values (the f32 copy is the dequantized blocks) and differ only in float summation order
 // (~1e-6 relative per projection, see the kernel bound above), carried through 2 layers.
@@ -261,18 +261,19 @@ TEST(QMatvec, ModelDecodeMatchesF32Path) {
         }
         EXPECT_LT(err / scale, 2e-5) << what;
         EXPECT_GT(err, 0.0) << what << ": the two paths gave the same bits (is the block path used?)";
-        // A 3-token forward (block kernels, 3 rows at once) after the 12 tokens.
-        const std::vector<int32_t> three = {5, 17, 42};
-        m.set_f32_decode(false);
-        const auto tq3 = m.forward_last(cq, three);
-        m.set_f32_decode(true);
-        const auto tf3 = m.forward_last(cf, three);
-        err = scale = 0;
-        for (int v = 0; v < c.n_vocab; ++v) {
-          err = std::max(err, static_cast<double>(std::fabs(tq3[v] - tf3[v])));
-          scale = std::max(scale, static_cast<double>(std::fabs(tf3[v])));
+        // 3- and 7-token forwards (block kernels: one pass of 3 rows; passes of 4 + 3 rows).
+        for (const std::vector<int32_t>& more : {std::vector<int32_t>{5, 17, 42}, std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7}}) {
+          m.set_f32_decode(false);
+          const auto lq = m.forward_last(cq, more);
+          m.set_f32_decode(true);
+          const auto lf = m.forward_last(cf, more);
+          err = scale = 0;
+          for (int v = 0; v < c.n_vocab; ++v) {
+            err = std::max(err, static_cast<double>(std::fabs(lq[v] - lf[v])));
+            scale = std::max(scale, static_cast<double>(std::fabs(lf[v])));
+          }
+          EXPECT_LT(err / scale, 2e-5) << what << " " << more.size() << "-token forward";
         }
-        EXPECT_LT(err / scale, 2e-5) << what << " 3-token forward";
       }
       m.set_f32_decode(false);
     }

@@ -6,7 +6,7 @@
 // each head rotate by pos * base^(-2i/rope_dim)); GGUF converters permute Wq/Wk for it.
 // Weights (F32/F16/BF16/Q4_0/Q4_1/Q8_0 in the file) are dequantized to f32 once at load for
 // the prefill GEMMs (OpenBLAS sgemm); the matrices' GGUF blocks are kept too and calls with a
-// few rows (decode, one token's logits) read them with SIMD block kernels instead (BF16: no
+// few rows (<= 8: decode, one token's logits) read them with SIMD block kernels instead (BF16: no
 // block kernel, OpenBLAS throughout). K and V are written to the cache (quantized on write)
 // before attention reads them, in prefill too.
 #pragma once

@@ -1,6 +1,6 @@
 // Llama forward pass: OpenMP for the element-wise parts, tq::KvCache + tq::attention for
 // attention (quantize on write). Projections (matmul below) take one of two paths:
-//  - a few rows (n <= kBlockKernelMaxRows: decode, the logits of one token): the block
+//  - a few rows (n <= kBlockKernelMaxRows = 8: decode, one token's logits): the block
 //    kernels of llm/qmatvec.h read the weights as stored in the GGUF (Q4_1 / Q8_0 / ... blocks
 //    copied out of the file at load), which streams ~5x fewer bytes per token than f32;
 //  - more rows (prefill): OpenBLAS sgemm on the f32 copy dequantized at load (the GEMM
@@ -29,8 +29,11 @@ namespace tq {
 
 namespace {
 
-// Up to this many rows per call the block kernels beat the f32 GEMM (see docs/design.md).
-constexpr int kBlockKernelMaxRows = 4;
+// Up to this many rows per call the block kernels beat the f32 GEMM. Measured with
+// bench_qmatvec Stack (every projection of one SmolLM2-135M forward, streamed from memory, 1
+// thread): block kernels 9.4 / 19 / 45 ms for 1 / 4 / 8 rows vs OpenBLAS 40 / 67-69 / 77-79 ms;
+// about even at 16 rows (76-94 vs 96-98 ms, noisy shared host), OpenBLAS ahead from 24.
+constexpr int kBlockKernelMaxRows = 8;
 
 // A weight matrix: the f32 copy (GEMM, embedding rows) and the GGUF blocks (decode kernels).
 // F32 tensors keep one copy (raw() points at the floats); types without a block kernel have
