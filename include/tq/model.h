@@ -4,9 +4,11 @@
 //            x += Wd * (silu(Wg rms(x)) * Wu rms(x)); logits = E_out * rms(x).
 // RoPE: llama.cpp's "normal" mode for the llama architecture (adjacent pairs (2i, 2i+1) of
 // each head rotate by pos * base^(-2i/rope_dim)); GGUF converters permute Wq/Wk for it.
-// Weights (F32/F16/BF16/Q4_0/Q4_1/Q8_0 in the file) are dequantized to f32 once at load;
-// every projection is an OpenBLAS sgemm (prefill) or sgemv (decode). K and V are written to
-// the cache (quantized on write) before attention reads them, in prefill too.
+// Weights (F32/F16/BF16/Q4_0/Q4_1/Q8_0 in the file) are dequantized to f32 once at load for
+// the prefill GEMMs (OpenBLAS sgemm); the matrices' GGUF blocks are kept too and calls with a
+// few rows (<= 8: decode, one token's logits) read them with SIMD block kernels instead (BF16: no
+// block kernel, OpenBLAS throughout). K and V are written to the cache (quantized on write)
+// before attention reads them, in prefill too.
 #pragma once
 
 #include <cstdint>
@@ -41,7 +43,8 @@ enum class AttentionImpl { Fused, Reference };  // tq::attention vs tq::attentio
 
 class LlamaModel {
  public:
-  // Reads llama.* metadata and all weights (dequantized to f32). tq::Error on any mismatch.
+  // Reads llama.* metadata and all weights (dequantized to f32; matrices of a type with a
+  // block kernel also keep their GGUF bytes). tq::Error on any mismatch.
   static LlamaModel load(const GgufFile& gguf);
   LlamaModel(LlamaModel&&) noexcept;
   LlamaModel& operator=(LlamaModel&&) noexcept;
@@ -49,6 +52,9 @@ class LlamaModel {
 
   const LlamaConfig& config() const noexcept;
   size_t weight_bytes() const noexcept;            // f32 bytes held in memory
+  // Bytes of the GGUF block copies kept for the decode kernels (F32 matrices share the f32
+  // copy and add nothing), held in memory on top of weight_bytes().
+  size_t block_weight_bytes() const noexcept;
   // A cache config with this model's shape (layers, kv heads, head_dim) and max_tokens.
   KvCacheConfig kv_config(int max_tokens) const;
 
@@ -59,6 +65,11 @@ class LlamaModel {
   void set_attention_exact(bool exact) noexcept;
   void set_attention_lut8(bool lut8) noexcept;
   void set_ubatch(int n) noexcept;                 // prefill micro-batch (default 512)
+  // true: every projection uses OpenBLAS on the f32 weights, decode included (sgemv), as
+  // before the block kernels; for A/B comparisons. Default: the environment variable
+  // TQ_F32_DECODE (set and not "0": true).
+  void set_f32_decode(bool on) noexcept;
+  bool f32_decode() const noexcept;
 
   // Process n tokens at positions cache.n_tokens(0) ... (appends their K/V to the cache).
   // hidden_out (optional): n * n_embd final-normed hidden states, for logits().

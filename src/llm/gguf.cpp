@@ -1,5 +1,6 @@
 // GGUF reader/writer and the ggml weight block codecs (F32, F16, BF16, Q4_0, Q4_1, Q8_0).
-// Scalar code only: weights are dequantized once at load time (see docs/design.md).
+// Scalar code only: the model dequantizes its weights once at load for prefill; decode reads
+// the blocks with the kernels of src/llm/qmatvec_simd.cpp (see docs/design.md).
 #include "tq/gguf.h"
 
 #include <fcntl.h>

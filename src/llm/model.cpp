@@ -1,5 +1,13 @@
-// Llama forward pass: f32 weights, OpenBLAS GEMM/GEMV for projections, OpenMP for the
-// element-wise parts, tq::KvCache + tq::attention for attention (quantize on write).
+// Llama forward pass: OpenMP for the element-wise parts, tq::KvCache + tq::attention for
+// attention (quantize on write). Projections (matmul below) take one of two paths:
+//  - a few rows (n <= kBlockKernelMaxRows = 8: decode, one token's logits): the block
+//    kernels of llm/qmatvec.h read the weights as stored in the GGUF (Q4_1 / Q8_0 / ... blocks
+//    copied out of the file at load), which streams ~5x fewer bytes per token than f32;
+//  - more rows (prefill): OpenBLAS sgemm on the f32 copy dequantized at load (the GEMM
+//    reuses each weight across the rows, so there the f32 copy is the fast one).
+// TQ_F32_DECODE=1 (or set_f32_decode(true), `--f32-decode`) sends every call to OpenBLAS
+// (sgemv for one row) as before the block kernels, for A/B runs. Types without a block kernel
+// (BF16) always use the f32 path.
 #include "tq/model.h"
 
 #include <cblas.h>
@@ -7,8 +15,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
+#include "llm/qmatvec.h"
 #include "tq/error.h"
 #include "tq/gguf.h"
 
@@ -17,21 +28,52 @@ extern "C" void openblas_set_num_threads(int num_threads);
 namespace tq {
 
 namespace {
-struct Layer {
-  std::vector<float> attn_norm, wq, wk, wv, wo, ffn_norm, wg, wu, wd;
+
+// Up to this many rows per call the block kernels beat the f32 GEMM. Measured with
+// bench_qmatvec Stack (every projection of one SmolLM2-135M forward, streamed from memory, 1
+// thread): block kernels 9.4 / 19 / 45 ms for 1 / 4 / 8 rows vs OpenBLAS 40 / 67-69 / 77-79 ms;
+// about even at 16 rows (76-94 vs 96-98 ms, noisy shared host), OpenBLAS ahead from 24.
+constexpr int kBlockKernelMaxRows = 8;
+
+// A weight matrix: the f32 copy (GEMM, embedding rows) and the GGUF blocks (decode kernels).
+// F32 tensors keep one copy (raw() points at the floats); types without a block kernel have
+// no block copy (has_blocks() false).
+struct Weight {
+  std::vector<float> f;
+  std::vector<uint8_t> blocks;
+  GgmlType type = GgmlType::F32;
+  bool kernel = false;
+  const float* data() const noexcept { return f.data(); }
+  bool has_blocks() const noexcept { return kernel; }
+  const void* raw() const noexcept {
+    return type == GgmlType::F32 ? static_cast<const void*>(f.data()) : static_cast<const void*>(blocks.data());
+  }
 };
+
+struct Layer {
+  std::vector<float> attn_norm, ffn_norm;
+  Weight wq, wk, wv, wo, wg, wu, wd;
+};
+
+bool env_on(const char* name) {
+  const char* e = std::getenv(name);
+  return e && *e && std::string(e) != "0";
+}
+
 }  // namespace
 
 struct LlamaModel::Impl {
   LlamaConfig cfg;
-  std::vector<float> tok_embd, output_norm, output;  // output empty when tied
+  Weight tok_embd, output;  // output empty when tied
+  std::vector<float> output_norm;
   std::vector<Layer> layers;
   int n_threads = 0;
   AttentionImpl attn = AttentionImpl::Fused;
   bool exact = false;
   bool lut8 = false;
+  bool f32_decode = env_on("TQ_F32_DECODE");
   int ubatch = 512;
-  const float* out_w() const { return cfg.tied_output ? tok_embd.data() : output.data(); }
+  const Weight& out_w() const { return cfg.tied_output ? tok_embd : output; }
 };
 
 LlamaModel::LlamaModel() : impl_(std::make_unique<Impl>()) {}
@@ -81,6 +123,16 @@ LlamaModel LlamaModel::load(const GgufFile& g) {
              [&] { std::string s; for (auto d : ne) s += std::to_string(d) + " "; return s; }().c_str());
     return g.tensor_f32(t);
   };
+  // A matrix: the f32 copy plus, for types with a block kernel, the GGUF bytes themselves.
+  auto load_w = [&](const std::string& name, std::vector<uint64_t> ne) {
+    Weight w;
+    w.f = load(name, ne);
+    const GgufTensor& t = g.tensor(name);
+    w.type = t.type;
+    w.kernel = llm::qmatvec_supported(t.type);
+    if (w.kernel && t.type != GgmlType::F32) w.blocks.assign(t.data, t.data + t.n_bytes);
+    return w;
+  };
   const uint64_t E = c.n_embd, F = c.n_ff, KV = static_cast<uint64_t>(c.n_kv_heads) * c.head_dim;
   const GgufTensor& te = g.tensor("token_embd.weight");
   TQ_CHECK(te.ne.size() == 2 && te.ne[0] == E, "%s: token_embd.weight has the wrong shape", g.path().c_str());
@@ -89,34 +141,43 @@ LlamaModel LlamaModel::load(const GgufFile& g) {
     TQ_CHECK(g.get_uint(a + "vocab_size") == te.ne[1], "%s: vocab_size disagrees with token_embd",
              g.path().c_str());
   }
-  I.tok_embd = load("token_embd.weight", {E, te.ne[1]});
+  I.tok_embd = load_w("token_embd.weight", {E, te.ne[1]});
   I.output_norm = load("output_norm.weight", {E});
   c.tied_output = g.find_tensor("output.weight") == nullptr;
-  if (!c.tied_output) I.output = load("output.weight", {E, te.ne[1]});
+  if (!c.tied_output) I.output = load_w("output.weight", {E, te.ne[1]});
   I.layers.resize(c.n_layers);
   for (int l = 0; l < c.n_layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     Layer& L = I.layers[l];
     L.attn_norm = load(p + "attn_norm.weight", {E});
-    L.wq = load(p + "attn_q.weight", {E, E});
-    L.wk = load(p + "attn_k.weight", {E, KV});
-    L.wv = load(p + "attn_v.weight", {E, KV});
-    L.wo = load(p + "attn_output.weight", {E, E});
+    L.wq = load_w(p + "attn_q.weight", {E, E});
+    L.wk = load_w(p + "attn_k.weight", {E, KV});
+    L.wv = load_w(p + "attn_v.weight", {E, KV});
+    L.wo = load_w(p + "attn_output.weight", {E, E});
     L.ffn_norm = load(p + "ffn_norm.weight", {E});
-    L.wg = load(p + "ffn_gate.weight", {E, F});
-    L.wu = load(p + "ffn_up.weight", {E, F});
-    L.wd = load(p + "ffn_down.weight", {F, E});
+    L.wg = load_w(p + "ffn_gate.weight", {E, F});
+    L.wu = load_w(p + "ffn_up.weight", {E, F});
+    L.wd = load_w(p + "ffn_down.weight", {F, E});
   }
   return m;
 }
 
 size_t LlamaModel::weight_bytes() const noexcept {
   const Impl& I = *impl_;
-  size_t n = I.tok_embd.size() + I.output_norm.size() + I.output.size();
+  size_t n = I.tok_embd.f.size() + I.output_norm.size() + I.output.f.size();
   for (auto& L : I.layers)
-    n += L.attn_norm.size() + L.wq.size() + L.wk.size() + L.wv.size() + L.wo.size() + L.ffn_norm.size() +
-         L.wg.size() + L.wu.size() + L.wd.size();
+    n += L.attn_norm.size() + L.wq.f.size() + L.wk.f.size() + L.wv.f.size() + L.wo.f.size() + L.ffn_norm.size() +
+         L.wg.f.size() + L.wu.f.size() + L.wd.f.size();
   return n * sizeof(float);
+}
+
+size_t LlamaModel::block_weight_bytes() const noexcept {
+  const Impl& I = *impl_;
+  size_t n = I.tok_embd.blocks.size() + I.output.blocks.size();
+  for (auto& L : I.layers)
+    n += L.wq.blocks.size() + L.wk.blocks.size() + L.wv.blocks.size() + L.wo.blocks.size() + L.wg.blocks.size() +
+         L.wu.blocks.size() + L.wd.blocks.size();
+  return n;
 }
 
 KvCacheConfig LlamaModel::kv_config(int max_tokens) const {
@@ -137,13 +198,21 @@ void LlamaModel::set_attention_impl(AttentionImpl a) noexcept { impl_->attn = a;
 void LlamaModel::set_attention_exact(bool e) noexcept { impl_->exact = e; }
 void LlamaModel::set_attention_lut8(bool e) noexcept { impl_->lut8 = e; }
 void LlamaModel::set_ubatch(int n) noexcept { impl_->ubatch = std::max(1, n); }
+void LlamaModel::set_f32_decode(bool on) noexcept { impl_->f32_decode = on; }
+bool LlamaModel::f32_decode() const noexcept { return impl_->f32_decode; }
 
 namespace {
 
-// y[n, out] = x[n, in] * W^T, W: out rows of `in` floats. One thread pool only: OpenMP
-// splits the output columns and every thread calls single-threaded OpenBLAS (an OpenBLAS
-// pthread pool next to spinning OpenMP workers halved the speed on 2 cores).
-void matmul(const float* x, const float* w, float* y, int n, int in, int out, int nt) {
+// y[n, out] = x[n, in] * W^T, W: out rows of `in` values. A few rows: the block kernels on
+// the GGUF bytes (same OpenMP split over output rows). Otherwise the f32 copy: one thread
+// pool only, OpenMP splits the output columns and every thread calls single-threaded OpenBLAS
+// (an OpenBLAS pthread pool next to spinning OpenMP workers halved the speed on 2 cores).
+void matmul(const float* x, const Weight& W, float* y, int n, int in, int out, int nt, bool f32_only) {
+  if (!f32_only && n <= kBlockKernelMaxRows && W.has_blocks()) {
+    llm::qmatvec(W.type, W.raw(), in, out, x, n, y, out, nt);
+    return;
+  }
+  const float* w = W.data();
   const int chunks = std::max(1, std::min(nt, out / 64));
 #pragma omp parallel for num_threads(chunks) schedule(static) if (chunks > 1)
   for (int c = 0; c < chunks; ++c) {
@@ -219,14 +288,14 @@ void LlamaModel::forward(KvCache& cache, const int32_t* tokens, int n_total, flo
     TQ_CHECK(pos0 + n <= kc.max_tokens, "forward: %d + %d tokens exceed the cache capacity %d", pos0, n,
              kc.max_tokens);
     for (int i = 0; i < n; ++i)
-      std::memcpy(&x[static_cast<size_t>(i) * E], &I.tok_embd[static_cast<size_t>(tokens[b0 + i]) * E],
+      std::memcpy(&x[static_cast<size_t>(i) * E], &I.tok_embd.f[static_cast<size_t>(tokens[b0 + i]) * E],
                   sizeof(float) * E);
     for (int l = 0; l < c.n_layers; ++l) {
       const Layer& L = I.layers[l];
       rmsnorm(x.data(), L.attn_norm.data(), h.data(), n, E, c.rms_eps, nt);
-      matmul(h.data(), L.wq.data(), q.data(), n, E, E, nt);
-      matmul(h.data(), L.wk.data(), k.data(), n, E, KV, nt);
-      matmul(h.data(), L.wv.data(), v.data(), n, E, KV, nt);
+      matmul(h.data(), L.wq, q.data(), n, E, E, nt, I.f32_decode);
+      matmul(h.data(), L.wk, k.data(), n, E, KV, nt, I.f32_decode);
+      matmul(h.data(), L.wv, v.data(), n, E, KV, nt, I.f32_decode);
       rope(q.data(), n, c.n_heads, D, c.rope_dim, pos0, c.rope_base, nt);
       rope(k.data(), n, c.n_kv_heads, D, c.rope_dim, pos0, c.rope_base, nt);
       cache.append(l, n, k.data(), v.data());
@@ -238,17 +307,17 @@ void LlamaModel::forward(KvCache& cache, const int32_t* tokens, int n_total, flo
       ap.lut8 = I.lut8;
       if (I.attn == AttentionImpl::Fused) attention(cache, l, n, q.data(), att.data(), ap);
       else attention_ref(cache, l, n, q.data(), att.data(), ap);
-      matmul(att.data(), L.wo.data(), tmp.data(), n, E, E, nt);
+      matmul(att.data(), L.wo, tmp.data(), n, E, E, nt, I.f32_decode);
       const size_t ne = static_cast<size_t>(n) * E;
 #pragma omp parallel for num_threads(nt) schedule(static) if (ne > 65536)
       for (size_t j = 0; j < ne; ++j) x[j] += tmp[j];
       rmsnorm(x.data(), L.ffn_norm.data(), h.data(), n, E, c.rms_eps, nt);
-      matmul(h.data(), L.wg.data(), g.data(), n, E, F, nt);
-      matmul(h.data(), L.wu.data(), u.data(), n, E, F, nt);
+      matmul(h.data(), L.wg, g.data(), n, E, F, nt, I.f32_decode);
+      matmul(h.data(), L.wu, u.data(), n, E, F, nt, I.f32_decode);
       const size_t nf = static_cast<size_t>(n) * F;
 #pragma omp parallel for num_threads(nt) schedule(static) if (nf > 65536)
       for (size_t j = 0; j < nf; ++j) g[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
-      matmul(g.data(), L.wd.data(), tmp.data(), n, F, E, nt);
+      matmul(g.data(), L.wd, tmp.data(), n, F, E, nt, I.f32_decode);
 #pragma omp parallel for num_threads(nt) schedule(static) if (ne > 65536)
       for (size_t j = 0; j < ne; ++j) x[j] += tmp[j];
     }
@@ -259,7 +328,7 @@ void LlamaModel::forward(KvCache& cache, const int32_t* tokens, int n_total, flo
 
 void LlamaModel::logits(const float* hidden, int n, float* out) const {
   const Impl& I = *impl_;
-  matmul(hidden, I.out_w(), out, n, I.cfg.n_embd, I.cfg.n_vocab, threads());
+  matmul(hidden, I.out_w(), out, n, I.cfg.n_embd, I.cfg.n_vocab, threads(), I.f32_decode);
 }
 
 std::vector<float> LlamaModel::forward_last(KvCache& cache, const std::vector<int32_t>& tokens) const {

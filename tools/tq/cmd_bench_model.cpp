@@ -70,7 +70,7 @@ void setup(CLI::App& app) {
     }
     pb.finish();
     if (o->json) {
-      tq::cli::print_json({{"threads", L->model.threads()}, {"rows", rows}});
+      tq::cli::print_json({{"threads", L->model.threads()}, {"f32_decode", L->model.f32_decode()}, {"rows", rows}});
       return;
     }
     std::printf("%8s %-12s %12s %12s %9s %9s %12s\n", "context", "cache", "prefill t/s", "decode t/s", "pf ratio",

@@ -32,6 +32,7 @@ struct ModelOpts {
   bool json = false;
   bool exact = false;
   bool lut8 = false;
+  bool f32_decode = false;
   KvOptions kv;
 };
 
@@ -46,6 +47,9 @@ inline void add_model_opts(CLI::App* s, ModelOpts& o, int default_ctx) {
               "tq cache decode with int8 lookup tables (AVX-512 VNNI: faster, ~2e-2 relative attention error; "
               "default: float arithmetic from the codes)");
   s->add_flag("--exact-attention", o.exact, "never the int8 lookup tables (wins over --attn-lut8 and TQ_KV_LUT8=1)");
+  s->add_flag("--f32-decode", o.f32_decode,
+              "decode with OpenBLAS on the f32 weights (sgemv) instead of the block kernels on the GGUF "
+              "weights (same as TQ_F32_DECODE=1; for A/B runs)");
 }
 
 inline void add_kv_opts(CLI::App* s, KvOptions& kv) {
@@ -153,6 +157,7 @@ inline std::unique_ptr<Loaded> load_model(ModelOpts& o) {
   m.set_threads(o.threads);
   m.set_attention_exact(o.exact);
   m.set_attention_lut8(o.lut8);
+  if (o.f32_decode) m.set_f32_decode(true);
   return std::unique_ptr<Loaded>(new Loaded{std::move(g), std::move(tok), std::move(m)});
 }
 

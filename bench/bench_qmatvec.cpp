@@ -1,0 +1,132 @@
+// Google Benchmark: the GGUF block matvec kernels (llm/qmatvec.h) against OpenBLAS on the
+// f32 copy, one thread, at SmolLM2-135M shapes, for n = 1..16 rows of x. Used to choose how
+// many rows still go to the block kernels in LlamaModel (kBlockKernelMaxRows in model.cpp).
+//   ./build/bench_qmatvec --benchmark_filter='576x1536' --benchmark_min_time=0.5
+// Name: <kernel>/<type>/<in>x<out>/<n rows>; rows/s = rows of x per second. These matrices
+// stay in cache between iterations, which flatters the f32 path: Stack/<kernel>/<n> runs every
+// projection of one SmolLM2-135M forward (30 layers of Q4_1 q, k, v, o, gate, up, down and the
+// 49152-row Q8_0 head, random weights: 538 MB as f32) for n rows, streaming from memory as a
+// real decode step does (the threshold in model.cpp comes from this one).
+#include <benchmark/benchmark.h>
+#include <cblas.h>
+
+#include <string>
+#include <vector>
+
+#include "llm/qmatvec.h"
+#include "tq/common.h"
+#include "tq/gguf.h"
+
+extern "C" void openblas_set_num_threads(int num_threads);
+
+namespace {
+
+struct Mat {
+  std::vector<uint8_t> blocks;
+  std::vector<float> f;
+};
+
+Mat make(tq::GgmlType t, int in, int out) {
+  tq::Rng r(3);
+  std::vector<float> w(static_cast<size_t>(in) * out);
+  for (auto& v : w) v = static_cast<float>(r.normal() * 0.05);
+  Mat m;
+  m.blocks.resize(tq::ggml_row_bytes(t, w.size()));
+  tq::quantize_row(t, w.data(), m.blocks.data(), w.size());
+  m.f.resize(w.size());
+  tq::dequantize_row(t, m.blocks.data(), m.f.data(), w.size());
+  return m;
+}
+
+void run(benchmark::State& st, tq::GgmlType t, int in, int out, bool blas) {
+  openblas_set_num_threads(1);
+  const int n = static_cast<int>(st.range(0));
+  static std::vector<std::pair<std::string, Mat>> cache;
+  const std::string key = std::string(tq::ggml_type_name(t)) + std::to_string(in) + "x" + std::to_string(out);
+  Mat* m = nullptr;
+  for (auto& p : cache)
+    if (p.first == key) m = &p.second;
+  if (!m) {
+    cache.emplace_back(key, make(t, in, out));
+    m = &cache.back().second;
+  }
+  tq::Rng r(5);
+  std::vector<float> x(static_cast<size_t>(n) * in), y(static_cast<size_t>(n) * out);
+  for (auto& v : x) v = static_cast<float>(r.normal());
+  for (auto _ : st) {
+    if (blas) {
+      if (n == 1)
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, m->f.data(), in, x.data(), 1, 0.0f, y.data(), 1);
+      else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x.data(), in, m->f.data(), in, 0.0f,
+                    y.data(), out);
+    } else {
+      tq::llm::qmatvec(t, m->blocks.data(), in, out, x.data(), n, y.data(), out, 1);
+    }
+    benchmark::DoNotOptimize(y.data());
+  }
+  st.counters["rows/s"] = benchmark::Counter(static_cast<double>(st.iterations()) * n, benchmark::Counter::kIsRate);
+}
+
+// The projections of one forward of the default model, each matrix its own allocation.
+struct StackMat {
+  tq::GgmlType t;
+  int in, out;
+  Mat m;
+};
+std::vector<StackMat>& stack() {
+  static std::vector<StackMat> s = [] {
+    std::vector<StackMat> v;
+    const int E = 576, KV = 192, F = 1536;
+    for (int l = 0; l < 30; ++l)
+      for (auto [in, out] : {std::pair{E, E}, {E, KV}, {E, KV}, {E, E}, {E, F}, {E, F}, {F, E}})
+        v.push_back({tq::GgmlType::Q4_1, in, out, make(tq::GgmlType::Q4_1, in, out)});
+    v.push_back({tq::GgmlType::Q8_0, E, 49152, make(tq::GgmlType::Q8_0, E, 49152)});
+    return v;
+  }();
+  return s;
+}
+
+void run_stack(benchmark::State& st, bool blas) {
+  openblas_set_num_threads(1);
+  const int n = static_cast<int>(st.range(0));
+  auto& s = stack();
+  tq::Rng r(5);
+  std::vector<float> x(static_cast<size_t>(n) * 1536), y(static_cast<size_t>(n) * 49152);
+  for (auto& v : x) v = static_cast<float>(r.normal());
+  for (auto _ : st) {
+    for (auto& sm : s) {
+      if (blas) {
+        if (n == 1)
+          cblas_sgemv(CblasRowMajor, CblasNoTrans, sm.out, sm.in, 1.0f, sm.m.f.data(), sm.in, x.data(), 1, 0.0f,
+                      y.data(), 1);
+        else
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, sm.out, sm.in, 1.0f, x.data(), sm.in,
+                      sm.m.f.data(), sm.in, 0.0f, y.data(), sm.out);
+      } else {
+        tq::llm::qmatvec(sm.t, sm.m.blocks.data(), sm.in, sm.out, x.data(), n, y.data(), sm.out, 1);
+      }
+    }
+    benchmark::DoNotOptimize(y.data());
+  }
+  st.counters["rows/s"] = benchmark::Counter(static_cast<double>(st.iterations()) * n, benchmark::Counter::kIsRate);
+}
+BENCHMARK_CAPTURE(run_stack, block, false)->DenseRange(1, 8)->Arg(12)->Arg(16)->Arg(24)->Arg(32)->Arg(48)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(run_stack, blas, true)->DenseRange(1, 8)->Arg(12)->Arg(16)->Arg(24)->Arg(32)->Arg(48)->Unit(benchmark::kMillisecond);
+
+void args(benchmark::internal::Benchmark* b) {
+  for (int n : {1, 2, 3, 4, 5, 6, 8, 12, 16}) b->Arg(n);
+}
+
+#define TQ_QMV_BENCH(T, IN, OUT)                                                                          \
+  BENCHMARK_CAPTURE(run, block/T/IN##x##OUT, tq::GgmlType::T, IN, OUT, false)->Apply(args);              \
+  BENCHMARK_CAPTURE(run, blas/T/IN##x##OUT, tq::GgmlType::T, IN, OUT, true)->Apply(args);
+
+TQ_QMV_BENCH(Q4_1, 576, 576)
+TQ_QMV_BENCH(Q4_1, 576, 1536)
+TQ_QMV_BENCH(Q4_1, 1536, 576)
+TQ_QMV_BENCH(Q8_0, 576, 49152)
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,168 @@
+// Matrix-vector products from GGUF weight blocks: argument checks, the per-block sums of x,
+// the OpenMP split over output rows and the scalar reference kernels (see qmatvec.h; the
+// Highway kernels are in qmatvec_simd.cpp).
+#include "llm/qmatvec.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "tq/error.h"
+#include "tq/simd.h"
+
+namespace tq::llm {
+
+bool qmatvec_supported(GgmlType t) noexcept {
+  switch (t) {
+    case GgmlType::F32: case GgmlType::F16: case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q8_0:
+      return true;
+    default:
+      return false;
+  }
+}
+
+namespace detail {
+
+namespace {
+inline uint16_t rd16(const uint8_t* p) noexcept {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+}  // namespace
+
+void qmv_block_sums(const float* x, int n, int in, float* xs) noexcept {
+  const int nb = in / 32;
+  for (int r = 0; r < n; ++r)
+    for (int b = 0; b < nb; ++b) {
+      const float* v = x + static_cast<size_t>(r) * in + static_cast<size_t>(b) * 32;
+      float s = 0;
+      for (int j = 0; j < 32; ++j) s += v[j];
+      xs[static_cast<size_t>(r) * nb + b] = s;
+    }
+}
+
+// One output row for one row of x. Every type sums 32 values at a time and accumulates the
+// per-block results (the same grouping as the SIMD kernels, so the error bound is shared).
+namespace {
+float row_dot_ref(GgmlType t, const uint8_t* row, int in, const float* x, const float* xs) noexcept {
+  const int nb = in / 32;
+  float acc = 0;
+  switch (t) {
+    case GgmlType::Q4_0:
+    case GgmlType::Q4_1: {
+      const bool q41 = t == GgmlType::Q4_1;
+      const size_t bb = q41 ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0);
+      for (int b = 0; b < nb; ++b, row += bb) {
+        const float d = qmv_half_to_float(rd16(row));
+        const float m = q41 ? qmv_half_to_float(rd16(row + 2)) : -8.0f * d;
+        const uint8_t* qs = row + (q41 ? 4 : 2);
+        const float* xb = x + static_cast<size_t>(b) * 32;
+        float s = 0;
+        for (int j = 0; j < 16; ++j) s += static_cast<float>(qs[j] & 0xf) * xb[j];
+        for (int j = 0; j < 16; ++j) s += static_cast<float>(qs[j] >> 4) * xb[16 + j];
+        acc += d * s + m * xs[b];
+      }
+      return acc;
+    }
+    case GgmlType::Q8_0:
+      for (int b = 0; b < nb; ++b, row += sizeof(BlockQ8_0)) {
+        const float d = qmv_half_to_float(rd16(row));
+        const int8_t* qs = reinterpret_cast<const int8_t*>(row + 2);
+        const float* xb = x + static_cast<size_t>(b) * 32;
+        float s = 0;
+        for (int j = 0; j < 32; ++j) s += static_cast<float>(qs[j]) * xb[j];
+        acc += d * s;
+      }
+      return acc;
+    case GgmlType::F16:
+    case GgmlType::F32: {
+      const bool f16 = t == GgmlType::F16;
+      for (int i0 = 0; i0 < in; i0 += 32) {
+        const int i1 = std::min(in, i0 + 32);
+        float s = 0;
+        for (int i = i0; i < i1; ++i) {
+          float wv;
+          if (f16) wv = qmv_half_to_float(rd16(row + 2 * static_cast<size_t>(i)));
+          else std::memcpy(&wv, row + 4 * static_cast<size_t>(i), 4);
+          s += wv * x[i];
+        }
+        acc += s;
+      }
+      return acc;
+    }
+    default:
+      break;
+  }
+  TQ_ASSERT(false);
+  return 0;
+}
+}  // namespace
+
+void qmv_rows_ref(GgmlType t, const uint8_t* w, int in, const float* x, const float* xs, int n, int o0, int o1,
+                  float* y, int ldy) noexcept {
+  const size_t rb = ggml_row_bytes(t, static_cast<size_t>(in));
+  const int nb = in / 32;
+  for (int o = o0; o < o1; ++o)
+    for (int r = 0; r < n; ++r)
+      y[static_cast<size_t>(r) * ldy + o] =
+          row_dot_ref(t, w + static_cast<size_t>(o) * rb, in, x + static_cast<size_t>(r) * in,
+                      xs ? xs + static_cast<size_t>(r) * nb : nullptr);
+}
+
+}  // namespace detail
+
+namespace {
+
+void check_args(GgmlType t, const void* w, int in, int out, const float* x, int n, const float* y, int ldy) {
+  TQ_CHECK(qmatvec_supported(t), "qmatvec: weight type %s is not supported (F32, F16, Q4_0, Q4_1, Q8_0)",
+           ggml_type_name(t));
+  const int bs = ggml_block_size(t);
+  TQ_CHECK(in > 0 && in % bs == 0, "qmatvec: input length %d is not a positive multiple of the %s block size %d", in,
+           ggml_type_name(t), bs);
+  TQ_CHECK(out >= 0 && n >= 0, "qmatvec: negative size (out %d, rows %d)", out, n);
+  TQ_CHECK(ldy >= out, "qmatvec: output stride %d is less than the %d outputs", ldy, out);
+  TQ_CHECK((out == 0 || n == 0) || (w && x && y), "qmatvec: null pointer");
+}
+
+template <class Kernel>
+void run(GgmlType t, const void* w, int in, int out, const float* x, int n, float* y, int ldy, int n_threads,
+         Kernel kernel) {
+  if (out == 0 || n == 0) return;
+  const int nb = in / 32;
+  std::vector<float> xs;
+  if (t == GgmlType::Q4_0 || t == GgmlType::Q4_1) {
+    xs.resize(static_cast<size_t>(n) * nb);
+    detail::qmv_block_sums(x, n, in, xs.data());
+  }
+  const float* xsp = xs.empty() ? nullptr : xs.data();
+  const uint8_t* wb = static_cast<const uint8_t*>(w);
+  const int chunks = std::max(1, std::min(n_threads, out / 64));
+#pragma omp parallel for num_threads(chunks) schedule(static) if (chunks > 1)
+  for (int c = 0; c < chunks; ++c) {
+    const int o0 = static_cast<int>(static_cast<int64_t>(out) * c / chunks);
+    const int o1 = static_cast<int>(static_cast<int64_t>(out) * (c + 1) / chunks);
+    for (int r0 = 0; r0 < n; r0 += kQMatvecMaxRows) {
+      const int nr = std::min(kQMatvecMaxRows, n - r0);
+      kernel(t, wb, in, x + static_cast<size_t>(r0) * in, xsp ? xsp + static_cast<size_t>(r0) * nb : nullptr, nr,
+             o0, o1, y + static_cast<size_t>(r0) * ldy, ldy);
+    }
+  }
+}
+
+}  // namespace
+
+void qmatvec(GgmlType t, const void* w, int in, int out, const float* x, int n, float* y, int ldy,
+             int n_threads) {
+  check_args(t, w, in, out, x, n, y, ldy);
+  if (simd::use_scalar()) run(t, w, in, out, x, n, y, ldy, n_threads, detail::qmv_rows_ref);
+  else run(t, w, in, out, x, n, y, ldy, n_threads, detail::qmv_rows_simd);
+}
+
+void qmatvec_ref(GgmlType t, const void* w, int in, int out, const float* x, int n, float* y, int ldy) {
+  check_args(t, w, in, out, x, n, y, ldy);
+  run(t, w, in, out, x, n, y, ldy, 1, detail::qmv_rows_ref);
+}
+
+}  // namespace tq::llm

@@ -1,0 +1,74 @@
+// Matrix-vector products straight from GGUF weight blocks (internal to the library; used by
+// the decode path of LlamaModel, tested in tests/test_qmatvec.cpp).
+//
+//   y[r * ldy + o] = sum_i W[o, i] x[r * in + i]      o < out, r < n (a few rows of x)
+//
+// W is `out` rows of `in` values stored as ggml type t (F32, F16, Q4_0, Q4_1 or Q8_0; the
+// block layouts are in tq/gguf.h), row o at w + o * ggml_row_bytes(t, in). Block types use
+//   sum_j (d q_j + m) x_j = d * sum_j q_j x_j + m * sum_j x_j
+// (Q4_1: m from the block; Q4_0: q = nibble, m = -8 d; Q8_0: m = 0) with the per-block sums
+// of x computed once per call. Float arithmetic throughout (x is not quantized); each block
+// (32 values; 32-value chunks for F32/F16) is summed on its own and the block results are
+// accumulated, so the rounding error is at most ~(32 + in/32 + 8) ulps of sum |terms| at every
+// SIMD level and in the scalar reference (see tests/test_qmatvec.cpp for the bound).
+//
+// The SIMD kernels (qmatvec_simd.cpp, Highway dynamic dispatch) read up to 4 rows of x per
+// pass over W; simd::use_scalar() selects the plain scalar reference qmatvec_ref.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "tq/gguf.h"
+
+namespace tq::llm {
+
+// Rows of x handled per pass over the weights by one kernel call (more rows: several passes).
+constexpr int kQMatvecMaxRows = 4;
+
+// True for the types the kernels read (F32, F16, Q4_0, Q4_1, Q8_0).
+bool qmatvec_supported(GgmlType t) noexcept;
+
+// The whole product, parallel over output rows (n_threads OpenMP threads, at most one per 64
+// rows). Checks: supported type, in > 0 and a multiple of the block size, out >= 0, n >= 0,
+// ldy >= out; tq::Error otherwise. Dispatches to the SIMD kernels or to qmatvec_ref.
+void qmatvec(GgmlType t, const void* w, int in, int out, const float* x, int n, float* y, int ldy,
+             int n_threads);
+
+// Scalar reference, same contract, single thread.
+void qmatvec_ref(GgmlType t, const void* w, int in, int out, const float* x, int n, float* y, int ldy);
+
+// fp16 -> fp32, branch-free, exact for every fp16 value but NaN (subnormals and Inf
+// included; a NaN stays NaN, signalling ones come out quiet); for the block scales.
+inline float qmv_half_to_float(uint16_t h) noexcept {
+  const uint32_t w = static_cast<uint32_t>(h) << 16;
+  const uint32_t sign = w & 0x80000000u;
+  const uint32_t two_w = w + w;
+  const uint32_t nb = (two_w >> 4) + (0xE0u << 23);
+  float normalized, denormalized;
+  std::memcpy(&normalized, &nb, 4);
+  normalized *= 0x1.0p-112f;
+  const uint32_t db = (two_w >> 17) | (126u << 23);
+  std::memcpy(&denormalized, &db, 4);
+  denormalized -= 0.5f;
+  uint32_t nbits, dbits;
+  std::memcpy(&nbits, &normalized, 4);
+  std::memcpy(&dbits, &denormalized, 4);
+  const uint32_t r = sign | (two_w < (1u << 27) ? dbits : nbits);
+  float f;
+  std::memcpy(&f, &r, 4);
+  return f;
+}
+
+namespace detail {
+// Per-block (32-value) sums of n rows of x: xs[r * (in / 32) + b]. Needed by Q4_0 / Q4_1.
+void qmv_block_sums(const float* x, int n, int in, float* xs) noexcept;
+// Kernel entry points on output rows [o0, o1); no checks. xs from qmv_block_sums (Q4 types).
+void qmv_rows_ref(GgmlType t, const uint8_t* w, int in, const float* x, const float* xs, int n, int o0,
+                  int o1, float* y, int ldy) noexcept;
+void qmv_rows_simd(GgmlType t, const uint8_t* w, int in, const float* x, const float* xs, int n, int o0,
+                   int o1, float* y, int ldy) noexcept;
+}  // namespace detail
+
+}  // namespace tq::llm
