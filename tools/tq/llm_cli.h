@@ -102,15 +102,22 @@ struct Loaded {
 //  - OPENBLAS_CORETYPE: OpenBLAS (DYNAMIC_ARCH) picks kernels from the CPU model; on CPUs it
 //    does not know (VMs report a generic "Intel Xeon Processor") it falls back to Prescott
 //    (SSE3) kernels: 12 GFLOPS vs 62 with its SkylakeX kernels, measured on this machine.
-//  - OMP_WAIT_POLICY=passive: idle OpenMP workers sleep instead of spinning. On a shared
-//    2-core machine spinning workers starved the working thread: decode 1.7 tok/s with 2
-//    threads (active) vs 10.2 (passive), measured with `tq generate -n 40`.
+//  - OMP_WAIT_POLICY=passive with GOMP_SPINCOUNT=3000 (set only when the user set neither):
+//    an idle OpenMP worker spins briefly (libgomp: 3000 polls, tens of microseconds), then
+//    sleeps. Decode forks and joins ~250 parallel regions per token; sleeping at once
+//    (passive, no spin) made 2-thread decode slower than 1 thread (63 vs 92 tok/s on a quiet
+//    machine, 512 context), the short spin gives 141 tok/s; unbounded spinning (active)
+//    starved the working thread when other jobs shared the 2 cores (1.7 vs 10.2 tok/s).
+//    With a busy process on one of the 2 cores the short spin still loses to pure passive
+//    (44 vs 75 tok/s): set OMP_WAIT_POLICY=passive GOMP_SPINCOUNT=0 on an oversubscribed
+//    machine (docs/design.md).
 extern "C" char* openblas_get_corename(void);
 inline void ensure_runtime_env() {
   if (std::getenv("TQ_NO_REEXEC")) return;
   bool need = false;
-  if (!std::getenv("OMP_WAIT_POLICY")) {
+  if (!std::getenv("OMP_WAIT_POLICY") && !std::getenv("GOMP_SPINCOUNT")) {
     setenv("OMP_WAIT_POLICY", "passive", 1);
+    setenv("GOMP_SPINCOUNT", "3000", 1);
     need = true;
   }
   const std::string core = openblas_get_corename();
