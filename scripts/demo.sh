@@ -12,6 +12,9 @@ CORPUS="data/debian-reference.en.txt"
 # The recommended cache (BENCHMARKS.md, "Recommended defaults").
 REC_K="${TQ_DEMO_CTK:-tq5}"
 REC_V="${TQ_DEMO_CTV:-tq3}"
+# Decode kernel of the tq cache: the int8 lookup tables (same KLD as the float kernel on this
+# model, faster decode; BENCHMARKS.md). TQ_DEMO_ATTN=--exact-attention for the float kernel.
+ATTN="${TQ_DEMO_ATTN:---attn-lut8}"
 THREADS="${TQ_DEMO_THREADS:-2}"
 PROMPT="${TQ_DEMO_PROMPT:-What is a Debian package, in two sentences?}"
 
@@ -21,18 +24,18 @@ PROMPT="${TQ_DEMO_PROMPT:-What is a Debian package, in two sentences?}"
 
 hr() { printf '%*s\n' 78 '' | tr ' ' '-'; }
 hr
-echo "turboquant demo: $MODEL, $THREADS threads, f16 KV cache vs $REC_K/$REC_V"
+echo "turboquant demo: $MODEL, $THREADS threads, f16 KV cache vs $REC_K/$REC_V ($ATTN)"
 hr
 for cfg in "f16 f16" "$REC_K $REC_V"; do
   set -- $cfg
   echo "[-ctk $1 -ctv $2] $PROMPT"
-  "$TQ" generate --chat -n 80 -t "$THREADS" -ctk "$1" -ctv "$2" -p "$PROMPT"
+  "$TQ" generate --chat -n 80 -t "$THREADS" -ctk "$1" -ctv "$2" $ATTN -p "$PROMPT"
   echo
 done
 hr
 echo "perplexity on a corpus slice (2 windows of 512 tokens), same tokens for both caches:"
-"$TQ" perplexity -f "$CORPUS" -c 512 --chunks 2 -t "$THREADS" -ctk "$REC_K" -ctv "$REC_V" --compare f16 \
-  --json > /tmp/tq_demo_ppl.$$.json
+"$TQ" perplexity -f "$CORPUS" -c 512 --chunks 2 -t "$THREADS" -ctk "$REC_K" -ctv "$REC_V" $ATTN \
+  --compare f16 --json > /tmp/tq_demo_ppl.$$.json
 python3 - /tmp/tq_demo_ppl.$$.json <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
@@ -48,5 +51,5 @@ PY
 rm -f /tmp/tq_demo_ppl.$$.json
 hr
 echo "speed (prefill and decode tok/s, $THREADS threads):"
-"$TQ" bench model -t "$THREADS" --contexts 512,4096 --caches "f16,$REC_K/$REC_V" --decode 16
+"$TQ" bench model -t "$THREADS" --contexts 512,4096 --caches "f16,$REC_K/$REC_V" $ATTN --decode 16
 hr
