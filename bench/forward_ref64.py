@@ -41,8 +41,10 @@ def rmsnorm(x, w, eps):
     return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * w
 
 
-def forward(md, W, toks, first, exact_kv):
-    """Logits (float64) of rows first .. len(toks)-2."""
+def forward(md, W, toks, first, exact_kv, kv_hook=None):
+    """Logits (float64) of rows first .. len(toks)-2. kv_hook(layer, q, k, v) -> (k, v), if
+    given, replaces each layer's K and V (n x heads x D, after RoPE) before attention: how
+    bench/kv_precond_sim.py simulates a quantized cache."""
     n = len(toks)
     L = md["llama.block_count"]
     H = md["llama.attention.head_count"]
@@ -74,6 +76,8 @@ def forward(md, W, toks, first, exact_kv):
         if not exact_kv:
             k = k.astype(np.float16).astype(np.float64)
             v = v.astype(np.float16).astype(np.float64)
+        if kv_hook is not None:
+            k, v = kv_hook(l, q, k, v)
         out = np.empty((n, H, D))
         for hh in range(H):
             kv = hh // (H // Hk)
