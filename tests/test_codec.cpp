@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdlib>
 #include <limits>
 #include <numeric>
@@ -33,6 +34,27 @@ TEST(Fp16, RoundTripAllHalfValues) {
       continue;
     }
     EXPECT_EQ(tq::fp32_to_fp16(f), h) << "half 0x" << std::hex << h;
+  }
+}
+
+// The (branch-free) conversion against the definition of binary16: every value, exact bits,
+// NaN payloads and signalling NaNs included.
+TEST(Fp16, ToFloatExactForEveryValue) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const uint32_t sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    uint32_t want;
+    if (e == 31) {
+      want = sign | 0x7f800000u | (m << 13);
+    } else {
+      const float mag = e == 0 ? std::ldexp(static_cast<float>(m), -24)
+                               : std::ldexp(static_cast<float>(1024 + m), static_cast<int>(e) - 25);
+      std::memcpy(&want, &mag, 4);
+      want |= sign;
+    }
+    const float got = tq::fp16_to_fp32(static_cast<uint16_t>(h));
+    uint32_t ugot;
+    std::memcpy(&ugot, &got, 4);
+    ASSERT_EQ(ugot, want) << "half 0x" << std::hex << h;
   }
 }
 

@@ -120,24 +120,6 @@ void expect_close(const Case& c, const std::vector<float>& y, int ldy, const std
 
 }  // namespace
 
-// Bit-exact against tq::fp16_to_fp32 for every value but NaNs, which stay NaN (a signalling
-// NaN comes out quiet: the conversion multiplies by 2^-112).
-TEST(QMatvec, HalfToFloatExactForEveryValue) {
-  for (uint32_t h = 0; h < 65536; ++h) {
-    const float a = tq::llm::qmv_half_to_float(static_cast<uint16_t>(h));
-    const float b = tq::fp16_to_fp32(static_cast<uint16_t>(h));
-    if (std::isnan(b)) {
-      ASSERT_TRUE(std::isnan(a)) << "fp16 0x" << std::hex << h;
-      ASSERT_EQ(std::signbit(a), std::signbit(b)) << "fp16 0x" << std::hex << h;
-      continue;
-    }
-    uint32_t ua, ub;
-    std::memcpy(&ua, &a, 4);
-    std::memcpy(&ub, &b, 4);
-    ASSERT_EQ(ua, ub) << "fp16 0x" << std::hex << h;
-  }
-}
-
 // Every type x shapes x row counts: reference and every SIMD level (1 and 2 threads) within
 // kRelTol * S of the exact product of the dequantized weights, and of each other.
 TEST(QMatvec, MatchesDequantizedAtEveryLevel) {

@@ -33,30 +33,6 @@ uint16_t fp32_to_fp16(float f) noexcept {
   return static_cast<uint16_t>(sign | h);
 }
 
-float fp16_to_fp32(uint16_t h) noexcept {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t e = (h >> 10) & 0x1fu;
-  uint32_t m = h & 0x3ffu;
-  uint32_t x;
-  if (e == 0) {
-    if (m == 0) {
-      x = sign;
-    } else {  // subnormal: normalize
-      int sh = 0;
-      while (!(m & 0x400u)) { m <<= 1; ++sh; }
-      m &= 0x3ffu;
-      x = sign | ((113u - sh) << 23) | (m << 13);
-    }
-  } else if (e == 31) {
-    x = sign | 0x7f800000u | (m << 13);
-  } else {
-    x = sign | ((e + 112u) << 23) | (m << 13);
-  }
-  float f;
-  std::memcpy(&f, &x, 4);
-  return f;
-}
-
 void fp32_to_fp16_n(size_t n, const float* x, uint16_t* h) noexcept {
   for (size_t i = 0; i < n; ++i) h[i] = fp32_to_fp16(x[i]);
 }

@@ -55,8 +55,8 @@ float row_dot_ref(GgmlType t, const uint8_t* row, int in, const float* x, const 
       const bool q41 = t == GgmlType::Q4_1;
       const size_t bb = q41 ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0);
       for (int b = 0; b < nb; ++b, row += bb) {
-        const float d = qmv_half_to_float(rd16(row));
-        const float m = q41 ? qmv_half_to_float(rd16(row + 2)) : -8.0f * d;
+        const float d = fp16_to_fp32(rd16(row));
+        const float m = q41 ? fp16_to_fp32(rd16(row + 2)) : -8.0f * d;
         const uint8_t* qs = row + (q41 ? 4 : 2);
         const float* xb = x + static_cast<size_t>(b) * 32;
         float s = 0;
@@ -68,7 +68,7 @@ float row_dot_ref(GgmlType t, const uint8_t* row, int in, const float* x, const 
     }
     case GgmlType::Q8_0:
       for (int b = 0; b < nb; ++b, row += sizeof(BlockQ8_0)) {
-        const float d = qmv_half_to_float(rd16(row));
+        const float d = fp16_to_fp32(rd16(row));
         const int8_t* qs = reinterpret_cast<const int8_t*>(row + 2);
         const float* xb = x + static_cast<size_t>(b) * 32;
         float s = 0;
@@ -84,7 +84,7 @@ float row_dot_ref(GgmlType t, const uint8_t* row, int in, const float* x, const 
         float s = 0;
         for (int i = i0; i < i1; ++i) {
           float wv;
-          if (f16) wv = qmv_half_to_float(rd16(row + 2 * static_cast<size_t>(i)));
+          if (f16) wv = fp16_to_fp32(rd16(row + 2 * static_cast<size_t>(i)));
           else std::memcpy(&wv, row + 4 * static_cast<size_t>(i), 4);
           s += wv * x[i];
         }

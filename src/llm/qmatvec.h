@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "tq/common.h"
 #include "tq/gguf.h"
 
 namespace tq::llm {
@@ -38,28 +39,6 @@ void qmatvec(GgmlType t, const void* w, int in, int out, const float* x, int n, 
 
 // Scalar reference, same contract, single thread.
 void qmatvec_ref(GgmlType t, const void* w, int in, int out, const float* x, int n, float* y, int ldy);
-
-// fp16 -> fp32, branch-free, exact for every fp16 value but NaN (subnormals and Inf
-// included; a NaN stays NaN, signalling ones come out quiet); for the block scales.
-inline float qmv_half_to_float(uint16_t h) noexcept {
-  const uint32_t w = static_cast<uint32_t>(h) << 16;
-  const uint32_t sign = w & 0x80000000u;
-  const uint32_t two_w = w + w;
-  const uint32_t nb = (two_w >> 4) + (0xE0u << 23);
-  float normalized, denormalized;
-  std::memcpy(&normalized, &nb, 4);
-  normalized *= 0x1.0p-112f;
-  const uint32_t db = (two_w >> 17) | (126u << 23);
-  std::memcpy(&denormalized, &db, 4);
-  denormalized -= 0.5f;
-  uint32_t nbits, dbits;
-  std::memcpy(&nbits, &normalized, 4);
-  std::memcpy(&dbits, &denormalized, 4);
-  const uint32_t r = sign | (two_w < (1u << 27) ? dbits : nbits);
-  float f;
-  std::memcpy(&f, &r, 4);
-  return f;
-}
 
 namespace detail {
 // Per-block (32-value) sums of n rows of x: xs[r * (in / 32) + b]. Needed by Q4_0 / Q4_1.

@@ -29,8 +29,8 @@ HWY_INLINE void Scales2(const uint8_t* p, float& d, float& m) {
   if (hn::Lanes(d2) < 2) {  // Highway's single-lane fallback targets
     uint16_t h[2];
     std::memcpy(h, p, 4);
-    d = qmv_half_to_float(h[0]);
-    m = qmv_half_to_float(h[1]);
+    d = tq::fp16_to_fp32(h[0]);
+    m = tq::fp16_to_fp32(h[1]);
     return;
   }
   HWY_ALIGN float f[2] = {0.0f, 0.0f};
@@ -150,7 +150,7 @@ void RowsFloat(const uint8_t* w, int in, const float* x, int o0, int o1, float* 
           if constexpr (kF16) {
             uint16_t h;
             std::memcpy(&h, row + 2 * static_cast<size_t>(i), 2);
-            wv = qmv_half_to_float(h);
+            wv = tq::fp16_to_fp32(h);
           } else {
             std::memcpy(&wv, row + 4 * static_cast<size_t>(i), 4);
           }
