@@ -2,6 +2,8 @@
 // Q8_0 weights, at every SIMD level of the host and in the scalar reference, against the
 // weights dequantized to f32 (tq::dequantize_row) and a double-precision dot product; bad
 // input; and LlamaModel's decode through the block kernels against its f32 (OpenBLAS) path.
+// QGemm.*: the many-row product (panels of dequantized rows times OpenBLAS sgemm) against the
+// same exact products, for several panel heights; LlamaModel's prefill through it.
 //
 // Error bound. Every kernel sums each 32-value block (or 32-value chunk of F32/F16 rows) on
 // its own, scales it by the block's d, adds the Q4 offset term m * (float sum of the block's
@@ -259,6 +261,95 @@ TEST(QMatvec, ModelDecodeMatchesF32Path) {
       }
       m.set_f32_decode(false);
     }
+  }
+}
+
+// qgemm: every type, panel heights from 16 rows (several panels per thread) to one panel,
+// 1 and 2 threads, within the worst-case bound of any float summation order: the dequantized
+// weight (2 roundings) times x, summed over `in` terms: (in + 2) u S, u = 2^-24.
+TEST(QGemm, MatchesDequantizedForAnyPanelHeight) {
+  int checked = 0;
+  for (GgmlType t : kTypes) {
+    for (int in : {32, 576}) {
+      for (int out : {1, 67, 131}) {
+        for (int n : {9, 33}) {
+          const Case c = make_case(t, in, out, n, 500 + in + out * 3 + n);
+          const int ldy = out + 3;
+          for (int panel : {0, 16, 48, 4096}) {
+            for (int threads : {1, 2}) {
+              std::vector<float> y(static_cast<size_t>(n) * ldy, -7.0f);
+              tq::llm::qgemm(t, c.w.data(), in, out, c.x.data(), n, y.data(), ldy, threads, panel);
+              for (int k = 0; k < n; ++k) {
+                for (int o = 0; o < out; ++o) {
+                  const size_t i = static_cast<size_t>(k) * out + o;
+                  const double tol = (in + 2) * std::ldexp(1.0, -24) * c.scale[i] + 1e-30;
+                  ASSERT_LE(std::fabs(y[static_cast<size_t>(k) * ldy + o] - c.exact[i]), tol)
+                      << label(c, "qgemm panel " + std::to_string(panel) + " t=" + std::to_string(threads))
+                      << " row " << k << " out " << o;
+                }
+                for (int o = out; o < ldy; ++o) ASSERT_EQ(y[static_cast<size_t>(k) * ldy + o], -7.0f);
+              }
+              ++checked;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 400);
+  EXPECT_EQ(tq::llm::qgemm_panel_rows(576), tq::llm::kQGemmPanelFloats / 576 / 16 * 16);
+  EXPECT_EQ(tq::llm::qgemm_panel_rows(1 << 20), 16);
+}
+
+TEST(QGemm, RejectsBadInput) {
+  std::vector<uint8_t> w(4096);
+  std::vector<float> x(1024), y(1024);
+  EXPECT_THROW(tq::llm::qgemm(GgmlType::Q4_1, w.data(), 48, 2, x.data(), 9, y.data(), 2, 1), tq::Error);
+  EXPECT_THROW(tq::llm::qgemm(GgmlType::Q8_0, w.data(), 0, 2, x.data(), 9, y.data(), 2, 1), tq::Error);
+  EXPECT_THROW(tq::llm::qgemm(GgmlType::F32, w.data(), 32, 4, x.data(), 9, y.data(), 3, 1), tq::Error);  // ldy
+  EXPECT_THROW(tq::llm::qgemm(GgmlType::F16, nullptr, 32, 2, x.data(), 9, y.data(), 2, 1), tq::Error);
+  EXPECT_NO_THROW(tq::llm::qgemm(GgmlType::Q4_1, nullptr, 32, 0, nullptr, 9, nullptr, 0, 1));
+}
+
+// Prefill (more than 8 rows per projection: llm::qgemm on the blocks) against the f32-copy
+// path, and what each holds in memory: the default keeps only the GGUF blocks (plus the f32
+// norms), set_f32_decode(true) adds one f32 value per weight and false drops it again.
+TEST(QGemm, ModelPrefillFromBlocksMatchesF32Copy) {
+  for (GgmlType wt : {GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::F16}) {
+    tq_test::TinyLlama c;
+    const auto bytes = tq_test::tiny_llama_gguf(c, wt, 23).bytes();
+    auto g = tq::GgufFile::from_bytes(bytes.data(), bytes.size());
+    tq::LlamaModel m = tq::LlamaModel::load(g);
+    m.set_threads(2);
+    const size_t norms = static_cast<size_t>(2 * c.n_layers + 1) * c.n_embd * sizeof(float);
+    const size_t params = static_cast<size_t>(c.n_vocab) * c.n_embd +
+                          static_cast<size_t>(c.n_layers) *
+                              (2 * c.n_embd * c.n_embd + 2 * c.n_embd * (c.n_embd / c.n_heads * c.n_kv_heads) +
+                               3 * c.n_embd * c.n_ff);
+    EXPECT_EQ(m.weight_bytes(), m.block_weight_bytes() + norms) << tq::ggml_type_name(wt);
+    m.set_f32_decode(true);
+    EXPECT_EQ(m.weight_bytes(), m.block_weight_bytes() + norms + params * sizeof(float)) << tq::ggml_type_name(wt);
+    m.set_f32_decode(false);
+    EXPECT_EQ(m.weight_bytes(), m.block_weight_bytes() + norms);
+    std::vector<int32_t> toks(40);
+    for (size_t i = 0; i < toks.size(); ++i) toks[i] = static_cast<int32_t>((i * 7 + 3) % c.n_vocab);
+    auto kc = m.kv_config(64);
+    kc.type_k = kc.type_v = "f32";
+    tq::KvCache cb(kc), cf(kc);
+    std::vector<float> hb(toks.size() * c.n_embd), hf(hb.size()), lb(toks.size() * c.n_vocab), lf(lb.size());
+    m.forward(cb, toks.data(), static_cast<int>(toks.size()), hb.data());
+    m.logits(hb.data(), static_cast<int>(toks.size()), lb.data());
+    m.set_f32_decode(true);
+    m.forward(cf, toks.data(), static_cast<int>(toks.size()), hf.data());
+    m.logits(hf.data(), static_cast<int>(toks.size()), lf.data());
+    m.set_f32_decode(false);
+    double err = 0, scale = 0;
+    for (size_t i = 0; i < lb.size(); ++i) {
+      err = std::max(err, static_cast<double>(std::fabs(lb[i] - lf[i])));
+      scale = std::max(scale, static_cast<double>(std::fabs(lf[i])));
+    }
+    EXPECT_GT(scale, 0.0);
+    EXPECT_LT(err / scale, 2e-5) << tq::ggml_type_name(wt);
   }
 }
 

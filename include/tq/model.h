@@ -43,17 +43,19 @@ enum class AttentionImpl { Fused, Reference };  // tq::attention vs tq::attentio
 
 class LlamaModel {
  public:
-  // Reads llama.* metadata and all weights (dequantized to f32; matrices of a type with a
-  // block kernel also keep their GGUF bytes). tq::Error on any mismatch.
+  // Reads llama.* metadata and all weights: matrices of a type with a block kernel (F16, Q4_0,
+  // Q4_1, Q8_0) keep their GGUF bytes, F32 and BF16 tensors are held as f32. tq::Error on any
+  // mismatch.
   static LlamaModel load(const GgufFile& gguf);
   LlamaModel(LlamaModel&&) noexcept;
   LlamaModel& operator=(LlamaModel&&) noexcept;
   ~LlamaModel();
 
   const LlamaConfig& config() const noexcept;
-  size_t weight_bytes() const noexcept;            // f32 bytes held in memory
-  // Bytes of the GGUF block copies kept for the decode kernels (F32 matrices share the f32
-  // copy and add nothing), held in memory on top of weight_bytes().
+  // Weight bytes held in memory: GGUF blocks, f32 tensors and, while f32 decode is on, the
+  // f32 copies of the block matrices.
+  size_t weight_bytes() const noexcept;
+  // The GGUF block part of weight_bytes() (0 when every matrix is F32 / BF16).
   size_t block_weight_bytes() const noexcept;
   // A cache config with this model's shape (layers, kv heads, head_dim) and max_tokens.
   KvCacheConfig kv_config(int max_tokens) const;
@@ -65,10 +67,11 @@ class LlamaModel {
   void set_attention_exact(bool exact) noexcept;
   void set_attention_lut8(bool lut8) noexcept;
   void set_ubatch(int n) noexcept;                 // prefill micro-batch (default 512)
-  // true: every projection uses OpenBLAS on the f32 weights, decode included (sgemv), as
-  // before the block kernels; for A/B comparisons. Default: the environment variable
-  // TQ_F32_DECODE (set and not "0": true).
-  void set_f32_decode(bool on) noexcept;
+  // true: dequantizes every block matrix to an f32 copy (538 MB more for SmolLM2-135M) and
+  // every projection uses OpenBLAS on it, decode included (sgemv), as before the block
+  // kernels; for A/B comparisons. false drops the copies. Default at load: the environment
+  // variable TQ_F32_DECODE (set and not "0": true).
+  void set_f32_decode(bool on);
   bool f32_decode() const noexcept;
 
   // Process n tokens at positions cache.n_tokens(0) ... (appends their K/V to the cache).

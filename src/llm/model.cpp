@@ -1,13 +1,15 @@
 // Llama forward pass: OpenMP for the element-wise parts, tq::KvCache + tq::attention for
-// attention (quantize on write). Projections (matmul below) take one of two paths:
+// attention (quantize on write). The weights stay as stored in the GGUF (Q4_1 / Q8_0 / ...
+// blocks copied out of the file at load; F32 tensors as floats) and each projection (matmul
+// below) takes one of two paths:
 //  - a few rows (n <= kBlockKernelMaxRows = 8: decode, one token's logits): the block
-//    kernels of llm/qmatvec.h read the weights as stored in the GGUF (Q4_1 / Q8_0 / ... blocks
-//    copied out of the file at load), which streams ~5x fewer bytes per token than f32;
-//  - more rows (prefill): OpenBLAS sgemm on the f32 copy dequantized at load (the GEMM
-//    reuses each weight across the rows, so there the f32 copy is the fast one).
-// TQ_F32_DECODE=1 (or set_f32_decode(true), `--f32-decode`) sends every call to OpenBLAS
-// (sgemv for one row) as before the block kernels, for A/B runs. Types without a block kernel
-// (BF16) always use the f32 path.
+//    kernels of llm/qmatvec.h, which stream ~5x fewer bytes per token than f32 weights;
+//  - more rows (prefill): llm::qgemm, which dequantizes panels of weight rows into a per-thread
+//    f32 buffer and multiplies them with OpenBLAS sgemm (the GEMM reuses each panel across
+//    the rows, so the dequantization is paid once per micro-batch, not per row).
+// TQ_F32_DECODE=1 (or set_f32_decode(true), `--f32-decode`) dequantizes every matrix to an f32
+// copy and sends every call to OpenBLAS on it (sgemv for one row), for A/B runs. Types without
+// a block kernel (BF16) are held as f32 copies.
 #include "tq/model.h"
 
 #include <cblas.h>
@@ -35,19 +37,37 @@ namespace {
 // about even at 16 rows (76-94 vs 96-98 ms, noisy shared host), OpenBLAS ahead from 24.
 constexpr int kBlockKernelMaxRows = 8;
 
-// A weight matrix: the f32 copy (GEMM, embedding rows) and the GGUF blocks (decode kernels).
-// F32 tensors keep one copy (raw() points at the floats); types without a block kernel have
-// no block copy (has_blocks() false).
+// A weight matrix of `rows` rows of `cols` values. Types with a block kernel other than F32
+// keep their GGUF bytes (`blocks`) and, only while f32 decode is on, an f32 copy; F32 tensors
+// and types without a block kernel (BF16) keep one f32 copy (`f`; raw() points at it for F32).
 struct Weight {
   std::vector<float> f;
   std::vector<uint8_t> blocks;
   GgmlType type = GgmlType::F32;
   bool kernel = false;
+  size_t rows = 0, cols = 0;
   const float* data() const noexcept { return f.data(); }
   bool has_blocks() const noexcept { return kernel; }
+  bool blocks_only() const noexcept { return !blocks.empty(); }  // f is a droppable copy of blocks
   const void* raw() const noexcept {
     return type == GgmlType::F32 ? static_cast<const void*>(f.data()) : static_cast<const void*>(blocks.data());
   }
+  // f32 values of row r (embedding lookup).
+  void row(size_t r, float* out) const {
+    if (!f.empty()) std::memcpy(out, f.data() + r * cols, cols * sizeof(float));
+    else dequantize_row(type, blocks.data() + r * ggml_row_bytes(type, cols), out, cols);
+  }
+  void set_f32_copy(bool on) {
+    if (!blocks_only()) return;
+    if (!on) {
+      std::vector<float>().swap(f);
+    } else if (f.empty()) {
+      f.resize(rows * cols);
+      const size_t rb = ggml_row_bytes(type, cols);
+      for (size_t r = 0; r < rows; ++r) dequantize_row(type, blocks.data() + r * rb, f.data() + r * cols, cols);
+    }
+  }
+  size_t bytes() const noexcept { return f.size() * sizeof(float) + blocks.size(); }
 };
 
 struct Layer {
@@ -74,6 +94,14 @@ struct LlamaModel::Impl {
   bool f32_decode = env_on("TQ_F32_DECODE");
   int ubatch = 512;
   const Weight& out_w() const { return cfg.tied_output ? tok_embd : output; }
+  // f(Weight&) for every matrix (embedding, output head, the seven of each layer).
+  template <class Self, class Fn>
+  static void each_matrix(Self& I, Fn&& f) {
+    f(I.tok_embd);
+    f(I.output);  // empty when tied
+    for (auto& L : I.layers)
+      for (auto* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.wg, &L.wu, &L.wd}) f(*w);
+  }
 };
 
 LlamaModel::LlamaModel() : impl_(std::make_unique<Impl>()) {}
@@ -116,21 +144,25 @@ LlamaModel LlamaModel::load(const GgufFile& g) {
   c.rms_eps = static_cast<float>(g.get_float_or(a + "attention.layer_norm_rms_epsilon", 1e-5));
   TQ_CHECK(c.rope_base > 0 && c.rms_eps > 0, "%s: bad rope base or rms epsilon", g.path().c_str());
 
-  auto load = [&](const std::string& name, std::vector<uint64_t> ne) {
+  auto tensor = [&](const std::string& name, const std::vector<uint64_t>& ne) -> const GgufTensor& {
     const GgufTensor& t = g.tensor(name);
     TQ_CHECK(t.ne == ne, "%s: tensor '%s' has shape [%s], expected [%s]", g.path().c_str(), name.c_str(),
              [&] { std::string s; for (auto d : t.ne) s += std::to_string(d) + " "; return s; }().c_str(),
              [&] { std::string s; for (auto d : ne) s += std::to_string(d) + " "; return s; }().c_str());
-    return g.tensor_f32(t);
+    return t;
   };
-  // A matrix: the f32 copy plus, for types with a block kernel, the GGUF bytes themselves.
+  auto load = [&](const std::string& name, std::vector<uint64_t> ne) { return g.tensor_f32(tensor(name, ne)); };
+  // A matrix: the GGUF bytes themselves for types with a block kernel (F32 excepted), else an
+  // f32 copy.
   auto load_w = [&](const std::string& name, std::vector<uint64_t> ne) {
+    const GgufTensor& t = tensor(name, ne);
     Weight w;
-    w.f = load(name, ne);
-    const GgufTensor& t = g.tensor(name);
     w.type = t.type;
     w.kernel = llm::qmatvec_supported(t.type);
+    w.cols = ne[0];
+    w.rows = ne[1];
     if (w.kernel && t.type != GgmlType::F32) w.blocks.assign(t.data, t.data + t.n_bytes);
+    else w.f = g.tensor_f32(t);
     return w;
   };
   const uint64_t E = c.n_embd, F = c.n_ff, KV = static_cast<uint64_t>(c.n_kv_heads) * c.head_dim;
@@ -159,24 +191,21 @@ LlamaModel LlamaModel::load(const GgufFile& g) {
     L.wu = load_w(p + "ffn_up.weight", {E, F});
     L.wd = load_w(p + "ffn_down.weight", {F, E});
   }
+  if (I.f32_decode) m.set_f32_decode(true);  // TQ_F32_DECODE
   return m;
 }
 
 size_t LlamaModel::weight_bytes() const noexcept {
   const Impl& I = *impl_;
-  size_t n = I.tok_embd.f.size() + I.output_norm.size() + I.output.f.size();
-  for (auto& L : I.layers)
-    n += L.attn_norm.size() + L.wq.f.size() + L.wk.f.size() + L.wv.f.size() + L.wo.f.size() + L.ffn_norm.size() +
-         L.wg.f.size() + L.wu.f.size() + L.wd.f.size();
-  return n * sizeof(float);
+  size_t n = I.output_norm.size() * sizeof(float);
+  for (auto& L : I.layers) n += (L.attn_norm.size() + L.ffn_norm.size()) * sizeof(float);
+  Impl::each_matrix(I, [&](const Weight& w) { n += w.bytes(); });
+  return n;
 }
 
 size_t LlamaModel::block_weight_bytes() const noexcept {
-  const Impl& I = *impl_;
-  size_t n = I.tok_embd.blocks.size() + I.output.blocks.size();
-  for (auto& L : I.layers)
-    n += L.wq.blocks.size() + L.wk.blocks.size() + L.wv.blocks.size() + L.wo.blocks.size() + L.wg.blocks.size() +
-         L.wu.blocks.size() + L.wd.blocks.size();
+  size_t n = 0;
+  Impl::each_matrix(*impl_, [&](const Weight& w) { n += w.blocks.size(); });
   return n;
 }
 
@@ -198,18 +227,26 @@ void LlamaModel::set_attention_impl(AttentionImpl a) noexcept { impl_->attn = a;
 void LlamaModel::set_attention_exact(bool e) noexcept { impl_->exact = e; }
 void LlamaModel::set_attention_lut8(bool e) noexcept { impl_->lut8 = e; }
 void LlamaModel::set_ubatch(int n) noexcept { impl_->ubatch = std::max(1, n); }
-void LlamaModel::set_f32_decode(bool on) noexcept { impl_->f32_decode = on; }
+void LlamaModel::set_f32_decode(bool on) {
+  Impl::each_matrix(*impl_, [&](Weight& w) { w.set_f32_copy(on); });
+  impl_->f32_decode = on;
+}
 bool LlamaModel::f32_decode() const noexcept { return impl_->f32_decode; }
 
 namespace {
 
 // y[n, out] = x[n, in] * W^T, W: out rows of `in` values. A few rows: the block kernels on
-// the GGUF bytes (same OpenMP split over output rows). Otherwise the f32 copy: one thread
-// pool only, OpenMP splits the output columns and every thread calls single-threaded OpenBLAS
-// (an OpenBLAS pthread pool next to spinning OpenMP workers halved the speed on 2 cores).
+// the GGUF bytes. More rows: llm::qgemm on the blocks (panels dequantized per thread), or
+// OpenBLAS on the f32 copy when there is one (F32 / BF16 tensors, f32 decode). Both split the
+// output rows over OpenMP threads and every thread calls single-threaded OpenBLAS (an
+// OpenBLAS pthread pool next to spinning OpenMP workers halved the speed on 2 cores).
 void matmul(const float* x, const Weight& W, float* y, int n, int in, int out, int nt, bool f32_only) {
   if (!f32_only && n <= kBlockKernelMaxRows && W.has_blocks()) {
     llm::qmatvec(W.type, W.raw(), in, out, x, n, y, out, nt);
+    return;
+  }
+  if (W.f.empty()) {  // blocks only (the default): dequantized panel by panel
+    llm::qgemm(W.type, W.blocks.data(), in, out, x, n, y, out, nt);
     return;
   }
   const float* w = W.data();
@@ -288,8 +325,7 @@ void LlamaModel::forward(KvCache& cache, const int32_t* tokens, int n_total, flo
     TQ_CHECK(pos0 + n <= kc.max_tokens, "forward: %d + %d tokens exceed the cache capacity %d", pos0, n,
              kc.max_tokens);
     for (int i = 0; i < n; ++i)
-      std::memcpy(&x[static_cast<size_t>(i) * E], &I.tok_embd.f[static_cast<size_t>(tokens[b0 + i]) * E],
-                  sizeof(float) * E);
+      I.tok_embd.row(static_cast<size_t>(tokens[b0 + i]), &x[static_cast<size_t>(i) * E]);
     for (int l = 0; l < c.n_layers; ++l) {
       const Layer& L = I.layers[l];
       rmsnorm(x.data(), L.attn_norm.data(), h.data(), n, E, c.rms_eps, nt);

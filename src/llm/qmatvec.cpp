@@ -3,6 +3,7 @@
 // Highway kernels are in qmatvec_simd.cpp).
 #include "llm/qmatvec.h"
 
+#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -115,9 +116,13 @@ void qmv_rows_ref(GgmlType t, const uint8_t* w, int in, const float* x, const fl
 
 namespace {
 
-void check_args(GgmlType t, const void* w, int in, int out, const float* x, int n, const float* y, int ldy) {
-  TQ_CHECK(qmatvec_supported(t), "qmatvec: weight type %s is not supported (F32, F16, Q4_0, Q4_1, Q8_0)",
-           ggml_type_name(t));
+bool qgemm_supported(GgmlType t) noexcept { return qmatvec_supported(t) || t == GgmlType::BF16; }
+
+void check_args(GgmlType t, const void* w, int in, int out, const float* x, int n, const float* y, int ldy,
+                bool gemm = false) {
+  TQ_CHECK(gemm ? qgemm_supported(t) : qmatvec_supported(t),
+           "qmatvec: weight type %s is not supported (F32, F16, Q4_0, Q4_1, Q8_0%s)", ggml_type_name(t),
+           gemm ? ", BF16" : "");
   const int bs = ggml_block_size(t);
   TQ_CHECK(in > 0 && in % bs == 0, "qmatvec: input length %d is not a positive multiple of the %s block size %d", in,
            ggml_type_name(t), bs);
@@ -163,6 +168,43 @@ void qmatvec(GgmlType t, const void* w, int in, int out, const float* x, int n, 
 void qmatvec_ref(GgmlType t, const void* w, int in, int out, const float* x, int n, float* y, int ldy) {
   check_args(t, w, in, out, x, n, y, ldy);
   run(t, w, in, out, x, n, y, ldy, 1, detail::qmv_rows_ref);
+}
+
+int qgemm_panel_rows(int in) noexcept {
+  const int p = kQGemmPanelFloats / std::max(1, in) / 16 * 16;
+  return std::max(16, p);
+}
+
+void qgemm(GgmlType t, const void* w, int in, int out, const float* x, int n, float* y, int ldy, int n_threads,
+           int panel_rows) {
+  check_args(t, w, in, out, x, n, y, ldy, true);
+  if (out == 0 || n == 0) return;
+  const int P = panel_rows > 0 ? panel_rows : qgemm_panel_rows(in);
+  const size_t rb = ggml_row_bytes(t, static_cast<size_t>(in));
+  const uint8_t* wb = static_cast<const uint8_t*>(w);
+  const int chunks = std::max(1, std::min(n_threads, out / 64));
+#pragma omp parallel for num_threads(chunks) schedule(static) if (chunks > 1)
+  for (int c = 0; c < chunks; ++c) {
+    const int o0 = static_cast<int>(static_cast<int64_t>(out) * c / chunks);
+    const int o1 = static_cast<int>(static_cast<int64_t>(out) * (c + 1) / chunks);
+    if (t == GgmlType::F32) {  // already floats: one sgemm over the chunk
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, o1 - o0, in, 1.0f, x, in,
+                  reinterpret_cast<const float*>(wb + static_cast<size_t>(o0) * rb), in, 0.0f, y + o0, ldy);
+      continue;
+    }
+    // One buffer per thread, kept between calls (a fresh 256 KB allocation per projection
+    // would be an mmap + page faults every time).
+    thread_local std::vector<float> panel;
+    if (panel.size() < static_cast<size_t>(P) * in) panel.resize(static_cast<size_t>(P) * in);
+    for (int p0 = o0; p0 < o1; p0 += P) {
+      const int p1 = std::min(o1, p0 + P);
+      for (int o = p0; o < p1; ++o)
+        dequantize_row(t, wb + static_cast<size_t>(o) * rb, panel.data() + static_cast<size_t>(o - p0) * in,
+                       static_cast<size_t>(in));
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, p1 - p0, in, 1.0f, x, in, panel.data(), in, 0.0f,
+                  y + p0, ldy);
+    }
+  }
 }
 
 }  // namespace tq::llm

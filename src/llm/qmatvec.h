@@ -40,6 +40,21 @@ void qmatvec(GgmlType t, const void* w, int in, int out, const float* x, int n, 
 // Scalar reference, same contract, single thread.
 void qmatvec_ref(GgmlType t, const void* w, int in, int out, const float* x, int n, float* y, int ldy);
 
+// The same product for many rows of x (prefill): each thread dequantizes `panel_rows` weight
+// rows at a time (tq::dequantize_row) into its own f32 buffer and multiplies the panel with
+// single-threaded OpenBLAS sgemm, so the weights stay in their GGUF blocks and no f32 copy of
+// the model is needed. Parallel over output rows like qmatvec (n_threads OpenMP threads, at
+// most one per 64 rows). Any type dequantize_row reads (F32, F16, BF16, Q4_0, Q4_1, Q8_0);
+// panel_rows <= 0 picks qgemm_panel_rows(in). Same checks as qmatvec; tq::Error otherwise.
+void qgemm(GgmlType t, const void* w, int in, int out, const float* x, int n, float* y, int ldy, int n_threads,
+           int panel_rows = 0);
+// Default panel height: about kQGemmPanelFloats f32 values (1 MB) per panel, a multiple of 16
+// rows, at least 16. SmolLM2-135M prefill of 512 tokens at 2 threads (tq bench model, two
+// alternating rounds): 16K floats 461-483 tok/s, 64K 570-602, 256K 608, 1M 601-606, the
+// f32-copy GEMM 600-615: small panels starve sgemm, from 256K on it matches the full copy.
+constexpr int kQGemmPanelFloats = 1 << 18;
+int qgemm_panel_rows(int in) noexcept;
+
 namespace detail {
 // Per-block (32-value) sums of n rows of x: xs[r * (in / 32) + b]. Needed by Q4_0 / Q4_1.
 void qmv_block_sums(const float* x, int n, int in, float* xs) noexcept;
