@@ -10,6 +10,11 @@ do (--exact-kv to keep them in float64). Windows and scored rows follow `tq perp
 
 With --compare REPORT (the JSON of llama_cpp_reference.py, which holds both engines' top-1
 lists), prints each engine's top-1 agreement with this reference and the perplexities.
+
+--ggml-rounding adds llama.cpp's CPU rounding points to the float64 pass: the input of every
+quantized-weight matrix product rounded to 8-bit blocks of 32 with an fp16 scale (ggml's q8_1 /
+q8_0 activations for Q4_1 / Q8_0 weights) and the attention queries rounded to f16 (its f16
+flash-attention path). It tests whether those roundings explain where the engines disagree.
 Usage: python bench/forward_ref64.py --model M.gguf --tq build/tq --corpus text --ctx 512 --chunks 8 \
            --compare results/llama_cpp_reference_c512.json --out results/ref64_c512.json
 """
@@ -41,10 +46,20 @@ def rmsnorm(x, w, eps):
     return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * w
 
 
-def forward(md, W, toks, first, exact_kv, kv_hook=None):
+def q8_blocks(x):
+    """x rounded as ggml quantizes activations for quantized weights: blocks of 32 values,
+    d = max|x| / 127 (stored as fp16), q = round(x / d)."""
+    b = x.reshape(-1, 32)
+    d = np.abs(b).max(axis=1, keepdims=True) / 127
+    q = np.round(b / np.where(d > 0, d, 1))
+    return (q * d.astype(np.float16).astype(np.float64)).reshape(x.shape)
+
+
+def forward(md, W, toks, first, exact_kv, kv_hook=None, ggml_rounding=False):
     """Logits (float64) of rows first .. len(toks)-2. kv_hook(layer, q, k, v) -> (k, v), if
     given, replaces each layer's K and V (n x heads x D, after RoPE) before attention: how
-    bench/kv_precond_sim.py simulates a quantized cache."""
+    bench/kv_precond_sim.py simulates a quantized cache. ggml_rounding: see --ggml-rounding."""
+    act = q8_blocks if ggml_rounding else (lambda a: a)
     n = len(toks)
     L = md["llama.block_count"]
     H = md["llama.attention.head_count"]
@@ -69,8 +84,10 @@ def forward(md, W, toks, first, exact_kv, kv_hook=None):
     x = W["token_embd.weight"][np.asarray(toks)]
     for l in range(L):
         p = f"blk.{l}."
-        h = rmsnorm(x, W[p + "attn_norm.weight"], eps)
+        h = act(rmsnorm(x, W[p + "attn_norm.weight"], eps))
         q = rope(h @ W[p + "attn_q.weight"].T, H)
+        if ggml_rounding:
+            q = q.astype(np.float16).astype(np.float64)
         k = rope(h @ W[p + "attn_k.weight"].T, Hk)
         v = (h @ W[p + "attn_v.weight"].T).reshape(n, Hk, D)
         if not exact_kv:
@@ -85,12 +102,12 @@ def forward(md, W, toks, first, exact_kv, kv_hook=None):
             s = np.exp(s - s.max(axis=1, keepdims=True))
             s /= s.sum(axis=1, keepdims=True)
             out[:, hh, :] = s @ v[:, kv, :]
-        x = x + out.reshape(n, E) @ W[p + "attn_output.weight"].T
-        h = rmsnorm(x, W[p + "ffn_norm.weight"], eps)
+        x = x + act(out.reshape(n, E)) @ W[p + "attn_output.weight"].T
+        h = act(rmsnorm(x, W[p + "ffn_norm.weight"], eps))
         g = h @ W[p + "ffn_gate.weight"].T
         u = h @ W[p + "ffn_up.weight"].T
-        x = x + ((g / (1 + np.exp(-g))) * u) @ W[p + "ffn_down.weight"].T
-    h = rmsnorm(x[first:n - 1], W["output_norm.weight"], eps)
+        x = x + act((g / (1 + np.exp(-g))) * u) @ W[p + "ffn_down.weight"].T
+    h = act(rmsnorm(x[first:n - 1], W["output_norm.weight"], eps))
     out_w = W.get("output.weight", W["token_embd.weight"])
     return h @ out_w.T
 
@@ -103,6 +120,8 @@ def main():
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--chunks", type=int, default=8)
     ap.add_argument("--exact-kv", action="store_true", help="keep K/V in float64 instead of rounding to f16")
+    ap.add_argument("--ggml-rounding", action="store_true",
+                    help="round activations to 8-bit blocks and queries to f16 as llama.cpp's CPU path does")
     ap.add_argument("--compare", help="JSON report of llama_cpp_reference.py with both engines' top-1 lists")
     ap.add_argument("--out")
     args = ap.parse_args()
@@ -114,7 +133,7 @@ def main():
     t0 = time.time()
     for c in range(args.chunks):
         win = toks[c * ctx:(c + 1) * ctx]
-        lg = forward(md, W, win, first, args.exact_kv)
+        lg = forward(md, W, win, first, args.exact_kv, ggml_rounding=args.ggml_rounding)
         m = lg.max(axis=1, keepdims=True)
         lp = lg - m - np.log(np.exp(lg - m).sum(axis=1, keepdims=True))
         tgt = np.asarray(win[first + 1:ctx])
@@ -127,6 +146,7 @@ def main():
         print(f"window {c}: ppl {chunk_ppl[-1]:.4f} ({time.time() - t0:.0f} s)", file=sys.stderr)
     lg = np.concatenate(logits_all)
     rep = {"ctx": ctx, "chunks": args.chunks, "scored_tokens": n, "kv": "float64" if args.exact_kv else "f16-rounded",
+           "ggml_rounding": args.ggml_rounding,
            "ppl": math.exp(nll / n), "chunk_ppl": chunk_ppl, "seconds": time.time() - t0}
     print(f"ref64 ({rep['kv']} K/V): ppl {rep['ppl']:.4f} over {n} scored tokens")
     if args.compare:
