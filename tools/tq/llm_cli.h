@@ -48,8 +48,9 @@ inline void add_model_opts(CLI::App* s, ModelOpts& o, int default_ctx) {
               "default: float arithmetic from the codes)");
   s->add_flag("--exact-attention", o.exact, "never the int8 lookup tables (wins over --attn-lut8 and TQ_KV_LUT8=1)");
   s->add_flag("--f32-decode", o.f32_decode,
-              "decode with OpenBLAS on the f32 weights (sgemv) instead of the block kernels on the GGUF "
-              "weights (same as TQ_F32_DECODE=1; for A/B runs)");
+              "dequantize the weights to f32 copies and run every projection on them with OpenBLAS "
+              "(sgemv for decode) instead of the block kernels on the GGUF weights (same as "
+              "TQ_F32_DECODE=1; for A/B runs)");
 }
 
 inline void add_kv_opts(CLI::App* s, KvOptions& kv) {
