@@ -250,11 +250,7 @@ void matmul(const float* x, const Weight& W, float* y, int n, int in, int out, i
     return;
   }
   const float* w = W.data();
-  const int chunks = std::max(1, std::min(nt, out / 64));
-#pragma omp parallel for num_threads(chunks) schedule(static) if (chunks > 1)
-  for (int c = 0; c < chunks; ++c) {
-    const int o0 = static_cast<int>(static_cast<int64_t>(out) * c / chunks);
-    const int o1 = static_cast<int>(static_cast<int64_t>(out) * (c + 1) / chunks);
+  llm::parallel_rows(out, nt, [&](int o0, int o1) {
     if (n == 1) {
       cblas_sgemv(CblasRowMajor, CblasNoTrans, o1 - o0, in, 1.0f, w + static_cast<size_t>(o0) * in, in, x, 1,
                   0.0f, y + o0, 1);
@@ -262,7 +258,7 @@ void matmul(const float* x, const Weight& W, float* y, int n, int in, int out, i
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, o1 - o0, in, 1.0f, x, in,
                   w + static_cast<size_t>(o0) * in, in, 0.0f, y + o0, out);
     }
-  }
+  });
 }
 
 void rmsnorm(const float* x, const float* w, float* y, int n, int d, float eps, int nt) {

@@ -143,17 +143,13 @@ void run(GgmlType t, const void* w, int in, int out, const float* x, int n, floa
   }
   const float* xsp = xs.empty() ? nullptr : xs.data();
   const uint8_t* wb = static_cast<const uint8_t*>(w);
-  const int chunks = std::max(1, std::min(n_threads, out / 64));
-#pragma omp parallel for num_threads(chunks) schedule(static) if (chunks > 1)
-  for (int c = 0; c < chunks; ++c) {
-    const int o0 = static_cast<int>(static_cast<int64_t>(out) * c / chunks);
-    const int o1 = static_cast<int>(static_cast<int64_t>(out) * (c + 1) / chunks);
+  parallel_rows(out, n_threads, [&](int o0, int o1) {
     for (int r0 = 0; r0 < n; r0 += kQMatvecMaxRows) {
       const int nr = std::min(kQMatvecMaxRows, n - r0);
       kernel(t, wb, in, x + static_cast<size_t>(r0) * in, xsp ? xsp + static_cast<size_t>(r0) * nb : nullptr, nr,
              o0, o1, y + static_cast<size_t>(r0) * ldy, ldy);
     }
-  }
+  });
 }
 
 }  // namespace
@@ -182,17 +178,13 @@ void qgemm(GgmlType t, const void* w, int in, int out, const float* x, int n, fl
   const int P = panel_rows > 0 ? panel_rows : qgemm_panel_rows(in);
   const size_t rb = ggml_row_bytes(t, static_cast<size_t>(in));
   const uint8_t* wb = static_cast<const uint8_t*>(w);
-  const int chunks = std::max(1, std::min(n_threads, out / 64));
-#pragma omp parallel for num_threads(chunks) schedule(static) if (chunks > 1)
-  for (int c = 0; c < chunks; ++c) {
-    const int o0 = static_cast<int>(static_cast<int64_t>(out) * c / chunks);
-    const int o1 = static_cast<int>(static_cast<int64_t>(out) * (c + 1) / chunks);
+  parallel_rows(out, n_threads, [&](int o0, int o1) {
     if (t == GgmlType::F32) {  // already floats: one sgemm over the chunk
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, o1 - o0, in, 1.0f, x, in,
                   reinterpret_cast<const float*>(wb + static_cast<size_t>(o0) * rb), in, 0.0f, y + o0, ldy);
-      continue;
+      return;
     }
-    // One buffer per thread, kept between calls (a fresh 256 KB allocation per projection
+    // One buffer per thread, kept between calls (a fresh 1 MB allocation per projection
     // would be an mmap + page faults every time).
     thread_local std::vector<float> panel;
     if (panel.size() < static_cast<size_t>(P) * in) panel.resize(static_cast<size_t>(P) * in);
@@ -204,7 +196,7 @@ void qgemm(GgmlType t, const void* w, int in, int out, const float* x, int n, fl
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, p1 - p0, in, 1.0f, x, in, panel.data(), in, 0.0f,
                   y + p0, ldy);
     }
-  }
+  });
 }
 
 }  // namespace tq::llm

@@ -16,6 +16,7 @@
 // pass over W; simd::use_scalar() selects the plain scalar reference qmatvec_ref.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -24,6 +25,17 @@
 #include "tq/gguf.h"
 
 namespace tq::llm {
+
+// The split of a projection's output rows over OpenMP threads (qmatvec, qgemm and the model's
+// f32 path): at most n_threads chunks of at least 64 rows; f(o0, o1) runs once per chunk.
+template <class F>
+void parallel_rows(int out, int n_threads, F&& f) {
+  const int chunks = std::max(1, std::min(n_threads, out / 64));
+#pragma omp parallel for num_threads(chunks) schedule(static) if (chunks > 1)
+  for (int c = 0; c < chunks; ++c)
+    f(static_cast<int>(static_cast<int64_t>(out) * c / chunks),
+      static_cast<int>(static_cast<int64_t>(out) * (c + 1) / chunks));
+}
 
 // Rows of x handled per pass over the weights by one kernel call (more rows: several passes).
 constexpr int kQMatvecMaxRows = 4;
