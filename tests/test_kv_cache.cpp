@@ -526,7 +526,6 @@ TEST(Attention, KernelSelection) {
   EXPECT_EQ(kernel("tq3p", "tq3", 128, 4, false), "tq-float");
   for (const char* t : {"tq2n8", "tq3n8", "tq4n8", "tq5n8"}) {
     EXPECT_EQ(kernel(t, "tq3n8", 64, 3, false), "tq-float") << t;
-    EXPECT_EQ(kernel("tq5", t, 64, 3, true), "tq-float") << t;  // lut8 reads fp16 norms only
   }
   EXPECT_EQ(kernel("tq4p", "tq2", 64, 1, false), "tq-float");
   EXPECT_EQ(kernel("tq4", "tq3", 48, 2, false), "tq-float");   // D multiple of 16
@@ -537,6 +536,10 @@ TEST(Attention, KernelSelection) {
   if (level == "avx3_dl") {
     EXPECT_EQ(kernel("tq4", "tq3", 128, 4, true), "tq-lut8");
     EXPECT_EQ(kernel("tq6", "tq6", 64, 3, true), "tq-lut8");
+    for (const char* t : {"tq2n8", "tq3n8", "tq4n8", "tq5n8"}) {  // log-coded norms too
+      EXPECT_EQ(kernel("tq5", t, 64, 3, true), "tq-lut8") << t;
+      EXPECT_EQ(kernel(t, "tq4", 64, 3, true), "tq-lut8") << t;
+    }
     EXPECT_EQ(kernel("tq7", "tq3", 128, 4, true), "tq-float");  // lut8 tables hold 6 bits
   }
   for (const auto& lv : tq::simd::available_levels()) {  // Highway: every level but scalar

@@ -1,6 +1,7 @@
 // Shared between attention.cpp (driver) and attention_simd.cpp (fused kernels).
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <limits>
 
@@ -57,6 +58,17 @@ int decode_tq_float_lanes();  // float lanes of the float kernel at the current 
 // Which decode kernel fused_decode runs for (sk, sv): "f16", "tq-float", "tq-lut8" or
 // "rows" (no fused kernel: dequantized rows, float attention).
 const char* fused_kernel_name(const Shape& sh, const Stream& sk, const Stream& sv, bool lut8);
+
+// tq_n8 norms (kv_cache.cpp, set_n8_norm): norm = 2^(e / 16) * table[c] with the block's int16
+// exponent e and the token's code c; table[c] = 2^(-c / 16), table[255] = 0 (a zero norm).
+inline const float* n8_pow_table() {
+  static const auto* t = [] {
+    auto* p = new float[256];
+    for (int c = 0; c < 256; ++c) p[c] = c == 255 ? 0.f : std::exp2((float)-c * (1.0f / 16));
+    return p;
+  }();
+  return t;
+}
 
 // A tq stream is one part (tqB) or two (tq2.5 / tq3.5: outlier and regular channels), each
 // with its own codebook, fp16 norms and bit-plane tiles, covering dims [off, off + dim) of

@@ -251,11 +251,7 @@ void DecodeTqG(const Shape& sh, const Stream& sk, const Stream& sv, const float*
   const int end = std::min(b, limit);
   auto load_norms = [&](const uint8_t* blk, const Part& P, float* out) {
     if (P.n8) {  // norm = 2^((e - c) / 16) = 2^(e / 16) * 2^(-c / 16); c = 255: 0
-      static const auto* kPow = [] {
-        auto* t = new float[256];
-        for (int c = 0; c < 256; ++c) t[c] = c == 255 ? 0.f : std::exp2((float)-c * (1.0f / 16));
-        return t;
-      }();
+      const float* kPow = n8_pow_table();
       int16_t e;
       std::memcpy(&e, blk + P.norm_off, 2);
       const float base = std::exp2((float)e * (1.0f / 16));

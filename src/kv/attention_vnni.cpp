@@ -1,5 +1,5 @@
 // The opt-in lut8 fused decode kernel (AttentionParams::lut8) for TurboQuant codes (tq1..tq6,
-// tq2.5, tq3.5 for K and V, tq3p / tq4p for K) on AVX-512 VNNI + VBMI, and the dispatch of
+// tq2.5, tq3.5, tq2n8..tq5n8 for K and V, tq3p / tq4p for K) on AVX-512 VNNI + VBMI, and the dispatch of
 // both tq kernels (the default float kernel is attention_tq_simd.cpp).
 //
 // Everything stays in the rotated domain: the query was rotated once by the driver, the
@@ -182,6 +182,31 @@ inline __m512 load_norms16(const uint8_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
+// The 32 norms of one block of part P: n0 tokens 0..15, n1 tokens 16..31. fp16 norms (times
+// a second fp16 norm and a constant for prod K's QJL part), or tq_n8 log codes decoded as the
+// float kernel does: 2^(e / 16) * n8_pow_table()[c].
+inline void load_norms(const uint8_t* blk, const Part& P, __m512* n0, __m512* n1) {
+  if (P.n8) {
+    int16_t e;
+    std::memcpy(&e, blk + P.norm_off, 2);
+    const __m512 base = _mm512_set1_ps(std::exp2((float)e * (1.0f / 16)));
+    const float* tab = n8_pow_table();
+    const uint8_t* c = blk + P.norm_off + 2;
+    const __m512i c0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c)));
+    const __m512i c1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 16)));
+    *n0 = _mm512_mul_ps(base, _mm512_i32gather_ps(c0, tab, 4));
+    *n1 = _mm512_mul_ps(base, _mm512_i32gather_ps(c1, tab, 4));
+    return;
+  }
+  *n0 = load_norms16(blk + P.norm_off);
+  *n1 = load_norms16(blk + P.norm_off + 32);
+  if (P.norm2_off) {
+    const __m512 mul = _mm512_set1_ps(P.norm_mul);
+    *n0 = _mm512_mul_ps(_mm512_mul_ps(*n0, load_norms16(blk + P.norm2_off)), mul);
+    *n1 = _mm512_mul_ps(_mm512_mul_ps(*n1, load_norms16(blk + P.norm2_off + 32)), mul);
+  }
+}
+
 bool run(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a, int b,
          const States& st) {
   const int G = sh.G;
@@ -241,19 +266,8 @@ bool run(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, i
     const __mmask16 valid0 = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(nt));
     const __mmask16 valid1 = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(nt - 16));
     __m512 kn0[2], kn1[2], vn0[2], vn1[2];
-    for (int i = 0; i < npk; ++i) {
-      kn0[i] = load_norms16(kb + pk[i].norm_off);
-      kn1[i] = load_norms16(kb + pk[i].norm_off + 32);
-      if (pk[i].norm2_off) {
-        const __m512 mul = _mm512_set1_ps(pk[i].norm_mul);
-        kn0[i] = _mm512_mul_ps(_mm512_mul_ps(kn0[i], load_norms16(kb + pk[i].norm2_off)), mul);
-        kn1[i] = _mm512_mul_ps(_mm512_mul_ps(kn1[i], load_norms16(kb + pk[i].norm2_off + 32)), mul);
-      }
-    }
-    for (int i = 0; i < npv; ++i) {
-      vn0[i] = load_norms16(vb + pv[i].norm_off);
-      vn1[i] = load_norms16(vb + pv[i].norm_off + 32);
-    }
+    for (int i = 0; i < npk; ++i) load_norms(kb, pk[i], &kn0[i], &kn1[i]);
+    for (int i = 0; i < npv; ++i) load_norms(vb, pv[i], &vn0[i], &vn1[i]);
     bool any_w[2] = {false, false};
     float wsc[2][kMaxG];
     for (int g = 0; g < G; ++g) {
@@ -331,9 +345,7 @@ bool decode_tq_supported(const Shape& sh, const Stream& sk, const Stream& sv, bo
   }
   for (const Stream* s : {&sk, &sv}) {
     if (s == &sk && s->fmt->kind == Kind::tq_prod) continue;
-    if (s->fmt->kind != Kind::tq && s->fmt->kind != Kind::tq_split &&
-        (lut8 || s->fmt->kind != Kind::tq_n8))  // lut8 reads fp16 norms only
-      return false;
+    if (s->fmt->kind != Kind::tq && s->fmt->kind != Kind::tq_split && s->fmt->kind != Kind::tq_n8) return false;
     if (s->cb->bits > max_bits || (s->cb_hi && s->cb_hi->bits > max_bits)) return false;
     if (s->fmt->kind == Kind::tq_split && !s->split_frozen) return false;
   }
