@@ -58,15 +58,22 @@ inline __m512 exp512(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+// One 8-byte bit plane. Tiles follow the per-token norms in a block, so a plane need not be
+// 8-byte aligned (1-byte tq_n8 norms): memcpy is the unaligned load (one mov).
+inline __mmask64 plane(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return _cvtu64_mask64(v);
+}
 // 64 codes of one tile (B bit planes of 8 bytes) -> 64 bytes.
 template <int B>
-inline __m512i tile_codes(const uint64_t* pl) {
-  __m512i idx = _mm512_maskz_mov_epi8(_cvtu64_mask64(pl[0]), _mm512_set1_epi8(1));
-  if constexpr (B > 1) idx = _mm512_mask_add_epi8(idx, _cvtu64_mask64(pl[1]), idx, _mm512_set1_epi8(2));
-  if constexpr (B > 2) idx = _mm512_mask_add_epi8(idx, _cvtu64_mask64(pl[2]), idx, _mm512_set1_epi8(4));
-  if constexpr (B > 3) idx = _mm512_mask_add_epi8(idx, _cvtu64_mask64(pl[3]), idx, _mm512_set1_epi8(8));
-  if constexpr (B > 4) idx = _mm512_mask_add_epi8(idx, _cvtu64_mask64(pl[4]), idx, _mm512_set1_epi8(16));
-  if constexpr (B > 5) idx = _mm512_mask_add_epi8(idx, _cvtu64_mask64(pl[5]), idx, _mm512_set1_epi8(32));
+inline __m512i tile_codes(const uint8_t* pl) {
+  __m512i idx = _mm512_maskz_mov_epi8(plane(pl), _mm512_set1_epi8(1));
+  if constexpr (B > 1) idx = _mm512_mask_add_epi8(idx, plane(pl + 8), idx, _mm512_set1_epi8(2));
+  if constexpr (B > 2) idx = _mm512_mask_add_epi8(idx, plane(pl + 16), idx, _mm512_set1_epi8(4));
+  if constexpr (B > 3) idx = _mm512_mask_add_epi8(idx, plane(pl + 24), idx, _mm512_set1_epi8(8));
+  if constexpr (B > 4) idx = _mm512_mask_add_epi8(idx, plane(pl + 32), idx, _mm512_set1_epi8(16));
+  if constexpr (B > 5) idx = _mm512_mask_add_epi8(idx, plane(pl + 40), idx, _mm512_set1_epi8(32));
   return idx;
 }
 // Codes -> centroid bytes: vpshufb over a 16-entry table in every 128-bit lane (B <= 4), or
@@ -81,13 +88,12 @@ inline __m512i lookup(__m512i tbl, __m512i idx) {
 template <int G, int B>
 void score_block(const uint8_t* tiles, int D, int nt, const int32_t* q32, __m512i tbl, int32_t* raw) {
   const int nq = D / 4;
-  const uint64_t* t64 = reinterpret_cast<const uint64_t*>(tiles);
   for (int s = 0; s < 2; ++s) {
     __m512i acc[G];
     for (int g = 0; g < G; ++g) acc[g] = _mm512_setzero_si512();
     if (s * 16 < nt) {
-      const uint64_t* pl = t64 + (size_t)s * nq * B;
-      for (int k = 0; k < nq; ++k, pl += B) {
+      const uint8_t* pl = tiles + (size_t)s * nq * B * 8;
+      for (int k = 0; k < nq; ++k, pl += B * 8) {
         const __m512i vals = lookup<B>(tbl, tile_codes<B>(pl));
         for (int g = 0; g < G; ++g)
           acc[g] = _mm512_dpbusd_epi32(acc[g], vals, _mm512_set1_epi32(q32[g * nq + k]));
@@ -100,13 +106,12 @@ void score_block(const uint8_t* tiles, int D, int nt, const int32_t* q32, __m512
 // V: accv[g][d] = sum_t w8[g][t] * tblV[code(t, d)].
 template <int G, int B>
 void accum_block(const uint8_t* tiles, int D, int nt, const int32_t* w32, __m512i tbl, int32_t* accv) {
-  const uint64_t* t64 = reinterpret_cast<const uint64_t*>(tiles);
   const int nr = (nt + 3) / 4;
   for (int e = 0; e < D / 16; ++e) {
     __m512i acc[G];
     for (int g = 0; g < G; ++g) acc[g] = _mm512_setzero_si512();
-    const uint64_t* pl = t64 + (size_t)e * 8 * B;
-    for (int r = 0; r < nr; ++r, pl += B) {
+    const uint8_t* pl = tiles + (size_t)e * 64 * B;
+    for (int r = 0; r < nr; ++r, pl += B * 8) {
       const __m512i vals = lookup<B>(tbl, tile_codes<B>(pl));
       for (int g = 0; g < G; ++g) acc[g] = _mm512_dpbusd_epi32(acc[g], _mm512_set1_epi32(w32[g * 8 + r]), vals);
     }
