@@ -13,7 +13,9 @@
 #        "f16|-ctk f16 -ctv f16;tq5tq3|-ctk tq5 -ctv tq3"; the tag names the output files).
 # The runs in BENCHMARKS.md: `bash results/run_niah.sh 2048 4096`, `N8=1 bash results/run_niah.sh 8192`,
 # `DEPTHS=0.5 S8=43 N8=5 bash results/run_niah.sh 8192`, and (2026-11-30)
-# `DEPTHS=0.25,0.5,0.75 S8=48 N8=5 bash results/run_niah.sh 8192`.
+# `DEPTHS=0.25,0.5,0.75 S8=48 N8=5 bash results/run_niah.sh 8192`, `... S8=53 N8=6 ...`, and the
+# tq4/tq4 and tq4/tq4n8 (sink 1, K centring) runs over the same trials with CACHES set
+# (BENCHMARKS.md, "41 trials at 8K").
 set -u
 cd "$(dirname "$0")"
 TQ="${TQ:-../build/tq}"
