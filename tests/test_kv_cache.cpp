@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <numeric>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -131,6 +132,11 @@ TEST(KvCache, BytesPerVector) {
   EXPECT_EQ(b("tq8", 64), 66u);
   EXPECT_EQ(b("tq2.5", 128), 40u);  // 32*3/8 + 96*2/8 + 2 fp16 norms
   EXPECT_EQ(b("tq3.5", 128), 56u);  // 32*4/8 + 96*3/8 + 2 fp16 norms
+  // tqBhH: 32 channels at H bits + 96 at B bits + 2 fp16 norms (docs/design.md table)
+  const std::pair<const char*, size_t> hh[] = {{"tq2h3", 40}, {"tq3h4", 56}, {"tq2h4", 44}, {"tq2h5", 48},
+                                               {"tq3h5", 60}, {"tq3h6", 64}, {"tq4h5", 72}, {"tq4h6", 76}};
+  for (const auto& [t, bytes] : hh) EXPECT_EQ(b(t, 128), bytes) << t;
+  EXPECT_THROW(b("tq3h6", 96), tq::Error);  // split types: head_dim a multiple of 64
   EXPECT_EQ(b("tq3p", 128), 52u);   // norm + gamma + 2-bit idx + 1-bit signs
   EXPECT_EQ(b("tq4p", 128), 68u);
   EXPECT_THROW(b("q4_0", 48), tq::Error);
@@ -424,6 +430,55 @@ TEST(KvCache, SplitPicksOutlierChannelsOnline) {
   EXPECT_EQ(cache.bytes_used(), (size_t)6 * 2 * (40 + 56) + 4 * 2 * 2 * 128 * 2 + 4 * 16);
 }
 
+// tqBhH: the high-precision channels are adjacent pairs chosen by K energy x query energy,
+// position 0 left out; without queries, by K energy alone.
+TEST(KvCache, QueryWeightedSplitFollowsTheQueries) {
+  const int D = 64, n = 40, NH = 2;
+  tq::Rng rng(5);
+  std::vector<float> k((size_t)n * D), v(k.size()), q((size_t)n * NH * D);
+  for (int t = 0; t < n; ++t)
+    for (int d = 0; d < D; ++d) {
+      k[(size_t)t * D + d] = (float)rng.normal() * (d < 16 ? 10.f : 1.f);  // K energy on 0..15
+      v[(size_t)t * D + d] = (float)rng.normal();
+      for (int h = 0; h < NH; ++h)  // query energy on 40..55
+        q[((size_t)t * NH + h) * D + d] = (float)rng.normal() * (d >= 40 && d < 56 ? 3.f : 0.1f);
+    }
+  k[30] = 1e4f;  // position 0 (BOS): a huge key and query on channel 30, ignored
+  q[30] = q[D + 30] = 1e4f;
+  auto hi_channels = [&](bool with_queries) {
+    tq::KvCacheConfig cfg;
+    cfg.n_kv_heads = 1;
+    cfg.head_dim = D;
+    cfg.max_tokens = 2 * n;
+    cfg.type_k = "tq3h5";
+    cfg.type_v = "tq2h4";
+    tq::KvCache cache(cfg);
+    if (with_queries) cache.observe_queries(0, n, q.data(), NH);
+    cache.append(0, n, k.data(), v.data());
+    const auto& s = cache.impl().layers[0].k[0];
+    EXPECT_TRUE(s.split_frozen);
+    EXPECT_EQ(s.d_hi, 16);
+    // Frozen: later queries change nothing.
+    std::vector<float> q2(q.size(), 1.f);
+    cache.observe_queries(0, n, q2.data(), NH);
+    EXPECT_EQ(cache.impl().layers[0].k[0].q_n, with_queries ? n - 1 : 0);
+    EXPECT_DOUBLE_EQ(cache.bytes_per_token(), 28 + 4 + 20 + 4);  // K (16*5+48*3)/8 + 2 fp16 norms; V (16*4+48*2)/8 + 4
+    return std::vector<int>(s.perm.begin(), s.perm.begin() + 16);
+  };
+  std::vector<int> want_q(16), want_k(16);
+  std::iota(want_q.begin(), want_q.end(), 40);
+  std::iota(want_k.begin(), want_k.end(), 0);
+  EXPECT_EQ(hi_channels(true), want_q);
+  EXPECT_EQ(hi_channels(false), want_k);
+  tq::KvCacheConfig cfg;
+  cfg.n_kv_heads = 2;
+  cfg.head_dim = D;
+  tq::KvCache cache(cfg);
+  EXPECT_THROW(cache.observe_queries(0, 1, q.data(), 3), tq::Error);  // 3 heads for 2 kv heads
+  EXPECT_THROW(cache.observe_queries(1, 1, q.data(), 2), tq::Error);  // no layer 1
+  EXPECT_NO_THROW(cache.observe_queries(0, 1, q.data(), 4));          // f16: a no-op
+}
+
 TEST(KvCache, BoundaryLayersUseTheirTypes) {
   tq::KvCacheConfig cfg;
   cfg.n_layers = 5;
@@ -444,6 +499,52 @@ TEST(KvCache, BoundaryLayersUseTheirTypes) {
   EXPECT_EQ(tq::kv_type_name(L[3].k[0].type), "q8_0");
   EXPECT_EQ(tq::kv_type_name(L[4].v[0].type), "f16");
   EXPECT_DOUBLE_EQ(cache.bytes_per_token(), 4 * (68 + 128) + (26 + 18));
+}
+
+TEST(KvCache, PerLayerTypesOverrideTheRest) {
+  tq::KvCacheConfig cfg;
+  cfg.n_layers = 5;
+  cfg.n_kv_heads = 1;
+  cfg.head_dim = 64;
+  cfg.max_tokens = 64;
+  cfg.type_k = "tq3";
+  cfg.type_v = "tq2";
+  cfg.boundary_layers = 1;
+  cfg.boundary_type_k = cfg.boundary_type_v = "q8_0";
+  cfg.layer_type_k = {"", "", "tq5", "", "f16"};  // layer 4 is a boundary layer: the override wins
+  cfg.layer_type_v = {"", "", "tq4n8", "", ""};
+  tq::KvCache cache(cfg);
+  const auto& L = cache.impl().layers;
+  EXPECT_EQ(tq::kv_type_name(L[0].k[0].type), "q8_0");
+  EXPECT_EQ(tq::kv_type_name(L[1].k[0].type), "tq3");
+  EXPECT_EQ(tq::kv_type_name(L[2].k[0].type), "tq5");
+  EXPECT_EQ(tq::kv_type_name(L[2].v[0].type), "tq4n8");
+  EXPECT_EQ(tq::kv_type_name(L[3].v[0].type), "tq2");
+  EXPECT_EQ(tq::kv_type_name(L[4].k[0].type), "f16");
+  EXPECT_EQ(tq::kv_type_name(L[4].v[0].type), "q8_0");
+  double expect = 0;
+  for (const auto& layer : L)
+    expect += tq::kv_type_bytes(layer.k[0].type, 64) + tq::kv_type_bytes(layer.v[0].type, 64);
+  expect += 2.0 / 32;  // tq4n8: a 2-byte norm header per 32-token block
+  EXPECT_DOUBLE_EQ(cache.bytes_per_token(), expect);
+  // Attention through a mixed cache matches the reference on every layer.
+  tq::Rng rng(11);
+  std::vector<float> k(20 * 64), v(k.size()), q(2 * 64), out(q.size()), ref(q.size());
+  for (auto& x : k) x = (float)rng.normal();
+  for (auto& x : v) x = (float)rng.normal();
+  for (auto& x : q) x = (float)rng.normal();
+  tq::AttentionParams p;
+  p.n_heads = 2;
+  for (int l = 0; l < 5; ++l) {
+    cache.append(l, 20, k.data(), v.data());
+    tq::attention(cache, l, 1, q.data(), out.data(), p);  // one query at the last position
+    tq::attention_ref(cache, l, 1, q.data(), ref.data(), p);
+    EXPECT_LE(rel_err(out, ref), kExactRelTol) << "layer " << l;
+  }
+  cfg.layer_type_k = {"tq3"};  // wrong length
+  EXPECT_THROW(tq::KvCache bad(cfg), tq::Error);
+  cfg.layer_type_k = {"", "", "fp8", "", ""};
+  EXPECT_THROW(tq::KvCache bad(cfg), tq::Error);
 }
 
 TEST(Attention, EdgeHeadDims) {

@@ -386,6 +386,23 @@ TEST(KvQuality, BadConfigAndLabels) {
   EXPECT_EQ(tq::parse_kv_label("tq3 s1 ck cs256").label(), "tq3 s1 ck cs256");
   EXPECT_THROW(tq::parse_kv_label("tq3 cx"), tq::Error);
   EXPECT_THROW(tq::parse_kv_label("tq3 sx"), tq::Error);
+
+  // Per-layer types: label round trip and expansion onto the cache config.
+  const tq::KvOptions lk = tq::parse_kv_label("tq4/tq3 s1 ck L0,2-3:tq6/tq4n8 L3:f16");
+  ASSERT_EQ(lk.layer_types.size(), 2u);
+  EXPECT_EQ(lk.layer_types[0], "0,2-3:tq6/tq4n8");
+  EXPECT_EQ(lk.label(), "tq4/tq3 s1 ck L0,2-3:tq6/tq4n8 L3:f16");
+  tq::KvCacheConfig lc;
+  lc.n_layers = 5;
+  tq::apply_layer_types(lk.layer_types, lc);
+  const std::vector<std::string> want_k = {"tq6", "", "tq6", "f16", ""}, want_v = {"tq4n8", "", "tq4n8", "f16", ""};
+  EXPECT_EQ(lc.layer_type_k, want_k);
+  EXPECT_EQ(lc.layer_type_v, want_v);
+  for (const char* bad : {"5:tq4", "1-0:tq4", "x:tq4", "1,:tq4", ":tq4", "1:", "1:fp8", "1:tq4/", "-1:tq4", "1--2:tq4"}) {
+    tq::KvCacheConfig c;
+    c.n_layers = 5;
+    EXPECT_THROW(tq::apply_layer_types({bad}, c), tq::Error) << bad;
+  }
 }
 
 TEST(KvQuality, SplitChannelsOfCentredRows) {

@@ -28,12 +28,19 @@ struct KvOptions {
   int boundary_layers = 0;
   std::string boundary_type_k = "f16";
   std::string boundary_type_v = "f16";
+  // --kv-layer-type: "LAYERS:K[/V]" each, LAYERS a comma list of layers and ranges ("0,3,10-12");
+  // applied in order after the boundary rule (label "L0,3,10-12:tq6/tq3").
+  std::vector<std::string> layer_types;
   uint64_t seed = 0x5eed;
-  std::string label() const;  // e.g. "tq4/tq3 w128 s4 ckv b2:f16"
+  std::string label() const;  // e.g. "tq4/tq3 w128 s4 ckv b2:f16 L5:tq6"
 };
-// Parses a label as written by KvOptions::label(): "K[/V] [wN] [sN] [ck|cv|ckv[:N]] [csN] [bN:T[/T]]".
+// Parses a label as written by KvOptions::label():
+// "K[/V] [wN] [sN] [ck|cv|ckv[:N]] [csN] [bN:T[/T]] [LLAYERS:T[/T]]...".
 KvOptions parse_kv_label(const std::string& label);
 KvCacheConfig make_kv_config(const LlamaModel& m, const KvOptions& kv, int max_tokens);
+// Expands --kv-layer-type specs ("LAYERS:K[/V]") onto cfg.layer_type_k / layer_type_v
+// (cfg.n_layers entries); a bad layer list, an out-of-range layer or an unknown type throws.
+void apply_layer_types(const std::vector<std::string>& specs, KvCacheConfig& cfg);
 // Average stored bits per cached value (K and V, all layers, norms/scales counted).
 double kv_bits_per_value(const LlamaModel& m, double bytes_per_token);
 

@@ -52,6 +52,9 @@ struct KvCacheConfig {
   int boundary_layers = 0;        // first and last N layers use the boundary types
   std::string boundary_type_k = "f16";
   std::string boundary_type_v = "f16";
+  // Per-layer types, applied after the boundary rule: layer l uses layer_type_k[l] /
+  // layer_type_v[l] where that string is not empty. Each vector is empty or n_layers long.
+  std::vector<std::string> layer_type_k, layer_type_v;
   uint64_t seed = 0x5eed;         // rotations
 };
 
@@ -66,6 +69,12 @@ class KvCache {
   // Append n_tokens tokens to one layer (quantized on write, or into the f16 window).
   // k, v: n_tokens * n_kv_heads * head_dim floats.
   void append(int layer, int n_tokens, const float* k, const float* v);
+  // Query statistics for the query-weighted types (tq2h4, tq3h5, ...: their high-precision
+  // channels are chosen by K energy times query energy): call with the queries of the tokens
+  // about to be appended to this layer (q: n_tokens * n_heads * head_dim, heads grouped as in
+  // attention()), before append(). Counted until a stream's channels are frozen (its first
+  // quantized token); a no-op for every other type.
+  void observe_queries(int layer, int n_tokens, const float* q, int n_heads);
   int n_tokens(int layer) const;
   void clear();  // drop all tokens, keep allocations
   // Exact storage cost of one token over all layers, K and V, norms/scales included,

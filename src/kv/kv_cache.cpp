@@ -5,6 +5,7 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -36,6 +37,14 @@ static const Format kFormats[] = {
     {"tq8", Kind::tq, true, 8, 0, "TurboQuant mse 8 bits + fp16 corrected norm"},
     {"tq2.5", Kind::tq_split, true, 2, 3, "D/4 outlier channels at 3 bits + rest at 2, 2 fp16 norms"},
     {"tq3.5", Kind::tq_split, true, 3, 4, "D/4 outlier channels at 4 bits + rest at 3, 2 fp16 norms"},
+    {"tq2h3", Kind::tq_split, true, 2, 3, "tq2.5 with query-weighted channels (D/4 at 3 bits + rest at 2)", true},
+    {"tq3h4", Kind::tq_split, true, 3, 4, "tq3.5 with query-weighted channels (D/4 at 4 bits + rest at 3)", true},
+    {"tq2h4", Kind::tq_split, true, 2, 4, "D/4 query-weighted channels at 4 bits + rest at 2, 2 fp16 norms", true},
+    {"tq2h5", Kind::tq_split, true, 2, 5, "D/4 query-weighted channels at 5 bits + rest at 2, 2 fp16 norms", true},
+    {"tq3h5", Kind::tq_split, true, 3, 5, "D/4 query-weighted channels at 5 bits + rest at 3, 2 fp16 norms", true},
+    {"tq3h6", Kind::tq_split, true, 3, 6, "D/4 query-weighted channels at 6 bits + rest at 3, 2 fp16 norms", true},
+    {"tq4h5", Kind::tq_split, true, 4, 5, "D/4 query-weighted channels at 5 bits + rest at 4, 2 fp16 norms", true},
+    {"tq4h6", Kind::tq_split, true, 4, 6, "D/4 query-weighted channels at 6 bits + rest at 4, 2 fp16 norms", true},
     {"tq3p", Kind::tq_prod, false, 3, 0, "TurboQuant prod: 2-bit mse + 1-bit QJL, fp16 norm+gamma"},
     {"tq4p", Kind::tq_prod, false, 4, 0, "TurboQuant prod: 3-bit mse + 1-bit QJL, fp16 norm+gamma"},
     {"tq2n8", Kind::tq_n8, true, 2, 0, "tq2 with an 8-bit log-coded norm (+ int16 exponent per 32 tokens)"},
@@ -359,11 +368,34 @@ static void decode_tq_part(const Codebook& cb, int dim, int side, const uint8_t*
 // squares over every token this stream has seen (appended, window included) when its first
 // token is quantized; frozen from then on (ties: lower channel index). Costs D bits per
 // stream (counted in bytes_used).
+//
+// Query-weighted types (tqBhH): the logit error a channel adds is its K error times its query
+// energy, so the D/8 adjacent channel pairs (2i, 2i+1) with the largest (sum of (k - mu)^2) x
+// (sum of q^2 over the group's query heads, from observe_queries) take the high bits; pairs,
+// because RoPE rotates each pair by the position and moves energy between its two channels.
+// Position 0 (BOS) is left out of both sums. Without observed queries: K energy alone.
 static void freeze_split(Stream& s) {
-  std::vector<int> order(s.dim);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int a, int b) { return s.chan_energy[a] > s.chan_energy[b]; });
+  std::vector<int> order;
+  if (s.fmt->qweighted) {
+    const int P = s.dim / 2;
+    std::vector<double> w(P);
+    for (int p = 0; p < P; ++p) {
+      w[p] = s.chan_energy[2 * p] + s.chan_energy[2 * p + 1];
+      if (s.q_n > 0) w[p] *= s.q_energy[2 * p] + s.q_energy[2 * p + 1];
+    }
+    std::vector<int> pairs(P);
+    std::iota(pairs.begin(), pairs.end(), 0);
+    std::stable_sort(pairs.begin(), pairs.end(), [&](int a, int b) { return w[a] > w[b]; });
+    for (int p : pairs) {
+      order.push_back(2 * p);
+      order.push_back(2 * p + 1);
+    }
+  } else {
+    order.resize(s.dim);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int a, int b) { return s.chan_energy[a] > s.chan_energy[b]; });
+  }
   std::vector<int> hi(order.begin(), order.begin() + s.d_hi), lo(order.begin() + s.d_hi, order.end());
   std::sort(hi.begin(), hi.end());
   std::sort(lo.begin(), lo.end());
@@ -662,11 +694,29 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
   const int D = cfg.head_dim;
   const KvType tk = parse_kv_type(cfg.type_k), tv = parse_kv_type(cfg.type_v);
   const KvType bk = parse_kv_type(cfg.boundary_type_k), bv = parse_kv_type(cfg.boundary_type_v);
-  for (KvType t : {tk, tv, bk, bv}) {
+  TQ_CHECK(cfg.layer_type_k.empty() || static_cast<int>(cfg.layer_type_k.size()) == cfg.n_layers,
+           "kv cache: layer_type_k has %zu entries for %d layers", cfg.layer_type_k.size(), cfg.n_layers);
+  TQ_CHECK(cfg.layer_type_v.empty() || static_cast<int>(cfg.layer_type_v.size()) == cfg.n_layers,
+           "kv cache: layer_type_v has %zu entries for %d layers", cfg.layer_type_v.size(), cfg.n_layers);
+  // types[l][side]: boundary rule first, then the per-layer overrides
+  std::vector<std::array<KvType, 2>> types(cfg.n_layers);
+  std::vector<KvType> used = {tk, tv, bk, bv};
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    const bool boundary = l < cfg.boundary_layers || l >= cfg.n_layers - cfg.boundary_layers;
+    types[l] = {boundary ? bk : tk, boundary ? bv : tv};
+    for (int side = 0; side < 2; ++side) {
+      const auto& over = side == 0 ? cfg.layer_type_k : cfg.layer_type_v;
+      if (!over.empty() && !over[l].empty()) {
+        types[l][side] = parse_kv_type(over[l]);
+        used.push_back(types[l][side]);
+      }
+    }
+  }
+  for (KvType t : used) {
     check_dim(format(t), D);
     TQ_CHECK(format_implemented(format(t)), "kv type %s: not implemented in this build", format(t).name);
   }
-  for (KvType t : {tk, tv, bk, bv}) {
+  for (KvType t : used) {
     const Format& f = format(t);
     if (f.rotated && f.kind != Kind::tq_split && !I.rot)
       I.rot = make_rotation(RotationSpec{RotationKind::hadamard}, D, cfg.seed);
@@ -686,9 +736,8 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
 
   I.layers.resize(cfg.n_layers);
   for (int l = 0; l < cfg.n_layers; ++l) {
-    const bool boundary = l < cfg.boundary_layers || l >= cfg.n_layers - cfg.boundary_layers;
     for (int side = 0; side < 2; ++side) {
-      const KvType t = side == 0 ? (boundary ? bk : tk) : (boundary ? bv : tv);
+      const KvType t = types[l][side];
       auto& vec = side == 0 ? I.layers[l].k : I.layers[l].v;
       vec.resize(cfg.n_kv_heads);
       for (auto& s : vec) {
@@ -720,6 +769,7 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
           s.domain = Domain::orig;  // until the outlier channels are frozen
           s.chan_energy.assign(D, 0.0);
           s.chan_sum.assign(D, 0.0);
+          if (f.qweighted) s.q_energy.assign(D, 0.0);
         } else if (f.kind == Kind::tq_prod) {
           s.prod = I.prod_q[f.bits].get();
           s.cb = &get_codebook(D, f.bits - 1);
@@ -772,8 +822,35 @@ void KvCache::clear() {
           s.chan_energy.assign(s.dim, 0.0);
           s.chan_sum.assign(s.dim, 0.0);
           s.chan_n = 0;
+          if (s.fmt->qweighted) s.q_energy.assign(s.dim, 0.0);
+          s.q_n = 0;
         }
       }
+  }
+}
+
+void KvCache::observe_queries(int layer, int n_tokens, const float* q, int n_heads) {
+  Impl& I = *impl_;
+  const auto& cfg = I.cfg;
+  TQ_CHECK(layer >= 0 && layer < cfg.n_layers, "kv cache observe_queries: layer %d out of range [0, %d)", layer,
+           cfg.n_layers);
+  TQ_CHECK(n_tokens >= 0, "kv cache observe_queries: negative token count %d", n_tokens);
+  const int D = cfg.head_dim, H = cfg.n_kv_heads;
+  TQ_CHECK(n_heads >= H && n_heads % H == 0, "kv cache observe_queries: %d query heads for %d kv heads", n_heads, H);
+  Layer& L = I.layers[layer];
+  const int group = n_heads / H;
+  for (int h = 0; h < H; ++h) {
+    Stream& s = L.k[h];
+    if (!s.fmt->qweighted || s.split_frozen) continue;
+    TQ_CHECK(q, "kv cache observe_queries: null q");
+    for (int r = 0; r < n_tokens; ++r) {
+      if (L.n_tokens + r == 0) continue;  // BOS, as for the keys
+      for (int g = 0; g < group; ++g) {
+        const float* qr = q + ((size_t)r * n_heads + (size_t)h * group + g) * D;
+        for (int d = 0; d < D; ++d) s.q_energy[d] += (double)qr[d] * qr[d];
+      }
+      ++s.q_n;
+    }
   }
 }
 
@@ -802,6 +879,7 @@ void KvCache::append(int layer, int n_tokens, const float* k, const float* v) {
       const float* xh = x + (size_t)h * D;
       if (s.fmt->kind == Kind::tq_split && !s.split_frozen)
         for (int r = 0; r < n_tokens; ++r) {
+          if (s.fmt->qweighted && L.n_tokens + r == 0) continue;  // BOS: see freeze_split
           const float* xr = xh + (size_t)r * stride;
           for (int d = 0; d < D; ++d) s.chan_energy[d] += (double)xr[d] * xr[d];
           if (s.center)

@@ -60,6 +60,9 @@ struct Format {
   int bits;       // tq: bits per value; tq_split: regular-channel bits; tq_prod: total bits
   int bits_hi;    // tq_split: outlier-channel bits
   const char* desc;
+  // tq_split: pick the outlier channels as adjacent pairs (2i, 2i+1: RoPE rotates them
+  // together) by K energy times the query energy seen through observe_queries (tqBhH types)
+  bool qweighted = false;
 };
 const Format& format(KvType t);
 int num_formats();
@@ -103,6 +106,8 @@ struct Stream {
   std::vector<double> chan_sum;     // sum of x per channel, same tokens (centred split streams)
   int chan_n = 0;                   // tokens counted in chan_energy
   std::vector<int> perm;            // D entries: outlier channels first (ascending), then the rest
+  std::vector<double> q_energy;     // qweighted: sum of q^2 per channel (the group's query heads)
+  int q_n = 0;                      // query rows counted in q_energy
   // f16 window (original domain): ring of `window` rows; token at absolute position t >= sink
   // sits in slot (t - sink) % window
   int window = 0;

@@ -36,7 +36,51 @@ std::string KvOptions::label() const {
     s += " b" + std::to_string(boundary_layers) + ":" +
          (boundary_type_k == boundary_type_v ? boundary_type_k : boundary_type_k + "/" + boundary_type_v);
   }
+  for (const auto& lt : layer_types) s += " L" + lt;
   return s;
+}
+
+namespace {
+// "LAYERS:K[/V]" (LAYERS = "0,3,10-12") onto per-layer type vectors of n_layers entries.
+void apply_layer_type(const std::string& spec, int n_layers, std::vector<std::string>& tk,
+                      std::vector<std::string>& tv) {
+  TQ_CHECK(n_layers >= 1, "layer types '%s': the cache has no layers", spec.c_str());
+  const size_t colon = spec.find(':');
+  TQ_CHECK(colon != std::string::npos && colon > 0 && colon + 1 < spec.size(),
+           "layer types '%s': expected LAYERS:K[/V], e.g. 0,3,10-12:tq6/tq3", spec.c_str());
+  const std::string layers = spec.substr(0, colon), types = spec.substr(colon + 1);
+  const size_t slash = types.find('/');
+  const std::string k = types.substr(0, slash), v = slash == std::string::npos ? k : types.substr(slash + 1);
+  TQ_CHECK(!k.empty() && !v.empty(), "layer types '%s': empty cache type", spec.c_str());
+  parse_kv_type(k);  // unknown names fail here, with the list of known ones
+  parse_kv_type(v);
+  tk.resize(n_layers);
+  tv.resize(n_layers);
+  auto number = [&](const std::string& x) {
+    TQ_CHECK(!x.empty() && x.size() <= 6 && x.find_first_not_of("0123456789") == std::string::npos,
+             "layer types '%s': '%s' is not a layer number", spec.c_str(), x.c_str());
+    const int n = std::stoi(x);
+    TQ_CHECK(n < n_layers, "layer types '%s': layer %d out of range [0, %d]", spec.c_str(), n, n_layers - 1);
+    return n;
+  };
+  std::istringstream in(layers);
+  std::string part;
+  while (std::getline(in, part, ',')) {
+    const size_t dash = part.find('-');
+    const int a = number(part.substr(0, dash));
+    const int b = dash == std::string::npos ? a : number(part.substr(dash + 1));
+    TQ_CHECK(a <= b, "layer types '%s': empty range %s", spec.c_str(), part.c_str());
+    for (int l = a; l <= b; ++l) {
+      tk[l] = k;
+      tv[l] = v;
+    }
+  }
+  TQ_CHECK(!layers.empty() && layers.back() != ',', "layer types '%s': empty layer list entry", spec.c_str());
+}
+}  // namespace
+
+void apply_layer_types(const std::vector<std::string>& specs, KvCacheConfig& cfg) {
+  for (const auto& lt : specs) apply_layer_type(lt, cfg.n_layers, cfg.layer_type_k, cfg.layer_type_v);
 }
 
 KvCacheConfig make_kv_config(const LlamaModel& m, const KvOptions& kv, int max_tokens) {
@@ -52,6 +96,7 @@ KvCacheConfig make_kv_config(const LlamaModel& m, const KvOptions& kv, int max_t
   c.boundary_layers = kv.boundary_layers;
   c.boundary_type_k = kv.boundary_type_k;
   c.boundary_type_v = kv.boundary_type_v;
+  apply_layer_types(kv.layer_types, c);
   c.seed = kv.seed;
   return c;
 }
@@ -107,8 +152,11 @@ KvOptions parse_kv_label(const std::string& label) {
       const size_t c = tok.find(':');
       kv.boundary_layers = std::stoi(tok.substr(1, c - 1));
       split(tok.substr(c + 1), kv.boundary_type_k, kv.boundary_type_v);
+    } else if (tok.size() > 1 && tok[0] == 'L' && tok.find(':') != std::string::npos) {
+      kv.layer_types.push_back(tok.substr(1));
     } else {
-      TQ_CHECK(false, "cache config '%s': cannot parse '%s' (expected K[/V] [wN] [sN] [ck|cv|ckv] [bN:T])", label.c_str(), tok.c_str());
+      TQ_CHECK(false, "cache config '%s': cannot parse '%s' (expected K[/V] [wN] [sN] [ck|cv|ckv] [bN:T] [LLAYERS:T])",
+               label.c_str(), tok.c_str());
     }
   }
   TQ_CHECK(!first, "empty cache config");

@@ -54,7 +54,7 @@ inline void add_model_opts(CLI::App* s, ModelOpts& o, int default_ctx) {
 }
 
 inline void add_kv_opts(CLI::App* s, KvOptions& kv) {
-  s->add_option("--cache-type-k", kv.type_k, "-ctk: KV cache type for K (f16, q8_0, q4_0, q4_0h, tq2..tq4, tq2.5, tq3.5, tq3n8, ...)")
+  s->add_option("--cache-type-k", kv.type_k, "-ctk: KV cache type for K (f16, q8_0, q4_0, q4_0h, tq1..tq8, tq2.5, tq3.5, tq3n8, tq3h6, ...; an unknown name lists them all)")
       ->capture_default_str();
   s->add_option("--cache-type-v", kv.type_v, "-ctv: KV cache type for V")->capture_default_str();
   s->add_option("--kv-window", kv.window, "most recent tokens kept in f16 (quantized when they leave)")
@@ -80,6 +80,9 @@ inline void add_kv_opts(CLI::App* s, KvOptions& kv) {
                 "first and last N layers use --kv-boundary-type")->capture_default_str();
   s->add_option("--kv-boundary-type", kv.boundary_type_k, "cache type of the boundary layers (K and V)")
       ->capture_default_str();
+  s->add_option("--kv-layer-type", kv.layer_types,
+                "LAYERS:K[/V] (repeatable): these layers use these cache types, e.g. 0,3,10-12:tq6/tq3 "
+                "(layers count from 0; applied after --kv-boundary-layers)");
   s->add_option("--kv-seed", kv.seed, "seed of the cache rotations")->capture_default_str();
 }
 
@@ -173,6 +176,7 @@ inline nlohmann::json kv_json(const KvOptions& kv) {
   return {{"type_k", kv.type_k}, {"type_v", kv.type_v}, {"window", kv.window}, {"sink", kv.sink},
           {"center_k", kv.center_k}, {"center_v", kv.center_v}, {"center_tokens", kv.center_tokens}, {"center_segment", kv.center_segment},
           {"boundary_layers", kv.boundary_layers}, {"boundary_type", kv.boundary_type_k},
+          {"layer_types", kv.layer_types},
           {"label", kv.label()}};
 }
 
