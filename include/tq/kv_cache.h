@@ -73,7 +73,8 @@ class KvCache {
   // channels are chosen by K energy times query energy): call with the queries of the tokens
   // about to be appended to this layer (q: n_tokens * n_heads * head_dim, heads grouped as in
   // attention()), before append(). Counted until a stream's channels are frozen (its first
-  // quantized token); a no-op for every other type.
+  // quantized token); a no-op for every other type (and for all types with
+  // TQ_KV_NO_QUERY_STATS=1 set: the A/B switch for the query weighting).
   void observe_queries(int layer, int n_tokens, const float* q, int n_heads);
   int n_tokens(int layer) const;
   void clear();  // drop all tokens, keep allocations

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
@@ -837,6 +838,12 @@ void KvCache::observe_queries(int layer, int n_tokens, const float* q, int n_hea
   TQ_CHECK(n_tokens >= 0, "kv cache observe_queries: negative token count %d", n_tokens);
   const int D = cfg.head_dim, H = cfg.n_kv_heads;
   TQ_CHECK(n_heads >= H && n_heads % H == 0, "kv cache observe_queries: %d query heads for %d kv heads", n_heads, H);
+  // TQ_KV_NO_QUERY_STATS=1 drops the queries (tqBhH then choose by K energy alone): A/B runs.
+  static const bool no_stats = [] {
+    const char* e = std::getenv("TQ_KV_NO_QUERY_STATS");
+    return e && *e && std::string(e) != "0";
+  }();
+  if (no_stats) return;
   Layer& L = I.layers[layer];
   const int group = n_heads / H;
   for (int h = 0; h < H; ++h) {
