@@ -2,7 +2,10 @@
 #pragma once
 
 #include <cmath>
+#include <string>
 #include <vector>
+
+#include "tq/kv_cache.h"
 
 namespace tq_test {
 
@@ -14,6 +17,19 @@ inline double rel_err(const std::vector<float>& a, const std::vector<float>& b) 
     den += (double)b[i] * b[i];
   }
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+// A cache config with the shape and the K / V types set, everything else default.
+inline tq::KvCacheConfig kv_config(int n_layers, int n_kv_heads, int head_dim, int max_tokens,
+                                   const std::string& type_k, const std::string& type_v) {
+  tq::KvCacheConfig cfg;
+  cfg.n_layers = n_layers;
+  cfg.n_kv_heads = n_kv_heads;
+  cfg.head_dim = head_dim;
+  cfg.max_tokens = max_tokens;
+  cfg.type_k = type_k;
+  cfg.type_v = type_v;
+  return cfg;
 }
 
 }  // namespace tq_test

@@ -191,13 +191,7 @@ TEST(KvCache, AppendPastCapacityAndBadCalls) {
 }
 
 TEST(KvCache, MemoryAccounting) {
-  tq::KvCacheConfig cfg;
-  cfg.n_layers = 4;
-  cfg.n_kv_heads = 2;
-  cfg.head_dim = 128;
-  cfg.max_tokens = 256;
-  cfg.type_k = "q8_0";
-  cfg.type_v = "q4_0";
+  tq::KvCacheConfig cfg = tq_test::kv_config(4, 2, 128, 256, "q8_0", "q4_0");
   cfg.boundary_layers = 1;
   cfg.window = 16;
   tq::KvCache cache(cfg);
@@ -446,12 +440,7 @@ TEST(KvCache, QueryWeightedSplitFollowsTheQueries) {
   k[30] = 1e4f;  // position 0 (BOS): a huge key and query on channel 30, ignored
   q[30] = q[D + 30] = 1e4f;
   auto hi_channels = [&](bool with_queries) {
-    tq::KvCacheConfig cfg;
-    cfg.n_kv_heads = 1;
-    cfg.head_dim = D;
-    cfg.max_tokens = 2 * n;
-    cfg.type_k = "tq3h5";
-    cfg.type_v = "tq2h4";
+    const tq::KvCacheConfig cfg = tq_test::kv_config(1, 1, D, 2 * n, "tq3h5", "tq2h4");
     tq::KvCache cache(cfg);
     if (with_queries) cache.observe_queries(0, n, q.data(), NH);
     cache.append(0, n, k.data(), v.data());
@@ -480,13 +469,7 @@ TEST(KvCache, QueryWeightedSplitFollowsTheQueries) {
 }
 
 TEST(KvCache, BoundaryLayersUseTheirTypes) {
-  tq::KvCacheConfig cfg;
-  cfg.n_layers = 5;
-  cfg.n_kv_heads = 1;
-  cfg.head_dim = 64;
-  cfg.max_tokens = 64;
-  cfg.type_k = "tq3";
-  cfg.type_v = "tq2";
+  tq::KvCacheConfig cfg = tq_test::kv_config(5, 1, 64, 64, "tq3", "tq2");
   cfg.boundary_layers = 2;
   cfg.boundary_type_k = "q8_0";
   cfg.boundary_type_v = "f16";
@@ -502,13 +485,7 @@ TEST(KvCache, BoundaryLayersUseTheirTypes) {
 }
 
 TEST(KvCache, PerLayerTypesOverrideTheRest) {
-  tq::KvCacheConfig cfg;
-  cfg.n_layers = 5;
-  cfg.n_kv_heads = 1;
-  cfg.head_dim = 64;
-  cfg.max_tokens = 64;
-  cfg.type_k = "tq3";
-  cfg.type_v = "tq2";
+  tq::KvCacheConfig cfg = tq_test::kv_config(5, 1, 64, 64, "tq3", "tq2");
   cfg.boundary_layers = 1;
   cfg.boundary_type_k = cfg.boundary_type_v = "q8_0";
   cfg.layer_type_k = {"", "", "tq5", "", "f16"};  // layer 4 is a boundary layer: the override wins

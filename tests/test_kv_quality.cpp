@@ -316,13 +316,8 @@ TEST(KvQuality, CentringHelpsShiftedData) {
 }
 
 TEST(KvQuality, BytesAccounting) {
-  tq::KvCacheConfig cfg;
-  cfg.n_layers = 3;
-  cfg.n_kv_heads = 2;
-  cfg.head_dim = 64;
-  cfg.max_tokens = 256;
-  cfg.type_k = "tq3";   // 26 B per vector at D = 64
-  cfg.type_v = "tq2.5"; // 22 B per vector + 8 B channel mask per stream
+  // K tq3: 26 B per vector at D = 64; V tq2.5: 22 B per vector + 8 B channel mask per stream
+  tq::KvCacheConfig cfg = tq_test::kv_config(3, 2, 64, 256, "tq3", "tq2.5");
   cfg.window = 10;
   cfg.sink = 4;
   cfg.center_k = true;  // K: 128 B fp16 mean per stream; V not centred
