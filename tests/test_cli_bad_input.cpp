@@ -442,6 +442,15 @@ TEST(CliBadInput, ModelCommands) {
   expect_clean_error("tq generate", "unknown boundary cache type",
                      {"generate", "-m", m, "-p", "hi", "--kv-boundary-layers", "1", "--kv-boundary-type", "fp8"},
                      {"fp8"}, &fx.dir);
+  expect_clean_error("tq perplexity", "per-layer type on a layer the model lacks",
+                     {"perplexity", "-m", m, "-f", fx.text, "-c", "64", "--kv-layer-type", "999:tq4"},
+                     {"999", "out of range"}, &fx.dir);
+  expect_clean_error("tq niah", "unknown per-layer cache type",
+                     {"niah", "-m", m, "-f", fx.text, "--context", "256", "--kv-layer-type", "0:fp8"}, {"fp8"},
+                     &fx.dir);
+  expect_clean_error("tq perplexity", "malformed per-layer spec",
+                     {"perplexity", "-m", m, "-f", fx.text, "-c", "64", "--kv-layer-type", "tq4"},
+                     {"LAYERS:K[/V]"}, &fx.dir);
   expect_clean_error("tq perplexity", "non-numeric context", {"perplexity", "-m", m, "-f", fx.text, "-c", "lots"},
                      {"--ctx-size", "-c"}, &fx.dir);
   expect_clean_error("tq perplexity", "zero context", {"perplexity", "-m", m, "-f", fx.text, "-c", "0"},
