@@ -325,11 +325,7 @@ void attention(const KvCache& cache, int layer, int n_q, const float* q, float* 
                const AttentionParams& p) {
   // TQ_KV_LUT8=1 / TQ_KV_EXACT=1 set lut8 / exact for every caller (A/B runs of whole
   // programs, e.g. perplexity); exact wins.
-  static const auto env_on = [](const char* name) {
-    const char* e = std::getenv(name);
-    return e && *e && std::string(e) != "0";
-  };
-  static const bool force_lut8 = env_on("TQ_KV_LUT8"), force_exact = env_on("TQ_KV_EXACT");
+  static const bool force_lut8 = env_flag("TQ_KV_LUT8"), force_exact = env_flag("TQ_KV_EXACT");
   const bool exact = p.exact || force_exact;
   kv::run_attention(cache, layer, n_q, q, out, p, !exact && (p.lut8 || force_lut8));
 }

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
@@ -376,27 +375,21 @@ static void decode_tq_part(const Codebook& cb, int dim, int side, const uint8_t*
 // because RoPE rotates each pair by the position and moves energy between its two channels.
 // Position 0 (BOS) is left out of both sums. Without observed queries: K energy alone.
 static void freeze_split(Stream& s) {
-  std::vector<int> order;
-  if (s.fmt->qweighted) {
-    const int P = s.dim / 2;
-    std::vector<double> w(P);
-    for (int p = 0; p < P; ++p) {
-      w[p] = s.chan_energy[2 * p] + s.chan_energy[2 * p + 1];
-      if (s.q_n > 0) w[p] *= s.q_energy[2 * p] + s.q_energy[2 * p + 1];
-    }
-    std::vector<int> pairs(P);
-    std::iota(pairs.begin(), pairs.end(), 0);
-    std::stable_sort(pairs.begin(), pairs.end(), [&](int a, int b) { return w[a] > w[b]; });
-    for (int p : pairs) {
-      order.push_back(2 * p);
-      order.push_back(2 * p + 1);
-    }
-  } else {
-    order.resize(s.dim);
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(),
-                     [&](int a, int b) { return s.chan_energy[a] > s.chan_energy[b]; });
+  const int g = s.fmt->qweighted ? 2 : 1;  // channels per unit: RoPE pairs for tqBhH
+  const bool weigh = s.fmt->qweighted && s.q_n > 0;
+  std::vector<double> w(s.dim / g, 0.0), qw(w.size(), 0.0);
+  for (int d = 0; d < s.dim; ++d) {
+    w[d / g] += s.chan_energy[d];
+    if (weigh) qw[d / g] += s.q_energy[d];
   }
+  if (weigh)
+    for (size_t u = 0; u < w.size(); ++u) w[u] *= qw[u];
+  std::vector<int> units(w.size());
+  std::iota(units.begin(), units.end(), 0);
+  std::stable_sort(units.begin(), units.end(), [&](int a, int b) { return w[a] > w[b]; });
+  std::vector<int> order;
+  for (int u : units)
+    for (int j = 0; j < g; ++j) order.push_back(u * g + j);
   std::vector<int> hi(order.begin(), order.begin() + s.d_hi), lo(order.begin() + s.d_hi, order.end());
   std::sort(hi.begin(), hi.end());
   std::sort(lo.begin(), lo.end());
@@ -839,10 +832,7 @@ void KvCache::observe_queries(int layer, int n_tokens, const float* q, int n_hea
   const int D = cfg.head_dim, H = cfg.n_kv_heads;
   TQ_CHECK(n_heads >= H && n_heads % H == 0, "kv cache observe_queries: %d query heads for %d kv heads", n_heads, H);
   // TQ_KV_NO_QUERY_STATS=1 drops the queries (tqBhH then choose by K energy alone): A/B runs.
-  static const bool no_stats = [] {
-    const char* e = std::getenv("TQ_KV_NO_QUERY_STATS");
-    return e && *e && std::string(e) != "0";
-  }();
+  static const bool no_stats = env_flag("TQ_KV_NO_QUERY_STATS");
   if (no_stats) return;
   Layer& L = I.layers[layer];
   const int group = n_heads / H;

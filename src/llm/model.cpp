@@ -22,6 +22,7 @@
 #include <string>
 
 #include "llm/qmatvec.h"
+#include "tq/common.h"
 #include "tq/error.h"
 #include "tq/gguf.h"
 
@@ -75,11 +76,6 @@ struct Layer {
   Weight wq, wk, wv, wo, wg, wu, wd;
 };
 
-bool env_on(const char* name) {
-  const char* e = std::getenv(name);
-  return e && *e && std::string(e) != "0";
-}
-
 }  // namespace
 
 struct LlamaModel::Impl {
@@ -91,7 +87,7 @@ struct LlamaModel::Impl {
   AttentionImpl attn = AttentionImpl::Fused;
   bool exact = false;
   bool lut8 = false;
-  bool f32_decode = env_on("TQ_F32_DECODE");
+  bool f32_decode = env_flag("TQ_F32_DECODE");
   int ubatch = 512;
   const Weight& out_w() const { return cfg.tied_output ? tok_embd : output; }
   // f(Weight&) for every matrix (embedding, output head, the seven of each layer).
