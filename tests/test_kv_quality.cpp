@@ -49,13 +49,15 @@ struct QCase {
   bool ck, cv;
   bool token_by_token;
   int segment = 0;  // center_segment
+  bool ks = false;  // scale_k (the queries of each append are observed first)
 };
 
 std::string describe(const QCase& c) {
   return c.tk + "/" + c.tv + " kvh=" + std::to_string(c.kvh) + " G=" + std::to_string(c.G) +
          " n=" + std::to_string(c.n_ctx) + " nq=" + std::to_string(c.n_q) + " W=" + std::to_string(c.window) +
          " S=" + std::to_string(c.sink) + (c.ck ? " ck" : "") + (c.cv ? " cv" : "") +
-         (c.token_by_token ? " token-by-token" : " batches") + " seg=" + std::to_string(c.segment);
+         (c.token_by_token ? " token-by-token" : " batches") + " seg=" + std::to_string(c.segment) +
+         (c.ks ? " ks" : "");
 }
 
 tq::KvCacheConfig make_cfg(const QCase& c, int D = 64) {
@@ -71,6 +73,7 @@ tq::KvCacheConfig make_cfg(const QCase& c, int D = 64) {
   cfg.center_k = c.ck;
   cfg.center_v = c.cv;
   cfg.center_segment = c.segment;
+  cfg.scale_k = c.ks;
   return cfg;
 }
 
@@ -84,20 +87,29 @@ void check(const QCase& c) {
   std::vector<float> k, v;
   fill_shifted(rng, c.n_ctx, c.kvh, D, k, v);
   const size_t row = (size_t)c.kvh * D;
+  const int H = c.kvh * c.G;
+  // scale_k: queries with most of their energy on a few channel pairs (as in real models)
+  std::vector<float> qs((size_t)c.n_ctx * H * D);
+  for (size_t i = 0; i < qs.size(); ++i) qs[i] = (float)rng.normal() * ((i % D) / 2 % 5 == 1 ? 4.f : 0.5f);
+  auto add = [&](int t, int n) {
+    if (c.ks) cache.observe_queries(1, n, qs.data() + (size_t)t * H * D, H);
+    cache.append(1, n, k.data() + t * row, v.data() + t * row);
+  };
   if (c.token_by_token) {
-    for (int t = 0; t < c.n_ctx; ++t) cache.append(1, 1, k.data() + t * row, v.data() + t * row);
+    for (int t = 0; t < c.n_ctx; ++t) add(t, 1);
   } else {
     const int first = c.n_ctx / 3;
-    cache.append(1, first, k.data(), v.data());
-    for (int t = first; t < c.n_ctx; t += 13) {
-      const int n = std::min(13, c.n_ctx - t);
-      cache.append(1, n, k.data() + t * row, v.data() + t * row);
-    }
+    add(0, first);
+    for (int t = first; t < c.n_ctx; t += 13) add(t, std::min(13, c.n_ctx - t));
   }
+  // scale_k on: weights chosen unless the first quantized token was position 0 on its own
+  // (then no query had been seen: identity, like the mean)
+  const auto& s0 = cache.impl().layers[1].k[0];
+  if (c.ks && s0.kscale && s0.n_quant > 0)
+    EXPECT_EQ(s0.kw.empty(), c.token_by_token && c.sink == 0 && c.window == 0);
   ASSERT_EQ(cache.n_tokens(1), c.n_ctx);
   const auto& L = cache.impl().layers[1];
   EXPECT_EQ(L.k[0].n_quant, std::max(0, c.n_ctx - c.sink - c.window));
-  const int H = c.kvh * c.G;
   std::vector<float> q((size_t)c.n_q * H * D);
   for (auto& x : q) x = (float)rng.normal();
   for (int pos0 : {-1, 0, std::max(0, std::min(c.sink + 3, c.n_ctx - c.n_q))}) {
@@ -140,6 +152,10 @@ TEST(KvQuality, FusedMatchesReferenceWithSinksAndCentring) {
       {"tq5n8", "tq3", 2, 4, 301, 1, 0, 1, true, false, true, 32},
       {"q4_0h", "tq3", 2, 2, 301, 2, 7, 0, false, true, true, 96},
       {"tq5n8", "tq3", 3, 3, 301, 1, 0, 1, true, false, true},
+      {"tq3", "tq3", 2, 4, nl, 1, 0, 1, true, true, false, 0, true},
+      {"tq3h6", "tq4n8", 3, 3, nl, 3, 5, 1, true, false, false, 256, true},
+      {"tq4n8", "tq3", 2, 4, 301, 2, 0, 1, true, false, true, 0, true},
+      {"tq2.5", "tq3", 2, 2, 301, 1, 7, 0, false, false, false, 0, true},
       {"tq3", "tq3", 2, 4, 40, 3, 0, 44, true, true, false},   // all tokens are sinks
       {"tq3", "tq3", 2, 4, 70, 3, 64, 4, true, true, false},   // sinks + window only
   };
@@ -379,6 +395,9 @@ TEST(KvQuality, BadConfigAndLabels) {
   EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.center_segment = 4096; }), tq::Error); // above the chunk
   EXPECT_EQ(tq::parse_kv_label("tq3 s1 ck cs256").center_segment, 256);
   EXPECT_EQ(tq::parse_kv_label("tq3 s1 ck cs256").label(), "tq3 s1 ck cs256");
+  EXPECT_TRUE(tq::parse_kv_label("tq3h6/tq4n8 s1 ck ks").scale_k);
+  EXPECT_EQ(tq::parse_kv_label("tq3h6/tq4n8 s1 ck cs256 ks").label(), "tq3h6/tq4n8 s1 ck cs256 ks");
+  EXPECT_THROW(tq::parse_kv_label("tq3 ksx"), tq::Error);
   EXPECT_THROW(tq::parse_kv_label("tq3 cx"), tq::Error);
   EXPECT_THROW(tq::parse_kv_label("tq3 sx"), tq::Error);
 
@@ -494,4 +513,78 @@ TEST(KvQuality, LogNormFormats) {
   p.exact = false;
   tq::attention(c, 0, 1, q.data(), out.data(), p);
   EXPECT_LE(rel_err(out, ref), kExactRelTol);  // no int8 kernel for n8: float path
+}
+
+TEST(KvQuality, KScaleFollowsTheQueries) {
+  // Keys with their energy on pairs 0..7, queries with theirs on pairs 20..27: scale_k gives
+  // the queried pairs the larger weights (w^4 ~ query energy / K energy, equal within a pair,
+  // K energy kept), leaves q.k unchanged (tq8: near-exact either way) and lowers the attention
+  // error of a 3-bit cache for queries from the same law. Position 0 (BOS) is ignored.
+  const int D = 64, n = 300, KVH = 2, G = 2, H = KVH * G;
+  tq::Rng rng(17);
+  auto scale_k = [](int d) { return d / 2 < 8 ? 6.f : 1.f; };
+  auto scale_q = [](int d) { return d / 2 >= 20 && d / 2 < 28 ? 5.f : 0.5f; };
+  auto draw_q = [&](int m) {
+    std::vector<float> q((size_t)m * H * D);
+    for (size_t i = 0; i < q.size(); ++i) q[i] = (float)rng.normal() * scale_q((int)(i % D));
+    return q;
+  };
+  std::vector<float> k((size_t)n * KVH * D), v(k.size());
+  for (size_t i = 0; i < k.size(); ++i) {
+    k[i] = (float)rng.normal() * scale_k((int)(i % D));
+    v[i] = (float)rng.normal();
+  }
+  for (int d = 0; d < D; ++d) k[d] = 1e4f;  // BOS, head 0: would swamp the energies
+  const std::vector<float> qs = draw_q(n), qe = draw_q(8);
+  auto run = [&](const std::string& tk, bool ks, bool observe, std::vector<float>* weights) {
+    tq::KvCacheConfig cfg = tq_test::kv_config(1, KVH, D, n, tk, "f16");
+    cfg.scale_k = ks;
+    cfg.sink = 1;
+    tq::KvCache cache(cfg);
+    if (observe) cache.observe_queries(0, n, qs.data(), H);
+    cache.append(0, n, k.data(), v.data());
+    if (weights) *weights = cache.impl().layers[0].k[0].kw;
+    std::vector<float> out(qe.size()), ref(qe.size());
+    tq::AttentionParams p;
+    p.n_heads = H;
+    p.exact = true;
+    tq::attention(cache, 0, 8, qe.data(), out.data(), p);
+    tq::attention_ref(cache, 0, 8, qe.data(), ref.data(), p);
+    EXPECT_LE(rel_err(out, ref), kExactRelTol) << tk << (ks ? " ks" : "");
+    return out;
+  };
+  std::vector<float> w;
+  const auto exact = run("f32", false, true, nullptr);
+  const auto plain = run("tq3", false, true, nullptr);
+  const auto scaled = run("tq3", true, true, &w);
+  ASSERT_EQ((int)w.size(), D);
+  double e_k = 0, e_kw = 0;
+  for (int d = 0; d < D; ++d) {
+    EXPECT_EQ(w[d], w[d ^ 1]) << d;  // one weight per pair
+    if (d / 2 >= 20 && d / 2 < 28) EXPECT_GT(w[d], 2.f * w[0]) << d;
+    e_k += scale_k(d) * scale_k(d);
+    e_kw += (double)w[d] * w[d] * scale_k(d) * scale_k(d);
+  }
+  EXPECT_NEAR(e_kw / e_k, 1.0, 0.05);  // K energy kept (up to the sample and fp16 rounding)
+  const double err_plain = rel_err(plain, exact), err_scaled = rel_err(scaled, exact);
+  EXPECT_LT(err_scaled, 0.5 * err_plain) << err_scaled << " vs " << err_plain;
+  EXPECT_LE(rel_err(run("tq8", true, true, nullptr), exact), 0.01);
+  // No queries observed: no weights, the same results as without scale_k.
+  EXPECT_EQ(run("tq3", true, false, &w), plain);
+  EXPECT_TRUE(w.empty());
+  // Frozen with the first quantized token; clear() starts over.
+  tq::KvCacheConfig cfg = tq_test::kv_config(1, KVH, D, n, "tq3h6", "tq3");
+  cfg.scale_k = true;
+  tq::KvCache cache(cfg);
+  cache.observe_queries(0, n, qs.data(), H);
+  cache.append(0, n, k.data(), v.data());
+  const std::vector<float> w1 = cache.impl().layers[0].k[1].kw;
+  EXPECT_FALSE(w1.empty());
+  EXPECT_TRUE(cache.impl().layers[0].v[1].kw.empty());  // V is never scaled
+  EXPECT_EQ(cache.bytes_used(), (size_t)n * KVH * (tq::kv_type_bytes(tq::parse_kv_type("tq3h6"), D) +
+                                                   tq::kv_type_bytes(tq::parse_kv_type("tq3"), D)) +
+                                    (size_t)KVH * (D / 2) * 2 + (size_t)KVH * D / 8);  // K scales, K channel masks
+  cache.clear();
+  EXPECT_TRUE(cache.impl().layers[0].k[1].kw.empty());
+  EXPECT_EQ(cache.impl().layers[0].k[1].q_n, 0);
 }

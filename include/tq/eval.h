@@ -25,6 +25,7 @@ struct KvOptions {
   bool center_v = false;
   int center_tokens = 0;     // --kv-center-tokens: mu from positions 1..N only (0: all seen)
   int center_segment = 0;    // --kv-center-segment: one mean per N quantized tokens (label csN)
+  bool scale_k = false;      // --kv-scale-k: query-weighted K scaling (label ks)
   int boundary_layers = 0;
   std::string boundary_type_k = "f16";
   std::string boundary_type_v = "f16";
@@ -35,7 +36,7 @@ struct KvOptions {
   std::string label() const;  // e.g. "tq4/tq3 w128 s4 ckv b2:f16 L5:tq6"
 };
 // Parses a label as written by KvOptions::label():
-// "K[/V] [wN] [sN] [ck|cv|ckv[:N]] [csN] [bN:T[/T]] [LLAYERS:T[/T]]...".
+// "K[/V] [wN] [sN] [ck|cv|ckv[:N]] [csN] [ks] [bN:T[/T]] [LLAYERS:T[/T]]...".
 KvOptions parse_kv_label(const std::string& label);
 KvCacheConfig make_kv_config(const LlamaModel& m, const KvOptions& kv, int max_tokens);
 // Expands --kv-layer-type specs ("LAYERS:K[/V]") onto cfg.layer_type_k / layer_type_v

@@ -49,6 +49,15 @@ struct KvCacheConfig {
   // Segment 0 uses the rule above; segment g >= 1 uses the mean of segment g - 1's tokens
   // (always fully seen before g starts: the same in prefill and token-by-token decode).
   int center_segment = 0;
+  // Query-weighted K scaling (K of the tq types: tqB, tqBn8, tqX.5, tqBhH): each stream
+  // quantizes w * (k - mu) and divides the queries by w, w one weight per RoPE channel pair
+  // (2i, 2i+1) chosen online when its first token is quantized: w^4 proportional to (query
+  // energy of the KV head's query group) / (centred K energy) over the tokens seen then
+  // (position 0 left out; queries from observe_queries; the exponent shrunk by n / (n + 16)
+  // for n tokens seen), clamped to 1/4..4x their geometric mean and normalized to keep the K
+  // energy. This minimizes the q.k error of an isotropic quantizer (Cauchy-Schwarz); q.k
+  // itself is unchanged. No queries seen: no scaling. Other types: ignored.
+  bool scale_k = false;
   int boundary_layers = 0;        // first and last N layers use the boundary types
   std::string boundary_type_k = "f16";
   std::string boundary_type_v = "f16";
@@ -70,11 +79,11 @@ class KvCache {
   // k, v: n_tokens * n_kv_heads * head_dim floats.
   void append(int layer, int n_tokens, const float* k, const float* v);
   // Query statistics for the query-weighted types (tq2h4, tq3h5, ...: their high-precision
-  // channels are chosen by K energy times query energy): call with the queries of the tokens
-  // about to be appended to this layer (q: n_tokens * n_heads * head_dim, heads grouped as in
-  // attention()), before append(). Counted until a stream's channels are frozen (its first
-  // quantized token); a no-op for every other type (and for all types with
-  // TQ_KV_NO_QUERY_STATS=1 set: the A/B switch for the query weighting).
+  // channels are chosen by K energy times query energy) and for scale_k: call with the
+  // queries of the tokens about to be appended to this layer (q: n_tokens * n_heads *
+  // head_dim, heads grouped as in attention()), before append(). Counted until a stream's
+  // channels are frozen (its first quantized token); a no-op for every other stream (and for
+  // all with TQ_KV_NO_QUERY_STATS=1 set: the A/B switch for the query weighting).
   void observe_queries(int layer, int n_tokens, const float* q, int n_heads);
   int n_tokens(int layer) const;
   void clear();  // drop all tokens, keep allocations

@@ -186,7 +186,7 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
                     sizeof(float) * D);
   for (int h = 0; h < KVH; ++h) {
     float* dst = &qk[(size_t)h * n_q * G * D];
-    if (nq_tok > 0) I.to_domain(L.k[h], 0, n_q * G, &qo[(size_t)h * n_q * G * D], dst);
+    if (nq_tok > 0) I.query_to_domain(L.k[h], n_q * G, &qo[(size_t)h * n_q * G * D], dst);
   }
   // prod K: the quantizer's query states [Pi q, S Pi q] (2 D floats), once per query and head.
   std::vector<float> pqk;

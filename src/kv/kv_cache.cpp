@@ -412,14 +412,66 @@ static void freeze_mu(Stream& s) {
     for (int d = 0; d < D; ++d)
       s.mu[d] = fp16_to_fp32(fp32_to_fp16((float)((s.stat_sum[d] - s.stat_x0[d]) / n)));
   s.mu_frozen = true;
-  if (s.fmt->kind == Kind::tq_split && !s.split_frozen) {
-    // The outlier channels are those of the centred rows: sum (x - mu)^2 over the same tokens.
+  if (s.stats_open()) {
+    // Outlier channels and K scaling use the centred rows: sum (x - mu)^2 over the same tokens.
     for (int d = 0; d < D; ++d)
       s.chan_energy[d] += -2.0 * s.mu[d] * s.chan_sum[d] + (double)s.chan_n * s.mu[d] * s.mu[d];
   }
 }
 
+// K scaling (KvCacheConfig::scale_k), chosen when the stream's first token is quantized. For
+// an isotropic quantizer of y = w * k (rotation + codebook: error variance per coordinate
+// proportional to |y|^2), the q.k error variance is proportional to
+//   (sum_d w_d^2 E[k_d^2]) (sum_d E[q_d^2] / w_d^2),
+// smallest (Cauchy-Schwarz) at w_d^2 proportional to sqrt(E[q_d^2] / E[k_d^2]). One weight per
+// RoPE pair (RoPE moves energy between the pair's channels), from the centred K energy and
+// the query energy of the n tokens seen before freezing, the exponent shrunk by n / (n + 16)
+// (a short prompt is a noisy estimate: the weights move toward 1); clamped to [1/4, 4] x the geometric
+// mean (a pair nearly empty then can grow later without swamping the rest), scaled so that
+// sum_d w_d^2 E[k_d^2] = sum_d E[k_d^2] (norms keep their range), rounded to fp16: D / 2
+// stored values (counted in bytes_used).
+static void freeze_kscale(Stream& s) {
+  s.kscale_frozen = true;
+  s.kw.clear();
+  if (s.q_n == 0 || s.chan_n == 0) return;  // no queries seen: identity
+  const int P = s.dim / 2;
+  std::vector<double> ke(P), w(P);
+  double kmax = 0, qmax = 0;
+  for (int u = 0; u < P; ++u) {
+    ke[u] = std::max(0.0, s.chan_energy[2 * u] + s.chan_energy[2 * u + 1]);
+    kmax = std::max(kmax, ke[u]);
+    qmax = std::max(qmax, s.q_energy[2 * u] + s.q_energy[2 * u + 1]);
+  }
+  if (!(kmax > 0) || !(qmax > 0)) return;
+  const double n = std::min(s.q_n, s.chan_n), expo = 0.25 * n / (n + 16);
+  double lsum = 0;
+  for (int u = 0; u < P; ++u) {
+    const double q = std::max(s.q_energy[2 * u] + s.q_energy[2 * u + 1], 1e-9 * qmax);
+    w[u] = std::pow(q / std::max(ke[u], 1e-9 * kmax), expo);
+    lsum += std::log(w[u]);
+  }
+  const double gm = std::exp(lsum / P);
+  double e0 = 0, e1 = 0;
+  for (int u = 0; u < P; ++u) {
+    w[u] = std::clamp(w[u], gm / 4, gm * 4);
+    e0 += ke[u];
+    e1 += w[u] * w[u] * ke[u];
+  }
+  const double c = std::sqrt(e0 / e1);
+  s.kw.resize(s.dim);
+  for (int u = 0; u < P; ++u) s.kw[2 * u] = s.kw[2 * u + 1] = fp16_to_fp32(fp32_to_fp16((float)(w[u] * c)));
+}
+
 // ------------------------------------------------------------------ Impl: transforms
+void KvCache::Impl::query_to_domain(const Stream& s, int n, const float* q, float* y) const {
+  if (s.kw.empty()) return to_domain(s, 0, n, q, y);
+  const int D = s.dim;
+  std::vector<float> t((size_t)n * D);
+  for (int r = 0; r < n; ++r)
+    for (int d = 0; d < D; ++d) t[(size_t)r * D + d] = q[(size_t)r * D + d] / s.kw[d];
+  to_domain(s, 0, n, t.data(), y);
+}
+
 void KvCache::Impl::to_domain(const Stream& s, int side, int n, const float* x, float* y) const {
   const int D = s.dim;
   switch (s.domain) {
@@ -449,8 +501,8 @@ void KvCache::Impl::to_domain(const Stream& s, int side, int n, const float* x, 
 void KvCache::Impl::to_orig(const Stream& s, int side, int n, float* x) const {
   const int D = s.dim;
   switch (s.domain) {
-    case Domain::orig: return;
-    case Domain::rot: rot->inverse((size_t)n, x, x); return;
+    case Domain::orig: break;
+    case Domain::rot: rot->inverse((size_t)n, x, x); break;
     case Domain::split: {
       std::vector<float> a((size_t)n * s.d_hi), b((size_t)n * s.d_lo);
       for (int r = 0; r < n; ++r) {
@@ -463,9 +515,12 @@ void KvCache::Impl::to_orig(const Stream& s, int side, int n, float* x) const {
         for (int i = 0; i < s.d_hi; ++i) x[(size_t)r * D + s.perm[i]] = a[(size_t)r * s.d_hi + i];
         for (int i = 0; i < s.d_lo; ++i) x[(size_t)r * D + s.perm[s.d_hi + i]] = b[(size_t)r * s.d_lo + i];
       }
-      return;
+      break;
     }
   }
+  if (!s.kw.empty())
+    for (int r = 0; r < n; ++r)
+      for (int d = 0; d < D; ++d) x[(size_t)r * D + d] /= s.kw[d];
 }
 
 // ------------------------------------------------------------------ Impl: encode / decode
@@ -473,6 +528,7 @@ void KvCache::Impl::encode_rows(Stream& s, int side, int n, const float* x, size
   const int D = s.dim;
   if (n <= 0) return;
   if (s.center && !s.mu_frozen) freeze_mu(s);
+  if (s.kscale && !s.kscale_frozen) freeze_kscale(s);
   if (s.fmt->kind == Kind::tq_split && !s.split_frozen) freeze_split(s);
   std::vector<float> xb((size_t)kBlock * D), yb((size_t)kBlock * D), u((size_t)D);
   std::vector<uint8_t> idx((size_t)D);
@@ -508,6 +564,9 @@ void KvCache::Impl::encode_rows(Stream& s, int side, int n, const float* x, size
     if (s.center)
       for (int j = 0; j < m; ++j)
         for (int d = 0; d < D; ++d) xb[(size_t)j * D + d] -= mu[d];
+    if (!s.kw.empty())
+      for (int j = 0; j < m; ++j)
+        for (int d = 0; d < D; ++d) xb[(size_t)j * D + d] *= s.kw[d];
     if (s.domain != Domain::orig) to_domain(s, side, m, xb.data(), yb.data());
     for (int j = 0; j < m; ++j) {
       const int slot = slot0 + j;
@@ -761,15 +820,19 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
           s.tiles_hi_bytes = tiles_bytes(s.d_hi, f.bits_hi);
           TQ_ASSERT(s.block_bytes == s.norms_bytes + s.tiles_hi_bytes + tiles_bytes(s.d_lo, f.bits));
           s.domain = Domain::orig;  // until the outlier channels are frozen
-          s.chan_energy.assign(D, 0.0);
-          s.chan_sum.assign(D, 0.0);
-          if (f.qweighted) s.q_energy.assign(D, 0.0);
         } else if (f.kind == Kind::tq_prod) {
           s.prod = I.prod_q[f.bits].get();
           s.cb = &get_codebook(D, f.bits - 1);
           s.norms_bytes = 2 * kBlock * 2;  // norms s, then gamma
           s.tiles_hi_bytes = tiles_bytes(D, f.bits - 1);
           TQ_ASSERT(s.block_bytes == s.norms_bytes + s.tiles_hi_bytes + tiles_bytes(D, 1));
+        }
+        s.kscale = side == 0 && cfg.scale_k &&
+                   (f.kind == Kind::tq || f.kind == Kind::tq_n8 || f.kind == Kind::tq_split);
+        if (s.stats_open()) {
+          s.chan_energy.assign(D, 0.0);
+          s.chan_sum.assign(D, 0.0);
+          if (s.wants_queries()) s.q_energy.assign(D, 0.0);
         }
         if (cfg.window > 0) s.ring = make_aligned<uint16_t>((size_t)cfg.window * D);
         s.sink = cfg.sink;
@@ -813,10 +876,16 @@ void KvCache::clear() {
         if (s.fmt->kind == Kind::tq_split) {
           s.split_frozen = false;
           s.domain = Domain::orig;
+        }
+        if (s.kscale) {
+          s.kscale_frozen = false;
+          s.kw.clear();
+        }
+        if (s.stats_open()) {
           s.chan_energy.assign(s.dim, 0.0);
           s.chan_sum.assign(s.dim, 0.0);
           s.chan_n = 0;
-          if (s.fmt->qweighted) s.q_energy.assign(s.dim, 0.0);
+          if (s.wants_queries()) s.q_energy.assign(s.dim, 0.0);
           s.q_n = 0;
         }
       }
@@ -838,7 +907,7 @@ void KvCache::observe_queries(int layer, int n_tokens, const float* q, int n_hea
   const int group = n_heads / H;
   for (int h = 0; h < H; ++h) {
     Stream& s = L.k[h];
-    if (!s.fmt->qweighted || s.split_frozen) continue;
+    if (!s.wants_queries()) continue;
     TQ_CHECK(q, "kv cache observe_queries: null q");
     for (int r = 0; r < n_tokens; ++r) {
       if (L.n_tokens + r == 0) continue;  // BOS, as for the keys
@@ -874,9 +943,9 @@ void KvCache::append(int layer, int n_tokens, const float* k, const float* v) {
     for (int h = 0; h < H; ++h) {
       Stream& s = vec[h];
       const float* xh = x + (size_t)h * D;
-      if (s.fmt->kind == Kind::tq_split && !s.split_frozen)
+      if (s.stats_open())
         for (int r = 0; r < n_tokens; ++r) {
-          if (s.fmt->qweighted && L.n_tokens + r == 0) continue;  // BOS: see freeze_split
+          if (s.skips_bos() && L.n_tokens + r == 0) continue;  // BOS: see freeze_split
           const float* xr = xh + (size_t)r * stride;
           for (int d = 0; d < D; ++d) s.chan_energy[d] += (double)xr[d] * xr[d];
           if (s.center)
@@ -939,6 +1008,7 @@ size_t KvCache::bytes_used() const {
         total += (size_t)std::min(L.n_tokens - n_sink, s.window) * s.dim * 2;  // f16 window rows
         if (s.fmt->kind == Kind::tq_split) total += (size_t)(s.dim + 7) / 8;  // channel mask
         if (s.center) total += (size_t)s.n_mu * s.dim * 2;                    // fp16 means
+        total += s.kw.size();                                                 // fp16 K scale per pair
       }
   return total;
 }

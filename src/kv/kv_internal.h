@@ -106,8 +106,21 @@ struct Stream {
   std::vector<double> chan_sum;     // sum of x per channel, same tokens (centred split streams)
   int chan_n = 0;                   // tokens counted in chan_energy
   std::vector<int> perm;            // D entries: outlier channels first (ascending), then the rest
-  std::vector<double> q_energy;     // qweighted: sum of q^2 per channel (the group's query heads)
+  std::vector<double> q_energy;     // qweighted / kscale: sum of q^2 per channel (the group's query heads)
   int q_n = 0;                      // query rows counted in q_energy
+  // Query-weighted K scaling (KvCacheConfig::scale_k; K streams of the tq kinds): the blocks
+  // hold codes of w * (x - mu), w one weight per RoPE pair frozen with the first quantized
+  // token; queries are divided by w, so q.k is unchanged and only the quantization error moves.
+  bool kscale = false;
+  bool kscale_frozen = false;
+  std::vector<float> kw;            // D fp16-exact weights, equal within each pair (D / 2 stored);
+                                    // empty: identity (none chosen yet, or no queries seen)
+  // Channel / query statistics still being gathered (split selection or K scaling pending).
+  bool stats_open() const noexcept {
+    return (fmt->kind == Kind::tq_split && !split_frozen) || (kscale && !kscale_frozen);
+  }
+  bool wants_queries() const noexcept { return (fmt->qweighted && !split_frozen) || (kscale && !kscale_frozen); }
+  bool skips_bos() const noexcept { return fmt->qweighted || kscale; }  // position 0 left out of the statistics
   // f16 window (original domain): ring of `window` rows; token at absolute position t >= sink
   // sits in slot (t - sink) % window
   int window = 0;
@@ -159,10 +172,13 @@ struct KvCache::Impl {
   void encode_rows(kv::Stream& s, int side, int n, const float* x, size_t stride);  // into blocks
   // Decode tokens [t0, t0 + n) of the quantized part into floats in the stream's domain.
   void decode_domain(const kv::Stream& s, int side, int t0, int n, float* out) const;
-  // Domain -> original (inverse transform) of n rows, in place.
+  // Domain -> original (inverse transform, then the K scaling undone) of n rows, in place.
   void to_orig(const kv::Stream& s, int side, int n, float* x) const;
-  // Original -> domain (forward transform) of n rows: x -> y.
+  // Original -> domain (forward transform) of n rows: x -> y. Rows to store are scaled first
+  // by encode_rows; queries go through query_to_domain.
   void to_domain(const kv::Stream& s, int side, int n, const float* x, float* y) const;
+  // n queries of a K stream into its domain: q / w (K scaling), then the forward transform.
+  void query_to_domain(const kv::Stream& s, int n, const float* q, float* y) const;
 };
 }  // namespace tq
 

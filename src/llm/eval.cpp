@@ -32,6 +32,7 @@ std::string KvOptions::label() const {
     if (center_tokens > 0) s += ":" + std::to_string(center_tokens);
     if (center_segment > 0) s += " cs" + std::to_string(center_segment);
   }
+  if (scale_k) s += " ks";
   if (boundary_layers > 0) {
     s += " b" + std::to_string(boundary_layers) + ":" +
          (boundary_type_k == boundary_type_v ? boundary_type_k : boundary_type_k + "/" + boundary_type_v);
@@ -93,6 +94,7 @@ KvCacheConfig make_kv_config(const LlamaModel& m, const KvOptions& kv, int max_t
   c.center_v = kv.center_v;
   c.center_tokens = kv.center_tokens;
   c.center_segment = kv.center_segment;
+  c.scale_k = kv.scale_k;
   c.boundary_layers = kv.boundary_layers;
   c.boundary_type_k = kv.boundary_type_k;
   c.boundary_type_v = kv.boundary_type_v;
@@ -137,6 +139,8 @@ KvOptions parse_kv_label(const std::string& label) {
       kv.sink = std::stoi(tok.substr(1));
     } else if (tok.size() > 2 && tok.rfind("cs", 0) == 0 && tok.find_first_not_of("0123456789", 2) == std::string::npos) {
       kv.center_segment = std::stoi(tok.substr(2));
+    } else if (tok == "ks") {
+      kv.scale_k = true;
     } else if (tok.rfind("ck", 0) == 0 || tok.rfind("cv", 0) == 0) {
       const size_t c = tok.find(':');
       const std::string w = tok.substr(0, c);
@@ -155,7 +159,7 @@ KvOptions parse_kv_label(const std::string& label) {
     } else if (tok.size() > 1 && tok[0] == 'L' && tok.find(':') != std::string::npos) {
       kv.layer_types.push_back(tok.substr(1));
     } else {
-      TQ_CHECK(false, "cache config '%s': cannot parse '%s' (expected K[/V] [wN] [sN] [ck|cv|ckv] [bN:T] [LLAYERS:T])",
+      TQ_CHECK(false, "cache config '%s': cannot parse '%s' (expected K[/V] [wN] [sN] [ck|cv|ckv] [csN] [ks] [bN:T] [LLAYERS:T])",
                label.c_str(), tok.c_str());
     }
   }

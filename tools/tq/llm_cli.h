@@ -76,6 +76,10 @@ inline void add_kv_opts(CLI::App* s, KvOptions& kv) {
   s->add_option("--kv-center-segment", kv.center_segment,
                 "with --kv-center: one mean per N quantized tokens (multiple of 32, <= 2048), each the mean of the previous segment; 0: one mean")
       ->capture_default_str();
+  s->add_flag("--kv-scale-k", kv.scale_k,
+              "query-weighted K scaling (tq types): scale K's RoPE channel pairs by (query energy / K energy)^(1/4), "
+              "chosen online from the first tokens, and the queries by the inverse, so less K error lands where "
+              "the queries look");
   s->add_option("--kv-boundary-layers", kv.boundary_layers,
                 "first and last N layers use --kv-boundary-type")->capture_default_str();
   s->add_option("--kv-boundary-type", kv.boundary_type_k, "cache type of the boundary layers (K and V)")
@@ -174,7 +178,7 @@ inline std::unique_ptr<Loaded> load_model(ModelOpts& o) {
 
 inline nlohmann::json kv_json(const KvOptions& kv) {
   return {{"type_k", kv.type_k}, {"type_v", kv.type_v}, {"window", kv.window}, {"sink", kv.sink},
-          {"center_k", kv.center_k}, {"center_v", kv.center_v}, {"center_tokens", kv.center_tokens}, {"center_segment", kv.center_segment},
+          {"center_k", kv.center_k}, {"center_v", kv.center_v}, {"center_tokens", kv.center_tokens}, {"center_segment", kv.center_segment}, {"scale_k", kv.scale_k},
           {"boundary_layers", kv.boundary_layers}, {"boundary_type", kv.boundary_type_k},
           {"layer_types", kv.layer_types},
           {"label", kv.label()}};
