@@ -96,13 +96,13 @@ TEST(ModelE2E, RealModelChatAndPerplexity) {
   EXPECT_LT(r.kv_bytes_per_token, 0.6 * r.kv_bytes_per_token_ref);
   EXPECT_DOUBLE_EQ(r.kv_bytes_per_token_ref, 30.0 * 3 * 64 * 2 * 2);  // f16: layers*heads*dim*2B*(K,V)
 
-  // The recommended cache (query-weighted K channels and scaling: the model hands the queries
-  // to the cache before each append) beats the plain symmetric one at about the same size.
+  // Query-weighted K channels and scaling (the model hands the queries to the cache before
+  // each append) beat the plain symmetric cache at about the same size.
   if (compressed == "tq4") {
     po.kv = tq::parse_kv_label("tq3h6/tq4n8 s1 ck cs512 ks");
     const auto rr = tq::perplexity(R.m, slice, po);
     EXPECT_LT(rr.ppl / rr.ppl_ref, kCompressedMaxRatio) << "ppl " << rr.ppl << " vs f16 " << rr.ppl_ref;
-    EXPECT_LT(rr.kld_mean, r.kld_mean) << "recommended cache no better than plain tq4";
+    EXPECT_LT(rr.kld_mean, r.kld_mean) << "query-weighted cache no better than plain tq4";
     EXPECT_LT(rr.kv_bytes_per_token, r.kv_bytes_per_token);
   }
 }
