@@ -100,10 +100,11 @@ struct Stream {
   size_t norms_bytes = 0;           // per block: 32 (tq) or 64 (split) fp16 norms
   size_t tiles_hi_bytes = 0;        // per block (split outlier tiles)
   const Quantizer* prod = nullptr;  // tq_prod
-  // tq_split: channel selection (online, frozen at the first quantized token)
+  // tq_split: channel selection (online, frozen at the first quantized token). The channel
+  // statistics below also feed the K scaling (kscale); see stats_open().
   bool split_frozen = false;
   std::vector<double> chan_energy;  // sum of x^2 per channel over tokens seen before freezing
-  std::vector<double> chan_sum;     // sum of x per channel, same tokens (centred split streams)
+  std::vector<double> chan_sum;     // sum of x per channel, same tokens (centred streams only)
   int chan_n = 0;                   // tokens counted in chan_energy
   std::vector<int> perm;            // D entries: outlier channels first (ascending), then the rest
   std::vector<double> q_energy;     // qweighted / kscale: sum of q^2 per channel (the group's query heads)
