@@ -3,12 +3,12 @@
 # 2K / 4K / 8K context, depths 0.1, 0.5, 0.9, exact (float) attention, 1 thread.
 # Both caches get the same trials: the seed fixes every passphrase and haystack offset, and
 # each (context, seed) runs f16 then tq5/tq3 back to back, so a stop leaves complete pairs.
-#   2K, 4K: one run per cache with 3 trials per depth (seed 42): 9 needles per cache.
+#   2K, 4K: runs of 3 trials per depth (seeds 42, 43, ... N2 of them): 9 needles per run.
 #   8K:     one trial per depth per run (seeds 42, 43, ... N8 of them): 3 needles per run.
 # Finished files are skipped, so the script can be re-run to resume.
 # Usage: bash results/run_niah.sh [context ...]    (default: 2048 4096 8192)
 # Env:   TQ (binary, default ../build/tq), N8 (number of 8K seeds, default 3), S8 (first 8K seed,
-#        default 42), DEPTHS (default 0.1,0.5,0.9; other values add _d<DEPTHS> to the file name),
+#        default 42), N2 / S2 (the same for 2K and 4K, defaults 1 / 42), DEPTHS (default 0.1,0.5,0.9; other values add _d<DEPTHS> to the file name),
 #        NICE (default 10), CACHES (';'-separated "tag|flags" entries, default
 #        "f16|-ctk f16 -ctv f16;tq5tq3|-ctk tq5 -ctv tq3"; the tag names the output files).
 # The runs in BENCHMARKS.md: `bash results/run_niah.sh 2048 4096`, `N8=1 bash results/run_niah.sh 8192`,
@@ -22,6 +22,8 @@ TQ="${TQ:-../build/tq}"
 N8="${N8:-3}"
 NICE="${NICE:-10}"
 S8="${S8:-42}"
+N2="${N2:-1}"
+S2="${S2:-42}"
 DEPTHS="${DEPTHS:-0.1,0.5,0.9}"
 CACHES="${CACHES:-f16|-ctk f16 -ctv f16;tq5tq3|-ctk tq5 -ctv tq3}"
 DTAG=""
@@ -56,6 +58,6 @@ for ctx in "${contexts[@]}"; do
   if [[ $ctx -ge 8192 ]]; then
     for ((s = S8; s < S8 + N8; s++)); do run "$ctx" 1 "$s"; done
   else
-    run "$ctx" 3 42
+    for ((s = S2; s < S2 + N2; s++)); do run "$ctx" 3 "$s"; done
   fi
 done

@@ -154,6 +154,7 @@ TEST(KvQuality, FusedMatchesReferenceWithSinksAndCentring) {
       {"tq5n8", "tq3", 3, 3, 301, 1, 0, 1, true, false, true},
       {"tq3", "tq3", 2, 4, nl, 1, 0, 1, true, true, false, 0, true},
       {"tq3h6", "tq4n8", 3, 3, nl, 3, 5, 1, true, false, false, 256, true},
+      {"tq4", "tq3", 2, 4, nl, 2, 0, 1, true, false, false, 96},  // K means straddle the chunk
       {"tq4n8", "tq3", 2, 4, 301, 2, 0, 1, true, false, true, 0, true},
       {"tq2.5", "tq3", 2, 2, 301, 1, 7, 0, false, false, false, 0, true},
       {"tq3", "tq3", 2, 4, 40, 3, 0, 44, true, true, false},   // all tokens are sinks

@@ -165,9 +165,12 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
   const int q0 = n_sink;
   const int nq_tok = sh.n_quant;
   const int n_win = sh.n_tokens - n_sink - nq_tok;
-  // Segmented centring: one task per mean segment (each chunk has one K and one V mean).
-  const int seg = std::max(L.k[0].center ? L.k[0].mu_segment : 0, L.v[0].center ? L.v[0].mu_segment : 0);
-  const int chunk = seg > 0 ? seg : kChunkTokens;
+  // Centred K: the tasks score q.(k - mu_k) and shift each query row's running max by
+  // scale * q.mu_k around every K mean segment (exact), so one task covers many K segments.
+  // Segmented V means are added in the original domain: then a task covers one V segment.
+  const int kseg = L.k[0].center ? std::max(L.k[0].mu_segment, 0) : -1;  // -1 not centred, 0 one mean
+  const int vseg = L.v[0].center ? L.v[0].mu_segment : 0;
+  const int chunk = vseg > 0 ? vseg : kChunkTokens;
   const int n_chunks = (nq_tok + chunk - 1) / chunk;
   const int task_win = n_win > 0 ? n_chunks : -1, task_sink = n_chunks + (n_win > 0 ? 1 : 0);
   const int tasks_per_head = task_sink + (n_sink > 0 ? 1 : 0);
@@ -221,24 +224,49 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
       // Fused kernels run one query at a time (prefill: each query with its own causal limit);
       // whether one applies depends only on the types, so the first query decides. Queries
       // that see none of [a, b) keep reset states.
-      int i0 = 0;
-      while (i0 < n_q && qlimits[i0] <= a) ++i0;
-      if (i0 == n_q) continue;
-      if (!scalar && fused_decode(sh, sk, sv, qf + (size_t)i0 * G * sh.qstride, qlimits[i0], a, b,
-                                  States{st.base + (size_t)i0 * G * st.stride(), D}, lut8)) {
-        for (int i = i0 + 1; i < n_q; ++i)
-          if (qlimits[i] > a)
-            fused_decode(sh, sk, sv, qf + (size_t)i * G * sh.qstride, qlimits[i], a, b,
-                         States{st.base + (size_t)i * G * st.stride(), D}, lut8);
-        continue;
-      }
       const bool prod = sk.fmt->kind == Kind::tq_prod;
       auto fetch = [&](int t0, int n, float* kb, float* vb) {
         if (!prod) I.decode_domain(sk, 0, t0, n, kb);
         I.decode_domain(sv, 1, t0, n, vb);
       };
       const float* pq = prod ? &pqk[(size_t)h * n_q * G * 2 * D] : nullptr;
-      generic_task(sh, qd, qlimits.data(), a, b, fetch, st, prod ? &sk : nullptr, pq);
+      int i0 = 0;
+      while (i0 < n_q && qlimits[i0] <= a) ++i0;
+      if (i0 == n_q) continue;
+      // Tokens [lo, hi) (one K mean) into the states, fused kernel or rows.
+      auto run_range = [&](int lo, int hi) {
+        int j0 = i0;
+        while (j0 < n_q && qlimits[j0] <= lo) ++j0;
+        if (j0 == n_q) return;
+        if (!scalar && fused_decode(sh, sk, sv, qf + (size_t)j0 * G * sh.qstride, qlimits[j0], lo, hi,
+                                    States{st.base + (size_t)j0 * G * st.stride(), D}, lut8)) {
+          for (int i = j0 + 1; i < n_q; ++i)
+            fused_decode(sh, sk, sv, qf + (size_t)i * G * sh.qstride, qlimits[i], lo, hi,
+                         States{st.base + (size_t)i * G * st.stride(), D}, lut8);
+          return;
+        }
+        generic_task(sh, qd, qlimits.data(), lo, hi, fetch, st, prod ? &sk : nullptr, pq);
+      };
+      if (kseg < 0) {
+        run_range(a, b);
+        continue;
+      }
+      const float* qh = &qo[(size_t)h * n_q * G * D];
+      std::vector<float> kshift((size_t)n_q * G);  // scale * q.mu_k per query row, this segment
+      for (int lo = a, hi; lo < b; lo = hi) {
+        hi = kseg > 0 ? std::min(b, (lo / kseg + 1) * kseg) : b;
+        const float* mu = sk.mu_of(lo);
+        for (int k = i0 * G; k < n_q * G; ++k) {
+          if (qlimits[k / G] <= lo) continue;
+          double dot = 0;
+          for (int d = 0; d < D; ++d) dot += (double)qh[(size_t)k * D + d] * mu[d];
+          kshift[k] = (float)(dot * sh.scale);
+          st.m(k) -= kshift[k];  // -inf stays -inf
+        }
+        run_range(lo, hi);
+        for (int k = i0 * G; k < n_q * G; ++k)
+          if (qlimits[k / G] > lo) st.m(k) += kshift[k];
+      }
     } else if (c == task_win) {
       const float* qd = &qo[(size_t)h * n_q * G * D];
       auto fetch = [&](int t0, int n, float* kb, float* vb) {
@@ -260,32 +288,19 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
     }
   }
 
-  // Merge: quantized chunks (V domain) -> inverse transform -> V mean -> merge window and
-  // sinks -> normalize. Centred K: the chunks scored q.(k - mu_k); the true scores add
-  // scale * q.mu_k to every token of the stream, i.e. to each chunk state's running max m
-  // (exactly equivalent). Centred V: acc holds sum_t w_t (v_t - mu_v), so add mu_v * l.
+  // Merge: quantized chunks (V domain, K means already in their running maxima) -> inverse
+  // transform -> V mean -> merge window and sinks -> normalize. Centred V: acc holds
+  // sum_t w_t (v_t - mu_v), so add mu_v * l (per chunk when V has a mean per segment).
   std::vector<float> tmp(state_floats);
   const States acc{tmp.data(), D};
   for (int h = 0; h < KVH; ++h) {
-    const Stream& sk = L.k[h];
     const Stream& sv = L.v[h];
     for (int k = 0; k < n_q * G; ++k) {
       const int i = k / G, g = k % G;
       acc.reset(0);
-      const float* qv = &qo[((size_t)h * n_q * G + k) * D];
-      auto kshift = [&](int j) {  // scale * q.mu_k of quantized token j's segment
-        const float* mu = sk.mu_of(j);
-        double dot = 0;
-        for (int d = 0; d < D; ++d) dot += (double)qv[d] * mu[d];
-        return (float)(dot * sh.scale);
-      };
-      if (seg == 0) {  // one mean per stream: merge in the V domain, one inverse transform
-        const float ks = sk.center && n_chunks > 0 ? kshift(0) : 0.f;
-        for (int c = 0; c < n_chunks; ++c) {
-          const States sc{&states[((size_t)h * tasks_per_head + c) * per_task], D};
-          if (sc.m(k) != kNegInf) sc.m(k) += ks;
-          merge_state(acc, 0, sc, k);
-        }
+      if (vseg == 0) {  // one V mean: merge in the V domain, one inverse transform
+        for (int c = 0; c < n_chunks; ++c)
+          merge_state(acc, 0, States{&states[((size_t)h * tasks_per_head + c) * per_task], D}, k);
         if (n_chunks > 0 && acc.m(0) != kNegInf) {
           I.to_orig(sv, 1, 1, acc.acc(0));
           if (sv.center)
@@ -295,7 +310,6 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
         for (int c = 0; c < n_chunks; ++c) {
           const States sc{&states[((size_t)h * tasks_per_head + c) * per_task], D};
           if (sc.m(k) == kNegInf) continue;
-          if (sk.center) sc.m(k) += kshift(c * chunk);
           I.to_orig(sv, 1, 1, sc.acc(k));
           if (sv.center) {
             const float* mu = sv.mu_of(c * chunk);
