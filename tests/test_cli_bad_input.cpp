@@ -407,6 +407,16 @@ TEST(CliBadInput, FixtureModelLoads) {
   EXPECT_FALSE(r.out.empty());
 }
 
+// bench model: an entry with a space is a whole sweep label, echoed in the JSON rows.
+TEST(CliBadInput, BenchModelTakesLabels) {
+  Fixtures fx;
+  const RunResult r = run_tq({"bench", "model", "-m", fx.model, "-f", fx.text, "-t", "1", "--contexts", "64",
+                              "--decode", "2", "--caches", "f16,tq3/tq4 s1 ck ks", "--kv-window", "8", "--json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("\"kv\": \"tq3/tq4 s1 ck ks\""), std::string::npos) << r.out;  // no w8: label's own flags
+  EXPECT_NE(r.out.find("\"kv\": \"f16 w8\""), std::string::npos) << r.out;
+}
+
 TEST(CliBadInput, ModelCommands) {
   Fixtures fx;
   const std::string missing = fx.dir.path("no_such_model.gguf");
@@ -451,6 +461,9 @@ TEST(CliBadInput, ModelCommands) {
   expect_clean_error("tq perplexity", "malformed per-layer spec",
                      {"perplexity", "-m", m, "-f", fx.text, "-c", "64", "--kv-layer-type", "tq4"},
                      {"LAYERS:K[/V]"}, &fx.dir);
+  expect_clean_error("tq bench model", "malformed cache label",
+                     {"bench", "model", "-m", m, "-f", fx.text, "--contexts", "64", "--caches", "f16,tq3 s1 zz"},
+                     {"tq3 s1 zz", "zz"}, &fx.dir);
   expect_clean_error("tq perplexity", "non-numeric context", {"perplexity", "-m", m, "-f", fx.text, "-c", "lots"},
                      {"--ctx-size", "-c"}, &fx.dir);
   expect_clean_error("tq perplexity", "zero context", {"perplexity", "-m", m, "-f", fx.text, "-c", "0"},

@@ -23,7 +23,10 @@ void setup(CLI::App& app) {
   tq::cli::add_model_opts(s, *o, 0);
   tq::cli::add_kv_opts(s, o->kv);
   s->add_option("--contexts", *contexts, "prompt lengths")->delimiter(',')->capture_default_str();
-  s->add_option("--caches", *caches, "cache types (K=V), or K/V pairs like tq4/tq3")->delimiter(',')
+  s->add_option("--caches", *caches,
+                "cache types (K=V), K/V pairs like tq4/tq3 (with the --kv-* flags), or whole sweep labels like\n"
+                "\"tq3h6/tq4n8 s1 ck ks\" (an entry with a space: its own flags, the --kv-* flags ignored)")
+      ->delimiter(',')
       ->capture_default_str();
   s->add_option("--decode", *decode, "decode steps after the prefill")->capture_default_str();
   s->add_option("--reps", *reps, "repetitions (median reported)")->capture_default_str();
@@ -33,18 +36,26 @@ void setup(CLI::App& app) {
     const auto tokens = L->tok.encode(tq::read_text_file(*file));
     nlohmann::json rows = nlohmann::json::array();
     const size_t total = contexts->size() * caches->size() * std::max(1, *reps);
+    std::vector<tq::KvOptions> kvs;  // parsed before the first run: a bad label fails at once
+    for (const std::string& cs : *caches) {
+      tq::KvOptions kv = o->kv;
+      if (cs.find(' ') != std::string::npos) {
+        kv = tq::parse_kv_label(cs);
+        kv.seed = o->kv.seed;
+      } else {
+        const size_t slash = cs.find('/');
+        kv.type_k = cs.substr(0, slash);
+        kv.type_v = slash == std::string::npos ? cs : cs.substr(slash + 1);
+      }
+      kvs.push_back(kv);
+    }
     tq::cli::Progress pb("bench model", total);
     size_t done = 0;
     for (int ctx : *contexts) {
       std::vector<std::vector<tq::SpeedResult>> runs(caches->size());
       for (int r = 0; r < std::max(1, *reps); ++r)
         for (size_t ci = 0; ci < caches->size(); ++ci) {
-          tq::KvOptions kv = o->kv;
-          const std::string& cs = (*caches)[ci];
-          const size_t slash = cs.find('/');
-          kv.type_k = cs.substr(0, slash);
-          kv.type_v = slash == std::string::npos ? cs : cs.substr(slash + 1);
-          runs[ci].push_back(tq::bench_speed(L->model, tokens, ctx, *decode, kv));
+          runs[ci].push_back(tq::bench_speed(L->model, tokens, ctx, *decode, kvs[ci]));
           pb.update(++done);
         }
       for (size_t ci = 0; ci < caches->size(); ++ci) {
@@ -62,7 +73,7 @@ void setup(CLI::App& app) {
         };
         const double pf = med([](const tq::SpeedResult& x) { return x.prefill_tok_s; });
         const double dc = med([](const tq::SpeedResult& x) { return x.decode_tok_s; });
-        rows.push_back({{"context", ctx}, {"cache", (*caches)[ci]}, {"prefill_tok_s", pf}, {"decode_tok_s", dc},
+        rows.push_back({{"context", ctx}, {"cache", (*caches)[ci]}, {"kv", kvs[ci].label()}, {"prefill_tok_s", pf}, {"decode_tok_s", dc},
                         {"prefill_vs_first", pf / med0([](const tq::SpeedResult& x) { return x.prefill_tok_s; })},
                         {"decode_vs_first", dc / med0([](const tq::SpeedResult& x) { return x.decode_tok_s; })},
                         {"kv_bytes", runs[ci].back().kv_bytes}, {"decode_tokens", *decode}, {"reps", runs[ci].size()}});
