@@ -12,8 +12,9 @@ CORPUS="data/debian-reference.en.txt"
 # The recommended cache (BENCHMARKS.md, "Recommended defaults").
 REC_K="${TQ_DEMO_CTK:-tq3h6}"
 REC_V="${TQ_DEMO_CTV:-tq4n8}"
-# One f16 sink token and online K mean centring (docs/design.md); they do nothing to f16.
-REC_FLAGS="${TQ_DEMO_KV_FLAGS:---kv-sink 1 --kv-center k}"
+# One f16 sink token and online K mean centring, one K mean per 512 quantized tokens
+# (docs/design.md); they do nothing to f16.
+REC_FLAGS="${TQ_DEMO_KV_FLAGS:---kv-sink 1 --kv-center k --kv-center-segment 512}"
 # Decode kernel of the tq cache: the int8 lookup tables (same KLD as the float kernel on this
 # model, faster decode; BENCHMARKS.md). TQ_DEMO_ATTN=--exact-attention for the float kernel.
 ATTN="${TQ_DEMO_ATTN:---attn-lut8}"
