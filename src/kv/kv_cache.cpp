@@ -829,11 +829,7 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
         }
         s.kscale = side == 0 && cfg.scale_k &&
                    (f.kind == Kind::tq || f.kind == Kind::tq_n8 || f.kind == Kind::tq_split);
-        if (s.stats_open()) {
-          s.chan_energy.assign(D, 0.0);
-          s.chan_sum.assign(D, 0.0);
-          if (s.wants_queries()) s.q_energy.assign(D, 0.0);
-        }
+        s.reset_stats();
         if (cfg.window > 0) s.ring = make_aligned<uint16_t>((size_t)cfg.window * D);
         s.sink = cfg.sink;
         if (cfg.sink > 0) s.sink_rows = make_aligned<uint16_t>((size_t)cfg.sink * D);
@@ -881,13 +877,7 @@ void KvCache::clear() {
           s.kscale_frozen = false;
           s.kw.clear();
         }
-        if (s.stats_open()) {
-          s.chan_energy.assign(s.dim, 0.0);
-          s.chan_sum.assign(s.dim, 0.0);
-          s.chan_n = 0;
-          if (s.wants_queries()) s.q_energy.assign(s.dim, 0.0);
-          s.q_n = 0;
-        }
+        s.reset_stats();
       }
   }
 }

@@ -122,6 +122,15 @@ struct Stream {
   }
   bool wants_queries() const noexcept { return (fmt->qweighted && !split_frozen) || (kscale && !kscale_frozen); }
   bool skips_bos() const noexcept { return fmt->qweighted || kscale; }  // position 0 left out of the statistics
+  // Empty statistics for a stream that gathers them (construction and clear()).
+  void reset_stats() {
+    if (!stats_open()) return;
+    chan_energy.assign(dim, 0.0);
+    chan_sum.assign(dim, 0.0);
+    chan_n = 0;
+    if (wants_queries()) q_energy.assign(dim, 0.0);
+    q_n = 0;
+  }
   // f16 window (original domain): ring of `window` rows; token at absolute position t >= sink
   // sits in slot (t - sink) % window
   int window = 0;
