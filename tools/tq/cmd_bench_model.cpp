@@ -38,14 +38,14 @@ void setup(CLI::App& app) {
     const size_t total = contexts->size() * caches->size() * std::max(1, *reps);
     std::vector<tq::KvOptions> kvs;  // parsed before the first run: a bad label fails at once
     for (const std::string& cs : *caches) {
+      const tq::KvOptions parsed = tq::parse_kv_label(cs);
       tq::KvOptions kv = o->kv;
       if (cs.find(' ') != std::string::npos) {
-        kv = tq::parse_kv_label(cs);
+        kv = parsed;
         kv.seed = o->kv.seed;
-      } else {
-        const size_t slash = cs.find('/');
-        kv.type_k = cs.substr(0, slash);
-        kv.type_v = slash == std::string::npos ? cs : cs.substr(slash + 1);
+      } else {  // types only: the --kv-* flags apply
+        kv.type_k = parsed.type_k;
+        kv.type_v = parsed.type_v;
       }
       kvs.push_back(kv);
     }
