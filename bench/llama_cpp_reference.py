@@ -161,7 +161,8 @@ def main():
     ap.add_argument("--speed-contexts", default="512", help="comma-separated; empty: no speed runs")
     ap.add_argument("--decode", type=int, default=32, help="greedy decode steps in the speed runs")
     ap.add_argument("--reps", type=int, default=3, help="speed repetitions (median)")
-    ap.add_argument("--tq-caches", default="f16,q8_0,q4_0,tq5/tq3", help="tq caches in the speed runs")
+    ap.add_argument("--tq-caches", default="f16,q8_0,q4_0,tq5/tq3 plain",
+                    help="tq caches in the speed runs (tq bench model --caches: types or whole labels)")
     ap.add_argument("--llama-caches", default="f16,q8_0,q4_0", help="llama.cpp caches in the speed runs (of f16, q8_0, q4_0)")
     ap.add_argument("--no-quality", action="store_true", help="speed runs only")
     ap.add_argument("--kv-ppl", default="q8_0,q4_0", help="llama.cpp quantized KV caches for perplexity ('' for none)")

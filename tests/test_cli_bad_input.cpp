@@ -8,6 +8,7 @@
 // as a Markdown table (RELIABILITY.md quotes it).
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -417,6 +418,42 @@ TEST(CliBadInput, BenchModelTakesLabels) {
   EXPECT_NE(r.out.find("\"kv\": \"f16 w8\""), std::string::npos) << r.out;
 }
 
+
+// A tq K type without sink / centring flags runs protected (1 sink, 512-token K means) and says
+// so in its label; --kv-plain (or the label token) runs the bare format; the two differ.
+TEST(CliBadInput, TqKeysProtectedByDefault) {
+  Fixtures fx;
+  const std::vector<std::string> base = {"perplexity", "-m", fx.model, "-f", fx.text, "-t", "1", "-c", "64",
+                                         "--chunks", "1", "--json"};
+  auto run = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = base;
+    a.insert(a.end(), extra.begin(), extra.end());
+    const RunResult r = run_tq(a);
+    EXPECT_EQ(r.status, 0) << r.err;
+    return nlohmann::json::parse(r.out);
+  };
+  const auto prot = run({"-ctk", "tq3", "-ctv", "tq3"});
+  EXPECT_EQ(prot["kv"]["label"], "tq3 s1 ck cs512");
+  EXPECT_TRUE(prot["kv"]["auto_protected"].get<bool>());
+  EXPECT_EQ(prot["kv"]["sink"], 1);
+  const auto plain = run({"-ctk", "tq3", "-ctv", "tq3", "--kv-plain"});
+  EXPECT_EQ(plain["kv"]["label"], "tq3 plain");
+  EXPECT_EQ(plain["kv"]["sink"], 0);
+  EXPECT_NE(plain["ppl"].get<double>(), prot["ppl"].get<double>());
+  const auto given = run({"-ctk", "tq3", "-ctv", "tq3", "--kv-sink", "2"});  // one option given: no others added
+  EXPECT_EQ(given["kv"]["label"], "tq3 s2");
+  const auto sweep = run({"--sweep", "tq3 plain;tq3;f16/tq3"});
+  ASSERT_TRUE(sweep.contains("results")) << sweep.dump();
+  ASSERT_EQ(sweep["results"].size(), 3u);
+  EXPECT_EQ(sweep["results"][0]["kv"]["label"], "tq3 plain");
+  EXPECT_EQ(sweep["results"][0]["ppl"].get<double>(), plain["ppl"].get<double>());
+  EXPECT_EQ(sweep["results"][1]["kv"]["label"], "tq3 s1 ck cs512");
+  EXPECT_EQ(sweep["results"][1]["ppl"].get<double>(), prot["ppl"].get<double>());
+  EXPECT_EQ(sweep["results"][2]["kv"]["label"], "f16/tq3");  // K not tq: as given
+  const auto swept_plain = run({"--sweep", "tq3;tq3 s1 ck", "--kv-plain"});  // global flag: unset entries only
+  EXPECT_EQ(swept_plain["results"][0]["kv"]["label"], "tq3 plain");
+  EXPECT_EQ(swept_plain["results"][1]["kv"]["label"], "tq3 s1 ck");
+}
 TEST(CliBadInput, ModelCommands) {
   Fixtures fx;
   const std::string missing = fx.dir.path("no_such_model.gguf");
@@ -464,6 +501,15 @@ TEST(CliBadInput, ModelCommands) {
   expect_clean_error("tq bench model", "malformed cache label",
                      {"bench", "model", "-m", m, "-f", fx.text, "--contexts", "64", "--caches", "f16,tq3 s1 zz"},
                      {"tq3 s1 zz", "zz"}, &fx.dir);
+  expect_clean_error("tq perplexity", "negative sink (would read as 'not given')",
+                     {"perplexity", "-m", m, "-f", fx.text, "-c", "64", "-ctk", "tq3", "--kv-sink", "-1"},
+                     {"--kv-sink", ">= 0"}, &fx.dir);
+  expect_clean_error("tq niah", "negative K mean segment",
+                     {"niah", "-m", m, "-f", fx.text, "--context", "256", "-ctk", "tq3", "--kv-center-segment", "-256"},
+                     {"--kv-center-segment", ">= 0"}, &fx.dir);
+  expect_clean_error("tq perplexity", "unknown sweep token next to plain",
+                     {"perplexity", "-m", m, "-f", fx.text, "-c", "64", "--sweep", "tq3 plain;tq3 plane"},
+                     {"plane"}, &fx.dir);
   expect_clean_error("tq perplexity", "non-numeric context", {"perplexity", "-m", m, "-f", fx.text, "-c", "lots"},
                      {"--ctx-size", "-c"}, &fx.dir);
   expect_clean_error("tq perplexity", "zero context", {"perplexity", "-m", m, "-f", fx.text, "-c", "0"},

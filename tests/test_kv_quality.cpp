@@ -401,6 +401,59 @@ TEST(KvQuality, BadConfigAndLabels) {
   EXPECT_THROW(tq::parse_kv_label("tq3 ksx"), tq::Error);
   EXPECT_THROW(tq::parse_kv_label("tq3 cx"), tq::Error);
   EXPECT_THROW(tq::parse_kv_label("tq3 sx"), tq::Error);
+  EXPECT_THROW(tq::parse_kv_label("tq3 plainx"), tq::Error);
+
+  // Automatic protection: a tq K type with no sink or centring given runs with one f16 sink and
+  // K means (512-token segments unless csN); either given, "plain", or a non-tq K type: as given.
+  struct AutoCase {
+    const char* in;
+    bool prot;
+    int sink;
+    bool ck, cv;
+    int seg;
+    const char* label;
+  };
+  for (const AutoCase& c : std::vector<AutoCase>{
+           {"tq3", true, 1, true, false, 512, "tq3 s1 ck cs512"},
+           {"tq3h6/tq4n8 ks", true, 1, true, false, 512, "tq3h6/tq4n8 s1 ck cs512 ks"},
+           {"tq4/tq3 w64 b1:f16", true, 1, true, false, 512, "tq4/tq3 w64 s1 ck cs512 b1:f16"},
+           {"tq3 plain", false, 0, false, false, 0, "tq3 plain"},
+           {"tq3 s0", false, 0, false, false, 0, "tq3 plain"},
+           {"tq3 c0", false, 0, false, false, 0, "tq3 plain"},
+           {"tq3 cs256", true, 1, true, false, 256, "tq3 s1 ck cs256"},  // the segment of the automatic means
+           {"tq3 s0 cs256", false, 0, false, false, 256, "tq3 plain"},  // a segment without centring does nothing
+           {"tq3 s4", false, 4, false, false, 0, "tq3 s4"},
+           {"tq3 ck", false, 0, true, false, 0, "tq3 ck"},
+           {"tq3 s1 ck", false, 1, true, false, 0, "tq3 s1 ck"},
+           {"tq3 plain s2 cv", false, 2, false, true, 0, "tq3 s2 cv"},
+           {"q4_0h", false, 0, false, false, 0, "q4_0h"},
+           {"f16/tq3", false, 0, false, false, 0, "f16/tq3"},
+           {"q8_0/tq3 ckv", false, 0, true, true, 0, "q8_0/tq3 ckv"},
+       }) {
+    SCOPED_TRACE(c.in);
+    const tq::KvOptions kv = tq::parse_kv_label(c.in);
+    EXPECT_EQ(kv.auto_protected(), c.prot);
+    const tq::KvOptions r = kv.resolved();
+    EXPECT_EQ(r.sink, c.sink);
+    EXPECT_EQ(r.center_k, c.ck);
+    EXPECT_EQ(r.center_v, c.cv);
+    EXPECT_EQ(r.center_segment, c.seg);
+    EXPECT_FALSE(r.auto_protected());  // resolving twice changes nothing
+    EXPECT_EQ(kv.label(), c.label);
+    // The label names the same cache: it parses back to the same resolved options.
+    const tq::KvOptions back = tq::parse_kv_label(kv.label()).resolved();
+    EXPECT_EQ(back.sink, r.sink);
+    EXPECT_EQ(back.center_k, r.center_k);
+    EXPECT_EQ(back.center_v, r.center_v);
+    EXPECT_EQ(back.center_k || back.center_v ? back.center_segment : 0, r.center_k || r.center_v ? r.center_segment : 0);
+    EXPECT_EQ(back.label(), kv.label());
+  }
+  tq::KvOptions plain_flag;  // --kv-plain on a type given with -ctk
+  plain_flag.type_k = plain_flag.type_v = "tq3";
+  EXPECT_TRUE(plain_flag.auto_protected());
+  plain_flag.plain = true;
+  EXPECT_FALSE(plain_flag.auto_protected());
+  EXPECT_EQ(plain_flag.label(), "tq3 plain");
 
   // Per-layer types: label round trip and expansion onto the cache config.
   const tq::KvOptions lk = tq::parse_kv_label("tq4/tq3 s1 ck L0,2-3:tq6/tq4n8 L3:f16");

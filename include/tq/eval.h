@@ -20,11 +20,16 @@ struct KvOptions {
   std::string type_k = "f16";
   std::string type_v = "f16";
   int window = 0;
-  int sink = 0;              // --kv-sink: first tokens kept in f16
-  bool center_k = false;     // --kv-center k|v|kv: per-stream mean centring
+  // Automatic protection: a tq K type with neither a sink nor centring given (and not `plain`)
+  // gets kAutoSink f16 sink token and K centring, one mean per center_segment tokens if given,
+  // else per kAutoSegment (resolved()).
+  int sink = -1;             // --kv-sink: first tokens kept in f16 (-1: not given)
+  bool center_k = false;     // --kv-center k|v|kv|none: per-stream mean centring
   bool center_v = false;
+  bool center_set = false;   // centring given (--kv-center, label ck/cv/ckv/c0)
   int center_tokens = 0;     // --kv-center-tokens: mu from positions 1..N only (0: all seen)
-  int center_segment = 0;    // --kv-center-segment: one mean per N quantized tokens (label csN)
+  int center_segment = -1;   // --kv-center-segment: one mean per N quantized tokens (label csN; -1: not given)
+  bool plain = false;        // --kv-plain (label "plain"): no automatic protection
   bool scale_k = false;      // --kv-scale-k: query-weighted K scaling (label ks)
   int boundary_layers = 0;
   std::string boundary_type_k = "f16";
@@ -33,10 +38,18 @@ struct KvOptions {
   // applied in order after the boundary rule (label "L0,3,10-12:tq6/tq3").
   std::vector<std::string> layer_types;
   uint64_t seed = 0x5eed;
-  std::string label() const;  // e.g. "tq4/tq3 w128 s4 ckv b2:f16 L5:tq6"
+  static constexpr int kAutoSink = 1;
+  static constexpr int kAutoSegment = 512;
+  // True when the automatic protection applies (tq K type, no sink or centring given, not plain).
+  bool auto_protected() const;
+  // A copy with the defaults filled in: sink, centring and segment as they will run.
+  KvOptions resolved() const;
+  // Of resolved(), e.g. "tq4/tq3 w128 s4 ckv b2:f16 L5:tq6"; "tq3 plain" for a tq K type
+  // run without the automatic protection (so that the label parses back to the same cache).
+  std::string label() const;
 };
 // Parses a label as written by KvOptions::label():
-// "K[/V] [wN] [sN] [ck|cv|ckv[:N]] [csN] [ks] [bN:T[/T]] [LLAYERS:T[/T]]...".
+// "K[/V] [wN] [sN] [ck|cv|ckv[:N]|c0] [csN] [ks] [plain] [bN:T[/T]] [LLAYERS:T[/T]]...".
 KvOptions parse_kv_label(const std::string& label);
 KvCacheConfig make_kv_config(const LlamaModel& m, const KvOptions& kv, int max_tokens);
 // Expands --kv-layer-type specs ("LAYERS:K[/V]") onto cfg.layer_type_k / layer_type_v

@@ -23,21 +23,41 @@ double now_s() {
 }
 }  // namespace
 
+bool KvOptions::auto_protected() const {
+  return !plain && sink < 0 && !center_set && type_k.rfind("tq", 0) == 0;
+}
+
+KvOptions KvOptions::resolved() const {
+  KvOptions r = *this;
+  if (auto_protected()) {
+    r.sink = kAutoSink;
+    r.center_k = true;
+    if (r.center_segment < 0) r.center_segment = kAutoSegment;
+  }
+  r.sink = std::max(r.sink, 0);
+  r.center_segment = std::max(r.center_segment, 0);
+  r.center_set = true;
+  return r;
+}
+
 std::string KvOptions::label() const {
+  const KvOptions r = resolved();
   std::string s = type_k == type_v ? type_k : type_k + "/" + type_v;
-  if (window > 0) s += " w" + std::to_string(window);
-  if (sink > 0) s += " s" + std::to_string(sink);
-  if (center_k || center_v) {
-    s += std::string(" c") + (center_k ? "k" : "") + (center_v ? "v" : "");
-    if (center_tokens > 0) s += ":" + std::to_string(center_tokens);
-    if (center_segment > 0) s += " cs" + std::to_string(center_segment);
+  if (r.window > 0) s += " w" + std::to_string(r.window);
+  if (r.sink > 0) s += " s" + std::to_string(r.sink);
+  if (r.center_k || r.center_v) {
+    s += std::string(" c") + (r.center_k ? "k" : "") + (r.center_v ? "v" : "");
+    if (r.center_tokens > 0) s += ":" + std::to_string(r.center_tokens);
+    if (r.center_segment > 0) s += " cs" + std::to_string(r.center_segment);
   }
-  if (scale_k) s += " ks";
-  if (boundary_layers > 0) {
-    s += " b" + std::to_string(boundary_layers) + ":" +
-         (boundary_type_k == boundary_type_v ? boundary_type_k : boundary_type_k + "/" + boundary_type_v);
+  if (r.scale_k) s += " ks";
+  // The bare format: without a token saying so the label would parse back to the protected cache.
+  if (r.sink == 0 && !r.center_k && !r.center_v && type_k.rfind("tq", 0) == 0) s += " plain";
+  if (r.boundary_layers > 0) {
+    s += " b" + std::to_string(r.boundary_layers) + ":" +
+         (r.boundary_type_k == r.boundary_type_v ? r.boundary_type_k : r.boundary_type_k + "/" + r.boundary_type_v);
   }
-  for (const auto& lt : layer_types) s += " L" + lt;
+  for (const auto& lt : r.layer_types) s += " L" + lt;
   return s;
 }
 
@@ -84,7 +104,8 @@ void apply_layer_types(const std::vector<std::string>& specs, KvCacheConfig& cfg
   for (const auto& lt : specs) apply_layer_type(lt, cfg.n_layers, cfg.layer_type_k, cfg.layer_type_v);
 }
 
-KvCacheConfig make_kv_config(const LlamaModel& m, const KvOptions& kv, int max_tokens) {
+KvCacheConfig make_kv_config(const LlamaModel& m, const KvOptions& opts, int max_tokens) {
+  const KvOptions kv = opts.resolved();
   KvCacheConfig c = m.kv_config(max_tokens);
   c.type_k = kv.type_k;
   c.type_v = kv.type_v;
@@ -141,6 +162,11 @@ KvOptions parse_kv_label(const std::string& label) {
       kv.center_segment = std::stoi(tok.substr(2));
     } else if (tok == "ks") {
       kv.scale_k = true;
+    } else if (tok == "plain") {
+      kv.plain = true;
+    } else if (tok == "c0") {
+      kv.center_set = true;
+      kv.center_k = kv.center_v = false;
     } else if (tok.rfind("ck", 0) == 0 || tok.rfind("cv", 0) == 0) {
       const size_t c = tok.find(':');
       const std::string w = tok.substr(0, c);
@@ -149,6 +175,7 @@ KvOptions parse_kv_label(const std::string& label) {
       TQ_CHECK(c == std::string::npos ||
                    (c + 1 < tok.size() && tok.find_first_not_of("0123456789", c + 1) == std::string::npos),
                "cache config '%s': cannot parse '%s' (expected ck, cv or ckv[:N])", label.c_str(), tok.c_str());
+      kv.center_set = true;
       kv.center_k = w.find('k') != std::string::npos;
       kv.center_v = w.find('v') != std::string::npos;
       if (c != std::string::npos) kv.center_tokens = std::stoi(tok.substr(c + 1));
@@ -159,7 +186,7 @@ KvOptions parse_kv_label(const std::string& label) {
     } else if (tok.size() > 1 && tok[0] == 'L' && tok.find(':') != std::string::npos) {
       kv.layer_types.push_back(tok.substr(1));
     } else {
-      TQ_CHECK(false, "cache config '%s': cannot parse '%s' (expected K[/V] [wN] [sN] [ck|cv|ckv] [csN] [ks] [bN:T] [LLAYERS:T])",
+      TQ_CHECK(false, "cache config '%s': cannot parse '%s' (expected K[/V] [wN] [sN] [ck|cv|ckv|c0] [csN] [ks] [plain] [bN:T] [LLAYERS:T])",
                label.c_str(), tok.c_str());
     }
   }

@@ -25,7 +25,8 @@ void setup(CLI::App& app) {
   s->add_option("--contexts", *contexts, "prompt lengths")->delimiter(',')->capture_default_str();
   s->add_option("--caches", *caches,
                 "cache types (K=V), K/V pairs like tq4/tq3 (with the --kv-* flags), or whole sweep labels like\n"
-                "\"tq3h6/tq4n8 s1 ck ks\" (an entry with a space: its own flags, the --kv-* flags ignored)")
+                "\"tq3h6/tq4n8 s1 ck ks\" (an entry with a space: its own flags; of the --kv-* flags only --kv-seed and\n"
+                "--kv-plain apply to it)")
       ->delimiter(',')
       ->capture_default_str();
   s->add_option("--decode", *decode, "decode steps after the prefill")->capture_default_str();
@@ -38,11 +39,10 @@ void setup(CLI::App& app) {
     const size_t total = contexts->size() * caches->size() * std::max(1, *reps);
     std::vector<tq::KvOptions> kvs;  // parsed before the first run: a bad label fails at once
     for (const std::string& cs : *caches) {
-      const tq::KvOptions parsed = tq::parse_kv_label(cs);
+      const tq::KvOptions parsed = tq::cli::label_options(cs, o->kv);
       tq::KvOptions kv = o->kv;
       if (cs.find(' ') != std::string::npos) {
         kv = parsed;
-        kv.seed = o->kv.seed;
       } else {  // types only: the --kv-* flags apply
         kv.type_k = parsed.type_k;
         kv.type_v = parsed.type_v;

@@ -25,9 +25,9 @@ void setup(CLI::App& app) {
   s->add_option("--compare", *compare, "also run this cache type (e.g. f16) on the same tokens");
   s->add_flag("--top1", *dump_top1, "with --json: include the argmax token of every scored position");
   s->add_option("--sweep", *sweep,
-                "several cache configs separated by ';', each 'K[/V] [wN] [sN] [ck|cv|ckv[:N]] [csN] [ks] [bN:T] [LLAYERS:T]...'\n"
+                "several cache configs separated by ';', each 'K[/V] [wN] [sN] [ck|cv|ckv[:N]|c0] [csN] [ks] [plain] [bN:T] [LLAYERS:T]...'\n"
                 "(e.g. 'tq4;tq4/tq3;tq3 w128 b2:f16;tq3 s4 ckv;tq4/tq3 L0,5-7:tq6/tq3'; sN = --kv-sink N, ck/cv/ckv = --kv-center, :N = --kv-center-tokens N,\n"
-                "csN = --kv-center-segment N, ks = --kv-scale-k, LLAYERS:T = --kv-layer-type LAYERS:T),\n"
+                "c0 = --kv-center none, csN = --kv-center-segment N, ks = --kv-scale-k, plain = --kv-plain, LLAYERS:T = --kv-layer-type LAYERS:T),\n"
                 "run on the same windows sharing one --compare pass (replaces -ctk/-ctv)");
   s->callback([=] {
     auto L = tq::cli::load_model(*o);
@@ -52,9 +52,7 @@ void setup(CLI::App& app) {
         if (e == std::string::npos) e = rest.size();
         const std::string one = rest.substr(p0, e - p0);
         if (one.find_first_not_of(' ') != std::string::npos) {
-          tq::KvOptions kv = tq::parse_kv_label(one);
-          kv.seed = o->kv.seed;
-          configs.push_back(kv);
+          configs.push_back(tq::cli::label_options(one, o->kv));
         }
         p0 = e + 1;
       }

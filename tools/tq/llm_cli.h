@@ -54,28 +54,43 @@ inline void add_model_opts(CLI::App* s, ModelOpts& o, int default_ctx) {
 }
 
 inline void add_kv_opts(CLI::App* s, KvOptions& kv) {
+  // -1 means "not given" inside KvOptions, so a negative value must not reach it.
+  const auto non_negative = [](const std::string& v) {
+    return v.find_first_not_of(" ") != std::string::npos && v[v.find_first_not_of(" ")] == '-'
+               ? std::string("must be >= 0, got ") + v
+               : std::string();
+  };
   s->add_option("--cache-type-k", kv.type_k, "-ctk: KV cache type for K (f16, q8_0, q4_0, q4_0h, tq1..tq8, tq2.5, tq3.5, tq3n8, tq3h6, ...; an unknown name lists them all)")
       ->capture_default_str();
   s->add_option("--cache-type-v", kv.type_v, "-ctv: KV cache type for V")->capture_default_str();
   s->add_option("--kv-window", kv.window, "most recent tokens kept in f16 (quantized when they leave)")
       ->capture_default_str();
-  s->add_option("--kv-sink", kv.sink, "first N tokens of every layer kept in f16 for good (attention sinks)")
-      ->capture_default_str();
+  s->add_option("--kv-sink", kv.sink,
+                "first N tokens of every layer kept in f16 for good (attention sinks; default: 1 with a tq K type, "
+                "see --kv-plain, else 0)")
+      ->check(non_negative);
   s->add_option_function<std::string>(
       "--kv-center",
       [&kv](const std::string& w) {
         TQ_CHECK(w == "k" || w == "v" || w == "kv" || w == "none",
                  "--kv-center: '%s' is not one of k, v, kv, none", w.c_str());
+        kv.center_set = true;
         kv.center_k = w == "k" || w == "kv";
         kv.center_v = w == "v" || w == "kv";
       },
-      "per-stream mean centring of the quantized K and/or V: k, v, kv or none (mean chosen online)");
+      "per-stream mean centring of the quantized K and/or V: k, v, kv or none (mean chosen online; default: k "
+      "with a tq K type, see --kv-plain, else none)");
   s->add_option("--kv-center-tokens", kv.center_tokens,
                 "with --kv-center: the mean uses positions 1..N only (0: every token seen when the first is quantized)")
       ->capture_default_str();
   s->add_option("--kv-center-segment", kv.center_segment,
-                "with --kv-center: one mean per N quantized tokens (multiple of 32, <= 2048), each the mean of the previous segment; 0: one mean")
-      ->capture_default_str();
+                "with --kv-center: one mean per N quantized tokens (multiple of 32, <= 2048), each the mean of the previous "
+                "segment; 0: one mean (default: 512 with the automatic K centring, which this option does not turn off; else 0)")
+      ->check(non_negative);
+  s->add_flag("--kv-plain", kv.plain,
+              "no automatic protection: by default a tq K cache given neither --kv-sink nor --kv-center "
+              "keeps 1 sink token in f16 and centres K with one mean per 512 tokens (or --kv-center-segment N; "
+              "same as --kv-sink 1 --kv-center k --kv-center-segment 512); --kv-plain runs the bare format");
   s->add_flag("--kv-scale-k", kv.scale_k,
               "query-weighted K scaling (tq types): scale K's RoPE channel pairs by (query energy / K energy)^(1/4), "
               "chosen online from the first tokens, and the queries by the inverse, so less K error lands where "
@@ -176,12 +191,21 @@ inline std::unique_ptr<Loaded> load_model(ModelOpts& o) {
   return std::unique_ptr<Loaded>(new Loaded{std::move(g), std::move(tok), std::move(m)});
 }
 
-inline nlohmann::json kv_json(const KvOptions& kv) {
+// One entry of --sweep / --caches: a whole label, with the command's --kv-seed and --kv-plain.
+inline KvOptions label_options(const std::string& label, const KvOptions& global) {
+  KvOptions kv = parse_kv_label(label);
+  kv.seed = global.seed;
+  kv.plain = kv.plain || global.plain;
+  return kv;
+}
+
+inline nlohmann::json kv_json(const KvOptions& opts) {
+  const KvOptions kv = opts.resolved();
   return {{"type_k", kv.type_k}, {"type_v", kv.type_v}, {"window", kv.window}, {"sink", kv.sink},
           {"center_k", kv.center_k}, {"center_v", kv.center_v}, {"center_tokens", kv.center_tokens}, {"center_segment", kv.center_segment}, {"scale_k", kv.scale_k},
           {"boundary_layers", kv.boundary_layers}, {"boundary_type", kv.boundary_type_k},
-          {"layer_types", kv.layer_types},
-          {"label", kv.label()}};
+          {"layer_types", kv.layer_types}, {"auto_protected", opts.auto_protected()},
+          {"label", opts.label()}};
 }
 
 }  // namespace tq::cli
