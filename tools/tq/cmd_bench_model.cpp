@@ -84,11 +84,13 @@ void setup(CLI::App& app) {
       tq::cli::print_json({{"threads", L->model.threads()}, {"f32_decode", L->model.f32_decode()}, {"rows", rows}});
       return;
     }
-    std::printf("%8s %-12s %12s %12s %9s %9s %12s\n", "context", "cache", "prefill t/s", "decode t/s", "pf ratio",
+    int w = 12;  // the resolved label: what ran, automatic sink and K means included
+    for (auto& r : rows) w = std::max(w, static_cast<int>(r["kv"].get<std::string>().size()));
+    std::printf("%8s %-*s %12s %12s %9s %9s %12s\n", "context", w, "cache", "prefill t/s", "decode t/s", "pf ratio",
                 "dec ratio", "kv MiB");
     for (auto& r : rows)
-      std::printf("%8d %-12s %12.1f %12.2f %9.2f %9.2f %12.2f\n", r["context"].get<int>(),
-                  r["cache"].get<std::string>().c_str(), r["prefill_tok_s"].get<double>(),
+      std::printf("%8d %-*s %12.1f %12.2f %9.2f %9.2f %12.2f\n", r["context"].get<int>(), w,
+                  r["kv"].get<std::string>().c_str(), r["prefill_tok_s"].get<double>(),
                   r["decode_tok_s"].get<double>(), r["prefill_vs_first"].get<double>(),
                   r["decode_vs_first"].get<double>(), r["kv_bytes"].get<double>() / 1048576.0);
     std::printf("threads %d\n", L->model.threads());
