@@ -23,9 +23,12 @@ double now_s() {
 }
 }  // namespace
 
-bool KvOptions::auto_protected() const {
-  return !plain && sink < 0 && !center_set && type_k.rfind("tq", 0) == 0;
-}
+namespace {
+// The K types the automatic protection is for (and whose bare label needs "plain").
+bool tq_keys(const KvOptions& kv) { return kv.type_k.rfind("tq", 0) == 0; }
+}  // namespace
+
+bool KvOptions::auto_protected() const { return !plain && sink < 0 && !center_set && tq_keys(*this); }
 
 KvOptions KvOptions::resolved() const {
   KvOptions r = *this;
@@ -52,7 +55,7 @@ std::string KvOptions::label() const {
   }
   if (r.scale_k) s += " ks";
   // The bare format: without a token saying so the label would parse back to the protected cache.
-  if (r.sink == 0 && !r.center_k && !r.center_v && type_k.rfind("tq", 0) == 0) s += " plain";
+  if (r.sink == 0 && !r.center_k && !r.center_v && tq_keys(r)) s += " plain";
   if (r.boundary_layers > 0) {
     s += " b" + std::to_string(r.boundary_layers) + ":" +
          (r.boundary_type_k == r.boundary_type_v ? r.boundary_type_k : r.boundary_type_k + "/" + r.boundary_type_v);
