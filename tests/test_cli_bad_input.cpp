@@ -453,6 +453,14 @@ TEST(CliBadInput, TqKeysProtectedByDefault) {
   const auto swept_plain = run({"--sweep", "tq3;tq3 s1 ck", "--kv-plain"});  // global flag: unset entries only
   EXPECT_EQ(swept_plain["results"][0]["kv"]["label"], "tq3 plain");
   EXPECT_EQ(swept_plain["results"][1]["kv"]["label"], "tq3 s1 ck");
+  // RoPE-rotating K means on top of the protection: the flag and the label token run the same cache
+  const auto cr = run({"-ctk", "tq3", "-ctv", "tq3", "--kv-center-rope"});
+  EXPECT_EQ(cr["kv"]["label"], "tq3 s1 ck cs512 cr");
+  EXPECT_TRUE(cr["kv"]["center_rope"].get<bool>());
+  EXPECT_NE(cr["ppl"].get<double>(), prot["ppl"].get<double>());
+  const auto cr_sweep = run({"--sweep", "tq3 cr"});
+  EXPECT_EQ(cr_sweep["results"][0]["kv"]["label"], "tq3 s1 ck cs512 cr");
+  EXPECT_EQ(cr_sweep["results"][0]["ppl"].get<double>(), cr["ppl"].get<double>());
 }
 TEST(CliBadInput, ModelCommands) {
   Fixtures fx;
@@ -507,6 +515,12 @@ TEST(CliBadInput, ModelCommands) {
   expect_clean_error("tq niah", "negative K mean segment",
                      {"niah", "-m", m, "-f", fx.text, "--context", "256", "-ctk", "tq3", "--kv-center-segment", "-256"},
                      {"--kv-center-segment", ">= 0"}, &fx.dir);
+  expect_clean_error("tq perplexity", "RoPE-rotating K means without K centring",
+                     {"perplexity", "-m", m, "-f", fx.text, "-c", "64", "-ctk", "tq3", "--kv-plain", "--kv-center-rope"},
+                     {"--kv-center-rope", "centring"}, &fx.dir);
+  expect_clean_error("tq perplexity", "cr label token without K centring",
+                     {"perplexity", "-m", m, "-f", fx.text, "-c", "64", "--sweep", "tq3;tq3 s1 cv cr"},
+                     {"--kv-center-rope", "centring"}, &fx.dir);
   expect_clean_error("tq perplexity", "unknown sweep token next to plain",
                      {"perplexity", "-m", m, "-f", fx.text, "-c", "64", "--sweep", "tq3 plain;tq3 plane"},
                      {"plane"}, &fx.dir);

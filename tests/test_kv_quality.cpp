@@ -43,6 +43,20 @@ void fill_shifted(tq::Rng& rng, int n, int kvh, int D, std::vector<float>& k, st
 
 using tq_test::rel_err;
 
+// Keys with a constant pre-RoPE component in every third RoPE pair (what RoPE-rotating means
+// remove): k_t += R(t) c, pair i turned by t * 10000^(-2i / rope_dim).
+void add_rotating_mean(int n, int kvh, int D, int rope_dim, std::vector<float>& k) {
+  for (int t = 0; t < n; ++t)
+    for (int h = 0; h < kvh; ++h)
+      for (int i = 0; i < rope_dim / 2; i += 3) {
+        const double a = t * std::pow(10000.0, -2.0 * i / rope_dim);
+        const double c0 = 3.0 + h, c1 = -2.0;
+        float* x = &k[((size_t)t * kvh + h) * D + 2 * i];
+        x[0] += (float)(c0 * std::cos(a) - c1 * std::sin(a));
+        x[1] += (float)(c0 * std::sin(a) + c1 * std::cos(a));
+      }
+}
+
 struct QCase {
   std::string tk, tv;
   int kvh, G, n_ctx, n_q, window, sink;
@@ -50,6 +64,7 @@ struct QCase {
   bool token_by_token;
   int segment = 0;  // center_segment
   bool ks = false;  // scale_k (the queries of each append are observed first)
+  int rope_dim = 0;  // > 0: center_rope with RoPE over this many dims (base 10000)
 };
 
 std::string describe(const QCase& c) {
@@ -57,7 +72,7 @@ std::string describe(const QCase& c) {
          " n=" + std::to_string(c.n_ctx) + " nq=" + std::to_string(c.n_q) + " W=" + std::to_string(c.window) +
          " S=" + std::to_string(c.sink) + (c.ck ? " ck" : "") + (c.cv ? " cv" : "") +
          (c.token_by_token ? " token-by-token" : " batches") + " seg=" + std::to_string(c.segment) +
-         (c.ks ? " ks" : "");
+         (c.ks ? " ks" : "") + (c.rope_dim > 0 ? " cr" + std::to_string(c.rope_dim) : "");
 }
 
 tq::KvCacheConfig make_cfg(const QCase& c, int D = 64) {
@@ -74,6 +89,9 @@ tq::KvCacheConfig make_cfg(const QCase& c, int D = 64) {
   cfg.center_v = c.cv;
   cfg.center_segment = c.segment;
   cfg.scale_k = c.ks;
+  cfg.center_rope = c.rope_dim > 0;
+  cfg.rope_base = 10000;
+  cfg.rope_dim = c.rope_dim;
   return cfg;
 }
 
@@ -88,6 +106,7 @@ void check(const QCase& c) {
   fill_shifted(rng, c.n_ctx, c.kvh, D, k, v);
   const size_t row = (size_t)c.kvh * D;
   const int H = c.kvh * c.G;
+  if (c.rope_dim > 0) add_rotating_mean(c.n_ctx, c.kvh, D, c.rope_dim, k);
   // scale_k: queries with most of their energy on a few channel pairs (as in real models)
   std::vector<float> qs((size_t)c.n_ctx * H * D);
   for (size_t i = 0; i < qs.size(); ++i) qs[i] = (float)rng.normal() * ((i % D) / 2 % 5 == 1 ? 4.f : 0.5f);
@@ -125,6 +144,10 @@ void check(const QCase& c) {
     tq::attention(cache, 1, c.n_q, q.data(), fast.data(), p);
     EXPECT_LE(rel_err(exact, ref), kExactRelTol) << "pos0 " << pos0;
     EXPECT_LE(rel_err(fast, ref), kFastRelTol) << "pos0 " << pos0;
+    std::vector<float> lut(q.size(), -1.f);  // int8 tables where the host runs them, else the float kernel
+    p.lut8 = true;
+    tq::attention(cache, 1, c.n_q, q.data(), lut.data(), p);
+    EXPECT_LE(rel_err(lut, ref), kFastRelTol) << "lut8, pos0 " << pos0;
   }
 }
 
@@ -159,6 +182,15 @@ TEST(KvQuality, FusedMatchesReferenceWithSinksAndCentring) {
       {"tq2.5", "tq3", 2, 2, 301, 1, 7, 0, false, false, false, 0, true},
       {"tq3", "tq3", 2, 4, 40, 3, 0, 44, true, true, false},   // all tokens are sinks
       {"tq3", "tq3", 2, 4, 70, 3, 64, 4, true, true, false},   // sinks + window only
+      // RoPE-rotating K means: fused kernels (per-block mean terms) and the row path
+      {"tq3", "tq3", 2, 4, nl, 1, 0, 1, true, false, false, 0, false, 64},
+      {"tq3h6", "tq4n8", 3, 3, nl, 3, 5, 1, true, false, false, 256, true, 64},
+      {"tq4", "tq3", 2, 4, nl, 2, 0, 1, true, true, false, 96, false, 48},  // dims 48..63 not rotated
+      {"tq4n8", "tq3", 2, 4, 301, 2, 0, 1, true, false, true, 64, false, 64},
+      {"tq3", "tq3", 3, 3, 301, 1, 0, 0, true, false, true, 0, false, 64},  // mu = 0: only position 0 seen
+      {"q4_0h", "tq3", 2, 2, 301, 2, 7, 1, true, false, false, 96, false, 64},  // row path
+      {"tq3", "f16", 2, 2, 301, 2, 0, 1, true, false, false, 32, false, 64},  // row path (V f16)
+      {"tq3", "tq3", 1, 5, 301, 2, 0, 1, true, false, false, 64, false, 64},  // G = 5: row path
   };
   for (const auto& c : cases) check(c);
 }
@@ -332,6 +364,61 @@ TEST(KvQuality, CentringHelpsShiftedData) {
   }
 }
 
+TEST(KvQuality, RopeMeansFollowRotatingKeys) {
+  // Keys with constant pre-RoPE components (RoPE spins them at their pairs' frequencies): a
+  // constant mean cannot remove them, a RoPE-rotating one can. Its mean is the fp16-rounded
+  // mean of the keys turned back to position 0 (positions 1.., BOS left out).
+  const int D = 64, n = 600, kvh = 2, G = 2, nq = 64;
+  tq::Rng rng(23);
+  std::vector<float> k((size_t)n * kvh * D), v(k.size());
+  for (auto& x : k) x = (float)rng.normal();
+  for (auto& x : v) x = (float)rng.normal();
+  add_rotating_mean(n, kvh, D, D, k);
+  std::vector<float> q((size_t)nq * kvh * G * D);
+  for (auto& x : q) x = (float)rng.normal();
+  auto run = [&](const char* type, bool rope, std::vector<float>* mu) {
+    tq::KvCacheConfig cfg;
+    cfg.n_kv_heads = kvh;
+    cfg.head_dim = D;
+    cfg.max_tokens = n;
+    cfg.type_k = type;
+    cfg.type_v = "f32";  // K error only
+    cfg.center_k = std::string(type) != "f32";
+    cfg.center_rope = rope;
+    cfg.rope_base = 10000;
+    cfg.rope_dim = D;
+    cfg.sink = 1;
+    tq::KvCache cache(cfg);
+    cache.append(0, n, k.data(), v.data());
+    if (mu) *mu = cache.impl().layers[0].k[1].mu;
+    std::vector<float> out(q.size());
+    tq::AttentionParams p;
+    p.n_heads = kvh * G;
+    p.exact = true;
+    tq::attention(cache, 0, nq, q.data(), out.data(), p);
+    return out;
+  };
+  const auto exact = run("f32", false, nullptr);
+  std::vector<float> mu;
+  for (const char* t : {"tq3", "tq4"}) {
+    const double constant = rel_err(run(t, false, nullptr), exact);
+    const double rotating = rel_err(run(t, true, &mu), exact);
+    EXPECT_LT(rotating, 0.75 * constant) << t << ": " << rotating << " vs " << constant;  // measured 0.65x
+  }
+  ASSERT_EQ(mu.size(), (size_t)D);  // kv head 1, one mean: positions 1..n-1 turned back
+  for (int i = 0; i < D / 2; ++i) {
+    double s0 = 0, s1 = 0;
+    const double w = std::pow(10000.0, -2.0 * i / D);
+    for (int t = 1; t < n; ++t) {
+      const float* x = &k[((size_t)t * kvh + 1) * D + 2 * i];
+      s0 += x[0] * std::cos(t * w) + x[1] * std::sin(t * w);
+      s1 += -x[0] * std::sin(t * w) + x[1] * std::cos(t * w);
+    }
+    EXPECT_NEAR(mu[2 * i], s0 / (n - 1), 2e-3 * (1 + std::fabs(s0 / (n - 1)))) << i;
+    EXPECT_NEAR(mu[2 * i + 1], s1 / (n - 1), 2e-3 * (1 + std::fabs(s1 / (n - 1)))) << i;
+  }
+}
+
 TEST(KvQuality, BytesAccounting) {
   // K tq3: 26 B per vector at D = 64; V tq2.5: 22 B per vector + 8 B channel mask per stream
   tq::KvCacheConfig cfg = tq_test::kv_config(3, 2, 64, 256, "tq3", "tq2.5");
@@ -402,6 +489,16 @@ TEST(KvQuality, BadConfigAndLabels) {
   EXPECT_THROW(tq::parse_kv_label("tq3 cx"), tq::Error);
   EXPECT_THROW(tq::parse_kv_label("tq3 sx"), tq::Error);
   EXPECT_THROW(tq::parse_kv_label("tq3 plainx"), tq::Error);
+  EXPECT_THROW(tq::parse_kv_label("tq3 crx"), tq::Error);
+  // RoPE-rotating K means: need K centring and the keys' RoPE
+  EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.center_rope = true; c.rope_base = 1e4f; c.rope_dim = 64; }),
+               tq::Error);  // no center_k
+  EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.center_k = c.center_rope = true; }), tq::Error);  // no RoPE
+  EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.center_k = c.center_rope = true; c.rope_base = 1e4f; c.rope_dim = 63; }),
+               tq::Error);  // odd
+  EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.center_k = c.center_rope = true; c.rope_base = 1e4f; c.rope_dim = 66; }),
+               tq::Error);  // > head_dim
+  EXPECT_NO_THROW(make([](tq::KvCacheConfig& c) { c.center_k = c.center_rope = true; c.rope_base = 1e4f; c.rope_dim = 32; }));
 
   // Automatic protection: a tq K type with no sink or centring given runs with one f16 sink and
   // K means (512-token segments unless csN); either given, "plain", or a non-tq K type: as given.
@@ -416,6 +513,8 @@ TEST(KvQuality, BadConfigAndLabels) {
   for (const AutoCase& c : std::vector<AutoCase>{
            {"tq3", true, 1, true, false, 512, "tq3 s1 ck cs512"},
            {"tq3h6/tq4n8 ks", true, 1, true, false, 512, "tq3h6/tq4n8 s1 ck cs512 ks"},
+           {"tq3h6/tq4n8 cr", true, 1, true, false, 512, "tq3h6/tq4n8 s1 ck cs512 cr"},
+           {"tq3 s1 ckv cr", false, 1, true, true, 0, "tq3 s1 ckv cr"},
            {"tq4/tq3 w64 b1:f16", true, 1, true, false, 512, "tq4/tq3 w64 s1 ck cs512 b1:f16"},
            {"tq3 plain", false, 0, false, false, 0, "tq3 plain"},
            {"tq3 s0", false, 0, false, false, 0, "tq3 plain"},
@@ -445,6 +544,7 @@ TEST(KvQuality, BadConfigAndLabels) {
     EXPECT_EQ(back.sink, r.sink);
     EXPECT_EQ(back.center_k, r.center_k);
     EXPECT_EQ(back.center_v, r.center_v);
+    EXPECT_EQ(back.center_rope, r.center_rope);
     EXPECT_EQ(back.center_k || back.center_v ? back.center_segment : 0, r.center_k || r.center_v ? r.center_segment : 0);
     EXPECT_EQ(back.label(), kv.label());
   }

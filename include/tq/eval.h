@@ -31,6 +31,7 @@ struct KvOptions {
   int center_segment = -1;   // --kv-center-segment: one mean per N quantized tokens (label csN; -1: not given)
   bool plain = false;        // --kv-plain (label "plain"): no automatic protection
   bool scale_k = false;      // --kv-scale-k: query-weighted K scaling (label ks)
+  bool center_rope = false;  // --kv-center-rope: the K mean rotates with RoPE (label cr)
   int boundary_layers = 0;
   std::string boundary_type_k = "f16";
   std::string boundary_type_v = "f16";
@@ -49,7 +50,7 @@ struct KvOptions {
   std::string label() const;
 };
 // Parses a label as written by KvOptions::label():
-// "K[/V] [wN] [sN] [ck|cv|ckv[:N]|c0] [csN] [ks] [plain] [bN:T[/T]] [LLAYERS:T[/T]]...".
+// "K[/V] [wN] [sN] [ck|cv|ckv[:N]|c0] [csN] [cr] [ks] [plain] [bN:T[/T]] [LLAYERS:T[/T]]...".
 KvOptions parse_kv_label(const std::string& label);
 KvCacheConfig make_kv_config(const LlamaModel& m, const KvOptions& kv, int max_tokens);
 // Expands --kv-layer-type specs ("LAYERS:K[/V]") onto cfg.layer_type_k / layer_type_v

@@ -49,6 +49,15 @@ struct KvCacheConfig {
   // Segment 0 uses the rule above; segment g >= 1 uses the mean of segment g - 1's tokens
   // (always fully seen before g starts: the same in prefill and token-by-token decode).
   int center_segment = 0;
+  // With center_k: the K mean rotates with RoPE. mu is then the mean of the keys un-rotated
+  // to position 0 (R(pos)^-1 k, pos = the token's index in the cache), and token pos stores
+  // codes of k - R(pos) mu, so a constant pre-RoPE component of the keys (which RoPE spins
+  // at its pair's frequency, out of reach of a constant mean) is removed too. Needs rope_base.
+  bool center_rope = false;
+  // The keys' RoPE, normal mode: pair (2i, 2i + 1) of the first rope_dim dims rotated by
+  // pos * rope_base^(-2i / rope_dim). Only center_rope reads it.
+  float rope_base = 0;
+  int rope_dim = 0;
   // Query-weighted K scaling (K of the tq types: tqB, tqBn8, tqX.5, tqBhH): each stream
   // quantizes w * (k - mu) and divides the queries by w, w one weight per RoPE channel pair
   // (2i, 2i+1) chosen online when its first token is quantized: w^4 proportional to (query

@@ -247,6 +247,43 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
         }
         generic_task(sh, qd, qlimits.data(), lo, hi, fetch, st, prod ? &sk : nullptr, pq);
       };
+      if (sk.rope_mu) {
+        // RoPE-rotating K mean: the fused kernels add each token's mean logit from the
+        // coefficients of the query rows (rope_mean_coefs, per K mean segment). Without a fused
+        // kernel: rows in the original domain (decoded + mean_at) against the original-domain
+        // queries; V stays in its domain.
+        auto fetch_orig = [&](int t0, int n, float* kb, float* vb) {
+          I.decode_domain(sk, 0, t0, n, kb);
+          I.to_orig(sk, 0, n, kb);
+          std::vector<float> m((size_t)D);
+          for (int r = 0; r < n; ++r) {
+            sk.mean_at(t0 + r, m.data());
+            for (int d = 0; d < D; ++d) kb[(size_t)r * D + d] += m[d];
+          }
+          I.decode_domain(sv, 1, t0, n, vb);
+        };
+        const float* qh = &qo[(size_t)h * n_q * G * D];
+        const int mst = rope_mc_stride(sk);
+        std::vector<float> mc((size_t)n_q * G * mst);
+        for (int lo = a, hi; lo < b; lo = hi) {
+          hi = kseg > 0 ? std::min(b, (lo / kseg + 1) * kseg) : b;
+          int j0 = i0;
+          while (j0 < n_q && qlimits[j0] <= lo) ++j0;
+          if (j0 == n_q) break;
+          for (int i = j0; i < n_q; ++i)
+            rope_mean_coefs(sk, G, qh + (size_t)i * G * D, sk.mu_of(lo), &mc[(size_t)i * G * mst]);
+          Shape shr = sh;
+          bool fused = false;
+          for (int i = j0; i < n_q && !scalar; ++i) {
+            shr.rope_mc = &mc[(size_t)i * G * mst];
+            fused = fused_decode(shr, sk, sv, qf + (size_t)i * G * sh.qstride, qlimits[i], lo, hi,
+                                 States{st.base + (size_t)i * G * st.stride(), D}, lut8);
+            if (!fused) break;  // depends only on the types: the first query decides
+          }
+          if (!fused) generic_task(sh, qh, qlimits.data(), lo, hi, fetch_orig, st);
+        }
+        continue;
+      }
       if (kseg < 0) {
         run_range(a, b);
         continue;
@@ -387,11 +424,14 @@ void attention_ref(const KvCache& cache, int layer, int n_q, const float* q, flo
       I.to_orig(sk, 0, nq, Kq);
       I.decode_domain(sv, 1, 0, nq, Vq);
       I.to_orig(sv, 1, nq, Vq);
-      for (int j = 0; j < nq; ++j)
+      std::vector<float> mk((size_t)D);
+      for (int j = 0; j < nq; ++j) {
+        if (sk.center) sk.mean_at(j, mk.data());
         for (int d = 0; d < D; ++d) {
-          if (sk.center) Kq[(size_t)j * D + d] += sk.mu_of(j)[d];
+          if (sk.center) Kq[(size_t)j * D + d] += mk[d];
           if (sv.center) Vq[(size_t)j * D + d] += sv.mu_of(j)[d];
         }
+      }
     }
     for (int t = n_sink + nq; t < sh.n_tokens; ++t) {
       const int slot = (t - S) % W;

@@ -19,7 +19,43 @@ struct Shape {
   int D, H, KVH, G, n_q, n_tokens, n_quant;
   float scale;
   int qstride;  // floats per (query, head) row of the K-domain query: D, or 2 D for prod K
+  // RoPE-rotating K mean (Stream::rope_mu): this call's query row, rope_mean_coefs of its G
+  // heads for the mean of the tokens scored; null when K has no such mean.
+  const float* rope_mc = nullptr;
 };
+
+// RoPE-rotating K mean. A token's mean m = R mu (Stream::mean_at) adds q.m to its logit
+// (before the scale): per pair i, A_i cos(a) + B_i sin(a) with A_i = q_2i mu_2i + q_2i+1 mu_2i+1,
+// B_i = q_2i+1 mu_2i - q_2i mu_2i+1 and a the pair's angle; dims past the RoPE pairs add C0 =
+// sum q_d mu_d. mc per head: [A (P)][B (P)][C0], stride 2 P + 1.
+inline int rope_mc_stride(const Stream& s) noexcept { return 2 * (int)s.rope_freq.size() + 1; }
+inline int rope_fast_pairs(const Stream& s) noexcept {
+  return (int)s.rope_freq.size() < kRopeExactPairs ? (int)s.rope_freq.size() : kRopeExactPairs;
+}
+inline void rope_mean_coefs(const Stream& s, int G, const float* q, const float* mu, float* mc) noexcept {
+  const int D = s.dim, P = (int)s.rope_freq.size(), st = rope_mc_stride(s);
+  for (int g = 0; g < G; ++g) {
+    const float* qg = q + (size_t)g * D;
+    float* m = mc + (size_t)g * st;
+    for (int i = 0; i < P; ++i) {
+      m[i] = qg[2 * i] * mu[2 * i] + qg[2 * i + 1] * mu[2 * i + 1];
+      m[P + i] = qg[2 * i + 1] * mu[2 * i] - qg[2 * i] * mu[2 * i + 1];
+    }
+    float c0 = 0;
+    for (int d = 2 * P; d < D; ++d) c0 += qg[d] * mu[d];
+    m[2 * P] = c0;
+  }
+}
+// The mean's terms for blocks [b0, b0 + nb) (nb <= kRopeMaxBlocks) and the G heads of mc, from
+// the block tables (Stream::rope_cos / rope_sin, v_i = A_i cos + B_i sin at each block's angle):
+// head g's row of out (stride rope_terms_stride()) holds [c (64)] then for each fast pair i
+// [a2 (64)][b2 (64)], indexed by block - b0, where c = C0 + the slow pairs' v_i, a2 = v_i and
+// b2 = B_i cos - A_i sin. Token j of block b then gets
+// c + sum_{i < F} a2_i cos(j w_i) + b2_i sin(j w_i) (Stream::rope_j). Highway, vectorized over
+// blocks (attention_tq_simd.cpp); both tq kernels call it once per call.
+constexpr int kRopeMaxBlocks = kChunkTokens / kBlock;
+constexpr int rope_terms_stride() noexcept { return (1 + 2 * kRopeExactPairs) * kRopeMaxBlocks; }
+void rope_block_terms(const Stream& s, const float* mc, int G, int b0, int nb, float* out);
 
 // Online-softmax states of n rows (query x head): [m, l, pad..., acc[D]] each, stride D + 16.
 struct States {

@@ -249,6 +249,9 @@ void DecodeTqG(const Shape& sh, const Stream& sk, const Stream& sv, const float*
   HWY_ALIGN float accv[G * kMaxHeadDim];
   float alpha[G];
   const int end = std::min(b, limit);
+  // RoPE-rotating K mean: the terms of every block of this call, once.
+  HWY_ALIGN float rterms[G * rope_terms_stride()];  // written only where read
+  if (sh.rope_mc && end > a) rope_block_terms(sk, sh.rope_mc, G, a / kBlock, (end - a + kBlock - 1) / kBlock, rterms);
   auto load_norms = [&](const uint8_t* blk, const Part& P, float* out) {
     if (P.n8) {  // norm = 2^((e - c) / 16) = 2^(e / 16) * 2^(-c / 16); c = 255: 0
       const float* kPow = n8_pow_table();
@@ -282,6 +285,22 @@ void DecodeTqG(const Shape& sh, const Stream& sk, const Stream& sv, const float*
         for (size_t v = 0; v < NV; ++v)
           s[g][v] = hn::MulAdd(hn::Load(df, raw[i] + g * 32 + v * N), hn::Load(df, norms[i] + v * N), s[g][v]);
     }
+    if (sh.rope_mc) {  // RoPE-rotating K mean: its logit terms (rope_block_terms)
+      const int F = rope_fast_pairs(sk), bi = t0 / kBlock - a / kBlock;
+      for (int g = 0; g < G; ++g) {
+        const float* r = rterms + (size_t)g * rope_terms_stride();
+        for (size_t v = 0; v < NV; ++v) {
+          VF acc0 = hn::Set(df, r[bi]), acc1 = hn::Zero(df);
+          for (int i = 0; i < F; ++i) {
+            const float* tj = sk.rope_j + (size_t)i * 2 * kBlock + v * N;
+            const float* ri = r + (size_t)(1 + 2 * i) * kRopeMaxBlocks + bi;
+            acc0 = hn::MulAdd(hn::Set(df, ri[0]), hn::LoadU(df, tj), acc0);
+            acc1 = hn::MulAdd(hn::Set(df, ri[kRopeMaxBlocks]), hn::LoadU(df, tj + kBlock), acc1);
+          }
+          s[g][v] = hn::Add(s[g][v], hn::Add(acc0, acc1));
+        }
+      }
+    }
     for (int i = 0; i < npv; ++i) load_norms(vb, pv[i], norms[i]);
     HWY_ALIGN float p[32];
     for (int g = 0; g < G; ++g) {
@@ -304,6 +323,33 @@ void DecodeTqG(const Shape& sh, const Stream& sk, const Stream& sv, const float*
 }
 
 #endif  // HWY_TARGET != HWY_SCALAR
+
+void RopeBlockTerms(const Stream& s, const float* mc, int G, int b0, int nb, float* out) {
+  const hn::ScalableTag<float> df;
+  using V = hn::Vec<decltype(df)>;
+  const int N = (int)hn::Lanes(df);
+  const int P = (int)s.rope_freq.size(), F = rope_fast_pairs(s), mst = rope_mc_stride(s);
+  for (int g = 0; g < G; ++g) {
+    const float* m = mc + (size_t)g * mst;
+    float* r = out + (size_t)g * rope_terms_stride();
+    for (int j = 0; j < nb; j += N) {  // tables padded by 16 blocks; out rows hold 64
+      V c = hn::Set(df, m[2 * P]);
+      for (int i = 0; i < P; ++i) {
+        const V A = hn::Set(df, m[i]), B = hn::Set(df, m[P + i]);
+        const V C = hn::LoadU(df, s.rope_cos + (size_t)i * s.rope_nbs + b0 + j);
+        const V S = hn::LoadU(df, s.rope_sin + (size_t)i * s.rope_nbs + b0 + j);
+        const V v = hn::MulAdd(A, C, hn::Mul(B, S));
+        if (i < F) {
+          hn::StoreU(v, df, r + (size_t)(1 + 2 * i) * kRopeMaxBlocks + j);
+          hn::StoreU(hn::NegMulAdd(A, S, hn::Mul(B, C)), df, r + (size_t)(2 + 2 * i) * kRopeMaxBlocks + j);
+        } else {
+          c = hn::Add(c, v);
+        }
+      }
+      hn::StoreU(c, df, r + j);
+    }
+  }
+}
 
 bool DecodeTq(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a, int b,
               const States& st) {
@@ -341,6 +387,11 @@ HWY_AFTER_NAMESPACE();
 namespace tq::kv {
 HWY_EXPORT(DecodeTq);
 HWY_EXPORT(DecodeTqLanes);
+HWY_EXPORT(RopeBlockTerms);
+
+void rope_block_terms(const Stream& s, const float* mc, int G, int b0, int nb, float* out) {
+  HWY_DYNAMIC_DISPATCH(RopeBlockTerms)(s, mc, G, b0, nb, out);
+}
 
 int decode_tq_float_lanes() { return HWY_DYNAMIC_DISPATCH(DecodeTqLanes)(); }
 

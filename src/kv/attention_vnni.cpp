@@ -260,6 +260,9 @@ bool run(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, i
   const float neg_inf = -std::numeric_limits<float>::infinity();
   const __m512 ninf = _mm512_set1_ps(neg_inf);
   const int end = std::min(b, limit);
+  // RoPE-rotating K mean: the terms of every block of this call, once (written only where read)
+  alignas(64) float rterms[kMaxG * rope_terms_stride()];
+  if (sh.rope_mc && end > a) rope_block_terms(sk, sh.rope_mc, G, a / kBlock, (end - a + kBlock - 1) / kBlock, rterms);
   const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
   for (int t0 = a; t0 < end; t0 += kBlock) {
     const int nt = std::min(kBlock, end - t0);
@@ -283,6 +286,23 @@ bool run(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, i
         const __m512 r1 = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_load_si512(raw[i] + g * 32 + 16)), off);
         s0 = _mm512_fmadd_ps(_mm512_mul_ps(r0, ks), kn0[i], s0);
         s1 = _mm512_fmadd_ps(_mm512_mul_ps(r1, ks), kn1[i], s1);
+      }
+      if (sh.rope_mc) {  // RoPE-rotating K mean: its logit terms (rope_block_terms)
+        const int F = rope_fast_pairs(sk), bi = t0 / kBlock - a / kBlock;
+        const float* r = rterms + (size_t)g * rope_terms_stride();
+        __m512 m0 = _mm512_set1_ps(r[bi]), m1 = m0, n0 = _mm512_setzero_ps(), n1 = n0;
+        for (int i = 0; i < F; ++i) {
+          const float* tj = sk.rope_j + (size_t)i * 2 * kBlock;
+          const float* ri = r + (size_t)(1 + 2 * i) * kRopeMaxBlocks + bi;
+          const __m512 va = _mm512_set1_ps(ri[0]), vb2 = _mm512_set1_ps(ri[kRopeMaxBlocks]);
+          m0 = _mm512_fmadd_ps(va, _mm512_loadu_ps(tj), m0);
+          m1 = _mm512_fmadd_ps(va, _mm512_loadu_ps(tj + 16), m1);
+          n0 = _mm512_fmadd_ps(vb2, _mm512_loadu_ps(tj + kBlock), n0);
+          n1 = _mm512_fmadd_ps(vb2, _mm512_loadu_ps(tj + kBlock + 16), n1);
+        }
+        const __m512 vs = _mm512_set1_ps(sh.scale);
+        s0 = _mm512_fmadd_ps(_mm512_add_ps(m0, n0), vs, s0);
+        s1 = _mm512_fmadd_ps(_mm512_add_ps(m1, n1), vs, s1);
       }
       s0 = _mm512_mask_mov_ps(ninf, valid0, s0);
       s1 = _mm512_mask_mov_ps(ninf, valid1, s1);

@@ -399,6 +399,38 @@ static void freeze_split(Stream& s) {
   s.domain = Domain::split;
 }
 
+// y = x with RoPE pair (2i, 2i + 1), i < freq.size(), turned by angle(i) radians; the other
+// dims copied.
+template <class Angle>
+static void turn_pairs(const std::vector<double>& freq, int D, const float* x, float* y, Angle angle) {
+  std::memcpy(y, x, sizeof(float) * D);
+  for (size_t i = 0; i < freq.size(); ++i) {
+    const double a = angle(i), c = std::cos(a), sn = std::sin(a);
+    const double x0 = x[2 * i], x1 = x[2 * i + 1];
+    y[2 * i] = (float)(x0 * c - x1 * sn);
+    y[2 * i + 1] = (float)(x0 * sn + x1 * c);
+  }
+}
+
+// Un-rotates a row of position pos: R(pos)^-1 x (the pre-RoPE key the means are taken of).
+static void unrope_row(const Stream& s, int pos, const float* x, float* y) {
+  turn_pairs(s.rope_freq, s.dim, x, y, [&](size_t i) { return -(double)pos * s.rope_freq[i]; });
+}
+
+// Angle positions of the RoPE-rotating mean: the token's own for the kRopeExactPairs fastest
+// pairs, its block's centre for the rest (what the kernels' per-block terms assume).
+static double rope_mean_pos(int pos0, int j, size_t pair) {
+  return (int)pair < kRopeExactPairs ? (double)(pos0 + j) : pos0 + (j / kBlock) * kBlock + 0.5 * (kBlock - 1);
+}
+
+void Stream::mean_at(int j, float* out) const noexcept {
+  if (!rope_mu) {
+    std::memcpy(out, mu_of(j), sizeof(float) * dim);
+    return;
+  }
+  turn_pairs(rope_freq, dim, mu_of(j), out, [&](size_t i) { return rope_mean_pos(pos0, j, i) * rope_freq[i]; });
+}
+
 // Mean centring, chosen online: when a centred stream's first token is quantized, mu is the
 // mean of every token the stream has seen so far (sinks, window and the whole batch being
 // appended) except position 0 (the BOS / attention-sink token, an outlier in most models),
@@ -414,8 +446,19 @@ static void freeze_mu(Stream& s) {
   s.mu_frozen = true;
   if (s.stats_open()) {
     // Outlier channels and K scaling use the centred rows: sum (x - mu)^2 over the same tokens.
-    for (int d = 0; d < D; ++d)
-      s.chan_energy[d] += -2.0 * s.mu[d] * s.chan_sum[d] + (double)s.chan_n * s.mu[d] * s.mu[d];
+    // rope_mu: chan_sum holds un-rotated rows; a pair's energy is rotation invariant, so its
+    // correction is exact per pair and split evenly over the pair's two channels.
+    if (s.rope_mu) {
+      for (int d = 0; d + 1 < D; d += 2) {
+        const double c = -2.0 * (s.mu[d] * s.chan_sum[d] + s.mu[d + 1] * s.chan_sum[d + 1]) +
+                         (double)s.chan_n * (s.mu[d] * s.mu[d] + s.mu[d + 1] * s.mu[d + 1]);
+        s.chan_energy[d] += c / 2;
+        s.chan_energy[d + 1] += c / 2;
+      }
+    } else {
+      for (int d = 0; d < D; ++d)
+        s.chan_energy[d] += -2.0 * s.mu[d] * s.chan_sum[d] + (double)s.chan_n * s.mu[d] * s.mu[d];
+    }
   }
 }
 
@@ -557,13 +600,20 @@ void KvCache::Impl::encode_rows(Stream& s, int side, int n, const float* x, size
         std::fill(s.seg_sum.begin(), s.seg_sum.end(), 0.0);
       }
       if (s.mu_segment > 0)
-        for (int j = 0; j < m; ++j)
-          for (int d = 0; d < D; ++d) s.seg_sum[d] += xb[(size_t)j * D + d];
+        for (int j = 0; j < m; ++j) {
+          const float* xr = &xb[(size_t)j * D];
+          if (s.rope_mu) {
+            unrope_row(s, s.pos0 + t + j, xr, u.data());
+            xr = u.data();
+          }
+          for (int d = 0; d < D; ++d) s.seg_sum[d] += xr[d];
+        }
     }
-    const float* mu = s.center ? s.mu_of(t) : nullptr;
     if (s.center)
-      for (int j = 0; j < m; ++j)
-        for (int d = 0; d < D; ++d) xb[(size_t)j * D + d] -= mu[d];
+      for (int j = 0; j < m; ++j) {
+        s.mean_at(t + j, u.data());
+        for (int d = 0; d < D; ++d) xb[(size_t)j * D + d] -= u[d];
+      }
     if (!s.kw.empty())
       for (int j = 0; j < m; ++j)
         for (int d = 0; d < D; ++d) xb[(size_t)j * D + d] *= s.kw[d];
@@ -739,6 +789,10 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
   TQ_CHECK(cfg.sink >= 0 && cfg.sink <= 65536 && cfg.sink <= cfg.max_tokens,
            "kv cache: sink %d out of range [0, min(65536, max_tokens=%d)]", cfg.sink, cfg.max_tokens);
   TQ_CHECK(cfg.center_tokens >= 0, "kv cache: center_tokens %d is negative", cfg.center_tokens);
+  TQ_CHECK(!cfg.center_rope || (cfg.center_k && std::isfinite(cfg.rope_base) && cfg.rope_base > 0 &&
+                                cfg.rope_dim >= 2 && cfg.rope_dim % 2 == 0 && cfg.rope_dim <= cfg.head_dim),
+           "kv cache: center_rope needs center_k, rope_base > 0 and an even rope_dim in [2, head_dim] "
+           "(got base %g, dim %d)", (double)cfg.rope_base, cfg.rope_dim);
   TQ_CHECK(cfg.center_segment >= 0 && cfg.center_segment % kBlock == 0 && cfg.center_segment <= kChunkTokens,
            "kv cache: center_segment %d must be a multiple of %d in [0, %d]", cfg.center_segment, kBlock,
            kChunkTokens);
@@ -787,6 +841,28 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
     }
   }
 
+  // RoPE-rotating K mean: pair frequencies and the kernels' tables (see Stream::rope_cos).
+  std::vector<double> rope_freq;
+  const int rope_nbs = cfg.max_tokens / kBlock + 1 + 16;  // + 16: vector reads past the last block
+  if (cfg.center_rope) {
+    const int P = cfg.rope_dim / 2, F = std::min(P, kRopeExactPairs);
+    for (int i = 0; i < P; ++i) rope_freq.push_back(std::pow((double)cfg.rope_base, -2.0 * i / cfg.rope_dim));
+    I.rope_cos.assign((size_t)P * rope_nbs, 0.f);
+    I.rope_sin.assign((size_t)P * rope_nbs, 0.f);
+    I.rope_j.resize((size_t)F * 2 * kBlock);
+    for (int i = 0; i < P; ++i) {
+      for (int b = 0; b + 16 < rope_nbs; ++b) {  // fast pairs: the block's first token
+        const double a = rope_mean_pos(cfg.sink, b * kBlock, i) * rope_freq[i];
+        I.rope_cos[(size_t)i * rope_nbs + b] = (float)std::cos(a);
+        I.rope_sin[(size_t)i * rope_nbs + b] = (float)std::sin(a);
+      }
+      if (i < F)
+        for (int j = 0; j < kBlock; ++j) {
+          I.rope_j[(size_t)i * 2 * kBlock + j] = (float)std::cos(j * rope_freq[i]);
+          I.rope_j[(size_t)i * 2 * kBlock + kBlock + j] = (float)std::sin(j * rope_freq[i]);
+        }
+    }
+  }
   I.layers.resize(cfg.n_layers);
   for (int l = 0; l < cfg.n_layers; ++l) {
     for (int side = 0; side < 2; ++side) {
@@ -826,6 +902,16 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
           s.norms_bytes = 2 * kBlock * 2;  // norms s, then gamma
           s.tiles_hi_bytes = tiles_bytes(D, f.bits - 1);
           TQ_ASSERT(s.block_bytes == s.norms_bytes + s.tiles_hi_bytes + tiles_bytes(D, 1));
+        }
+        s.rope_mu = side == 0 && cfg.center_k && cfg.center_rope && f.kind != Kind::f32 && f.kind != Kind::f16 &&
+                    f.kind != Kind::tq_prod;
+        if (s.rope_mu) {
+          s.pos0 = cfg.sink;
+          s.rope_freq = rope_freq;
+          s.rope_cos = I.rope_cos.data();
+          s.rope_sin = I.rope_sin.data();
+          s.rope_nbs = rope_nbs;
+          s.rope_j = I.rope_j.data();
         }
         s.kscale = side == 0 && cfg.scale_k &&
                    (f.kind == Kind::tq || f.kind == Kind::tq_n8 || f.kind == Kind::tq_split);
@@ -938,8 +1024,13 @@ void KvCache::append(int layer, int n_tokens, const float* k, const float* v) {
           if (s.skips_bos() && L.n_tokens + r == 0) continue;  // BOS: see freeze_split
           const float* xr = xh + (size_t)r * stride;
           for (int d = 0; d < D; ++d) s.chan_energy[d] += (double)xr[d] * xr[d];
-          if (s.center)
+          if (s.center && s.rope_mu) {
+            std::vector<float> un((size_t)D);
+            unrope_row(s, L.n_tokens + r, xr, un.data());
+            for (int d = 0; d < D; ++d) s.chan_sum[d] += un[d];
+          } else if (s.center) {
             for (int d = 0; d < D; ++d) s.chan_sum[d] += xr[d];
+          }
           ++s.chan_n;
         }
       if (s.center && !s.mu_frozen)
@@ -947,6 +1038,12 @@ void KvCache::append(int layer, int n_tokens, const float* k, const float* v) {
           const float* xr = xh + (size_t)r * stride;
           const int pos = L.n_tokens + r;
           if (cfg.center_tokens > 0 && pos > cfg.center_tokens) break;
+          std::vector<float> un;
+          if (s.rope_mu) {
+            un.resize(D);
+            unrope_row(s, pos, xr, un.data());
+            xr = un.data();
+          }
           for (int d = 0; d < D; ++d) s.stat_sum[d] += xr[d];
           if (pos == 0) std::memcpy(s.stat_x0.data(), xr, sizeof(float) * D);
           ++s.stat_n;

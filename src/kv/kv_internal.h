@@ -44,6 +44,7 @@ namespace tq::kv {
 constexpr int kBlock = 32;          // tokens per storage block
 constexpr int kBlocksPerChunk = 64; // blocks per allocation chunk (2048 tokens)
 constexpr int kMaxHeadDim = 1024;
+constexpr int kRopeExactPairs = 8;  // RoPE-rotating K mean: pairs turned per token (the rest per block)
 
 enum class Kind : uint8_t { f32, f16, q8_0, q4_0, tq, tq_split, tq_prod, tq_n8 };
 
@@ -150,6 +151,22 @@ struct Stream {
   const float* mu_of(int j) const noexcept {  // mean of quantized token j (stream index)
     return mu.data() + (size_t)(mu_segment > 0 ? j / mu_segment : 0) * dim;
   }
+  // RoPE-rotating mean (KvCacheConfig::center_rope): mu holds pre-RoPE means (mu_of(j) for
+  // token j); token j at cache position p = pos0 + j has the mean R(p) mu_of(j), where pair i
+  // turns by p * rope_freq[i] for the kRopeExactPairs fastest pairs and by pc * rope_freq[i]
+  // (pc: the centre of j's 32-token block) for the slower ones, so that the attention kernels
+  // add the mean's logit per block for those (mean_at is the one definition).
+  bool rope_mu = false;
+  int pos0 = 0;                     // cache position of stream index 0 (the sink count)
+  std::vector<double> rope_freq;    // rope_dim / 2 = P angles per position
+  // Pair-major tables: cos / sin of pair i's angle above at block b's first token (fast pairs)
+  // or centre (slow pairs) at [i * rope_nbs + b] (rope_nbs >= blocks + 16, zero padded).
+  const float* rope_cos = nullptr;
+  const float* rope_sin = nullptr;
+  int rope_nbs = 0;
+  const float* rope_j = nullptr;    // fast pair i: [cos(j w_i), j < 32][sin(j w_i), j < 32]
+  // The mean of quantized token j in the original domain: mu_of(j), rotated for rope_mu.
+  void mean_at(int j, float* out) const noexcept;
   std::vector<double> stat_sum;     // sum of x per channel over tokens seen
   std::vector<float> stat_x0;       // the row at position 0
   int stat_n = 0;                   // tokens seen (position 0 included)
@@ -177,6 +194,7 @@ struct KvCache::Impl {
   std::unique_ptr<Rotation> rot_hi;     // split: D/4
   std::unique_ptr<Rotation> rot_lo;     // split: 3D/4
   std::unique_ptr<Quantizer> prod_q[9]; // prod quantizers by total bits (tq3p, tq4p)
+  std::vector<float> rope_cos, rope_sin, rope_j;  // tables of the RoPE-rotating K mean (Stream::rope_cos ...)
   mutable std::mutex alloc_mu;
 
   void encode_rows(kv::Stream& s, int side, int n, const float* x, size_t stride);  // into blocks

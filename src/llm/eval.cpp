@@ -53,6 +53,7 @@ std::string KvOptions::label() const {
     if (r.center_tokens > 0) s += ":" + std::to_string(r.center_tokens);
     if (r.center_segment > 0) s += " cs" + std::to_string(r.center_segment);
   }
+  if (r.center_rope) s += " cr";
   if (r.scale_k) s += " ks";
   // The bare format: without a token saying so the label would parse back to the protected cache.
   if (r.sink == 0 && !r.center_k && !r.center_v && tq_keys(r)) s += " plain";
@@ -119,6 +120,10 @@ KvCacheConfig make_kv_config(const LlamaModel& m, const KvOptions& opts, int max
   c.center_tokens = kv.center_tokens;
   c.center_segment = kv.center_segment;
   c.scale_k = kv.scale_k;
+  TQ_CHECK(!kv.center_rope || kv.center_k,
+           "--kv-center-rope (label cr) needs K centring: --kv-center k or kv, or a tq K type's automatic "
+           "protection");
+  c.center_rope = kv.center_rope;
   c.boundary_layers = kv.boundary_layers;
   c.boundary_type_k = kv.boundary_type_k;
   c.boundary_type_v = kv.boundary_type_v;
@@ -163,6 +168,8 @@ KvOptions parse_kv_label(const std::string& label) {
       kv.sink = std::stoi(tok.substr(1));
     } else if (tok.size() > 2 && tok.rfind("cs", 0) == 0 && tok.find_first_not_of("0123456789", 2) == std::string::npos) {
       kv.center_segment = std::stoi(tok.substr(2));
+    } else if (tok == "cr") {
+      kv.center_rope = true;
     } else if (tok == "ks") {
       kv.scale_k = true;
     } else if (tok == "plain") {
@@ -189,7 +196,7 @@ KvOptions parse_kv_label(const std::string& label) {
     } else if (tok.size() > 1 && tok[0] == 'L' && tok.find(':') != std::string::npos) {
       kv.layer_types.push_back(tok.substr(1));
     } else {
-      TQ_CHECK(false, "cache config '%s': cannot parse '%s' (expected K[/V] [wN] [sN] [ck|cv|ckv|c0] [csN] [ks] [plain] [bN:T] [LLAYERS:T])",
+      TQ_CHECK(false, "cache config '%s': cannot parse '%s' (expected K[/V] [wN] [sN] [ck|cv|ckv|c0] [csN] [cr] [ks] [plain] [bN:T] [LLAYERS:T])",
                label.c_str(), tok.c_str());
     }
   }

@@ -211,6 +211,8 @@ KvCacheConfig LlamaModel::kv_config(int max_tokens) const {
   k.n_kv_heads = impl_->cfg.n_kv_heads;
   k.head_dim = impl_->cfg.head_dim;
   k.max_tokens = max_tokens;
+  k.rope_base = impl_->cfg.rope_base;
+  k.rope_dim = impl_->cfg.rope_dim;
   return k;
 }
 

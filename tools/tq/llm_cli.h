@@ -91,6 +91,9 @@ inline void add_kv_opts(CLI::App* s, KvOptions& kv) {
               "no automatic protection: by default a tq K cache given neither --kv-sink nor --kv-center "
               "keeps 1 sink token in f16 and centres K with one mean per 512 tokens (or --kv-center-segment N; "
               "same as --kv-sink 1 --kv-center k --kv-center-segment 512); --kv-plain runs the bare format");
+  s->add_flag("--kv-center-rope", kv.center_rope,
+              "with K centring: the K mean rotates with RoPE (mean of the keys un-rotated to position 0, "
+              "rotated back to each key's position), so constant pre-RoPE components are removed too");
   s->add_flag("--kv-scale-k", kv.scale_k,
               "query-weighted K scaling (tq types): scale K's RoPE channel pairs by (query energy / K energy)^(1/4), "
               "chosen online from the first tokens, and the queries by the inverse, so less K error lands where "
@@ -202,7 +205,7 @@ inline KvOptions label_options(const std::string& label, const KvOptions& global
 inline nlohmann::json kv_json(const KvOptions& opts) {
   const KvOptions kv = opts.resolved();
   return {{"type_k", kv.type_k}, {"type_v", kv.type_v}, {"window", kv.window}, {"sink", kv.sink},
-          {"center_k", kv.center_k}, {"center_v", kv.center_v}, {"center_tokens", kv.center_tokens}, {"center_segment", kv.center_segment}, {"scale_k", kv.scale_k},
+          {"center_k", kv.center_k}, {"center_v", kv.center_v}, {"center_tokens", kv.center_tokens}, {"center_segment", kv.center_segment}, {"center_rope", kv.center_rope}, {"scale_k", kv.scale_k},
           {"boundary_layers", kv.boundary_layers}, {"boundary_type", kv.boundary_type_k},
           {"layer_types", kv.layer_types}, {"auto_protected", opts.auto_protected()},
           {"label", opts.label()}};
