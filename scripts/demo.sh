@@ -13,8 +13,8 @@ CORPUS="data/debian-reference.en.txt"
 REC_K="${TQ_DEMO_CTK:-tq3h6}"
 REC_V="${TQ_DEMO_CTV:-tq4n8}"
 # Extra --kv-* flags for it (none: a tq K type gets one f16 sink token and online K mean
-# centring with one mean per 512 quantized tokens automatically, docs/design.md; they do
-# nothing to f16).
+# centring with one RoPE-rotating mean per 512 quantized tokens automatically,
+# docs/design.md; they do nothing to f16).
 REC_FLAGS="${TQ_DEMO_KV_FLAGS:-}"
 # Decode kernel of the tq cache: the int8 lookup tables (same KLD as the float kernel on this
 # model, faster decode; BENCHMARKS.md). TQ_DEMO_ATTN=--exact-attention for the float kernel.
@@ -28,7 +28,7 @@ PROMPT="${TQ_DEMO_PROMPT:-What is a Debian package, in two sentences?}"
 
 hr() { printf '%*s\n' 78 '' | tr ' ' '-'; }
 hr
-echo "turboquant demo: $MODEL, $THREADS threads, f16 KV cache vs $REC_K/$REC_V ${REC_FLAGS:-(automatic: 1 f16 sink, K means per 512 tokens)} $ATTN"
+echo "turboquant demo: $MODEL, $THREADS threads, f16 KV cache vs $REC_K/$REC_V ${REC_FLAGS:-(automatic: 1 f16 sink, RoPE-rotating K means per 512 tokens)} $ATTN"
 hr
 for cfg in "f16 f16" "$REC_K $REC_V"; do
   set -- $cfg

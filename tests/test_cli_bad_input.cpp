@@ -433,7 +433,7 @@ TEST(CliBadInput, TqKeysProtectedByDefault) {
     return nlohmann::json::parse(r.out);
   };
   const auto prot = run({"-ctk", "tq3", "-ctv", "tq3"});
-  EXPECT_EQ(prot["kv"]["label"], "tq3 s1 ck cs512");
+  EXPECT_EQ(prot["kv"]["label"], "tq3 s1 ck cs512 cr");
   EXPECT_TRUE(prot["kv"]["auto_protected"].get<bool>());
   EXPECT_EQ(prot["kv"]["sink"], 1);
   const auto plain = run({"-ctk", "tq3", "-ctv", "tq3", "--kv-plain"});
@@ -447,20 +447,22 @@ TEST(CliBadInput, TqKeysProtectedByDefault) {
   ASSERT_EQ(sweep["results"].size(), 3u);
   EXPECT_EQ(sweep["results"][0]["kv"]["label"], "tq3 plain");
   EXPECT_EQ(sweep["results"][0]["ppl"].get<double>(), plain["ppl"].get<double>());
-  EXPECT_EQ(sweep["results"][1]["kv"]["label"], "tq3 s1 ck cs512");
+  EXPECT_EQ(sweep["results"][1]["kv"]["label"], "tq3 s1 ck cs512 cr");
   EXPECT_EQ(sweep["results"][1]["ppl"].get<double>(), prot["ppl"].get<double>());
   EXPECT_EQ(sweep["results"][2]["kv"]["label"], "f16/tq3");  // K not tq: as given
   const auto swept_plain = run({"--sweep", "tq3;tq3 s1 ck", "--kv-plain"});  // global flag: unset entries only
   EXPECT_EQ(swept_plain["results"][0]["kv"]["label"], "tq3 plain");
   EXPECT_EQ(swept_plain["results"][1]["kv"]["label"], "tq3 s1 ck");
-  // RoPE-rotating K means on top of the protection: the flag and the label token run the same cache
-  const auto cr = run({"-ctk", "tq3", "-ctv", "tq3", "--kv-center-rope"});
+  // The protection's K means rotate with RoPE; spelled out, the same cache; without cr, another
+  EXPECT_TRUE(prot["kv"]["center_rope"].get<bool>());
+  const auto cr = run({"-ctk", "tq3", "-ctv", "tq3", "--kv-sink", "1", "--kv-center", "k", "--kv-center-segment", "512",
+                       "--kv-center-rope"});
   EXPECT_EQ(cr["kv"]["label"], "tq3 s1 ck cs512 cr");
-  EXPECT_TRUE(cr["kv"]["center_rope"].get<bool>());
-  EXPECT_NE(cr["ppl"].get<double>(), prot["ppl"].get<double>());
-  const auto cr_sweep = run({"--sweep", "tq3 cr"});
-  EXPECT_EQ(cr_sweep["results"][0]["kv"]["label"], "tq3 s1 ck cs512 cr");
-  EXPECT_EQ(cr_sweep["results"][0]["ppl"].get<double>(), cr["ppl"].get<double>());
+  EXPECT_EQ(cr["ppl"].get<double>(), prot["ppl"].get<double>());
+  const auto no_cr = run({"--sweep", "tq3 s1 ck cs512"});
+  EXPECT_EQ(no_cr["results"][0]["kv"]["label"], "tq3 s1 ck cs512");
+  EXPECT_FALSE(no_cr["results"][0]["kv"]["center_rope"].get<bool>());
+  EXPECT_NE(no_cr["results"][0]["ppl"].get<double>(), prot["ppl"].get<double>());
 }
 TEST(CliBadInput, ModelCommands) {
   Fixtures fx;

@@ -511,15 +511,16 @@ TEST(KvQuality, BadConfigAndLabels) {
     const char* label;
   };
   for (const AutoCase& c : std::vector<AutoCase>{
-           {"tq3", true, 1, true, false, 512, "tq3 s1 ck cs512"},
-           {"tq3h6/tq4n8 ks", true, 1, true, false, 512, "tq3h6/tq4n8 s1 ck cs512 ks"},
+           {"tq3", true, 1, true, false, 512, "tq3 s1 ck cs512 cr"},
+           {"tq3p/tq3", true, 1, true, false, 512, "tq3p/tq3 s1 ck cs512"},  // QJL K: no rotating mean
+           {"tq3h6/tq4n8 ks", true, 1, true, false, 512, "tq3h6/tq4n8 s1 ck cs512 cr ks"},
            {"tq3h6/tq4n8 cr", true, 1, true, false, 512, "tq3h6/tq4n8 s1 ck cs512 cr"},
            {"tq3 s1 ckv cr", false, 1, true, true, 0, "tq3 s1 ckv cr"},
-           {"tq4/tq3 w64 b1:f16", true, 1, true, false, 512, "tq4/tq3 w64 s1 ck cs512 b1:f16"},
+           {"tq4/tq3 w64 b1:f16", true, 1, true, false, 512, "tq4/tq3 w64 s1 ck cs512 cr b1:f16"},
            {"tq3 plain", false, 0, false, false, 0, "tq3 plain"},
            {"tq3 s0", false, 0, false, false, 0, "tq3 plain"},
            {"tq3 c0", false, 0, false, false, 0, "tq3 plain"},
-           {"tq3 cs256", true, 1, true, false, 256, "tq3 s1 ck cs256"},  // the segment of the automatic means
+           {"tq3 cs256", true, 1, true, false, 256, "tq3 s1 ck cs256 cr"},  // the segment of the automatic means
            {"tq3 s0 cs256", false, 0, false, false, 256, "tq3 plain"},  // a segment without centring does nothing
            {"tq3 s4", false, 4, false, false, 0, "tq3 s4"},
            {"tq3 ck", false, 0, true, false, 0, "tq3 ck"},
@@ -547,6 +548,21 @@ TEST(KvQuality, BadConfigAndLabels) {
     EXPECT_EQ(back.center_rope, r.center_rope);
     EXPECT_EQ(back.center_k || back.center_v ? back.center_segment : 0, r.center_k || r.center_v ? r.center_segment : 0);
     EXPECT_EQ(back.label(), kv.label());
+  }
+  // The automatic rotating mean is for the tq K types the cache turns (all but QJL): the
+  // label rule and the cache agree on every type name.
+  for (const std::string& t : tq::kv_type_names()) {
+    if (t.rfind("tq", 0) != 0) continue;
+    SCOPED_TRACE(t);
+    tq::KvCacheConfig c;
+    c.head_dim = 64;
+    c.max_tokens = 64;
+    c.type_k = t;
+    c.center_k = c.center_rope = true;
+    c.rope_base = 1e4f;
+    c.rope_dim = 64;
+    tq::KvCache cache(c);
+    EXPECT_EQ(cache.impl().layers[0].k[0].rope_mu, tq::parse_kv_label(t).resolved().center_rope);
   }
   tq::KvOptions plain_flag;  // --kv-plain on a type given with -ctk
   plain_flag.type_k = plain_flag.type_v = "tq3";

@@ -89,11 +89,13 @@ inline void add_kv_opts(CLI::App* s, KvOptions& kv) {
       ->check(non_negative);
   s->add_flag("--kv-plain", kv.plain,
               "no automatic protection: by default a tq K cache given neither --kv-sink nor --kv-center "
-              "keeps 1 sink token in f16 and centres K with one mean per 512 tokens (or --kv-center-segment N; "
-              "same as --kv-sink 1 --kv-center k --kv-center-segment 512); --kv-plain runs the bare format");
+              "keeps 1 sink token in f16 and centres K with one RoPE-rotating mean per 512 tokens (or "
+              "--kv-center-segment N; same as --kv-sink 1 --kv-center k --kv-center-segment 512 --kv-center-rope, "
+              "without --kv-center-rope for the QJL types tq3p/tq4p); --kv-plain runs the bare format");
   s->add_flag("--kv-center-rope", kv.center_rope,
-              "with K centring: the K mean rotates with RoPE (mean of the keys un-rotated to position 0, "
-              "rotated back to each key's position), so constant pre-RoPE components are removed too");
+              "with K centring: the K mean rotates with RoPE (mean of the keys turned back to position 0, "
+              "turned to each key's position), so constant pre-RoPE components are removed too (part of the "
+              "automatic protection; add it yourself when giving --kv-sink or --kv-center)");
   s->add_flag("--kv-scale-k", kv.scale_k,
               "query-weighted K scaling (tq types): scale K's RoPE channel pairs by (query energy / K energy)^(1/4), "
               "chosen online from the first tokens, and the queries by the inverse, so less K error lands where "
