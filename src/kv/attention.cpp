@@ -273,12 +273,12 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
           for (int i = j0; i < n_q; ++i)
             rope_mean_coefs(sk, G, qh + (size_t)i * G * D, sk.mu_of(lo), &mc[(size_t)i * G * mst]);
           Shape shr = sh;
-          bool fused = false;
-          for (int i = j0; i < n_q && !scalar; ++i) {
+          bool fused = !scalar;
+          for (int i = j0; i < n_q && fused; ++i) {
             shr.rope_mc = &mc[(size_t)i * G * mst];
             fused = fused_decode(shr, sk, sv, qf + (size_t)i * G * sh.qstride, qlimits[i], lo, hi,
                                  States{st.base + (size_t)i * G * st.stride(), D}, lut8);
-            if (!fused) break;  // depends only on the types: the first query decides
+            TQ_ASSERT(fused || i == j0);  // whether a kernel applies depends only on the types
           }
           if (!fused) generic_task(sh, qh, qlimits.data(), lo, hi, fetch_orig, st);
         }
