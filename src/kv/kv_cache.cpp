@@ -1019,31 +1019,33 @@ void KvCache::append(int layer, int n_tokens, const float* k, const float* v) {
     for (int h = 0; h < H; ++h) {
       Stream& s = vec[h];
       const float* xh = x + (size_t)h * D;
+      // The rows the centring sums take: as given, or turned back to position 0 (rope_mu), once.
+      const bool centre_stats = s.center && (s.stats_open() || !s.mu_frozen);
+      std::vector<float> unrot;
+      if (centre_stats && s.rope_mu) {
+        unrot.resize((size_t)n_tokens * D);
+        for (int r = 0; r < n_tokens; ++r)
+          unrope_row(s, L.n_tokens + r, xh + (size_t)r * stride, &unrot[(size_t)r * D]);
+      }
+      auto centre_row = [&](int r) {
+        return s.rope_mu ? &unrot[(size_t)r * D] : xh + (size_t)r * stride;
+      };
       if (s.stats_open())
         for (int r = 0; r < n_tokens; ++r) {
           if (s.skips_bos() && L.n_tokens + r == 0) continue;  // BOS: see freeze_split
           const float* xr = xh + (size_t)r * stride;
           for (int d = 0; d < D; ++d) s.chan_energy[d] += (double)xr[d] * xr[d];
-          if (s.center && s.rope_mu) {
-            std::vector<float> un((size_t)D);
-            unrope_row(s, L.n_tokens + r, xr, un.data());
-            for (int d = 0; d < D; ++d) s.chan_sum[d] += un[d];
-          } else if (s.center) {
-            for (int d = 0; d < D; ++d) s.chan_sum[d] += xr[d];
+          if (s.center) {
+            const float* cr = centre_row(r);
+            for (int d = 0; d < D; ++d) s.chan_sum[d] += cr[d];
           }
           ++s.chan_n;
         }
       if (s.center && !s.mu_frozen)
         for (int r = 0; r < n_tokens; ++r) {
-          const float* xr = xh + (size_t)r * stride;
+          const float* xr = centre_row(r);
           const int pos = L.n_tokens + r;
           if (cfg.center_tokens > 0 && pos > cfg.center_tokens) break;
-          std::vector<float> un;
-          if (s.rope_mu) {
-            un.resize(D);
-            unrope_row(s, pos, xr, un.data());
-            xr = un.data();
-          }
           for (int d = 0; d < D; ++d) s.stat_sum[d] += xr[d];
           if (pos == 0) std::memcpy(s.stat_x0.data(), xr, sizeof(float) * D);
           ++s.stat_n;
