@@ -97,7 +97,7 @@ TEST(ModelE2E, RealModelChatAndPerplexity) {
   EXPECT_LT(r.kv_bytes_per_token, 0.6 * r.kv_bytes_per_token_ref);
   EXPECT_DOUBLE_EQ(r.kv_bytes_per_token_ref, 30.0 * 3 * 64 * 2 * 2);  // f16: layers*heads*dim*2B*(K,V)
 
-  // The automatic protection of tq K types (one f16 sink, K means) beats the bare format,
+  // The automatic protection of tq K types (one f16 sink, RoPE-rotating K means) beats the bare format,
   // and query-weighted K channels and scaling (the model hands the queries to the cache
   // before each append) beat the bare symmetric cache at about the same size.
   if (compressed == "tq4") {
