@@ -419,6 +419,55 @@ TEST(KvQuality, RopeMeansFollowRotatingKeys) {
   }
 }
 
+TEST(KvQuality, RopeMeanTurnsWithItsToken) {
+  // Stream::mean_at against the exact R(p) mu: the kRopeExactPairs fastest pairs turn exactly;
+  // the slower ones at their block's centre, turned on to second order in x = w (p - pc), so a
+  // pair errs by at most |x|^3 / 6 of its length (plus float rounding), while the block-constant
+  // angle it replaces erred by up to |x|.
+  const int D = 64, n = 300, sink = 1;
+  tq::Rng rng(5);
+  std::vector<float> k((size_t)n * D), v(k.size());
+  for (auto& x : k) x = (float)rng.normal();
+  for (auto& x : v) x = (float)rng.normal();
+  add_rotating_mean(n, 1, D, D, k);
+  tq::KvCacheConfig cfg;
+  cfg.n_kv_heads = 1;
+  cfg.head_dim = D;
+  cfg.max_tokens = n;
+  cfg.type_k = "tq3";
+  cfg.type_v = "f32";
+  cfg.center_k = cfg.center_rope = true;
+  cfg.rope_base = 10000;
+  cfg.rope_dim = D;
+  cfg.sink = sink;
+  tq::KvCache cache(cfg);
+  cache.append(0, n, k.data(), v.data());
+  const tq::kv::Stream& s = cache.impl().layers[0].k[0];
+  ASSERT_TRUE(s.rope_mu);
+  std::vector<float> m(D);
+  double err_sum = 0, const_sum = 0;  // slow pairs: errors, and the block-constant angle's
+  for (int j = 0; j < n - sink; ++j) {
+    s.mean_at(j, m.data());
+    const float* mu = s.mu_of(j);
+    const int p = sink + j;
+    const double pc = sink + (j / 32) * 32 + 15.5;
+    for (int i = 0; i < D / 2; ++i) {
+      const double w = std::pow(10000.0, -2.0 * i / D), a = p * w, len = std::hypot(mu[2 * i], mu[2 * i + 1]);
+      const double e0 = mu[2 * i] * std::cos(a) - mu[2 * i + 1] * std::sin(a);
+      const double e1 = mu[2 * i] * std::sin(a) + mu[2 * i + 1] * std::cos(a);
+      const double err = std::hypot(m[2 * i] - e0, m[2 * i + 1] - e1);
+      const double x = i < tq::kv::kRopeExactPairs ? 0.0 : std::fabs(w * (p - pc));
+      ASSERT_LE(err, len * (x * x * x / 6 + 1e-6) + 1e-6) << "token " << j << " pair " << i;
+      if (i >= tq::kv::kRopeExactPairs) {
+        err_sum += err;
+        const_sum += len * 2 * std::sin(x / 2);
+      }
+    }
+  }
+  EXPECT_GT(const_sum, 0.0);
+  EXPECT_LT(err_sum, 0.1 * const_sum) << err_sum << " vs " << const_sum;  // measured 0.077
+}
+
 TEST(KvQuality, BytesAccounting) {
   // K tq3: 26 B per vector at D = 64; V tq2.5: 22 B per vector + 8 B channel mask per stream
   tq::KvCacheConfig cfg = tq_test::kv_config(3, 2, 64, 256, "tq3", "tq2.5");

@@ -47,14 +47,17 @@ inline void rope_mean_coefs(const Stream& s, int G, const float* q, const float*
   }
 }
 // The mean's terms for blocks [b0, b0 + nb) (nb <= kRopeMaxBlocks) and the G heads of mc, from
-// the block tables (Stream::rope_cos / rope_sin, v_i = A_i cos + B_i sin at each block's angle):
-// head g's row of out (stride rope_terms_stride()) holds [c (64)] then for each fast pair i
-// [a2 (64)][b2 (64)], indexed by block - b0, where c = C0 + the slow pairs' v_i, a2 = v_i and
-// b2 = B_i cos - A_i sin. Token j of block b then gets
-// c + sum_{i < F} a2_i cos(j w_i) + b2_i sin(j w_i) (Stream::rope_j). Highway, vectorized over
-// blocks (attention_tq_simd.cpp); both tq kernels call it once per call.
+// the block tables (Stream::rope_cos / rope_sin, v_i = A_i cos + B_i sin and
+// u_i = B_i cos - A_i sin at each block's angle): head g's row of out (stride
+// rope_terms_stride()) holds [c (64)][d (64)][e (64)] then for each fast pair i
+// [a2 (64)][b2 (64)], indexed by block - b0, where c = C0 + the slow pairs' v_i,
+// d = sum_slow w_i u_i, e = -sum_slow w_i^2 v_i / 2 (Stream::mean_at's second-order turn),
+// a2 = v_i and b2 = u_i. Token j of block b then gets, with x = j - 15.5,
+// c + d x + e x^2 + sum_{i < F} a2_i cos(j w_i) + b2_i sin(j w_i) (Stream::rope_j). Highway,
+// vectorized over blocks (attention_tq_simd.cpp); both tq kernels call it once per call.
 constexpr int kRopeMaxBlocks = kChunkTokens / kBlock;
-constexpr int rope_terms_stride() noexcept { return (1 + 2 * kRopeExactPairs) * kRopeMaxBlocks; }
+constexpr int kRopeSlowRows = 3;  // c, d, e
+constexpr int rope_terms_stride() noexcept { return (kRopeSlowRows + 2 * kRopeExactPairs) * kRopeMaxBlocks; }
 void rope_block_terms(const Stream& s, const float* mc, int G, int b0, int nb, float* out);
 
 // Online-softmax states of n rows (query x head): [m, l, pad..., acc[D]] each, stride D + 16.

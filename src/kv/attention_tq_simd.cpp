@@ -289,11 +289,13 @@ void DecodeTqG(const Shape& sh, const Stream& sk, const Stream& sv, const float*
       const int F = rope_fast_pairs(sk), bi = t0 / kBlock - a / kBlock;
       for (int g = 0; g < G; ++g) {
         const float* r = rterms + (size_t)g * rope_terms_stride();
+        const float* tx = sk.rope_j + (size_t)F * 2 * kBlock;  // x, x^2
         for (size_t v = 0; v < NV; ++v) {
-          VF acc0 = hn::Set(df, r[bi]), acc1 = hn::Zero(df);
+          VF acc0 = hn::MulAdd(hn::Set(df, r[kRopeMaxBlocks + bi]), hn::LoadU(df, tx + v * N), hn::Set(df, r[bi]));
+          VF acc1 = hn::Mul(hn::Set(df, r[2 * kRopeMaxBlocks + bi]), hn::LoadU(df, tx + kBlock + v * N));
           for (int i = 0; i < F; ++i) {
             const float* tj = sk.rope_j + (size_t)i * 2 * kBlock + v * N;
-            const float* ri = r + (size_t)(1 + 2 * i) * kRopeMaxBlocks + bi;
+            const float* ri = r + (size_t)(kRopeSlowRows + 2 * i) * kRopeMaxBlocks + bi;
             acc0 = hn::MulAdd(hn::Set(df, ri[0]), hn::LoadU(df, tj), acc0);
             acc1 = hn::MulAdd(hn::Set(df, ri[kRopeMaxBlocks]), hn::LoadU(df, tj + kBlock), acc1);
           }
@@ -333,20 +335,25 @@ void RopeBlockTerms(const Stream& s, const float* mc, int G, int b0, int nb, flo
     const float* m = mc + (size_t)g * mst;
     float* r = out + (size_t)g * rope_terms_stride();
     for (int j = 0; j < nb; j += N) {  // tables padded by 16 blocks; out rows hold 64
-      V c = hn::Set(df, m[2 * P]);
+      V c = hn::Set(df, m[2 * P]), d = hn::Zero(df), e = hn::Zero(df);
       for (int i = 0; i < P; ++i) {
         const V A = hn::Set(df, m[i]), B = hn::Set(df, m[P + i]);
         const V C = hn::LoadU(df, s.rope_cos + (size_t)i * s.rope_nbs + b0 + j);
         const V S = hn::LoadU(df, s.rope_sin + (size_t)i * s.rope_nbs + b0 + j);
-        const V v = hn::MulAdd(A, C, hn::Mul(B, S));
+        const V v = hn::MulAdd(A, C, hn::Mul(B, S)), u = hn::NegMulAdd(A, S, hn::Mul(B, C));
         if (i < F) {
-          hn::StoreU(v, df, r + (size_t)(1 + 2 * i) * kRopeMaxBlocks + j);
-          hn::StoreU(hn::NegMulAdd(A, S, hn::Mul(B, C)), df, r + (size_t)(2 + 2 * i) * kRopeMaxBlocks + j);
+          hn::StoreU(v, df, r + (size_t)(kRopeSlowRows + 2 * i) * kRopeMaxBlocks + j);
+          hn::StoreU(u, df, r + (size_t)(kRopeSlowRows + 1 + 2 * i) * kRopeMaxBlocks + j);
         } else {
+          const float w = (float)s.rope_freq[i];
           c = hn::Add(c, v);
+          d = hn::MulAdd(hn::Set(df, w), u, d);
+          e = hn::MulAdd(hn::Set(df, -0.5f * w * w), v, e);
         }
       }
       hn::StoreU(c, df, r + j);
+      hn::StoreU(d, df, r + kRopeMaxBlocks + j);
+      hn::StoreU(e, df, r + 2 * kRopeMaxBlocks + j);
     }
   }
 }

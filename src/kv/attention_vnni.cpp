@@ -290,10 +290,14 @@ bool run(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, i
       if (sh.rope_mc) {  // RoPE-rotating K mean: its logit terms (rope_block_terms)
         const int F = rope_fast_pairs(sk), bi = t0 / kBlock - a / kBlock;
         const float* r = rterms + (size_t)g * rope_terms_stride();
-        __m512 m0 = _mm512_set1_ps(r[bi]), m1 = m0, n0 = _mm512_setzero_ps(), n1 = n0;
+        const float* tx = sk.rope_j + (size_t)F * 2 * kBlock;  // x, x^2
+        const __m512 c = _mm512_set1_ps(r[bi]), d = _mm512_set1_ps(r[kRopeMaxBlocks + bi]),
+                     e = _mm512_set1_ps(r[2 * kRopeMaxBlocks + bi]);
+        __m512 m0 = _mm512_fmadd_ps(d, _mm512_loadu_ps(tx), c), m1 = _mm512_fmadd_ps(d, _mm512_loadu_ps(tx + 16), c);
+        __m512 n0 = _mm512_mul_ps(e, _mm512_loadu_ps(tx + kBlock)), n1 = _mm512_mul_ps(e, _mm512_loadu_ps(tx + kBlock + 16));
         for (int i = 0; i < F; ++i) {
           const float* tj = sk.rope_j + (size_t)i * 2 * kBlock;
-          const float* ri = r + (size_t)(1 + 2 * i) * kRopeMaxBlocks + bi;
+          const float* ri = r + (size_t)(kRopeSlowRows + 2 * i) * kRopeMaxBlocks + bi;
           const __m512 va = _mm512_set1_ps(ri[0]), vb2 = _mm512_set1_ps(ri[kRopeMaxBlocks]);
           m0 = _mm512_fmadd_ps(va, _mm512_loadu_ps(tj), m0);
           m1 = _mm512_fmadd_ps(va, _mm512_loadu_ps(tj + 16), m1);

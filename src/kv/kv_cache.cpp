@@ -423,12 +423,23 @@ static double rope_mean_pos(int pos0, int j, size_t pair) {
   return (int)pair < kRopeExactPairs ? (double)(pos0 + j) : pos0 + (j / kBlock) * kBlock + 0.5 * (kBlock - 1);
 }
 
+// A slow pair's offset from its block's centre, in tokens: -15.5 ... 15.5.
+static double rope_block_offset(int j) { return (j % kBlock) - 0.5 * (kBlock - 1); }
+
 void Stream::mean_at(int j, float* out) const noexcept {
   if (!rope_mu) {
     std::memcpy(out, mu_of(j), sizeof(float) * dim);
     return;
   }
   turn_pairs(rope_freq, dim, mu_of(j), out, [&](size_t i) { return rope_mean_pos(pos0, j, i) * rope_freq[i]; });
+  // Slow pairs: u = R(centre) mu turned on by x = w * offset to second order,
+  // (1 - x^2 / 2) u + x R(pi / 2) u, so that the kernels add it as two terms per token.
+  const double dj = rope_block_offset(j);
+  for (size_t i = kRopeExactPairs; i < rope_freq.size(); ++i) {
+    const double x = rope_freq[i] * dj, c = 1.0 - 0.5 * x * x, u0 = out[2 * i], u1 = out[2 * i + 1];
+    out[2 * i] = (float)(c * u0 - x * u1);
+    out[2 * i + 1] = (float)(c * u1 + x * u0);
+  }
 }
 
 // Mean centring, chosen online: when a centred stream's first token is quantized, mu is the
@@ -849,7 +860,7 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
     for (int i = 0; i < P; ++i) rope_freq.push_back(std::pow((double)cfg.rope_base, -2.0 * i / cfg.rope_dim));
     I.rope_cos.assign((size_t)P * rope_nbs, 0.f);
     I.rope_sin.assign((size_t)P * rope_nbs, 0.f);
-    I.rope_j.resize((size_t)F * 2 * kBlock);
+    I.rope_j.resize((size_t)(F + 1) * 2 * kBlock);
     for (int i = 0; i < P; ++i) {
       for (int b = 0; b + 16 < rope_nbs; ++b) {  // fast pairs: the block's first token
         const double a = rope_mean_pos(cfg.sink, b * kBlock, i) * rope_freq[i];
@@ -861,6 +872,10 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
           I.rope_j[(size_t)i * 2 * kBlock + j] = (float)std::cos(j * rope_freq[i]);
           I.rope_j[(size_t)i * 2 * kBlock + kBlock + j] = (float)std::sin(j * rope_freq[i]);
         }
+    }
+    for (int j = 0; j < kBlock; ++j) {  // the slow pairs' token offsets and their squares
+      I.rope_j[(size_t)F * 2 * kBlock + j] = (float)rope_block_offset(j);
+      I.rope_j[(size_t)F * 2 * kBlock + kBlock + j] = (float)(rope_block_offset(j) * rope_block_offset(j));
     }
   }
   I.layers.resize(cfg.n_layers);

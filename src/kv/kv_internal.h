@@ -153,9 +153,10 @@ struct Stream {
   }
   // RoPE-rotating mean (KvCacheConfig::center_rope): mu holds pre-RoPE means (mu_of(j) for
   // token j); token j at cache position p = pos0 + j has the mean R(p) mu_of(j), where pair i
-  // turns by p * rope_freq[i] for the kRopeExactPairs fastest pairs and by pc * rope_freq[i]
-  // (pc: the centre of j's 32-token block) for the slower ones, so that the attention kernels
-  // add the mean's logit per block for those (mean_at is the one definition).
+  // turns by p * rope_freq[i] for the kRopeExactPairs fastest pairs; the slower ones turn by
+  // pc * rope_freq[i] (pc: the centre of j's 32-token block) and then on by x = (p - pc) *
+  // rope_freq[i] to second order in x, so that the attention kernels add the mean's logit
+  // from per-block terms and two per-token tables (mean_at is the one definition).
   bool rope_mu = false;
   int pos0 = 0;                     // cache position of stream index 0 (the sink count)
   std::vector<double> rope_freq;    // rope_dim / 2 = P angles per position
@@ -164,7 +165,9 @@ struct Stream {
   const float* rope_cos = nullptr;
   const float* rope_sin = nullptr;
   int rope_nbs = 0;
-  const float* rope_j = nullptr;    // fast pair i: [cos(j w_i), j < 32][sin(j w_i), j < 32]
+  // Fast pair i < F: [cos(j w_i), j < 32][sin(j w_i), j < 32]; then at F: the slow pairs'
+  // offsets from the block centre [j - 15.5, j < 32][(j - 15.5)^2, j < 32].
+  const float* rope_j = nullptr;
   // The mean of quantized token j in the original domain: mu_of(j), rotated for rope_mu.
   void mean_at(int j, float* out) const noexcept;
   std::vector<double> stat_sum;     // sum of x per channel over tokens seen
