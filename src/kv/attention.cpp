@@ -219,17 +219,15 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
     if (c < n_chunks) {
       const int a = c * chunk, b = std::min(nq_tok, a + chunk);
       const float* qd = &qk[(size_t)h * n_q * G * D];
-      const bool prod_k = sk.fmt->kind == Kind::tq_prod;
-      const float* qf = prod_k ? &pqk[(size_t)h * n_q * G * 2 * D] : qd;  // prod: [Pi q, S Pi q]
+      const bool prod = sk.fmt->kind == Kind::tq_prod;
+      const float* qf = prod ? &pqk[(size_t)h * n_q * G * 2 * D] : qd;  // prod: [Pi q, S Pi q]
       // Fused kernels run one query at a time (prefill: each query with its own causal limit);
       // whether one applies depends only on the types, so the first query decides. Queries
       // that see none of [a, b) keep reset states.
-      const bool prod = sk.fmt->kind == Kind::tq_prod;
       auto fetch = [&](int t0, int n, float* kb, float* vb) {
         if (!prod) I.decode_domain(sk, 0, t0, n, kb);
         I.decode_domain(sv, 1, t0, n, vb);
       };
-      const float* pq = prod ? &pqk[(size_t)h * n_q * G * 2 * D] : nullptr;
       int i0 = 0;
       while (i0 < n_q && qlimits[i0] <= a) ++i0;
       if (i0 == n_q) continue;
@@ -245,64 +243,57 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
                          States{st.base + (size_t)i * G * st.stride(), D}, lut8);
           return;
         }
-        generic_task(sh, qd, qlimits.data(), lo, hi, fetch, st, prod ? &sk : nullptr, pq);
+        generic_task(sh, qd, qlimits.data(), lo, hi, fetch, st, prod ? &sk : nullptr, prod ? qf : nullptr);
       };
-      if (sk.rope_mu) {
-        // RoPE-rotating K mean: the fused kernels add each token's mean logit from the
-        // coefficients of the query rows (rope_mean_coefs, per K mean segment). Without a fused
-        // kernel: rows in the original domain (decoded + mean_at) against the original-domain
-        // queries; V stays in its domain.
-        auto fetch_orig = [&](int t0, int n, float* kb, float* vb) {
-          I.decode_domain(sk, 0, t0, n, kb);
-          I.to_orig(sk, 0, n, kb);
-          std::vector<float> m((size_t)D);
-          for (int r = 0; r < n; ++r) {
-            sk.mean_at(t0 + r, m.data());
-            for (int d = 0; d < D; ++d) kb[(size_t)r * D + d] += m[d];
-          }
-          I.decode_domain(sv, 1, t0, n, vb);
-        };
-        const float* qh = &qo[(size_t)h * n_q * G * D];
-        const int mst = rope_mc_stride(sk);
-        std::vector<float> mc((size_t)n_q * G * mst);
-        for (int lo = a, hi; lo < b; lo = hi) {
-          hi = kseg > 0 ? std::min(b, (lo / kseg + 1) * kseg) : b;
-          int j0 = i0;
-          while (j0 < n_q && qlimits[j0] <= lo) ++j0;
-          if (j0 == n_q) break;
-          for (int i = j0; i < n_q; ++i)
-            rope_mean_coefs(sk, G, qh + (size_t)i * G * D, sk.mu_of(lo), &mc[(size_t)i * G * mst]);
+      if (kseg < 0) {
+        run_range(a, b);
+        continue;
+      }
+      // Centred K, one mean per segment [lo, hi). Constant mean: the running maxima of the query
+      // rows that see the segment are shifted by scale * q.mu_k around it (exact). RoPE-rotating
+      // mean (rope_mu): the fused kernels add each token's mean logit from the coefficients of
+      // the query rows (rope_mean_coefs); without a fused kernel, rows in the original domain
+      // (decoded + mean_at) against the original-domain queries; V stays in its domain.
+      const float* qh = &qo[(size_t)h * n_q * G * D];
+      const int mst = sk.rope_mu ? rope_mc_stride(sk) : 1;
+      std::vector<float> coef((size_t)n_q * G * mst);  // per query row: kshift, or rope coefficients
+      auto fetch_orig = [&](int t0, int n, float* kb, float* vb) {
+        I.decode_domain(sk, 0, t0, n, kb);
+        I.to_orig(sk, 0, n, kb);
+        std::vector<float> m((size_t)D);
+        for (int r = 0; r < n; ++r) {
+          sk.mean_at(t0 + r, m.data());
+          for (int d = 0; d < D; ++d) kb[(size_t)r * D + d] += m[d];
+        }
+        I.decode_domain(sv, 1, t0, n, vb);
+      };
+      for (int lo = a, hi; lo < b; lo = hi) {
+        hi = kseg > 0 ? std::min(b, (lo / kseg + 1) * kseg) : b;
+        int j0 = i0;
+        while (j0 < n_q && qlimits[j0] <= lo) ++j0;
+        if (j0 == n_q) break;
+        const float* mu = sk.mu_of(lo);
+        if (sk.rope_mu) {
+          for (int i = j0; i < n_q; ++i) rope_mean_coefs(sk, G, qh + (size_t)i * G * D, mu, &coef[(size_t)i * G * mst]);
           Shape shr = sh;
           bool fused = !scalar;
           for (int i = j0; i < n_q && fused; ++i) {
-            shr.rope_mc = &mc[(size_t)i * G * mst];
+            shr.rope_mc = &coef[(size_t)i * G * mst];
             fused = fused_decode(shr, sk, sv, qf + (size_t)i * G * sh.qstride, qlimits[i], lo, hi,
                                  States{st.base + (size_t)i * G * st.stride(), D}, lut8);
             TQ_ASSERT(fused || i == j0);  // whether a kernel applies depends only on the types
           }
           if (!fused) generic_task(sh, qh, qlimits.data(), lo, hi, fetch_orig, st);
+          continue;
         }
-        continue;
-      }
-      if (kseg < 0) {
-        run_range(a, b);
-        continue;
-      }
-      const float* qh = &qo[(size_t)h * n_q * G * D];
-      std::vector<float> kshift((size_t)n_q * G);  // scale * q.mu_k per query row, this segment
-      for (int lo = a, hi; lo < b; lo = hi) {
-        hi = kseg > 0 ? std::min(b, (lo / kseg + 1) * kseg) : b;
-        const float* mu = sk.mu_of(lo);
-        for (int k = i0 * G; k < n_q * G; ++k) {
-          if (qlimits[k / G] <= lo) continue;
+        for (int k = j0 * G; k < n_q * G; ++k) {
           double dot = 0;
           for (int d = 0; d < D; ++d) dot += (double)qh[(size_t)k * D + d] * mu[d];
-          kshift[k] = (float)(dot * sh.scale);
-          st.m(k) -= kshift[k];  // -inf stays -inf
+          coef[k] = (float)(dot * sh.scale);
+          st.m(k) -= coef[k];  // -inf stays -inf
         }
         run_range(lo, hi);
-        for (int k = i0 * G; k < n_q * G; ++k)
-          if (qlimits[k / G] > lo) st.m(k) += kshift[k];
+        for (int k = j0 * G; k < n_q * G; ++k) st.m(k) += coef[k];
       }
     } else if (c == task_win) {
       const float* qd = &qo[(size_t)h * n_q * G * D];
