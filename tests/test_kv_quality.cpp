@@ -191,6 +191,9 @@ TEST(KvQuality, FusedMatchesReferenceWithSinksAndCentring) {
       {"q4_0h", "tq3", 2, 2, 301, 2, 7, 1, true, false, false, 96, false, 64},  // row path
       {"tq3", "f16", 2, 2, 301, 2, 0, 1, true, false, false, 32, false, 64},  // row path (V f16)
       {"tq3", "tq3", 1, 5, 301, 2, 0, 1, true, false, false, 64, false, 64},  // G = 5: row path
+      {"tq3p", "tq3", 2, 2, 301, 2, 0, 1, true, false, false, 0, false, 64},   // QJL K
+      {"tq4p", "tq4n8", 2, 4, nl, 1, 3, 1, true, false, false, 256, false, 64},
+      {"tq3p", "tq3", 1, 5, 301, 2, 0, 1, true, false, false, 0, false, 64},   // QJL K, row path
   };
   for (const auto& c : cases) check(c);
 }
@@ -430,12 +433,7 @@ TEST(KvQuality, RopeMeanTurnsWithItsToken) {
   for (auto& x : k) x = (float)rng.normal();
   for (auto& x : v) x = (float)rng.normal();
   add_rotating_mean(n, 1, D, D, k);
-  tq::KvCacheConfig cfg;
-  cfg.n_kv_heads = 1;
-  cfg.head_dim = D;
-  cfg.max_tokens = n;
-  cfg.type_k = "tq3";
-  cfg.type_v = "f32";
+  tq::KvCacheConfig cfg = tq_test::kv_config(1, 1, D, n, "tq3", "f32");
   cfg.center_k = cfg.center_rope = true;
   cfg.rope_base = 10000;
   cfg.rope_dim = D;
@@ -561,7 +559,7 @@ TEST(KvQuality, BadConfigAndLabels) {
   };
   for (const AutoCase& c : std::vector<AutoCase>{
            {"tq3", true, 1, true, false, 512, "tq3 s1 ck cs512 cr"},
-           {"tq3p/tq3", true, 1, true, false, 512, "tq3p/tq3 s1 ck cs512"},  // QJL K: no rotating mean
+           {"tq3p/tq3", true, 1, true, false, 512, "tq3p/tq3 s1 ck cs512 cr"},  // QJL K rotates too
            {"tq3h6/tq4n8 ks", true, 1, true, false, 512, "tq3h6/tq4n8 s1 ck cs512 cr ks"},
            {"tq3h6/tq4n8 cr", true, 1, true, false, 512, "tq3h6/tq4n8 s1 ck cs512 cr"},
            {"tq3 s1 ckv cr", false, 1, true, true, 0, "tq3 s1 ckv cr"},

@@ -22,8 +22,7 @@ struct KvOptions {
   int window = 0;
   // Automatic protection: a tq K type with neither a sink nor centring given (and not `plain`)
   // gets kAutoSink f16 sink token and K centring, one mean per center_segment tokens if given,
-  // else per kAutoSegment, the means rotating with RoPE (center_rope) unless K is a prod
-  // (QJL) type (resolved()).
+  // else per kAutoSegment, the means rotating with RoPE (center_rope) (resolved()).
   int sink = -1;             // --kv-sink: first tokens kept in f16 (-1: not given)
   bool center_k = false;     // --kv-center k|v|kv|none: per-stream mean centring
   bool center_v = false;

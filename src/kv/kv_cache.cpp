@@ -918,8 +918,7 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
           s.tiles_hi_bytes = tiles_bytes(D, f.bits - 1);
           TQ_ASSERT(s.block_bytes == s.norms_bytes + s.tiles_hi_bytes + tiles_bytes(D, 1));
         }
-        s.rope_mu = side == 0 && cfg.center_k && cfg.center_rope && f.kind != Kind::f32 && f.kind != Kind::f16 &&
-                    f.kind != Kind::tq_prod;
+        s.rope_mu = side == 0 && cfg.center_k && cfg.center_rope && f.kind != Kind::f32 && f.kind != Kind::f16;
         if (s.rope_mu) {
           s.pos0 = cfg.sink;
           s.rope_freq = rope_freq;

@@ -26,9 +26,6 @@ double now_s() {
 namespace {
 // The K types the automatic protection is for (and whose bare label needs "plain").
 bool tq_keys(const KvOptions& kv) { return kv.type_k.rfind("tq", 0) == 0; }
-// Of those, the ones whose K mean can rotate with RoPE: all but the prod (QJL) types, tq3p and
-// tq4p, whose keys the cache does not centre that way (KvCacheConfig::center_rope).
-bool rope_mean_keys(const KvOptions& kv) { return tq_keys(kv) && kv.type_k.back() != 'p'; }
 }  // namespace
 
 bool KvOptions::auto_protected() const { return !plain && sink < 0 && !center_set && tq_keys(*this); }
@@ -39,7 +36,7 @@ KvOptions KvOptions::resolved() const {
     r.sink = kAutoSink;
     r.center_k = true;
     if (r.center_segment < 0) r.center_segment = kAutoSegment;
-    r.center_rope = r.center_rope || rope_mean_keys(*this);
+    r.center_rope = true;
   }
   r.sink = std::max(r.sink, 0);
   r.center_segment = std::max(r.center_segment, 0);

@@ -90,8 +90,8 @@ inline void add_kv_opts(CLI::App* s, KvOptions& kv) {
   s->add_flag("--kv-plain", kv.plain,
               "no automatic protection: by default a tq K cache given neither --kv-sink nor --kv-center "
               "keeps 1 sink token in f16 and centres K with one RoPE-rotating mean per 512 tokens (or "
-              "--kv-center-segment N; same as --kv-sink 1 --kv-center k --kv-center-segment 512 --kv-center-rope, "
-              "without --kv-center-rope for the QJL types tq3p/tq4p); --kv-plain runs the bare format");
+              "--kv-center-segment N; same as --kv-sink 1 --kv-center k --kv-center-segment 512 --kv-center-rope); "
+              "--kv-plain runs the bare format");
   s->add_flag("--kv-center-rope", kv.center_rope,
               "with K centring: the K mean rotates with RoPE (mean of the keys turned back to position 0, "
               "turned to each key's position), so constant pre-RoPE components are removed too (part of the "
