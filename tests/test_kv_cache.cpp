@@ -136,7 +136,13 @@ TEST(KvCache, BytesPerVector) {
   const std::pair<const char*, size_t> hh[] = {{"tq2h3", 40}, {"tq3h4", 56}, {"tq2h4", 44}, {"tq2h5", 48},
                                                {"tq3h5", 60}, {"tq3h6", 64}, {"tq4h5", 72}, {"tq4h6", 76}};
   for (const auto& [t, bytes] : hh) EXPECT_EQ(b(t, 128), bytes) << t;
+  // tqBhHn8: the same with two 8-bit log norms (+ 4 B per 32-token block, not in the row)
+  const std::pair<const char*, size_t> hn[] = {{"tq2h5n8", 46}, {"tq3h5n8", 58}, {"tq3h6n8", 62},
+                                               {"tq4h5n8", 70}, {"tq4h6n8", 74}};
+  for (const auto& [t, bytes] : hn) EXPECT_EQ(b(t, 128), bytes) << t;
+  EXPECT_EQ(b("tq3h6n8", 64), 32u);
   EXPECT_THROW(b("tq3h6", 96), tq::Error);  // split types: head_dim a multiple of 64
+  EXPECT_THROW(b("tq3h6n8", 96), tq::Error);
   EXPECT_EQ(b("tq3p", 128), 52u);   // norm + gamma + 2-bit idx + 1-bit signs
   EXPECT_EQ(b("tq4p", 128), 68u);
   EXPECT_THROW(b("q4_0", 48), tq::Error);
@@ -614,7 +620,7 @@ TEST(Attention, KernelSelection) {
   if (level == "avx3_dl") {
     EXPECT_EQ(kernel("tq4", "tq3", 128, 4, true), "tq-lut8");
     EXPECT_EQ(kernel("tq6", "tq6", 64, 3, true), "tq-lut8");
-    for (const char* t : {"tq2n8", "tq3n8", "tq4n8", "tq5n8"}) {  // log-coded norms too
+    for (const char* t : {"tq2n8", "tq3n8", "tq4n8", "tq5n8", "tq3h6n8", "tq4h5n8"}) {  // log-coded norms too
       EXPECT_EQ(kernel("tq5", t, 64, 3, true), "tq-lut8") << t;
       EXPECT_EQ(kernel(t, "tq4", 64, 3, true), "tq-lut8") << t;
     }

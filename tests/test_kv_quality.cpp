@@ -194,6 +194,8 @@ TEST(KvQuality, FusedMatchesReferenceWithSinksAndCentring) {
       {"tq3p", "tq3", 2, 2, 301, 2, 0, 1, true, false, false, 0, false, 64},   // QJL K
       {"tq4p", "tq4n8", 2, 4, nl, 1, 3, 1, true, false, false, 256, false, 64},
       {"tq3p", "tq3", 1, 5, 301, 2, 0, 1, true, false, false, 0, false, 64},   // QJL K, row path
+      {"tq3h6n8", "tq4h5n8", 3, 3, nl, 1, 0, 1, true, false, false, 512, true, 64},  // split with 8-bit norms
+      {"tq3h5n8", "tq4h5n8", 1, 5, 301, 1, 0, 1, true, false, false, 0, true, 64},  // the same, row path
   };
   for (const auto& c : cases) check(c);
 }
@@ -666,9 +668,10 @@ TEST(KvQuality, SplitChannelsOfCentredRows) {
 }
 
 TEST(KvQuality, LogNormFormats) {
-  // tqBn8: the tq codes with an 8-bit log norm (16 steps per octave) + an int16 exponent per
-  // 32-token block. Token norms spanning 2^-6..2^6, in rising order inside blocks (so the
-  // block exponent moves up and the earlier codes are shifted), token by token.
+  // tqBn8: the tq codes with an 8-bit log norm + an int16 exponent per 32-token block (32
+  // steps per octave for the 6 octaves below the block's largest norm, 8 below that). Token
+  // norms spanning 2^-6..2^6, in rising order inside blocks (so the block exponent moves up
+  // and the earlier codes are re-coded), token by token.
   const int D = 64, n = 100;
   tq::Rng rng(31);
   std::vector<float> k((size_t)n * D), v((size_t)n * D);
@@ -692,21 +695,64 @@ TEST(KvQuality, LogNormFormats) {
     a.append(0, 1, k.data() + t * D, v.data() + t * D);
     b.append(0, 1, k.data() + t * D, v.data() + t * D);
   }
-  // Same codes; norms within half a log step (2^(1/32) - 1 = 2.2%) of the fp16 ones.
+  // Same codes; norms within half a fine log step (2^(1/64) - 1 = 1.1%) of the fp16 ones when
+  // within 2^5.8 of the block's largest, else within 2.5 fine steps (one coarse rounding: 5.6%).
   const auto& sa = a.impl().layers[0].k[0];
   const auto& sb = b.impl().layers[0].k[0];
   std::vector<float> ra((size_t)n * D), rb((size_t)n * D);
   a.impl().decode_domain(sa, 0, 0, n, ra.data());
   b.impl().decode_domain(sb, 0, 0, n, rb.data());
+  std::vector<double> na(n), nb(n), dot(n), bmax((n + 31) / 32, 0.0);
   for (int t = 0; t < n; ++t) {
-    double na = 0, nb = 0, dot = 0;
     for (int d = 0; d < D; ++d) {
-      na += (double)ra[t * D + d] * ra[t * D + d];
-      nb += (double)rb[t * D + d] * rb[t * D + d];
-      dot += (double)ra[t * D + d] * rb[t * D + d];
+      na[t] += (double)ra[t * D + d] * ra[t * D + d];
+      nb[t] += (double)rb[t * D + d] * rb[t * D + d];
+      dot[t] += (double)ra[t * D + d] * rb[t * D + d];
     }
-    EXPECT_NEAR(std::sqrt(na / nb), 1.0, 0.0225) << t;
-    EXPECT_NEAR(dot / std::sqrt(na * nb), 1.0, 1e-6) << t;  // same direction (same codes)
+    bmax[t / 32] = std::max(bmax[t / 32], std::sqrt(nb[t]));
+  }
+  int fine = 0, coarse = 0;
+  for (int t = 0; t < n; ++t) {
+    const bool in_fine = std::sqrt(nb[t]) >= bmax[t / 32] * std::exp2(-5.8);
+    (in_fine ? fine : coarse)++;
+    EXPECT_NEAR(std::sqrt(na[t] / nb[t]), 1.0, in_fine ? 0.011 : 0.056) << t;
+    EXPECT_NEAR(dot[t] / std::sqrt(na[t] * nb[t]), 1.0, 1e-6) << t;  // same direction (same codes)
+  }
+  EXPECT_GT(fine, 40);
+  EXPECT_GT(coarse, 10);
+  // Split types with 8-bit norms: the same codes as with fp16 norms (same channels), each
+  // part's norm within the fine step of the fp16 one (norms within 2^5.8 of their block's).
+  {
+    tq::KvCacheConfig sc = cfg;
+    sc.type_k = "tq3h6n8";
+    tq::KvCache s8(sc);
+    sc.type_k = "tq3h6";
+    tq::KvCache s16(sc);
+    s8.append(0, n, k.data(), v.data());
+    s16.append(0, n, k.data(), v.data());
+    const auto& t8 = s8.impl().layers[0].k[0];
+    const auto& t16 = s16.impl().layers[0].k[0];
+    ASSERT_EQ(t8.perm, t16.perm);
+    std::vector<float> r8((size_t)n * D), r16((size_t)n * D);
+    s8.impl().decode_domain(t8, 0, 0, n, r8.data());
+    s16.impl().decode_domain(t16, 0, 0, n, r16.data());
+    for (int part = 0; part < 2; ++part) {
+      const int d0 = part == 0 ? 0 : D / 4, d1 = part == 0 ? D / 4 : D;
+      std::vector<double> n8v(n), n16v(n), bm((n + 31) / 32, 0.0);
+      for (int t = 0; t < n; ++t) {
+        for (int d = d0; d < d1; ++d) {
+          n8v[t] += (double)r8[t * D + d] * r8[t * D + d];
+          n16v[t] += (double)r16[t * D + d] * r16[t * D + d];
+        }
+        bm[t / 32] = std::max(bm[t / 32], std::sqrt(n16v[t]));
+      }
+      for (int t = 0; t < n; ++t) {
+        const bool in_fine = std::sqrt(n16v[t]) >= bm[t / 32] * std::exp2(-5.8);
+        EXPECT_NEAR(std::sqrt(n8v[t] / n16v[t]), 1.0, in_fine ? 0.011 : 0.056) << "part " << part << " " << t;
+      }
+    }
+    EXPECT_DOUBLE_EQ(s8.bytes_per_token(), 32 + 4.0 / 32 + 26);
+    EXPECT_EQ(s8.bytes_used(), (size_t)n * (32 + 26) + 4 * 4 + (size_t)(D + 7) / 8);
   }
   // Bytes: 25 B per K vector + 2 B per started 32-token block; bytes_per_token shares the header.
   EXPECT_EQ(tq::kv_type_bytes(tq::parse_kv_type("tq3n8"), 64), 25u);

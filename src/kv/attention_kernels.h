@@ -98,12 +98,12 @@ int decode_tq_float_lanes();  // float lanes of the float kernel at the current 
 // "rows" (no fused kernel: dequantized rows, float attention).
 const char* fused_kernel_name(const Shape& sh, const Stream& sk, const Stream& sv, bool lut8);
 
-// tq_n8 norms (kv_cache.cpp, set_n8_norm): norm = 2^(e / 16) * table[c] with the block's int16
-// exponent e and the token's code c; table[c] = 2^(-c / 16), table[255] = 0 (a zero norm).
+// tq_n8 norms (kv_cache.cpp, set_n8_norm): norm = 2^(e / 32) * table[c] with the block's int16
+// exponent e and the token's code c; table[c] = 2^(-n8_offset(c) / 32), table[255] = 0 (a zero norm).
 inline const float* n8_pow_table() {
   static const auto* t = [] {
     auto* p = new float[256];
-    for (int c = 0; c < 256; ++c) p[c] = c == 255 ? 0.f : std::exp2((float)-c * (1.0f / 16));
+    for (int c = 0; c < 256; ++c) p[c] = c == 255 ? 0.f : std::exp2((float)-n8_offset(c) * (1.0f / kN8Steps));
     return p;
   }();
   return t;
@@ -123,7 +123,7 @@ struct Part {
   int qoff = 0;                        // query slice (K)
   size_t norm2_off = 0;                // != 0: norm multiplied by this second fp16 norm ...
   float norm_mul = 1.f;                // ... and this constant
-  bool n8 = false;                     // tq_n8: norms are [int16 e][32 uint8 log codes] at norm_off
+  bool n8 = false;                     // tq_n8 / split n8: norms are [int16 e][32 uint8 log codes] at norm_off
 };
 inline int parts_of(const Stream& s, Part* p) {
   if (s.fmt->kind == Kind::tq_n8) {
@@ -142,8 +142,10 @@ inline int parts_of(const Stream& s, Part* p) {
                 (float)(1.2533141373155003 / D)  /* sqrt(pi/2) / D */};
     return 2;
   }
+  const bool n8 = s.fmt->n8;
   p[0] = Part{0, s.d_hi, s.cb_hi->bits, s.cb_hi, 0, s.norms_bytes, 0};
-  p[1] = Part{s.d_hi, s.d_lo, s.cb->bits, s.cb, kBlock * 2, s.norms_bytes + s.tiles_hi_bytes, s.d_hi};
+  p[1] = Part{s.d_hi, s.d_lo, s.cb->bits, s.cb, n8 ? kN8HeaderBytes : kBlock * 2, s.norms_bytes + s.tiles_hi_bytes, s.d_hi};
+  p[0].n8 = p[1].n8 = n8;
   return 2;
 }
 

@@ -253,11 +253,11 @@ void DecodeTqG(const Shape& sh, const Stream& sk, const Stream& sv, const float*
   HWY_ALIGN float rterms[G * rope_terms_stride()];  // written only where read
   if (sh.rope_mc && end > a) rope_block_terms(sk, sh.rope_mc, G, a / kBlock, (end - a + kBlock - 1) / kBlock, rterms);
   auto load_norms = [&](const uint8_t* blk, const Part& P, float* out) {
-    if (P.n8) {  // norm = 2^((e - c) / 16) = 2^(e / 16) * 2^(-c / 16); c = 255: 0
+    if (P.n8) {  // norm = 2^(e / 32) * n8_pow_table()[c]; c = 255: 0
       const float* kPow = n8_pow_table();
       int16_t e;
       std::memcpy(&e, blk + P.norm_off, 2);
-      const float base = std::exp2((float)e * (1.0f / 16));
+      const float base = std::exp2((float)e * (1.0f / kN8Steps));
       const uint8_t* c = blk + P.norm_off + 2;
       for (int t = 0; t < 32; ++t) out[t] = base * kPow[c[t]];
       return;

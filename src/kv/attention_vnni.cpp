@@ -189,12 +189,12 @@ inline __m512 load_norms16(const uint8_t* p) {
 
 // The 32 norms of one block of part P: n0 tokens 0..15, n1 tokens 16..31. fp16 norms (times
 // a second fp16 norm and a constant for prod K's QJL part), or tq_n8 log codes decoded as the
-// float kernel does: 2^(e / 16) * n8_pow_table()[c].
+// float kernel does: 2^(e / 32) * n8_pow_table()[c].
 inline void load_norms(const uint8_t* blk, const Part& P, __m512* n0, __m512* n1) {
   if (P.n8) {
     int16_t e;
     std::memcpy(&e, blk + P.norm_off, 2);
-    const __m512 base = _mm512_set1_ps(std::exp2((float)e * (1.0f / 16)));
+    const __m512 base = _mm512_set1_ps(std::exp2((float)e * (1.0f / kN8Steps)));
     const float* tab = n8_pow_table();
     const uint8_t* c = blk + P.norm_off + 2;
     const __m512i c0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c)));

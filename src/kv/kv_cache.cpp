@@ -45,6 +45,11 @@ static const Format kFormats[] = {
     {"tq3h6", Kind::tq_split, true, 3, 6, "D/4 query-weighted channels at 6 bits + rest at 3, 2 fp16 norms", true},
     {"tq4h5", Kind::tq_split, true, 4, 5, "D/4 query-weighted channels at 5 bits + rest at 4, 2 fp16 norms", true},
     {"tq4h6", Kind::tq_split, true, 4, 6, "D/4 query-weighted channels at 6 bits + rest at 4, 2 fp16 norms", true},
+    {"tq2h5n8", Kind::tq_split, true, 2, 5, "tq2h5 with 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)", true, true},
+    {"tq3h5n8", Kind::tq_split, true, 3, 5, "tq3h5 with 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)", true, true},
+    {"tq3h6n8", Kind::tq_split, true, 3, 6, "tq3h6 with 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)", true, true},
+    {"tq4h5n8", Kind::tq_split, true, 4, 5, "tq4h5 with 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)", true, true},
+    {"tq4h6n8", Kind::tq_split, true, 4, 6, "tq4h6 with 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)", true, true},
     {"tq3p", Kind::tq_prod, false, 3, 0, "TurboQuant prod: 2-bit mse + 1-bit QJL, fp16 norm+gamma"},
     {"tq4p", Kind::tq_prod, false, 4, 0, "TurboQuant prod: 3-bit mse + 1-bit QJL, fp16 norm+gamma"},
     {"tq2n8", Kind::tq_n8, true, 2, 0, "tq2 with an 8-bit log-coded norm (+ int16 exponent per 32 tokens)"},
@@ -252,7 +257,7 @@ static size_t row_bytes_for(const Format& f, int D) {
     case Kind::tq_n8: return (size_t)D * f.bits / 8 + 1;  // + 2 B per 32-token block (block_bytes)
     case Kind::tq_split: {
       const int dh = D / 4, dl = D - dh;
-      return (size_t)(dh * f.bits_hi + dl * f.bits) / 8 + 4;
+      return (size_t)(dh * f.bits_hi + dl * f.bits) / 8 + (f.n8 ? 2 : 4);  // n8: + 4 B per block
     }
     case Kind::tq_prod:  // [norm f16][gamma f16][idx (bits-1)][signs 1 bit]
       return 4 + (size_t)(D * (f.bits - 1) + 7) / 8 + (size_t)(D + 7) / 8;
@@ -332,27 +337,28 @@ static void set_n8_norm(uint8_t* blk, int slot, double norm) {
   if (!(norm > 0)) {
     codes[slot] = 255;
   } else {
-    const double L = 16.0 * std::log2(norm);
-    const int ce = (int)std::ceil(L);
+    const double L = (double)kN8Steps * std::log2(norm);
+    const int ce = kN8CoarseUnits * (int)std::ceil(L / kN8CoarseUnits);  // shifts stay whole coarse steps
     if (e == kN8NoExp) {
       e = (int16_t)ce;
-    } else if (ce > e) {  // raise the block exponent: shift the earlier codes (exact)
+    } else if (ce > e) {  // raise the block exponent: re-code the earlier norms
       for (int j = 0; j < slot; ++j)
-        if (codes[j] != 255) codes[j] = (uint8_t)std::min(254, codes[j] + (ce - e));
+        if (codes[j] != 255) codes[j] = (uint8_t)n8_code((double)n8_offset(codes[j]) + (ce - e));
       e = (int16_t)ce;
     }
-    codes[slot] = (uint8_t)std::clamp((int)std::lrint(e - L), 0, 254);
+    codes[slot] = (uint8_t)n8_code(std::max(0.0, e - L));
   }
   std::memcpy(blk, &e, 2);
 }
 
 float kv::tq_block_norm(const Stream& s, const uint8_t* blk, int part, int slot) noexcept {
-  if (s.fmt->kind == Kind::tq_n8) {
+  if (s.fmt->kind == Kind::tq_n8 || s.fmt->n8) {
+    blk += (size_t)part * kN8HeaderBytes;
     const uint8_t c = blk[2 + slot];
     if (c == 255) return 0.f;
     int16_t e;
     std::memcpy(&e, blk, 2);
-    return std::exp2((float)(e - c) * (1.0f / 16));
+    return std::exp2((float)(e - n8_offset(c)) * (1.0f / kN8Steps));
   }
   return fp16_to_fp32(reinterpret_cast<const uint16_t*>(blk)[part * kBlock + slot]);
 }
@@ -664,11 +670,17 @@ void KvCache::Impl::encode_rows(Stream& s, int side, int n, const float* x, size
           double e_hi = 0, e_lo = 0;
           for (int i = 0; i < s.d_hi; ++i) e_hi += (double)xr[s.perm[i]] * xr[s.perm[i]];
           for (int i = s.d_hi; i < D; ++i) e_lo += (double)xr[s.perm[i]] * xr[s.perm[i]];
-          encode_tq_part(*s.cb_hi, s.d_hi, s.side, yr, std::sqrt(e_hi), reinterpret_cast<uint16_t*>(blk) + slot,
-                         blk + s.norms_bytes, slot, idx.data(), u.data());
-          encode_tq_part(*s.cb, s.d_lo, s.side, yr + s.d_hi, std::sqrt(e_lo),
-                         reinterpret_cast<uint16_t*>(blk) + kBlock + slot, blk + s.norms_bytes + s.tiles_hi_bytes,
-                         slot, idx.data(), u.data());
+          const bool n8 = s.fmt->n8;
+          uint16_t* h = reinterpret_cast<uint16_t*>(blk);
+          const double n_hi = encode_tq_part(*s.cb_hi, s.d_hi, s.side, yr, std::sqrt(e_hi), n8 ? nullptr : h + slot,
+                                             blk + s.norms_bytes, slot, idx.data(), u.data());
+          const double n_lo = encode_tq_part(*s.cb, s.d_lo, s.side, yr + s.d_hi, std::sqrt(e_lo),
+                                             n8 ? nullptr : h + kBlock + slot, blk + s.norms_bytes + s.tiles_hi_bytes,
+                                             slot, idx.data(), u.data());
+          if (n8) {
+            set_n8_norm(blk, slot, n_hi);
+            set_n8_norm(blk + kN8HeaderBytes, slot, n_lo);
+          }
           break;
         }
         case Kind::tq_prod: break;
@@ -771,11 +783,10 @@ void KvCache::Impl::decode_domain(const Stream& s, int side, int t0, int n, floa
         break;
       }
       case Kind::tq_split: {
-        const uint16_t* norms = reinterpret_cast<const uint16_t*>(blk);
         decode_tq_part(*s.cb_hi, s.d_hi, s.side, blk + s.norms_bytes, t % kBlock,
-                       fp16_to_fp32(norms[t % kBlock]), idx.data(), o);
+                       tq_block_norm(s, blk, 0, t % kBlock), idx.data(), o);
         decode_tq_part(*s.cb, s.d_lo, s.side, blk + s.norms_bytes + s.tiles_hi_bytes, t % kBlock,
-                       fp16_to_fp32(norms[kBlock + t % kBlock]), idx.data(), o + s.d_hi);
+                       tq_block_norm(s, blk, 1, t % kBlock), idx.data(), o + s.d_hi);
         break;
       }
       case Kind::tq_prod: {  // original domain
@@ -907,8 +918,9 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
           s.d_lo = D - s.d_hi;
           s.cb_hi = &get_codebook(s.d_hi, f.bits_hi);
           s.cb = &get_codebook(s.d_lo, f.bits);
-          s.norms_bytes = 2 * kBlock * 2;
+          s.norms_bytes = f.n8 ? 2 * kN8HeaderBytes : 2 * kBlock * 2;
           s.tiles_hi_bytes = tiles_bytes(s.d_hi, f.bits_hi);
+          if (f.n8) s.block_bytes += 4;  // the two int16 exponents
           TQ_ASSERT(s.block_bytes == s.norms_bytes + s.tiles_hi_bytes + tiles_bytes(s.d_lo, f.bits));
           s.domain = Domain::orig;  // until the outlier channels are frozen
         } else if (f.kind == Kind::tq_prod) {
@@ -1105,7 +1117,8 @@ size_t KvCache::bytes_used() const {
     for (const auto* vec : {&L.k, &L.v})
       for (const auto& s : *vec) {
         total += (size_t)s.n_quant * s.row_bytes;
-        if (s.fmt->kind == Kind::tq_n8) total += (size_t)(s.n_quant + kBlock - 1) / kBlock * 2;  // exponents
+        if (s.fmt->kind == Kind::tq_n8 || s.fmt->n8)  // exponents: one per part and block
+          total += (size_t)(s.n_quant + kBlock - 1) / kBlock * 2 * (s.fmt->n8 ? 2 : 1);
         const int n_sink = std::min(L.n_tokens, s.sink);
         total += (size_t)n_sink * s.dim * 2;                                  // f16 sink rows
         total += (size_t)std::min(L.n_tokens - n_sink, s.window) * s.dim * 2;  // f16 window rows

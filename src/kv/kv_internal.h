@@ -15,6 +15,7 @@
 //   tqX.5  [32 fp16 norms, outlier part] [32 fp16 norms, regular part]
 //          [tiles of the D/4 outlier channels at B+1 bits] [tiles of the 3D/4 others at B bits]
 //   tqBn8  [int16 exponent][32 uint8 log norms][bit-plane tiles] (see Kind::tq_n8)
+//   tqBhHn8 [n8 header, outlier part][n8 header, regular part][tiles as tqX.5] (Format::n8)
 //   tqBp   [32 fp16 norms s][32 fp16 gamma][tiles of the (B-1)-bit mse indices][tiles of the
 //          QJL sign bits] (the codec's prod code re-laid out; prod_rows() rebuilds it)
 //
@@ -27,6 +28,8 @@
 //            dim 16 e + i, token 4 r + j: accumulates 16 dims over 4 tokens per vpdpbusd
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -45,13 +48,30 @@ constexpr int kBlock = 32;          // tokens per storage block
 constexpr int kBlocksPerChunk = 64; // blocks per allocation chunk (2048 tokens)
 constexpr int kMaxHeadDim = 1024;
 constexpr int kRopeExactPairs = 8;  // RoPE-rotating K mean: pairs turned per token (the rest per block)
+// tq_n8 norm codes (see Kind::tq_n8): offsets below the block exponent in 1/kN8Steps octave
+// units, one code per unit for the first kN8FineCodes, then one per kN8CoarseUnits units.
+constexpr int kN8Steps = 32;
+constexpr int kN8FineCodes = 192;  // 6 octaves at 2^(1/32) (relative step 2.2%)
+constexpr int kN8CoarseUnits = 4;  // codes 193..254: 2^(1/8) steps, 7.75 more octaves
+constexpr int n8_offset(int c) noexcept {  // code 0..254 -> offset in units
+  return c <= kN8FineCodes ? c : kN8FineCodes + kN8CoarseUnits * (c - kN8FineCodes);
+}
+inline int n8_code(double off) noexcept {  // offset in units (>= 0) -> nearest code, saturating at 254
+  if (off <= kN8FineCodes + 0.5 * kN8CoarseUnits)
+    return std::min(kN8FineCodes, (int)std::lrint(off));
+  const long c = kN8FineCodes + std::lrint((off - kN8FineCodes) / kN8CoarseUnits);
+  return c > 254 ? 254 : (int)c;
+}
 
 enum class Kind : uint8_t { f32, f16, q8_0, q4_0, tq, tq_split, tq_prod, tq_n8 };
 
 // tq_n8 (tqBn8): the tq layout with 8-bit log-coded norms instead of fp16. Block header:
-// [int16 e][32 uint8 codes], norm = 2^((e - c) / 16) (c = 255: zero), e = the block's largest
-// norm exponent (16 steps per octave: relative step 4.4%). A larger norm arriving in a
-// partly filled block raises e and shifts the earlier codes (exact; codes saturate at 254).
+// [int16 e][32 uint8 codes], norm = 2^((e - n8_offset(c)) / 32) (c = 255: zero), e = the
+// block's largest norm exponent in 1/32 octaves, rounded up to a multiple of 4. Norms within 6 octaves (64x) of the block's
+// largest have relative steps of 2.2%, smaller ones 9% steps down to 2^-13.75 of it (below:
+// saturated at code 254; their absolute error is < 1e-4 of the block's largest norm). A
+// larger norm arriving in a partly filled block raises e by whole coarse steps and re-codes
+// the earlier norms: exact, except once for a norm moving from the fine into the coarse range.
 
 // One row of the table of formats (architecture.md point 4).
 struct Format {
@@ -64,6 +84,8 @@ struct Format {
   // tq_split: pick the outlier channels as adjacent pairs (2i, 2i+1: RoPE rotates them
   // together) by K energy times the query energy seen through observe_queries (tqBhH types)
   bool qweighted = false;
+  // tq_split: 8-bit log-coded norms (the tq_n8 code, one header per part) instead of fp16
+  bool n8 = false;
 };
 const Format& format(KvType t);
 int num_formats();
