@@ -45,6 +45,7 @@ static const Format kFormats[] = {
     {"tq3h6", Kind::tq_split, true, 3, 6, "D/4 query-weighted channels at 6 bits + rest at 3, 2 fp16 norms", true},
     {"tq4h5", Kind::tq_split, true, 4, 5, "D/4 query-weighted channels at 5 bits + rest at 4, 2 fp16 norms", true},
     {"tq4h6", Kind::tq_split, true, 4, 6, "D/4 query-weighted channels at 6 bits + rest at 4, 2 fp16 norms", true},
+    {"tq2h6n8", Kind::tq_split, true, 2, 6, "D/4 query-weighted channels at 6 bits + rest at 2, 2 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)", true, true},
     {"tq2h5n8", Kind::tq_split, true, 2, 5, "tq2h5 with 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)", true, true},
     {"tq3h5n8", Kind::tq_split, true, 3, 5, "tq3h5 with 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)", true, true},
     {"tq3h6n8", Kind::tq_split, true, 3, 6, "tq3h6 with 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)", true, true},
