@@ -67,9 +67,10 @@ enum class Kind : uint8_t { f32, f16, q8_0, q4_0, tq, tq_split, tq_prod, tq_n8 }
 
 // tq_n8 (tqBn8): the tq layout with 8-bit log-coded norms instead of fp16. Block header:
 // [int16 e][32 uint8 codes], norm = 2^((e - n8_offset(c)) / 32) (c = 255: zero), e = the
-// block's largest norm exponent in 1/32 octaves, rounded up to a multiple of 4. Norms within 6 octaves (64x) of the block's
-// largest have relative steps of 2.2%, smaller ones 9% steps down to 2^-13.75 of it (below:
-// saturated at code 254; their absolute error is < 1e-4 of the block's largest norm). A
+// block's largest norm exponent in 1/32 octaves, rounded up to a multiple of 4. Norms within
+// 6 octaves (64x) of the block's largest have relative steps of 2.2%, smaller ones 9% steps
+// down to 2^-13.75 of it (below: saturated at code 254; their absolute error is < 1e-4 of the
+// block's largest norm). A
 // larger norm arriving in a partly filled block raises e by whole coarse steps and re-codes
 // the earlier norms: exact, except once for a norm moving from the fine into the coarse range.
 
