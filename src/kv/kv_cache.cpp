@@ -53,10 +53,10 @@ static const Format kFormats[] = {
     {"tq4h6n8", Kind::tq_split, true, 4, 6, "tq4h6 with 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)", true, true},
     {"tq3p", Kind::tq_prod, false, 3, 0, "TurboQuant prod: 2-bit mse + 1-bit QJL, fp16 norm+gamma"},
     {"tq4p", Kind::tq_prod, false, 4, 0, "TurboQuant prod: 3-bit mse + 1-bit QJL, fp16 norm+gamma"},
-    {"tq2n8", Kind::tq_n8, true, 2, 0, "tq2 with an 8-bit log-coded norm (+ int16 exponent per 32 tokens)"},
-    {"tq3n8", Kind::tq_n8, true, 3, 0, "tq3 with an 8-bit log-coded norm (+ int16 exponent per 32 tokens)"},
-    {"tq4n8", Kind::tq_n8, true, 4, 0, "tq4 with an 8-bit log-coded norm (+ int16 exponent per 32 tokens)"},
-    {"tq5n8", Kind::tq_n8, true, 5, 0, "tq5 with an 8-bit log-coded norm (+ int16 exponent per 32 tokens)"},
+    {"tq2n8", Kind::tq_n8, true, 2, 0, "tq2 with an 8-bit log-coded norm (+ int16 exponent per 32 tokens)", false, true},
+    {"tq3n8", Kind::tq_n8, true, 3, 0, "tq3 with an 8-bit log-coded norm (+ int16 exponent per 32 tokens)", false, true},
+    {"tq4n8", Kind::tq_n8, true, 4, 0, "tq4 with an 8-bit log-coded norm (+ int16 exponent per 32 tokens)", false, true},
+    {"tq5n8", Kind::tq_n8, true, 5, 0, "tq5 with an 8-bit log-coded norm (+ int16 exponent per 32 tokens)", false, true},
 };
 constexpr int kNumFormats = sizeof(kFormats) / sizeof(kFormats[0]);
 
@@ -353,7 +353,7 @@ static void set_n8_norm(uint8_t* blk, int slot, double norm) {
 }
 
 float kv::tq_block_norm(const Stream& s, const uint8_t* blk, int part, int slot) noexcept {
-  if (s.fmt->kind == Kind::tq_n8 || s.fmt->n8) {
+  if (s.fmt->n8) {
     blk += (size_t)part * kN8HeaderBytes;
     const uint8_t c = blk[2 + slot];
     if (c == 255) return 0.f;
@@ -1118,8 +1118,8 @@ size_t KvCache::bytes_used() const {
     for (const auto* vec : {&L.k, &L.v})
       for (const auto& s : *vec) {
         total += (size_t)s.n_quant * s.row_bytes;
-        if (s.fmt->kind == Kind::tq_n8 || s.fmt->n8)  // exponents: one per part and block
-          total += (size_t)(s.n_quant + kBlock - 1) / kBlock * 2 * (s.fmt->n8 ? 2 : 1);
+        if (s.fmt->n8)  // exponents: one per part and block
+          total += (size_t)(s.n_quant + kBlock - 1) / kBlock * 2 * (s.fmt->kind == Kind::tq_split ? 2 : 1);
         const int n_sink = std::min(L.n_tokens, s.sink);
         total += (size_t)n_sink * s.dim * 2;                                  // f16 sink rows
         total += (size_t)std::min(L.n_tokens - n_sink, s.window) * s.dim * 2;  // f16 window rows

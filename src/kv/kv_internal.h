@@ -70,9 +70,9 @@ enum class Kind : uint8_t { f32, f16, q8_0, q4_0, tq, tq_split, tq_prod, tq_n8 }
 // block's largest norm exponent in 1/32 octaves, rounded up to a multiple of 4. Norms within
 // 6 octaves (64x) of the block's largest have relative steps of 2.2%, smaller ones 9% steps
 // down to 2^-13.75 of it (below: saturated at code 254; their absolute error is < 1e-4 of the
-// block's largest norm). A
-// larger norm arriving in a partly filled block raises e by whole coarse steps and re-codes
-// the earlier norms: exact, except once for a norm moving from the fine into the coarse range.
+// block's largest norm). A larger norm arriving in a partly filled block raises e by whole
+// coarse steps and re-codes the earlier norms: exact, except once for a norm moving from the
+// fine into the coarse range.
 
 // One row of the table of formats (architecture.md point 4).
 struct Format {
@@ -85,7 +85,8 @@ struct Format {
   // tq_split: pick the outlier channels as adjacent pairs (2i, 2i+1: RoPE rotates them
   // together) by K energy times the query energy seen through observe_queries (tqBhH types)
   bool qweighted = false;
-  // tq_split: 8-bit log-coded norms (the tq_n8 code, one header per part) instead of fp16
+  // 8-bit log-coded norms (the tq_n8 code) instead of fp16: every tq_n8 format, and the
+  // tq_split formats with one header per part (tqBhHn8)
   bool n8 = false;
 };
 const Format& format(KvType t);
