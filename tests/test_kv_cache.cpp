@@ -137,7 +137,8 @@ TEST(KvCache, BytesPerVector) {
                                                {"tq3h5", 60}, {"tq3h6", 64}, {"tq4h5", 72}, {"tq4h6", 76}};
   for (const auto& [t, bytes] : hh) EXPECT_EQ(b(t, 128), bytes) << t;
   // tqBhHn8: the same with two 8-bit log norms (+ 4 B per 32-token block, not in the row)
-  const std::pair<const char*, size_t> hn[] = {{"tq2h5n8", 46}, {"tq2h6n8", 50}, {"tq3h5n8", 58}, {"tq3h6n8", 62},
+  const std::pair<const char*, size_t> hn[] = {{"tq2h4n8", 42}, {"tq2h5n8", 46}, {"tq2h6n8", 50}, {"tq3h4n8", 54},
+                                               {"tq3h5n8", 58}, {"tq3h6n8", 62},
                                                {"tq4h5n8", 70}, {"tq4h6n8", 74}};
   for (const auto& [t, bytes] : hn) EXPECT_EQ(b(t, 128), bytes) << t;
   EXPECT_EQ(b("tq3h6n8", 64), 32u);
