@@ -19,9 +19,25 @@ The prediction: a layer's KLD with only that layer quantized (its sensitivity) f
 Lloyd-Max MSE ratio of the regular channels' bits (e.g. 3 -> 4 bits: 0.275) when upgraded, and
 layers add. Upgrades only: measured layer by layer on SmolLM2-135M the downgrades cost more
 than this predicts (BENCHMARKS.md, "Per-layer upgrades").
+
+`alloc` is the same idea with several types per side, cheaper ones too, and measured costs
+instead of Lloyd-Max ratios (which say nothing where the regular bits stay, as in
+tq2h5n8 -> tq2h6n8 or tq3n8 -> tq3h4n8):
+  kv_layer_plan.py alloc sens.json --k tq2h5n8:0.0293:72.375,tq3h6n8:0.0080:96.375 \
+    --v tq3n8:0.0198:75.1875,tq3h4n8:0.0120:84.375 --budget 4608 [--suffix " ks"]
+Each option is TYPE:KLD:BYTES, KLD the whole-model KLD with every layer's K (V) of that type
+and the other side f16, BYTES per token and layer (all KV heads); or `--types types.json`, the
+`tq perplexity --json --compare f16` output of such one-side configs ("tq2h5n8/f16 ks;f16/tq3n8"),
+measured on the calibration text too. Layer l's K at type t is
+predicted to cost share_K(l) x KLD(t), share_K(l) the layer's fraction of the swept K
+sensitivities (assumed the same at every bit width), layers add; a multiple-choice knapsack
+(one type per layer and side; bytes in 1/16 units, exact for tq types, whose block headers add
+1/16 or 1/8 B per token) minimizes the sum within the budget (bytes per token over all layers,
+K and V).
 """
 import argparse
 import json
+import math
 import re
 import sys
 
@@ -46,25 +62,7 @@ def cmd_sweep(a):
 
 
 def cmd_plan(a):
-    try:
-        d = json.load(open(a.sens))
-        results = d["results"]
-    except (OSError, ValueError, KeyError) as e:
-        sys.exit(f"kv_layer_plan: cannot read the sensitivity sweep {a.sens}: {e}")
-    sens = {}
-    for r in results:
-        try:
-            lab = str(r["kv"]["label"])
-            m = re.search(r"\bL(\d+):(\S+)/(\S+)", lab)
-            kld = float(r["kld_mean"]) if m else None
-        except (KeyError, TypeError, ValueError):
-            sys.exit(f"kv_layer_plan: {a.sens}: a result without kv.label and kld_mean (run with --compare f16)")
-        if not m:
-            sys.exit(f"kv_layer_plan: '{lab}' is not a one-layer sensitivity config (from `kv_layer_plan.py sweep`)")
-        side = "K" if m.group(3) == "f16" else "V"
-        sens[(side, int(m.group(1)))] = kld
-    if not sens:
-        sys.exit(f"kv_layer_plan: {a.sens} holds no results")
+    sens = read_sens(a.sens)
     bk, bv = a.base.split("/")
     fk = LLOYD_MAX[regular_bits(a.up_k)] / LLOYD_MAX[regular_bits(bk)]
     fv = LLOYD_MAX[regular_bits(a.up_v)] / LLOYD_MAX[regular_bits(bv)]
@@ -90,6 +88,132 @@ def cmd_plan(a):
     print(json.dumps(out, indent=1) if a.json else label)
 
 
+def read_sens(path):
+    """{(side, layer): kld} of a one-layer sensitivity sweep (`sweep`'s configs)."""
+    try:
+        d = json.load(open(path))
+        results = d["results"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        sys.exit(f"kv_layer_plan: cannot read the sensitivity sweep {path}: {e}")
+    sens = {}
+    for r in results:
+        try:
+            lab = str(r["kv"]["label"])
+            m = re.search(r"\bL(\d+):(\S+)/(\S+)", lab)
+            kld = float(r["kld_mean"]) if m else None
+        except (KeyError, TypeError, ValueError):
+            sys.exit(f"kv_layer_plan: {path}: a result without kv.label and kld_mean (run with --compare f16)")
+        if not m:
+            sys.exit(f"kv_layer_plan: '{lab}' is not a one-layer sensitivity config (from `kv_layer_plan.py sweep`)")
+        sens[("K" if m.group(3) == "f16" else "V", int(m.group(1)))] = kld
+    if not sens:
+        sys.exit(f"kv_layer_plan: {path} holds no results")
+    return sens
+
+
+def parse_options(spec, side):
+    opts = []
+    for item in spec.split(","):
+        parts = item.strip().split(":")
+        try:
+            t, kld, b = parts[0], float(parts[1]), float(parts[2])
+            if len(parts) != 3 or not t or not (kld >= 0) or not (b > 0) or kld == float("inf") or b == float("inf"):
+                raise ValueError
+        except (ValueError, IndexError):
+            sys.exit(f"kv_layer_plan: --{side.lower()} option '{item}' is not TYPE:KLD:BYTES (KLD >= 0, BYTES > 0)")
+        opts.append((t, kld, b))
+    if len({t for t, _, _ in opts}) != len(opts):
+        sys.exit(f"kv_layer_plan: --{side.lower()} lists a type twice")
+    return opts
+
+
+def read_types(path, n_layers):
+    """K and V options from `tq perplexity --json --compare f16` of one-side configs: a result
+    labelled "T/f16 ..." is K option T, "f16/T ..." V option T; bytes per layer from its
+    kv_bytes_per_token minus the f16 side's half of kv_bytes_per_token_f16, over n_layers (the
+    sensitivity sweep's)."""
+    try:
+        d = json.load(open(path))
+        results = d["results"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        sys.exit(f"kv_layer_plan: cannot read the type costs {path}: {e}")
+    opts = {"K": [], "V": []}
+    for r in results:
+        try:
+            lab = str(r["kv"]["label"])
+            kld, b, b16 = float(r["kld_mean"]), float(r["kv_bytes_per_token"]), float(r["kv_bytes_per_token_f16"])
+        except (KeyError, TypeError, ValueError):
+            sys.exit(f"kv_layer_plan: {path}: a result without kv.label, kld_mean and kv_bytes_per_token")
+        tk, _, tv = lab.split()[0].partition("/")
+        if re.search(r"\bL\d", lab) or (tk == "f16") == (tv == "f16") or not tv:
+            sys.exit(f"kv_layer_plan: {path}: '{lab}' is not a one-side config (T/f16 or f16/T, no L entries)")
+        side, t = ("K", tk) if tv == "f16" else ("V", tv)
+        if any(o[0] == t for o in opts[side]):
+            sys.exit(f"kv_layer_plan: {path}: {side} type {t} appears twice")
+        opts[side].append((t, kld, (b - b16 / 2) / n_layers))
+    for side in ("K", "V"):
+        if not opts[side]:
+            sys.exit(f"kv_layer_plan: {path} has no {side} option ({'T/f16' if side == 'K' else 'f16/T'} configs)")
+    return opts
+
+
+def cmd_alloc(a):
+    sens = read_sens(a.sens)
+    if a.types and (a.k or a.v) or not a.types and not (a.k and a.v):
+        sys.exit("kv_layer_plan: alloc takes --types FILE, or --k and --v")
+    opts = read_types(a.types, len({l for _, l in sens})) if a.types else {"K": parse_options(a.k, "K"), "V": parse_options(a.v, "V")}
+    layers = sorted({l for _, l in sens})
+    groups = []  # (side, layer, [(type, predicted kld, cost in 1/8 bytes)])
+    for side in ("K", "V"):
+        tot = sum(v for (s_, _), v in sens.items() if s_ == side)
+        for l in layers:
+            if (side, l) not in sens:
+                sys.exit(f"kv_layer_plan: {a.sens} has no {side} probe of layer {l}")
+            share = sens[(side, l)] / tot if tot > 0 else 1.0 / len(layers)
+            groups.append((side, l, [(t, share * kld, math.ceil(b * 16 - 1e-9)) for t, kld, b in opts[side]]))
+    base = sum(min(c for _, _, c in g[2]) for g in groups)
+    cap = math.floor(a.budget * 16 + 1e-9) - base
+    if cap < 0:
+        sys.exit(f"kv_layer_plan: the budget {a.budget} B/token is below the cheapest allocation "
+                 f"({base / 16:g} B/token)")
+    # Multiple-choice knapsack over the extra cost above each group's cheapest option.
+    INF = float("inf")
+    best = [0.0] + [INF] * cap  # best[c]: least predicted KLD of the groups so far at extra cost c
+    picks = []
+    for _, _, og in groups:
+        cmin = min(c for _, _, c in og)
+        nb = [INF] * (cap + 1)
+        pk = [-1] * (cap + 1)
+        for i, (_, kld, c) in enumerate(og):
+            e = c - cmin
+            for x in range(cap - e, -1, -1):
+                v = best[x] + kld
+                if v < nb[x + e]:
+                    nb[x + e], pk[x + e] = v, i
+        best = nb
+        picks.append(pk)
+    x = min(range(cap + 1), key=lambda i: (best[i], i))
+    pred = best[x]
+    choice = {}
+    for gi in range(len(groups) - 1, -1, -1):
+        side, l, og = groups[gi]
+        i = picks[gi][x]
+        choice[(side, l)] = og[i][0]
+        x -= og[i][2] - min(c for _, _, c in og)
+    cost = sum(next(c for t, _, c in g[2] if t == choice[(g[0], g[1])]) for g in groups) / 16
+    bk = max(opts["K"], key=lambda o: (sum(choice[("K", l)] == o[0] for l in layers), -o[2]))[0]
+    bv = max(opts["V"], key=lambda o: (sum(choice[("V", l)] == o[0] for l in layers), -o[2]))[0]
+    over = {}
+    for l in layers:
+        tk, tv = choice[("K", l)], choice[("V", l)]
+        if (tk, tv) != (bk, bv):
+            over.setdefault((tk, tv), []).append(l)
+    label = f"{bk}/{bv}{a.suffix}" + "".join(f" L{','.join(map(str, ls))}:{tk}/{tv}" for (tk, tv), ls in over.items())
+    out = {"label": label, "bytes_per_token": cost, "predicted_kld": pred,
+           "k_types": [choice[("K", l)] for l in layers], "v_types": [choice[("V", l)] for l in layers]}
+    print(json.dumps(out, indent=1) if a.json else label)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -109,6 +233,16 @@ def main():
     q.add_argument("--budget", type=int, required=True, help="bytes per token to spend")
     q.add_argument("--json", action="store_true", help="print the plan as JSON")
     q.set_defaults(fn=cmd_plan)
+    c = sub.add_parser("alloc", help="one type per layer and side from measured whole-model costs")
+    c.add_argument("sens", help="JSON of the one-layer sensitivity sweep (as for plan)")
+    c.add_argument("--types", help="JSON of `tq perplexity --json --compare f16` over one-side configs "
+                   "(T/f16, f16/T): the options with their KLD and bytes")
+    c.add_argument("--k", help="instead of --types: K options TYPE:KLD:BYTES,... (see kv_layer_plan.py --help)")
+    c.add_argument("--v", help="instead of --types: V options TYPE:KLD:BYTES,...")
+    c.add_argument("--budget", type=float, required=True, help="bytes per token over all layers, K and V")
+    c.add_argument("--suffix", default="", help="appended to the base K/V of the label, e.g. ' ks'")
+    c.add_argument("--json", action="store_true", help="print the allocation as JSON")
+    c.set_defaults(fn=cmd_alloc)
     a = p.parse_args()
     a.fn(a)
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """bench/kv_layer_plan.py: the sweep string, the published plan from the published sweep, the
-knapsack against brute force on a small case, and bad input (one-line error, non-zero exit)."""
+knapsack (plan) and the multiple-choice knapsack (alloc) against brute force on a small case, and
+bad input (one-line error, non-zero exit)."""
 import itertools
 import json
 import os
@@ -75,6 +76,61 @@ with tempfile.TemporaryDirectory() as td:
     r = run("plan", f, "--base", "f16/tq4n8", "--up-k", "tq4h6", "--up-v", "tq5n8", "--cost-k", "6",
             "--cost-v", "7", "--budget", "10")
     check(r.returncode != 0 and "not a tq type" in r.stderr, f"non-tq base: {r.stderr!r}")
+    # 5. alloc: the multiple-choice knapsack against brute force over every assignment.
+    ko = [("tq2h5n8", 0.03, 72.375), ("tq2h6n8", 0.026, 78.375), ("tq3h6n8", 0.008, 96.375)]
+    vo = [("tq3n8", 0.02, 75.1875), ("tq3h4n8", 0.012, 84.375)]
+    spec = lambda opts: ",".join(f"{t}:{k}:{b}" for t, k, b in opts)
+    tot = {sd: sum(v for (s_, _), v in kld.items() if s_ == sd) for sd in "KV"}
+    groups = [(sd, l) for sd in "KV" for l in range(3)]
+    for budget in (3 * 72.375 + 3 * 75.1875, 450, 470, 500, 540, 600):
+        r = run("alloc", f, "--k", spec(ko), "--v", spec(vo), "--budget", str(budget), "--json")
+        out = json.loads(r.stdout)
+        best = None
+        for combo in itertools.product(*[ko if sd == "K" else vo for sd, _ in groups]):
+            cost = sum(b for _, _, b in combo)
+            if cost <= budget + 1e-9:
+                pk = sum(kld[g] / tot[g[0]] * o[1] for g, o in zip(groups, combo))
+                best = pk if best is None else min(best, pk)
+        check(abs(out["predicted_kld"] - best) < 1e-12, f"alloc budget {budget}: {out['predicted_kld']} vs {best}")
+        check(out["bytes_per_token"] <= budget + 1e-9, f"alloc within budget {budget}")
+        kb = {t: b for t, _, b in ko}
+        vb = {t: b for t, _, b in vo}
+        check(abs(sum(kb[t] for t in out["k_types"]) + sum(vb[t] for t in out["v_types"]) - out["bytes_per_token"])
+              < 1e-9, f"alloc bytes add up at budget {budget}")
+    r = run("alloc", f, "--k", spec(ko), "--v", spec(vo), "--budget", "500", "--suffix", " ks")
+    w = r.stdout.split()
+    check(r.returncode == 0 and len(w) >= 2 and w[0].count("/") == 1 and w[1] == "ks" and
+          all(x.startswith("L") for x in w[2:]), f"alloc label: {r.stdout!r}")
+    for k, v, b, what in ((spec(ko), spec(vo), "100", "below the cheapest"), ("tq2h5n8:0.03", spec(vo), "500", "TYPE:KLD:BYTES"),
+                          ("tq2h5n8:x:72", spec(vo), "500", "TYPE:KLD:BYTES"), ("a:1:0", spec(vo), "500", "TYPE:KLD:BYTES"),
+                          ("a:1:2,a:1:3", spec(vo), "500", "twice")):
+        r = run("alloc", f, "--k", k, "--v", v, "--budget", b)
+        check(r.returncode != 0 and what in r.stderr and r.stderr.strip().count("\n") == 0,
+              f"alloc bad input ({what}): rc {r.returncode} stderr {r.stderr!r}")
+    # 6. alloc --types: the options read from one-side `tq perplexity` results (bytes per layer
+    # from kv_bytes_per_token minus the f16 side) give the same allocation as --k / --v.
+    f16b = 3 * 2 * 3 * 64 * 2  # 3 layers, K and V, 3 heads, D = 64, 2 B
+    tres = [{"kv": {"label": f"{t}/f16 s1 ck cs512 cr ks"}, "kld_mean": k, "kv_bytes_per_token": f16b / 2 + 3 * b,
+             "kv_bytes_per_token_f16": f16b} for t, k, b in ko]
+    tres += [{"kv": {"label": f"f16/{t}"}, "kld_mean": k, "kv_bytes_per_token": f16b / 2 + 3 * b,
+              "kv_bytes_per_token_f16": f16b} for t, k, b in vo]
+    tf = os.path.join(td, "types.json")
+    json.dump({"results": tres}, open(tf, "w"))
+    for budget in ("450", "500", "540"):
+        a = run("alloc", f, "--types", tf, "--budget", budget, "--json")
+        b = run("alloc", f, "--k", spec(ko), "--v", spec(vo), "--budget", budget, "--json")
+        check(a.returncode == 0 and json.loads(a.stdout) == json.loads(b.stdout),
+              f"alloc --types = --k/--v at {budget}: {a.stdout!r} {a.stderr!r}")
+    json.dump({"results": tres + [dict(tres[0], kv={"label": "tq3/f16 L1:tq4/f16"})]}, open(os.path.join(td, "tl.json"), "w"))
+    json.dump({"results": tres[:3]}, open(os.path.join(td, "tk.json"), "w"))
+    for args, what in ((["--types", os.path.join(td, "tl.json")], "not a one-side config"),
+                       (["--types", os.path.join(td, "tk.json")], "no V option"),
+                       (["--types", bad], "cannot read the type costs"),
+                       (["--types", tf, "--k", spec(ko)], "--types FILE, or --k and --v"),
+                       (["--k", spec(ko)], "--types FILE, or --k and --v")):
+        r = run("alloc", f, *args, "--budget", "500")
+        check(r.returncode != 0 and what in r.stderr and r.stderr.strip().count("\n") == 0,
+              f"alloc bad types ({what}): rc {r.returncode} stderr {r.stderr!r}")
     r = run("sweep", "--layers", "0", "--k", "tq3", "--v", "tq3")
     check(r.returncode != 0 and "--layers" in r.stderr, f"zero layers: {r.stderr!r}")
 
