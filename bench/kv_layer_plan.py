@@ -127,18 +127,25 @@ def parse_options(spec, side):
     return opts
 
 
-def read_types(path, n_layers):
+def read_results(paths):
+    """(path, result) of every result in the type-cost files."""
+    out = []
+    for path in paths:
+        try:
+            d = json.load(open(path))
+            out += [(path, r) for r in d["results"]]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            sys.exit(f"kv_layer_plan: cannot read the type costs {path}: {e}")
+    return out
+
+
+def read_types(paths, n_layers):
     """K and V options from `tq perplexity --json --compare f16` of one-side configs: a result
     labelled "T/f16 ..." is K option T, "f16/T ..." V option T; bytes per layer from its
     kv_bytes_per_token minus the f16 side's half of kv_bytes_per_token_f16, over n_layers (the
     sensitivity sweep's)."""
-    try:
-        d = json.load(open(path))
-        results = d["results"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        sys.exit(f"kv_layer_plan: cannot read the type costs {path}: {e}")
     opts = {"K": [], "V": []}
-    for r in results:
+    for path, r in read_results(paths):
         try:
             lab = str(r["kv"]["label"])
             kld, b, b16 = float(r["kld_mean"]), float(r["kv_bytes_per_token"]), float(r["kv_bytes_per_token_f16"])
@@ -149,11 +156,12 @@ def read_types(path, n_layers):
             sys.exit(f"kv_layer_plan: {path}: '{lab}' is not a one-side config (T/f16 or f16/T, no L entries)")
         side, t = ("K", tk) if tv == "f16" else ("V", tv)
         if any(o[0] == t for o in opts[side]):
-            sys.exit(f"kv_layer_plan: {path}: {side} type {t} appears twice")
+            sys.exit(f"kv_layer_plan: {side} type {t} appears twice in the type costs")
         opts[side].append((t, kld, (b - b16 / 2) / n_layers))
     for side in ("K", "V"):
         if not opts[side]:
-            sys.exit(f"kv_layer_plan: {path} has no {side} option ({'T/f16' if side == 'K' else 'f16/T'} configs)")
+            form = "T/f16" if side == "K" else "f16/T"
+            sys.exit(f"kv_layer_plan: {', '.join(paths)}: no {side} option ({form} configs)")
     return opts
 
 
@@ -161,7 +169,10 @@ def cmd_alloc(a):
     sens = read_sens(a.sens)
     if a.types and (a.k or a.v) or not a.types and not (a.k and a.v):
         sys.exit("kv_layer_plan: alloc takes --types FILE, or --k and --v")
-    opts = read_types(a.types, len({l for _, l in sens})) if a.types else {"K": parse_options(a.k, "K"), "V": parse_options(a.v, "V")}
+    if a.types:
+        opts = read_types(a.types, len({l for _, l in sens}))
+    else:
+        opts = {"K": parse_options(a.k, "K"), "V": parse_options(a.v, "V")}
     layers = sorted({l for _, l in sens})
     groups = []  # (side, layer, [(type, predicted kld, cost in 1/8 bytes)])
     for side in ("K", "V"):
@@ -235,8 +246,8 @@ def main():
     q.set_defaults(fn=cmd_plan)
     c = sub.add_parser("alloc", help="one type per layer and side from measured whole-model costs")
     c.add_argument("sens", help="JSON of the one-layer sensitivity sweep (as for plan)")
-    c.add_argument("--types", help="JSON of `tq perplexity --json --compare f16` over one-side configs "
-                   "(T/f16, f16/T): the options with their KLD and bytes")
+    c.add_argument("--types", action="append", help="JSON of `tq perplexity --json --compare f16` over one-side "
+                   "configs (T/f16, f16/T): the options with their KLD and bytes (repeatable)")
     c.add_argument("--k", help="instead of --types: K options TYPE:KLD:BYTES,... (see kv_layer_plan.py --help)")
     c.add_argument("--v", help="instead of --types: V options TYPE:KLD:BYTES,...")
     c.add_argument("--budget", type=float, required=True, help="bytes per token over all layers, K and V")

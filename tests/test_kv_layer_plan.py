@@ -121,11 +121,17 @@ with tempfile.TemporaryDirectory() as td:
         b = run("alloc", f, "--k", spec(ko), "--v", spec(vo), "--budget", budget, "--json")
         check(a.returncode == 0 and json.loads(a.stdout) == json.loads(b.stdout),
               f"alloc --types = --k/--v at {budget}: {a.stdout!r} {a.stderr!r}")
+    json.dump({"results": tres[:2]}, open(os.path.join(td, "t1.json"), "w"))
+    json.dump({"results": tres[2:]}, open(os.path.join(td, "t2.json"), "w"))
+    a = run("alloc", f, "--types", os.path.join(td, "t1.json"), "--types", os.path.join(td, "t2.json"), "--budget", "500")
+    b = run("alloc", f, "--types", tf, "--budget", "500")
+    check(a.returncode == 0 and a.stdout == b.stdout, f"alloc: two --types files = one: {a.stdout!r} {a.stderr!r}")
     json.dump({"results": tres + [dict(tres[0], kv={"label": "tq3/f16 L1:tq4/f16"})]}, open(os.path.join(td, "tl.json"), "w"))
     json.dump({"results": tres[:3]}, open(os.path.join(td, "tk.json"), "w"))
     for args, what in ((["--types", os.path.join(td, "tl.json")], "not a one-side config"),
                        (["--types", os.path.join(td, "tk.json")], "no V option"),
                        (["--types", bad], "cannot read the type costs"),
+                       (["--types", tf, "--types", os.path.join(td, "t1.json")], "appears twice"),
                        (["--types", tf, "--k", spec(ko)], "--types FILE, or --k and --v"),
                        (["--k", spec(ko)], "--types FILE, or --k and --v")):
         r = run("alloc", f, *args, "--budget", "500")
