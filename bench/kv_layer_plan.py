@@ -117,7 +117,7 @@ def parse_options(spec, side):
         parts = item.strip().split(":")
         try:
             t, kld, b = parts[0], float(parts[1]), float(parts[2])
-            if len(parts) != 3 or not t or not (kld >= 0) or not (b > 0) or kld == float("inf") or b == float("inf"):
+            if len(parts) != 3 or not t or not (math.isfinite(kld) and kld >= 0 and math.isfinite(b) and b > 0):
                 raise ValueError
         except (ValueError, IndexError):
             sys.exit(f"kv_layer_plan: --{side.lower()} option '{item}' is not TYPE:KLD:BYTES (KLD >= 0, BYTES > 0)")
@@ -149,8 +149,10 @@ def read_types(paths, n_layers):
         try:
             lab = str(r["kv"]["label"])
             kld, b, b16 = float(r["kld_mean"]), float(r["kv_bytes_per_token"]), float(r["kv_bytes_per_token_f16"])
+            if not (math.isfinite(kld) and kld >= 0 and math.isfinite(b) and math.isfinite(b16) and b > b16 / 2):
+                raise ValueError
         except (KeyError, TypeError, ValueError):
-            sys.exit(f"kv_layer_plan: {path}: a result without kv.label, kld_mean and kv_bytes_per_token")
+            sys.exit(f"kv_layer_plan: {path}: a result without a valid kv.label, kld_mean and kv_bytes_per_token")
         tk, _, tv = lab.split()[0].partition("/")
         if re.search(r"\bL\d", lab) or (tk == "f16") == (tv == "f16") or not tv:
             sys.exit(f"kv_layer_plan: {path}: '{lab}' is not a one-side config (T/f16 or f16/T, no L entries)")
@@ -167,6 +169,8 @@ def read_types(paths, n_layers):
 
 def cmd_alloc(a):
     sens = read_sens(a.sens)
+    if not (math.isfinite(a.budget) and a.budget >= 0):
+        sys.exit(f"kv_layer_plan: --budget {a.budget} is not a byte count >= 0")
     if a.types and (a.k or a.v) or not a.types and not (a.k and a.v):
         sys.exit("kv_layer_plan: alloc takes --types FILE, or --k and --v")
     if a.types:
@@ -174,7 +178,7 @@ def cmd_alloc(a):
     else:
         opts = {"K": parse_options(a.k, "K"), "V": parse_options(a.v, "V")}
     layers = sorted({l for _, l in sens})
-    groups = []  # (side, layer, [(type, predicted kld, cost in 1/8 bytes)])
+    groups = []  # (side, layer, [(type, predicted kld, cost in 1/16 bytes)])
     for side in ("K", "V"):
         tot = sum(v for (s_, _), v in sens.items() if s_ == side)
         for l in layers:

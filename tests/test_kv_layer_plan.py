@@ -128,15 +128,20 @@ with tempfile.TemporaryDirectory() as td:
     check(a.returncode == 0 and a.stdout == b.stdout, f"alloc: two --types files = one: {a.stdout!r} {a.stderr!r}")
     json.dump({"results": tres + [dict(tres[0], kv={"label": "tq3/f16 L1:tq4/f16"})]}, open(os.path.join(td, "tl.json"), "w"))
     json.dump({"results": tres[:3]}, open(os.path.join(td, "tk.json"), "w"))
+    json.dump({"results": [dict(tres[0], kld_mean=float("nan"))] + tres[1:]}, open(os.path.join(td, "tn.json"), "w"))
     for args, what in ((["--types", os.path.join(td, "tl.json")], "not a one-side config"),
                        (["--types", os.path.join(td, "tk.json")], "no V option"),
                        (["--types", bad], "cannot read the type costs"),
                        (["--types", tf, "--types", os.path.join(td, "t1.json")], "appears twice"),
                        (["--types", tf, "--k", spec(ko)], "--types FILE, or --k and --v"),
-                       (["--k", spec(ko)], "--types FILE, or --k and --v")):
+                       (["--k", spec(ko)], "--types FILE, or --k and --v"),
+                       (["--types", os.path.join(td, "tn.json")], "without a valid kv.label")):
         r = run("alloc", f, *args, "--budget", "500")
         check(r.returncode != 0 and what in r.stderr and r.stderr.strip().count("\n") == 0,
               f"alloc bad types ({what}): rc {r.returncode} stderr {r.stderr!r}")
+    for budget in ("nan", "-1", "inf"):
+        r = run("alloc", f, "--types", tf, "--budget", budget)
+        check(r.returncode != 0 and "not a byte count" in r.stderr, f"alloc --budget {budget}: {r.stderr!r}")
     r = run("sweep", "--layers", "0", "--k", "tq3", "--v", "tq3")
     check(r.returncode != 0 and "--layers" in r.stderr, f"zero layers: {r.stderr!r}")
 
