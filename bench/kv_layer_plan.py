@@ -78,14 +78,21 @@ def cmd_plan(a):
     b, (g, ch) = max(best.items(), key=lambda kv: kv[1][0])
     up_k = sorted(l for s, l in ch if s == "K")
     up_v = sorted(l for s, l in ch if s == "V")
-    groups = {}
-    for l in sorted(set(up_k) | set(up_v)):
-        groups.setdefault(((a.up_k if l in up_k else bk), (a.up_v if l in up_v else bv)), []).append(l)
-    label = a.base + "".join(f" L{','.join(map(str, ls))}:{tk}/{tv}" for (tk, tv), ls in groups.items())
+    label = layer_label(a.base, {l: (a.up_k if l in up_k else bk, a.up_v if l in up_v else bv)
+                                 for l in sorted(set(up_k) | set(up_v))})
     total = sum(sens.values())
     out = {"label": label, "bytes_per_token_added": b, "predicted_kld_saved": g,
            "sensitivity_sum": total, "up_k_layers": up_k, "up_v_layers": up_v}
     print(json.dumps(out, indent=1) if a.json else label)
+
+
+def layer_label(head, types):
+    """head + one ` L<layers>:K/V` entry per distinct (K, V) of types {layer: (K, V)}, in the
+    order the pairs first appear."""
+    groups = {}
+    for l, kv in types.items():
+        groups.setdefault(kv, []).append(l)
+    return head + "".join(f" L{','.join(map(str, ls))}:{tk}/{tv}" for (tk, tv), ls in groups.items())
 
 
 def read_sens(path):
@@ -173,20 +180,21 @@ def cmd_alloc(a):
         sys.exit(f"kv_layer_plan: --budget {a.budget} is not a byte count >= 0")
     if a.types and (a.k or a.v) or not a.types and not (a.k and a.v):
         sys.exit("kv_layer_plan: alloc takes --types FILE, or --k and --v")
+    layers = sorted({l for _, l in sens})
     if a.types:
-        opts = read_types(a.types, len({l for _, l in sens}))
+        opts = read_types(a.types, len(layers))
     else:
         opts = {"K": parse_options(a.k, "K"), "V": parse_options(a.v, "V")}
-    layers = sorted({l for _, l in sens})
-    groups = []  # (side, layer, [(type, predicted kld, cost in 1/16 bytes)])
+    groups = []  # (side, layer, [(type, predicted kld, cost in 1/16 bytes)], cheapest cost)
     for side in ("K", "V"):
         tot = sum(v for (s_, _), v in sens.items() if s_ == side)
         for l in layers:
             if (side, l) not in sens:
                 sys.exit(f"kv_layer_plan: {a.sens} has no {side} probe of layer {l}")
             share = sens[(side, l)] / tot if tot > 0 else 1.0 / len(layers)
-            groups.append((side, l, [(t, share * kld, math.ceil(b * 16 - 1e-9)) for t, kld, b in opts[side]]))
-    base = sum(min(c for _, _, c in g[2]) for g in groups)
+            og = [(t, share * kld, math.ceil(b * 16 - 1e-9)) for t, kld, b in opts[side]]
+            groups.append((side, l, og, min(c for _, _, c in og)))
+    base = sum(g[3] for g in groups)
     cap = math.floor(a.budget * 16 + 1e-9) - base
     if cap < 0:
         sys.exit(f"kv_layer_plan: the budget {a.budget} B/token is below the cheapest allocation "
@@ -195,8 +203,7 @@ def cmd_alloc(a):
     INF = float("inf")
     best = [0.0] + [INF] * cap  # best[c]: least predicted KLD of the groups so far at extra cost c
     picks = []
-    for _, _, og in groups:
-        cmin = min(c for _, _, c in og)
+    for _, _, og, cmin in groups:
         nb = [INF] * (cap + 1)
         pk = [-1] * (cap + 1)
         for i, (_, kld, c) in enumerate(og):
@@ -209,21 +216,18 @@ def cmd_alloc(a):
         picks.append(pk)
     x = min(range(cap + 1), key=lambda i: (best[i], i))
     pred = best[x]
-    choice = {}
+    choice, cost = {}, 0
     for gi in range(len(groups) - 1, -1, -1):
-        side, l, og = groups[gi]
-        i = picks[gi][x]
-        choice[(side, l)] = og[i][0]
-        x -= og[i][2] - min(c for _, _, c in og)
-    cost = sum(next(c for t, _, c in g[2] if t == choice[(g[0], g[1])]) for g in groups) / 16
+        side, l, og, cmin = groups[gi]
+        t, _, c = og[picks[gi][x]]
+        choice[(side, l)] = t
+        cost += c
+        x -= c - cmin
+    cost /= 16
     bk = max(opts["K"], key=lambda o: (sum(choice[("K", l)] == o[0] for l in layers), -o[2]))[0]
     bv = max(opts["V"], key=lambda o: (sum(choice[("V", l)] == o[0] for l in layers), -o[2]))[0]
-    over = {}
-    for l in layers:
-        tk, tv = choice[("K", l)], choice[("V", l)]
-        if (tk, tv) != (bk, bv):
-            over.setdefault((tk, tv), []).append(l)
-    label = f"{bk}/{bv}{a.suffix}" + "".join(f" L{','.join(map(str, ls))}:{tk}/{tv}" for (tk, tv), ls in over.items())
+    per_layer = {l: (choice[("K", l)], choice[("V", l)]) for l in layers}
+    label = layer_label(f"{bk}/{bv}{a.suffix}", {l: kv for l, kv in per_layer.items() if kv != (bk, bv)})
     out = {"label": label, "bytes_per_token": cost, "predicted_kld": pred,
            "k_types": [choice[("K", l)] for l in layers], "v_types": [choice[("V", l)] for l in layers]}
     print(json.dumps(out, indent=1) if a.json else label)
