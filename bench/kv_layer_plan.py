@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Per-layer KV cache bit allocation from measured layer sensitivities.
+"""Per-layer (or per-KV-head) KV cache bit allocation from measured sensitivities.
 
 Two steps, with the project's own `tq perplexity`:
 
@@ -34,6 +34,11 @@ sensitivities (assumed the same at every bit width), layers add; a multiple-choi
 (one type per layer and side; bytes in 1/16 units, exact for tq types, whose block headers add
 1/16 or 1/8 B per token) minimizes the sum within the budget (bytes per token over all layers,
 K and V).
+
+Per KV head: `sweep --heads 3` probes each KV head of each layer alone (`L<layer>.<head>`
+entries, which `--kv-layer-type` and `--sweep` labels take too); `plan` and `alloc` then work
+on those units instead of whole layers (a unit's bytes: the option's bytes over the number of
+units; `--cost-k/--cost-v` are per unit then).
 """
 import argparse
 import json
@@ -55,10 +60,23 @@ def regular_bits(t):
 def cmd_sweep(a):
     if a.layers < 1:
         sys.exit("kv_layer_plan: --layers must be >= 1")
+    if a.heads < 0:
+        sys.exit("kv_layer_plan: --heads must be >= 0")
     prot = (" " + a.protect.strip()) if a.protect.strip() else ""
-    ks = [f"f16{prot} L{l}:{a.k}/f16" for l in range(a.layers)]
-    vs = [f"f16 L{l}:f16/{a.v}" for l in range(a.layers)]
+    units = [unit_name((l, h)) for l in range(a.layers) for h in (range(a.heads) if a.heads else [None])]
+    ks = [f"f16{prot} L{u}:{a.k}/f16" for u in units]
+    vs = [f"f16 L{u}:f16/{a.v}" for u in units]
     print(";".join(ks + vs))
+
+
+def unit_name(u):
+    """A unit (layer, head or None) as written in `--kv-layer-type`: "3" or "3.1"."""
+    return str(u[0]) if u[1] is None else f"{u[0]}.{u[1]}"
+
+
+def unit_json(u):
+    """A unit in JSON output: the layer number, or "layer.head"."""
+    return u[0] if u[1] is None else unit_name(u)
 
 
 def cmd_plan(a):
@@ -76,27 +94,29 @@ def cmd_plan(a):
             if nb <= a.budget and (nb not in best or best[nb][0] < g + gain):
                 best[nb] = (g + gain, ch + [key])
     b, (g, ch) = max(best.items(), key=lambda kv: kv[1][0])
-    up_k = sorted(l for s, l in ch if s == "K")
-    up_v = sorted(l for s, l in ch if s == "V")
-    label = layer_label(a.base, {l: (a.up_k if l in up_k else bk, a.up_v if l in up_v else bv)
-                                 for l in sorted(set(up_k) | set(up_v))})
+    up_k = sorted(u for s, u in ch if s == "K")
+    up_v = sorted(u for s, u in ch if s == "V")
+    label = layer_label(a.base, {u: (a.up_k if u in up_k else bk, a.up_v if u in up_v else bv)
+                                 for u in sorted(set(up_k) | set(up_v))})
     total = sum(sens.values())
     out = {"label": label, "bytes_per_token_added": b, "predicted_kld_saved": g,
-           "sensitivity_sum": total, "up_k_layers": up_k, "up_v_layers": up_v}
+           "sensitivity_sum": total, "up_k_layers": [unit_json(u) for u in up_k],
+           "up_v_layers": [unit_json(u) for u in up_v]}
     print(json.dumps(out, indent=1) if a.json else label)
 
 
 def layer_label(head, types):
-    """head + one ` L<layers>:K/V` entry per distinct (K, V) of types {layer: (K, V)}, in the
+    """head + one ` L<units>:K/V` entry per distinct (K, V) of types {unit: (K, V)}, in the
     order the pairs first appear."""
     groups = {}
-    for l, kv in types.items():
-        groups.setdefault(kv, []).append(l)
-    return head + "".join(f" L{','.join(map(str, ls))}:{tk}/{tv}" for (tk, tv), ls in groups.items())
+    for u, kv in types.items():
+        groups.setdefault(kv, []).append(unit_name(u))
+    return head + "".join(f" L{','.join(us)}:{tk}/{tv}" for (tk, tv), us in groups.items())
 
 
 def read_sens(path):
-    """{(side, layer): kld} of a one-layer sensitivity sweep (`sweep`'s configs)."""
+    """{(side, (layer, head or None)): kld} of a one-layer or one-head sensitivity sweep
+    (`sweep`'s configs)."""
     try:
         d = json.load(open(path))
         results = d["results"]
@@ -106,15 +126,18 @@ def read_sens(path):
     for r in results:
         try:
             lab = str(r["kv"]["label"])
-            m = re.search(r"\bL(\d+):(\S+)/(\S+)", lab)
+            m = re.search(r"\bL(\d+)(?:\.(\d+))?:(\S+)/(\S+)", lab)
             kld = float(r["kld_mean"]) if m else None
         except (KeyError, TypeError, ValueError):
             sys.exit(f"kv_layer_plan: {path}: a result without kv.label and kld_mean (run with --compare f16)")
         if not m:
             sys.exit(f"kv_layer_plan: '{lab}' is not a one-layer sensitivity config (from `kv_layer_plan.py sweep`)")
-        sens[("K" if m.group(3) == "f16" else "V", int(m.group(1)))] = kld
+        unit = (int(m.group(1)), None if m.group(2) is None else int(m.group(2)))
+        sens[("K" if m.group(4) == "f16" else "V", unit)] = kld
     if not sens:
         sys.exit(f"kv_layer_plan: {path} holds no results")
+    if len({u[1] is None for _, u in sens}) > 1:
+        sys.exit(f"kv_layer_plan: {path} mixes whole-layer and one-head probes")
     return sens
 
 
@@ -146,11 +169,11 @@ def read_results(paths):
     return out
 
 
-def read_types(paths, n_layers):
+def read_types(paths, n_units):
     """K and V options from `tq perplexity --json --compare f16` of one-side configs: a result
     labelled "T/f16 ..." is K option T, "f16/T ..." V option T; bytes per layer from its
-    kv_bytes_per_token minus the f16 side's half of kv_bytes_per_token_f16, over n_layers (the
-    sensitivity sweep's)."""
+    kv_bytes_per_token minus the f16 side's half of kv_bytes_per_token_f16, over n_units (the
+    sensitivity sweep's layers or KV heads)."""
     opts = {"K": [], "V": []}
     for path, r in read_results(paths):
         try:
@@ -166,7 +189,7 @@ def read_types(paths, n_layers):
         side, t = ("K", tk) if tv == "f16" else ("V", tv)
         if any(o[0] == t for o in opts[side]):
             sys.exit(f"kv_layer_plan: {side} type {t} appears twice in the type costs")
-        opts[side].append((t, kld, (b - b16 / 2) / n_layers))
+        opts[side].append((t, kld, (b - b16 / 2) / n_units))
     for side in ("K", "V"):
         if not opts[side]:
             form = "T/f16" if side == "K" else "f16/T"
@@ -180,20 +203,20 @@ def cmd_alloc(a):
         sys.exit(f"kv_layer_plan: --budget {a.budget} is not a byte count >= 0")
     if a.types and (a.k or a.v) or not a.types and not (a.k and a.v):
         sys.exit("kv_layer_plan: alloc takes --types FILE, or --k and --v")
-    layers = sorted({l for _, l in sens})
+    units = sorted({u for _, u in sens})  # layers (l, None) or KV heads (l, h)
     if a.types:
-        opts = read_types(a.types, len(layers))
+        opts = read_types(a.types, len(units))
     else:
         opts = {"K": parse_options(a.k, "K"), "V": parse_options(a.v, "V")}
-    groups = []  # (side, layer, [(type, predicted kld, cost in 1/16 bytes)], cheapest cost)
+    groups = []  # (side, unit, [(type, predicted kld, cost in 1/16 bytes)], cheapest cost)
     for side in ("K", "V"):
         tot = sum(v for (s_, _), v in sens.items() if s_ == side)
-        for l in layers:
-            if (side, l) not in sens:
-                sys.exit(f"kv_layer_plan: {a.sens} has no {side} probe of layer {l}")
-            share = sens[(side, l)] / tot if tot > 0 else 1.0 / len(layers)
+        for u in units:
+            if (side, u) not in sens:
+                sys.exit(f"kv_layer_plan: {a.sens} has no {side} probe of L{unit_name(u)}")
+            share = sens[(side, u)] / tot if tot > 0 else 1.0 / len(units)
             og = [(t, share * kld, math.ceil(b * 16 - 1e-9)) for t, kld, b in opts[side]]
-            groups.append((side, l, og, min(c for _, _, c in og)))
+            groups.append((side, u, og, min(c for _, _, c in og)))
     base = sum(g[3] for g in groups)
     cap = math.floor(a.budget * 16 + 1e-9) - base
     if cap < 0:
@@ -218,18 +241,18 @@ def cmd_alloc(a):
     pred = best[x]
     choice, cost = {}, 0
     for gi in range(len(groups) - 1, -1, -1):
-        side, l, og, cmin = groups[gi]
+        side, u, og, cmin = groups[gi]
         t, _, c = og[picks[gi][x]]
-        choice[(side, l)] = t
+        choice[(side, u)] = t
         cost += c
         x -= c - cmin
     cost /= 16
-    bk = max(opts["K"], key=lambda o: (sum(choice[("K", l)] == o[0] for l in layers), -o[2]))[0]
-    bv = max(opts["V"], key=lambda o: (sum(choice[("V", l)] == o[0] for l in layers), -o[2]))[0]
-    per_layer = {l: (choice[("K", l)], choice[("V", l)]) for l in layers}
-    label = layer_label(f"{bk}/{bv}{a.suffix}", {l: kv for l, kv in per_layer.items() if kv != (bk, bv)})
-    out = {"label": label, "bytes_per_token": cost, "predicted_kld": pred,
-           "k_types": [choice[("K", l)] for l in layers], "v_types": [choice[("V", l)] for l in layers]}
+    bk = max(opts["K"], key=lambda o: (sum(choice[("K", u)] == o[0] for u in units), -o[2]))[0]
+    bv = max(opts["V"], key=lambda o: (sum(choice[("V", u)] == o[0] for u in units), -o[2]))[0]
+    per_unit = {u: (choice[("K", u)], choice[("V", u)]) for u in units}
+    label = layer_label(f"{bk}/{bv}{a.suffix}", {u: kv for u, kv in per_unit.items() if kv != (bk, bv)})
+    out = {"label": label, "bytes_per_token": cost, "predicted_kld": pred, "units": [unit_json(u) for u in units],
+           "k_types": [choice[("K", u)] for u in units], "v_types": [choice[("V", u)] for u in units]}
     print(json.dumps(out, indent=1) if a.json else label)
 
 
@@ -238,6 +261,7 @@ def main():
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("sweep", help="print the one-layer sensitivity --sweep string")
     s.add_argument("--layers", type=int, required=True, help="number of layers of the model")
+    s.add_argument("--heads", type=int, default=0, help="KV heads per layer: probe each head alone (default 0: whole layers)")
     s.add_argument("--k", required=True, help="K type to probe (e.g. tq3h6)")
     s.add_argument("--v", required=True, help="V type to probe (e.g. tq4n8)")
     s.add_argument("--protect", default="s1 ck cs512 cr", help="protection of the K probes (f16 K gets none automatically)")

@@ -531,6 +531,58 @@ TEST(KvCache, PerLayerTypesOverrideTheRest) {
   EXPECT_THROW(tq::KvCache bad(cfg), tq::Error);
 }
 
+TEST(KvCache, PerHeadTypesOverrideLayers) {
+  // 3 layers x 3 KV heads; centred K (RoPE-rotating, 32-token segments) and centred V with a
+  // sink: heads of one layer differ in type, f16 heads are never centred, and attention of
+  // every query of a prefill batch matches the reference.
+  const int L = 3, H = 3, D = 64, n = 100;
+  tq::KvCacheConfig cfg = tq_test::kv_config(L, H, D, 128, "tq3", "tq3n8");
+  cfg.sink = 1;
+  cfg.center_k = cfg.center_v = cfg.center_rope = true;
+  cfg.center_segment = 32;
+  cfg.rope_base = 1e4f;
+  cfg.rope_dim = D;
+  cfg.layer_type_k = {"", "tq2h5n8", ""};
+  cfg.head_type_k.assign(L * H, "");
+  cfg.head_type_v.assign(L * H, "");
+  cfg.head_type_k[1 * H + 1] = "f16";  // wins over layer 1's tq2h5n8
+  cfg.head_type_k[2 * H + 0] = "tq4";
+  cfg.head_type_v[2 * H + 0] = "f16";  // layer 2: the V segments come from heads 1 and 2
+  cfg.head_type_v[0 * H + 1] = "tq4";
+  tq::KvCache cache(cfg);
+  const auto& Ls = cache.impl().layers;
+  const char* want_k[L][H] = {{"tq3", "tq3", "tq3"}, {"tq2h5n8", "f16", "tq2h5n8"}, {"tq4", "tq3", "tq3"}};
+  const char* want_v[L][H] = {{"tq3n8", "tq4", "tq3n8"}, {"tq3n8", "tq3n8", "tq3n8"}, {"f16", "tq3n8", "tq3n8"}};
+  double expect = 0;
+  for (int l = 0; l < L; ++l)
+    for (int h = 0; h < H; ++h) {
+      EXPECT_EQ(tq::kv_type_name(Ls[l].k[h].type), want_k[l][h]) << l << "." << h;
+      EXPECT_EQ(tq::kv_type_name(Ls[l].v[h].type), want_v[l][h]) << l << "." << h;
+      EXPECT_EQ(Ls[l].k[h].center, std::string(want_k[l][h]) != "f16");
+      EXPECT_EQ(Ls[l].v[h].center, std::string(want_v[l][h]) != "f16");
+      expect += (double)(Ls[l].k[h].block_bytes + Ls[l].v[h].block_bytes) / 32;
+    }
+  EXPECT_DOUBLE_EQ(cache.bytes_per_token(), expect);
+  tq::Rng rng(12);
+  std::vector<float> k((size_t)n * H * D), v(k.size()), q((size_t)n * 2 * H * D), out(q.size()), ref(q.size());
+  for (auto& x : k) x = (float)rng.normal() + 0.5f;
+  for (auto& x : v) x = (float)rng.normal() - 0.25f;
+  for (auto& x : q) x = (float)rng.normal();
+  tq::AttentionParams p;
+  p.n_heads = 2 * H;
+  for (int l = 0; l < L; ++l) {
+    cache.append(l, n, k.data(), v.data());
+    tq::attention(cache, l, n, q.data(), out.data(), p);  // the prefill batch, causal
+    tq::attention_ref(cache, l, n, q.data(), ref.data(), p);
+    EXPECT_LE(rel_err(out, ref), kExactRelTol) << "layer " << l;
+  }
+  cfg.head_type_k = {"tq3"};  // wrong length
+  EXPECT_THROW(tq::KvCache bad(cfg), tq::Error);
+  cfg.head_type_k.assign(L * H, "");
+  cfg.head_type_k[4] = "tq3p";  // a prod K head next to non-prod heads of its layer
+  EXPECT_THROW(tq::KvCache bad(cfg), tq::Error);
+}
+
 TEST(Attention, EdgeHeadDims) {
   const std::vector<Case> cases = {
       {"f16", "f16", 16, 1, 2, 40, 1, 0},    {"tq3", "tq4", 16, 1, 2, 40, 1, 0},

@@ -144,6 +144,53 @@ with tempfile.TemporaryDirectory() as td:
         check(r.returncode != 0 and "not a byte count" in r.stderr, f"alloc --budget {budget}: {r.stderr!r}")
     r = run("sweep", "--layers", "0", "--k", "tq3", "--v", "tq3")
     check(r.returncode != 0 and "--layers" in r.stderr, f"zero layers: {r.stderr!r}")
+    # 7. Per KV head: the sweep probes L<layer>.<head>; alloc over those units (brute force), the
+    # --types bytes divided over the units, and the label names the heads.
+    r = run("sweep", "--layers", "2", "--heads", "2", "--k", "tq2h5n8", "--v", "tq3n8", "--protect", "s1 ck")
+    check(r.returncode == 0 and r.stdout.strip().split(";") == [
+        "f16 s1 ck L0.0:tq2h5n8/f16", "f16 s1 ck L0.1:tq2h5n8/f16", "f16 s1 ck L1.0:tq2h5n8/f16",
+        "f16 s1 ck L1.1:tq2h5n8/f16", "f16 L0.0:f16/tq3n8", "f16 L0.1:f16/tq3n8", "f16 L1.0:f16/tq3n8",
+        "f16 L1.1:f16/tq3n8"], "per-head sweep string: " + r.stdout)
+    hk = {("K", (0, 0)): 0.004, ("K", (0, 1)): 0.0002, ("K", (1, 0)): 0.001, ("K", (1, 1)): 0.003,
+          ("V", (0, 0)): 0.0001, ("V", (0, 1)): 0.002, ("V", (1, 0)): 0.0035, ("V", (1, 1)): 0.0005}
+    hres = [{"kv": {"label": f"f16 s1 ck L{l}.{h}:tq2h5n8/f16" if sd == "K" else f"f16 L{l}.{h}:f16/tq3n8"},
+             "kld_mean": v} for (sd, (l, h)), v in hk.items()]
+    hf = os.path.join(td, "h.json")
+    json.dump({"results": hres}, open(hf, "w"))
+    # options per unit (one KV head): whole-layer bytes / 2 heads
+    hko = [("tq2h5n8", 0.03, 24.125), ("tq3h6n8", 0.008, 32.125)]
+    hvo = [("tq3n8", 0.02, 25.0625), ("tq4n8", 0.005, 33.0625)]
+    hg = [(sd, u) for sd in "KV" for u in ((0, 0), (0, 1), (1, 0), (1, 1))]
+    htot = {sd: sum(v for (s_, _), v in hk.items() if s_ == sd) for sd in "KV"}
+    for budget in (4 * 24.125 + 4 * 25.0625, 215, 230, 250, 300):
+        r = run("alloc", hf, "--k", spec(hko), "--v", spec(hvo), "--budget", str(budget), "--json")
+        out = json.loads(r.stdout)
+        best = None
+        for combo in itertools.product(*[hko if sd == "K" else hvo for sd, _ in hg]):
+            if sum(b for _, _, b in combo) <= budget + 1e-9:
+                pk = sum(hk[g] / htot[g[0]] * o[1] for g, o in zip(hg, combo))
+                best = pk if best is None else min(best, pk)
+        check(abs(out["predicted_kld"] - best) < 1e-12, f"per-head alloc {budget}: {out['predicted_kld']} vs {best}")
+        check(out["units"] == ["0.0", "0.1", "1.0", "1.1"], f"per-head units: {out['units']}")
+        for tok in out["label"].split()[1:]:
+            check(all(len(x.split(".")) == 2 for x in tok[1:].split(":")[0].split(",")), f"head entries: {tok}")
+    f16h = 2 * 2 * 2 * 64 * 2  # 2 layers, K and V, 2 heads, D = 64, 2 B
+    htres = [{"kv": {"label": f"{t}/f16 ks"}, "kld_mean": k, "kv_bytes_per_token": f16h / 2 + 4 * b,
+              "kv_bytes_per_token_f16": f16h} for t, k, b in hko]
+    htres += [{"kv": {"label": f"f16/{t}"}, "kld_mean": k, "kv_bytes_per_token": f16h / 2 + 4 * b,
+               "kv_bytes_per_token_f16": f16h} for t, k, b in hvo]
+    htf = os.path.join(td, "htypes.json")
+    json.dump({"results": htres}, open(htf, "w"))
+    a = run("alloc", hf, "--types", htf, "--budget", "230", "--json")
+    b = run("alloc", hf, "--k", spec(hko), "--v", spec(hvo), "--budget", "230", "--json")
+    check(a.returncode == 0 and json.loads(a.stdout) == json.loads(b.stdout),
+          f"per-head alloc --types = --k/--v: {a.stdout!r} {a.stderr!r}")
+    json.dump({"results": hres + res}, open(os.path.join(td, "mix.json"), "w"))
+    r = run("alloc", os.path.join(td, "mix.json"), "--types", htf, "--budget", "230")
+    check(r.returncode != 0 and "mixes whole-layer and one-head" in r.stderr, f"mixed units: {r.stderr!r}")
+    json.dump({"results": hres[1:]}, open(os.path.join(td, "hole.json"), "w"))
+    r = run("alloc", os.path.join(td, "hole.json"), "--types", htf, "--budget", "230")
+    check(r.returncode != 0 and "no K probe of L0.0" in r.stderr, f"missing head probe: {r.stderr!r}")
 
 print("kv_layer_plan: %d failure(s)" % len(failures))
 sys.exit(1 if failures else 0)

@@ -631,9 +631,21 @@ TEST(KvQuality, BadConfigAndLabels) {
   const std::vector<std::string> want_k = {"tq6", "", "tq6", "f16", ""}, want_v = {"tq4n8", "", "tq4n8", "f16", ""};
   EXPECT_EQ(lc.layer_type_k, want_k);
   EXPECT_EQ(lc.layer_type_v, want_v);
-  for (const char* bad : {"5:tq4", "1-0:tq4", "x:tq4", "1,:tq4", ":tq4", "1:", "1:fp8", "1:tq4/", "-1:tq4", "1--2:tq4"}) {
+  // LAYER.HEAD items: one KV head, onto head_type_k / head_type_v (layer-major).
+  tq::KvCacheConfig hc;
+  hc.n_layers = 3;
+  hc.n_kv_heads = 2;
+  tq::apply_layer_types({"1:tq3", "2.1,0.0:tq4/tq2"}, hc);
+  const std::vector<std::string> want_hk = {"tq4", "", "", "", "", "tq4"}, want_hv = {"tq2", "", "", "", "", "tq2"};
+  EXPECT_EQ(hc.layer_type_k, (std::vector<std::string>{"", "tq3", ""}));
+  EXPECT_EQ(hc.head_type_k, want_hk);
+  EXPECT_EQ(hc.head_type_v, want_hv);
+  EXPECT_EQ(tq::parse_kv_label("tq4 plain L2.1,0.0:tq4/tq2").label(), "tq4 plain L2.1,0.0:tq4/tq2");
+  for (const char* bad : {"5:tq4", "1-0:tq4", "x:tq4", "1,:tq4", ":tq4", "1:", "1:fp8", "1:tq4/", "-1:tq4", "1--2:tq4",
+                          "1.2:tq4", "1.:tq4", ".1:tq4", "5.0:tq4", "1.0-2:tq4", "1.x:tq4"}) {
     tq::KvCacheConfig c;
     c.n_layers = 5;
+    c.n_kv_heads = 2;
     EXPECT_THROW(tq::apply_layer_types({bad}, c), tq::Error) << bad;
   }
 }

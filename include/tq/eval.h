@@ -53,8 +53,10 @@ struct KvOptions {
 // "K[/V] [wN] [sN] [ck|cv|ckv[:N]|c0] [csN] [cr] [ks] [plain] [bN:T[/T]] [LLAYERS:T[/T]]...".
 KvOptions parse_kv_label(const std::string& label);
 KvCacheConfig make_kv_config(const LlamaModel& m, const KvOptions& kv, int max_tokens);
-// Expands --kv-layer-type specs ("LAYERS:K[/V]") onto cfg.layer_type_k / layer_type_v
-// (cfg.n_layers entries); a bad layer list, an out-of-range layer or an unknown type throws.
+// Expands --kv-layer-type specs ("LAYERS:K[/V]", LAYERS e.g. "0,3,10-12,5.1") onto
+// cfg.layer_type_k / layer_type_v (cfg.n_layers entries) and, for LAYER.HEAD items (one KV
+// head), cfg.head_type_k / head_type_v (n_layers * n_kv_heads; they win over whole-layer
+// entries); a bad layer list, an out-of-range layer or head or an unknown type throws.
 void apply_layer_types(const std::vector<std::string>& specs, KvCacheConfig& cfg);
 // Average stored bits per cached value (K and V, all layers, norms/scales counted).
 double kv_bits_per_value(const LlamaModel& m, double bytes_per_token);

@@ -73,6 +73,11 @@ struct KvCacheConfig {
   // Per-layer types, applied after the boundary rule: layer l uses layer_type_k[l] /
   // layer_type_v[l] where that string is not empty. Each vector is empty or n_layers long.
   std::vector<std::string> layer_type_k, layer_type_v;
+  // Per-stream types, applied after the per-layer ones: KV head h of layer l uses
+  // head_type_k[l * n_kv_heads + h] (V: head_type_v) where that string is not empty. Each
+  // vector is empty or n_layers * n_kv_heads long. The K types of one layer must be all tq_prod
+  // (tq3p, ...) or none (their queries take another layout).
+  std::vector<std::string> head_type_k, head_type_v;
   uint64_t seed = 0x5eed;         // rotations
 };
 

@@ -168,8 +168,10 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
   // Centred K: the tasks score q.(k - mu_k) and shift each query row's running max by
   // scale * q.mu_k around every K mean segment (exact), so one task covers many K segments.
   // Segmented V means are added in the original domain: then a task covers one V segment.
-  const int kseg = L.k[0].center ? std::max(L.k[0].mu_segment, 0) : -1;  // -1 not centred, 0 one mean
-  const int vseg = L.v[0].center ? L.v[0].mu_segment : 0;
+  // (Per KV head: the heads of a layer may have different types, f16 ones are never centred.)
+  // V means per segment: the chunks follow the segments of every head (uncentred heads too).
+  int vseg = 0;
+  for (const Stream& sv : L.v) vseg = std::max(vseg, sv.center ? sv.mu_segment : 0);
   const int chunk = vseg > 0 ? vseg : kChunkTokens;
   const int n_chunks = (nq_tok + chunk - 1) / chunk;
   const int task_win = n_win > 0 ? n_chunks : -1, task_sink = n_chunks + (n_win > 0 ? 1 : 0);
@@ -216,6 +218,7 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
     for (int k = 0; k < n_q * G; ++k) st.reset(k);
     const Stream& sk = L.k[h];
     const Stream& sv = L.v[h];
+    const int kseg = sk.center ? std::max(sk.mu_segment, 0) : -1;  // -1 not centred, 0 one mean
     if (c < n_chunks) {
       const int a = c * chunk, b = std::min(nq_tok, a + chunk);
       const float* qd = &qk[(size_t)h * n_q * G * D];

@@ -830,18 +830,33 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
            "kv cache: layer_type_k has %zu entries for %d layers", cfg.layer_type_k.size(), cfg.n_layers);
   TQ_CHECK(cfg.layer_type_v.empty() || static_cast<int>(cfg.layer_type_v.size()) == cfg.n_layers,
            "kv cache: layer_type_v has %zu entries for %d layers", cfg.layer_type_v.size(), cfg.n_layers);
-  // types[l][side]: boundary rule first, then the per-layer overrides
-  std::vector<std::array<KvType, 2>> types(cfg.n_layers);
+  const size_t n_streams = (size_t)cfg.n_layers * cfg.n_kv_heads;
+  TQ_CHECK(cfg.head_type_k.empty() || cfg.head_type_k.size() == n_streams,
+           "kv cache: head_type_k has %zu entries for %zu streams", cfg.head_type_k.size(), n_streams);
+  TQ_CHECK(cfg.head_type_v.empty() || cfg.head_type_v.size() == n_streams,
+           "kv cache: head_type_v has %zu entries for %zu streams", cfg.head_type_v.size(), n_streams);
+  // types[l * n_kv_heads + h][side]: boundary rule first, then the per-layer, then the per-head overrides
+  std::vector<std::array<KvType, 2>> types(n_streams);
   std::vector<KvType> used = {tk, tv, bk, bv};
   for (int l = 0; l < cfg.n_layers; ++l) {
     const bool boundary = l < cfg.boundary_layers || l >= cfg.n_layers - cfg.boundary_layers;
-    types[l] = {boundary ? bk : tk, boundary ? bv : tv};
-    for (int side = 0; side < 2; ++side) {
-      const auto& over = side == 0 ? cfg.layer_type_k : cfg.layer_type_v;
-      if (!over.empty() && !over[l].empty()) {
-        types[l][side] = parse_kv_type(over[l]);
-        used.push_back(types[l][side]);
+    for (int h = 0; h < cfg.n_kv_heads; ++h) {
+      const size_t i = (size_t)l * cfg.n_kv_heads + h;
+      types[i] = {boundary ? bk : tk, boundary ? bv : tv};
+      for (int side = 0; side < 2; ++side) {
+        const auto& over = side == 0 ? cfg.layer_type_k : cfg.layer_type_v;
+        const auto& head = side == 0 ? cfg.head_type_k : cfg.head_type_v;
+        const std::string* name = !head.empty() && !head[i].empty() ? &head[i]
+                                  : !over.empty() && !over[l].empty() ? &over[l] : nullptr;
+        if (name) {
+          types[i][side] = parse_kv_type(*name);
+          used.push_back(types[i][side]);
+        }
       }
+      TQ_CHECK((format(types[i][0]).kind == Kind::tq_prod) ==
+                   (format(types[(size_t)l * cfg.n_kv_heads][0]).kind == Kind::tq_prod),
+               "kv cache: layer %d mixes tq_prod K types (%s) with others (%s) over its KV heads", l,
+               format(types[(size_t)l * cfg.n_kv_heads][0]).name, format(types[i][0]).name);
     }
   }
   for (KvType t : used) {
@@ -895,10 +910,11 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
   I.layers.resize(cfg.n_layers);
   for (int l = 0; l < cfg.n_layers; ++l) {
     for (int side = 0; side < 2; ++side) {
-      const KvType t = types[l][side];
       auto& vec = side == 0 ? I.layers[l].k : I.layers[l].v;
       vec.resize(cfg.n_kv_heads);
-      for (auto& s : vec) {
+      for (int h = 0; h < cfg.n_kv_heads; ++h) {
+        auto& s = vec[h];
+        const KvType t = types[(size_t)l * cfg.n_kv_heads + h][side];
         s.type = t;
         s.fmt = &format(t);
         s.dim = D;

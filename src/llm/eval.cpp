@@ -67,38 +67,51 @@ std::string KvOptions::label() const {
 }
 
 namespace {
-// "LAYERS:K[/V]" (LAYERS = "0,3,10-12") onto per-layer type vectors of n_layers entries.
-void apply_layer_type(const std::string& spec, int n_layers, std::vector<std::string>& tk,
-                      std::vector<std::string>& tv) {
-  TQ_CHECK(n_layers >= 1, "layer types '%s': the cache has no layers", spec.c_str());
+// "LAYERS:K[/V]" (LAYERS = "0,3,10-12,5.1": whole layers, ranges of them, LAYER.HEAD single
+// KV heads) onto the per-layer and per-head type vectors of cfg.
+void apply_layer_type(const std::string& spec, KvCacheConfig& cfg) {
+  const int n_layers = cfg.n_layers, n_heads = cfg.n_kv_heads;
+  TQ_CHECK(n_layers >= 1 && n_heads >= 1, "layer types '%s': the cache has no layers", spec.c_str());
   const size_t colon = spec.find(':');
   TQ_CHECK(colon != std::string::npos && colon > 0 && colon + 1 < spec.size(),
-           "layer types '%s': expected LAYERS:K[/V], e.g. 0,3,10-12:tq6/tq3", spec.c_str());
+           "layer types '%s': expected LAYERS:K[/V], e.g. 0,3,10-12:tq6/tq3 (LAYER.HEAD for one KV head)",
+           spec.c_str());
   const std::string layers = spec.substr(0, colon), types = spec.substr(colon + 1);
   const size_t slash = types.find('/');
   const std::string k = types.substr(0, slash), v = slash == std::string::npos ? k : types.substr(slash + 1);
   TQ_CHECK(!k.empty() && !v.empty(), "layer types '%s': empty cache type", spec.c_str());
   parse_kv_type(k);  // unknown names fail here, with the list of known ones
   parse_kv_type(v);
-  tk.resize(n_layers);
-  tv.resize(n_layers);
-  auto number = [&](const std::string& x) {
+  auto number = [&](const std::string& x, const char* what, int n) {
     TQ_CHECK(!x.empty() && x.size() <= 6 && x.find_first_not_of("0123456789") == std::string::npos,
-             "layer types '%s': '%s' is not a layer number", spec.c_str(), x.c_str());
-    const int n = std::stoi(x);
-    TQ_CHECK(n < n_layers, "layer types '%s': layer %d out of range [0, %d]", spec.c_str(), n, n_layers - 1);
-    return n;
+             "layer types '%s': '%s' is not a %s number", spec.c_str(), x.c_str(), what);
+    const int i = std::stoi(x);
+    TQ_CHECK(i < n, "layer types '%s': %s %d out of range [0, %d]", spec.c_str(), what, i, n - 1);
+    return i;
   };
   std::istringstream in(layers);
   std::string part;
   while (std::getline(in, part, ',')) {
+    const size_t dot = part.find('.');
+    if (dot != std::string::npos) {  // one KV head
+      const int l = number(part.substr(0, dot), "layer", n_layers);
+      const int h = number(part.substr(dot + 1), "KV head", n_heads);
+      const size_t i = (size_t)l * n_heads + h;
+      cfg.head_type_k.resize((size_t)n_layers * n_heads);
+      cfg.head_type_v.resize((size_t)n_layers * n_heads);
+      cfg.head_type_k[i] = k;
+      cfg.head_type_v[i] = v;
+      continue;
+    }
     const size_t dash = part.find('-');
-    const int a = number(part.substr(0, dash));
-    const int b = dash == std::string::npos ? a : number(part.substr(dash + 1));
+    const int a = number(part.substr(0, dash), "layer", n_layers);
+    const int b = dash == std::string::npos ? a : number(part.substr(dash + 1), "layer", n_layers);
     TQ_CHECK(a <= b, "layer types '%s': empty range %s", spec.c_str(), part.c_str());
+    cfg.layer_type_k.resize(n_layers);
+    cfg.layer_type_v.resize(n_layers);
     for (int l = a; l <= b; ++l) {
-      tk[l] = k;
-      tv[l] = v;
+      cfg.layer_type_k[l] = k;
+      cfg.layer_type_v[l] = v;
     }
   }
   TQ_CHECK(!layers.empty() && layers.back() != ',', "layer types '%s': empty layer list entry", spec.c_str());
@@ -106,7 +119,7 @@ void apply_layer_type(const std::string& spec, int n_layers, std::vector<std::st
 }  // namespace
 
 void apply_layer_types(const std::vector<std::string>& specs, KvCacheConfig& cfg) {
-  for (const auto& lt : specs) apply_layer_type(lt, cfg.n_layers, cfg.layer_type_k, cfg.layer_type_v);
+  for (const auto& lt : specs) apply_layer_type(lt, cfg);
 }
 
 KvCacheConfig make_kv_config(const LlamaModel& m, const KvOptions& opts, int max_tokens) {

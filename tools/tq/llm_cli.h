@@ -106,7 +106,8 @@ inline void add_kv_opts(CLI::App* s, KvOptions& kv) {
       ->capture_default_str();
   s->add_option("--kv-layer-type", kv.layer_types,
                 "LAYERS:K[/V] (repeatable): these layers use these cache types, e.g. 0,3,10-12:tq6/tq3 "
-                "(layers count from 0; applied after --kv-boundary-layers)");
+                "(layers count from 0; applied after --kv-boundary-layers); LAYER.HEAD is one KV head of a layer, "
+                "e.g. 3.1:tq3h5n8/tq3n8, and wins over whole-layer entries");
   s->add_option("--kv-seed", kv.seed, "seed of the cache rotations")->capture_default_str();
 }
 
