@@ -3,6 +3,8 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 
 #include "kv/kv_internal.h"
@@ -107,6 +109,12 @@ inline const float* n8_pow_table() {
     return p;
   }();
   return t;
+}
+// The block factor 2^(e / 32) of a tq_n8 part, from its header (int16 e, then the 32 codes).
+inline float n8_block_base(const uint8_t* hdr) {
+  int16_t e;
+  std::memcpy(&e, hdr, 2);
+  return std::exp2((float)e * (1.0f / kN8Steps));
 }
 
 // A tq stream is one part (tqB) or two (tq2.5 / tq3.5: outlier and regular channels), each

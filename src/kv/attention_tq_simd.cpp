@@ -255,9 +255,7 @@ void DecodeTqG(const Shape& sh, const Stream& sk, const Stream& sv, const float*
   auto load_norms = [&](const uint8_t* blk, const Part& P, float* out) {
     if (P.n8) {  // norm = 2^(e / 32) * n8_pow_table()[c]; c = 255: 0
       const float* kPow = n8_pow_table();
-      int16_t e;
-      std::memcpy(&e, blk + P.norm_off, 2);
-      const float base = std::exp2((float)e * (1.0f / kN8Steps));
+      const float base = n8_block_base(blk + P.norm_off);
       const uint8_t* c = blk + P.norm_off + 2;
       for (int t = 0; t < 32; ++t) out[t] = base * kPow[c[t]];
       return;

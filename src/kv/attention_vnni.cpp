@@ -192,9 +192,7 @@ inline __m512 load_norms16(const uint8_t* p) {
 // float kernel does: 2^(e / 32) * n8_pow_table()[c].
 inline void load_norms(const uint8_t* blk, const Part& P, __m512* n0, __m512* n1) {
   if (P.n8) {
-    int16_t e;
-    std::memcpy(&e, blk + P.norm_off, 2);
-    const __m512 base = _mm512_set1_ps(std::exp2((float)e * (1.0f / kN8Steps)));
+    const __m512 base = _mm512_set1_ps(n8_block_base(blk + P.norm_off));
     const float* tab = n8_pow_table();
     const uint8_t* c = blk + P.norm_off + 2;
     const __m512i c0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c)));
