@@ -18,6 +18,14 @@ def run(*args):
     return subprocess.run([sys.executable, TOOL, *args], capture_output=True, text=True)
 
 
+def one_side_results(ko, vo, f16_bytes, units):
+    """`tq perplexity --json --compare f16` results of one-side configs (T/f16 for the K options,
+    f16/T for the V options), each option's BYTES per unit times the units."""
+    return [{"kv": {"label": f"{t}/f16 s1 ck cs512 cr ks" if side == "K" else f"f16/{t}"}, "kld_mean": k,
+             "kv_bytes_per_token": f16_bytes / 2 + units * b, "kv_bytes_per_token_f16": f16_bytes}
+            for side, opts in (("K", ko), ("V", vo)) for t, k, b in opts]
+
+
 def check(cond, what):
     if not cond:
         failures.append(what)
@@ -109,11 +117,7 @@ with tempfile.TemporaryDirectory() as td:
               f"alloc bad input ({what}): rc {r.returncode} stderr {r.stderr!r}")
     # 6. alloc --types: the options read from one-side `tq perplexity` results (bytes per layer
     # from kv_bytes_per_token minus the f16 side) give the same allocation as --k / --v.
-    f16b = 3 * 2 * 3 * 64 * 2  # 3 layers, K and V, 3 heads, D = 64, 2 B
-    tres = [{"kv": {"label": f"{t}/f16 s1 ck cs512 cr ks"}, "kld_mean": k, "kv_bytes_per_token": f16b / 2 + 3 * b,
-             "kv_bytes_per_token_f16": f16b} for t, k, b in ko]
-    tres += [{"kv": {"label": f"f16/{t}"}, "kld_mean": k, "kv_bytes_per_token": f16b / 2 + 3 * b,
-              "kv_bytes_per_token_f16": f16b} for t, k, b in vo]
+    tres = one_side_results(ko, vo, 3 * 2 * 3 * 64 * 2, 3)  # 3 layers, K and V, 3 heads, D = 64, 2 B
     tf = os.path.join(td, "types.json")
     json.dump({"results": tres}, open(tf, "w"))
     for budget in ("450", "500", "540"):
@@ -174,11 +178,7 @@ with tempfile.TemporaryDirectory() as td:
         check(out["units"] == ["0.0", "0.1", "1.0", "1.1"], f"per-head units: {out['units']}")
         for tok in out["label"].split()[1:]:
             check(all(len(x.split(".")) == 2 for x in tok[1:].split(":")[0].split(",")), f"head entries: {tok}")
-    f16h = 2 * 2 * 2 * 64 * 2  # 2 layers, K and V, 2 heads, D = 64, 2 B
-    htres = [{"kv": {"label": f"{t}/f16 ks"}, "kld_mean": k, "kv_bytes_per_token": f16h / 2 + 4 * b,
-              "kv_bytes_per_token_f16": f16h} for t, k, b in hko]
-    htres += [{"kv": {"label": f"f16/{t}"}, "kld_mean": k, "kv_bytes_per_token": f16h / 2 + 4 * b,
-               "kv_bytes_per_token_f16": f16h} for t, k, b in hvo]
+    htres = one_side_results(hko, hvo, 2 * 2 * 2 * 64 * 2, 4)  # 2 layers, K and V, 2 heads, D = 64, 2 B
     htf = os.path.join(td, "htypes.json")
     json.dump({"results": htres}, open(htf, "w"))
     a = run("alloc", hf, "--types", htf, "--budget", "230", "--json")
