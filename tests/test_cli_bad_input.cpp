@@ -390,6 +390,7 @@ struct Fixtures {
     nan_fvecs = dir.path("nan.fvecs");
     write(nan_fvecs, fb.data(), fb.size());
   }
+  static void write(const std::string& p, const std::string& text) { write(p, text.data(), text.size()); }
   static void write(const std::string& p, const void* data, size_t n) {
     FILE* f = std::fopen(p.c_str(), "wb");
     ASSERT_NE(f, nullptr);
@@ -418,6 +419,46 @@ TEST(CliBadInput, BenchModelTakesLabels) {
   EXPECT_NE(r.out.find("\"kv\": \"f16 w8\""), std::string::npos) << r.out;
 }
 
+
+// A cache config file (--kv-config, or @FILE in --sweep / --caches) runs the same cache as the
+// flags it spells out; flags beside it override it; ';' separates --caches entries with commas.
+TEST(CliBadInput, KvConfigFile) {
+  Fixtures fx;
+  const std::string cfg = fx.dir.path("alloc.kv");
+  Fixtures::write(cfg, "# per-head types for the tiny model\ntq3/tq4\nL0.1:tq4/tq3   # one head\nL1:f16\n");
+  const std::vector<std::string> base = {"perplexity", "-m", fx.model, "-f", fx.text, "-t", "1", "-c", "64",
+                                         "--chunks", "1", "--json"};
+  auto run = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = base;
+    a.insert(a.end(), extra.begin(), extra.end());
+    const RunResult r = run_tq(a);
+    EXPECT_EQ(r.status, 0) << r.err;
+    return nlohmann::json::parse(r.out.empty() ? "{}" : r.out);
+  };
+  const auto from_file = run({"--kv-config", cfg});
+  const auto from_flags = run({"-ctk", "tq3", "-ctv", "tq4", "--kv-layer-type", "0.1:tq4/tq3", "--kv-layer-type", "1:f16"});
+  ASSERT_TRUE(from_file.contains("ppl") && from_flags.contains("ppl"));
+  EXPECT_EQ(from_file["kv"]["label"], "tq3/tq4 s1 ck cs512 cr L0.1:tq4/tq3 L1:f16");
+  EXPECT_EQ(from_file["kv"]["label"], from_flags["kv"]["label"]);
+  EXPECT_EQ(from_file["ppl"].get<double>(), from_flags["ppl"].get<double>());
+  const auto overridden = run({"--kv-config", cfg, "-ctv", "tq2", "--kv-sink", "2"});
+  EXPECT_EQ(overridden["kv"]["label"], "tq3/tq2 s2 L0.1:tq4/tq3 L1:f16");
+  const auto sweep = run({"--sweep", "f16;@" + cfg});
+  ASSERT_EQ(sweep["results"].size(), 2u);
+  EXPECT_EQ(sweep["results"][1]["ppl"].get<double>(), from_file["ppl"].get<double>());
+  auto bench = [&](const std::string& caches) {
+    const RunResult r = run_tq({"bench", "model", "-m", fx.model, "-f", fx.text, "-t", "1", "--contexts", "64",
+                                "--decode", "2", "--caches", caches, "--json"});
+    EXPECT_EQ(r.status, 0) << r.err;
+    std::vector<std::string> kvs;
+    const nlohmann::json j = r.status == 0 ? nlohmann::json::parse(r.out) : nlohmann::json::object();
+    if (j.contains("rows"))
+      for (const auto& row : j["rows"]) kvs.push_back(row["kv"]);
+    return kvs;
+  };
+  EXPECT_EQ(bench("f16,@" + cfg), (std::vector<std::string>{"f16", "tq3/tq4 s1 ck cs512 cr L0.1:tq4/tq3 L1:f16"}));
+  EXPECT_EQ(bench("f16; tq3/tq4 L0,1:tq4 ;"), (std::vector<std::string>{"f16", "tq3/tq4 s1 ck cs512 cr L0,1:tq4"}));
+}
 
 // A tq K type without sink / centring flags runs protected (1 sink, 512-token K means) and says
 // so in its label; --kv-plain (or the label token) runs the bare format; the two differ.
@@ -526,6 +567,28 @@ TEST(CliBadInput, ModelCommands) {
   expect_clean_error("tq perplexity", "unknown sweep token next to plain",
                      {"perplexity", "-m", m, "-f", fx.text, "-c", "64", "--sweep", "tq3 plain;tq3 plane"},
                      {"plane"}, &fx.dir);
+  const std::string comments_only = fx.dir.path("comments.kv"), bad_label = fx.dir.path("bad.kv");
+  Fixtures::write(comments_only, "# nothing but a comment\n");
+  Fixtures::write(bad_label, "tq3/tq4\nL0.1:tq4 zz\n");
+  expect_clean_error("tq perplexity", "missing cache config file",
+                     {"perplexity", "-m", m, "-f", fx.text, "-c", "64", "--kv-config", fx.dir.path("no.kv")},
+                     {"no.kv", "cache config"}, &fx.dir);
+  expect_clean_error("tq generate", "cache config file without a label",
+                     {"generate", "-m", m, "-p", "hi", "--kv-config", comments_only}, {"comments.kv", "no cache label"},
+                     &fx.dir);
+  expect_clean_error("tq niah", "malformed label in a cache config file",
+                     {"niah", "-m", m, "-f", fx.text, "--context", "256", "--kv-config", bad_label}, {"bad.kv", "zz"},
+                     &fx.dir);
+  expect_clean_error("tq bench model", "malformed label in an @FILE cache entry",
+                     {"bench", "model", "-m", m, "-f", fx.text, "--contexts", "64", "--caches", "f16,@" + bad_label},
+                     {"bad.kv", "zz"}, &fx.dir);
+  expect_clean_error("tq perplexity", "cache config of a bigger model (head out of range)",
+                     {"perplexity", "-m", m, "-f", fx.text, "-c", "64", "--kv-config",
+                      std::string(TQ_SOURCE_DIR) + "/configs/smollm2-135m-kv4.25.kv"},
+                     {"out of range"}, &fx.dir);
+  expect_clean_error("tq bench model", "empty cache list",
+                     {"bench", "model", "-m", m, "-f", fx.text, "--contexts", "64", "--caches", " ; "},
+                     {"--caches"}, &fx.dir);
   expect_clean_error("tq perplexity", "non-numeric context", {"perplexity", "-m", m, "-f", fx.text, "-c", "lots"},
                      {"--ctx-size", "-c"}, &fx.dir);
   expect_clean_error("tq perplexity", "zero context", {"perplexity", "-m", m, "-f", fx.text, "-c", "0"},

@@ -3,10 +3,13 @@
 // window / 2048-token chunk boundaries, token-by-token and batch appends), the online mean
 // rule, byte accounting and config errors.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -648,6 +651,78 @@ TEST(KvQuality, BadConfigAndLabels) {
     c.n_kv_heads = 2;
     EXPECT_THROW(tq::apply_layer_types({bad}, c), tq::Error) << bad;
   }
+}
+
+// Cache config files (--kv-config, @FILE): one label over several lines with '#' comments
+// and CRLF line ends; a file without a label, a missing file and a directory are errors.
+TEST(KvQuality, LabelFiles) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("tq_label_files_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir / name, std::ios::binary) << text;
+    return (dir / name).string();
+  };
+  const std::string good = write("good.kv", "# a comment\r\n\r\ntq4h6n8/tq4n8 ks   # base\r\n\tL0.1,2.0:tq3h6n8/tq3n8\r\nL5:tq6\n");
+  EXPECT_EQ(tq::read_kv_label_file(good), "tq4h6n8/tq4n8 ks L0.1,2.0:tq3h6n8/tq3n8 L5:tq6");
+  const tq::KvOptions kv = tq::parse_kv_label(tq::read_kv_label_file(good));
+  EXPECT_EQ(kv.type_k, "tq4h6n8");
+  EXPECT_TRUE(kv.scale_k);
+  ASSERT_EQ(kv.layer_types.size(), 2u);
+  EXPECT_EQ(kv.layer_types[0], "0.1,2.0:tq3h6n8/tq3n8");
+  auto error_of = [](const std::string& path) {
+    try {
+      tq::read_kv_label_file(path);
+    } catch (const tq::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error_of(write("empty.kv", "")).find("no cache label"), std::string::npos);
+  EXPECT_NE(error_of(write("comments.kv", "# nothing\n  \n# here\n")).find("no cache label"), std::string::npos);
+  EXPECT_NE(error_of(write("binary.kv", std::string("tq4\0\x01", 5))).find("not a text file"), std::string::npos);
+  EXPECT_NE(error_of((dir / "missing.kv").string()).find("cannot read"), std::string::npos);
+  EXPECT_NE(error_of(dir.string()).find("directory"), std::string::npos);
+  // A long label's parse error quotes it shortened, on one line.
+  std::string long_label = "tq4";
+  for (int i = 0; i < 60; ++i) long_label += " L" + std::to_string(i) + ":tq3";
+  try {
+    tq::parse_kv_label(long_label + " zz");
+    ADD_FAILURE() << "no error";
+  } catch (const tq::Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("'zz'"), std::string::npos) << m;
+    EXPECT_LT(m.size(), 300u) << m;
+  }
+  fs::remove_all(dir);
+}
+
+// The shipped per-head allocations (configs/*.kv) parse, fit SmolLM2-135M's 30 layers x 3 KV
+// heads of 64 dims within the bits their names promise (the regular per-token bytes; sink and
+// means come on top and are counted by `tq perplexity`), and are refused by a smaller model.
+TEST(KvQuality, ShippedConfigsFitTheirModel) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(TQ_SOURCE_DIR) / "configs";
+  int seen = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() != ".kv") continue;
+    ++seen;
+    const std::string name = e.path().filename().string();
+    const tq::KvOptions kv = tq::parse_kv_label(tq::read_kv_label_file(e.path().string()));
+    tq::KvCacheConfig cfg = tq_test::kv_config(30, 3, 64, 2048, kv.type_k, kv.type_v);
+    tq::apply_layer_types(kv.layer_types, cfg);
+    int per_head = 0;
+    for (const auto& t : cfg.head_type_k) per_head += !t.empty();
+    EXPECT_GT(per_head, 0) << name << ": per-KV-head entries";
+    const tq::KvCache cache(cfg);
+    const double bits = cache.bytes_per_token() * 8.0 / (2.0 * 30 * 3 * 64);
+    const double promised = std::stod(name.substr(name.find("-kv") + 3));
+    EXPECT_LE(bits, promised) << name;
+    EXPECT_GT(bits, promised - 0.25) << name;
+    tq::KvCacheConfig small = tq_test::kv_config(2, 3, 64, 2048, kv.type_k, kv.type_v);
+    EXPECT_THROW(tq::apply_layer_types(kv.layer_types, small), tq::Error) << name;
+  }
+  EXPECT_GE(seen, 2);
 }
 
 TEST(KvQuality, SplitChannelsOfCentredRows) {

@@ -52,6 +52,10 @@ struct KvOptions {
 // Parses a label as written by KvOptions::label():
 // "K[/V] [wN] [sN] [ck|cv|ckv[:N]|c0] [csN] [cr] [ks] [plain] [bN:T[/T]] [LLAYERS:T[/T]]...".
 KvOptions parse_kv_label(const std::string& label);
+// Reads a cache config file: one label in the syntax above, split over any number of lines,
+// '#' starting a comment to the end of its line (e.g. a per-head allocation fitted to one
+// model, configs/*.kv). Throws on an unreadable file or one that holds no label.
+std::string read_kv_label_file(const std::string& path);
 KvCacheConfig make_kv_config(const LlamaModel& m, const KvOptions& kv, int max_tokens);
 // Expands --kv-layer-type specs ("LAYERS:K[/V]", LAYERS e.g. "0,3,10-12,5.1") onto
 // cfg.layer_type_k / layer_type_v (cfg.n_layers entries) and, for LAYER.HEAD items (one KV

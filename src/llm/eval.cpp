@@ -162,8 +162,25 @@ std::string read_text_file(const std::string& path) {
   return ss.str();
 }
 
+std::string read_kv_label_file(const std::string& path) {
+  std::error_code ec;
+  TQ_CHECK(!std::filesystem::is_directory(path, ec), "cache config '%s' is a directory, not a file", path.c_str());
+  std::ifstream f(path, std::ios::binary);
+  TQ_CHECK(f.good(), "cannot read cache config '%s'", path.c_str());
+  std::string label, line, tok;
+  while (std::getline(f, line)) {
+    TQ_CHECK(line.find('\0') == std::string::npos, "cache config '%s' is not a text file", path.c_str());
+    std::istringstream words(line.substr(0, line.find('#')));
+    while (words >> tok) label += (label.empty() ? "" : " ") + tok;
+  }
+  TQ_CHECK(!label.empty(), "cache config '%s' holds no cache label (only comments or blank lines)", path.c_str());
+  return label;
+}
+
 KvOptions parse_kv_label(const std::string& label) {
   KvOptions kv;
+  // Errors quote the label, shortened: a per-head allocation is a thousand characters long.
+  const std::string shown = label.size() > 72 ? label.substr(0, 69) + "..." : label;
   std::istringstream in(label);
   std::string tok;
   bool first = true;
@@ -195,10 +212,10 @@ KvOptions parse_kv_label(const std::string& label) {
       const size_t c = tok.find(':');
       const std::string w = tok.substr(0, c);
       TQ_CHECK(w == "ck" || w == "cv" || w == "ckv", "cache config '%s': cannot parse '%s' (expected ck, cv or ckv[:N])",
-               label.c_str(), tok.c_str());
+               shown.c_str(), tok.c_str());
       TQ_CHECK(c == std::string::npos ||
                    (c + 1 < tok.size() && tok.find_first_not_of("0123456789", c + 1) == std::string::npos),
-               "cache config '%s': cannot parse '%s' (expected ck, cv or ckv[:N])", label.c_str(), tok.c_str());
+               "cache config '%s': cannot parse '%s' (expected ck, cv or ckv[:N])", shown.c_str(), tok.c_str());
       kv.center_set = true;
       kv.center_k = w.find('k') != std::string::npos;
       kv.center_v = w.find('v') != std::string::npos;
@@ -211,7 +228,7 @@ KvOptions parse_kv_label(const std::string& label) {
       kv.layer_types.push_back(tok.substr(1));
     } else {
       TQ_CHECK(false, "cache config '%s': cannot parse '%s' (expected K[/V] [wN] [sN] [ck|cv|ckv|c0] [csN] [cr] [ks] [plain] [bN:T] [LLAYERS:T])",
-               label.c_str(), tok.c_str());
+               shown.c_str(), tok.c_str());
     }
   }
   TQ_CHECK(!first, "empty cache config");

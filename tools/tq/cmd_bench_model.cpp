@@ -16,23 +16,26 @@ void setup(CLI::App& app) {
       "  tq bench model -t 2 --contexts 512,4096,8192 --caches f16,tq4 --decode 32 --reps 3");
   auto o = std::make_shared<tq::cli::ModelOpts>();
   auto contexts = std::make_shared<std::vector<int>>(std::vector<int>{512, 4096, 8192});
-  auto caches = std::make_shared<std::vector<std::string>>(std::vector<std::string>{"f16", "tq4"});
+  auto caches_arg = std::make_shared<std::string>("f16,tq4");
   auto decode = std::make_shared<int>(32);
   auto reps = std::make_shared<int>(1);
   auto file = std::make_shared<std::string>(tq::cli::kDefaultCorpus);
   tq::cli::add_model_opts(s, *o, 0);
   tq::cli::add_kv_opts(s, o->kv);
   s->add_option("--contexts", *contexts, "prompt lengths")->delimiter(',')->capture_default_str();
-  s->add_option("--caches", *caches,
-                "cache types (K=V), K/V pairs like tq4/tq3 (with the --kv-* flags), or whole sweep labels like\n"
+  s->add_option("--caches", *caches_arg,
+                "cache configs separated by ',' (or by ';' when the list holds one, for labels with commas):\n"
+                "types (K=V), K/V pairs like tq4/tq3 (with the --kv-* flags), whole sweep labels like\n"
                 "\"tq3h6/tq4n8 s1 ck ks\" (an entry with a space: its own flags; of the --kv-* flags only --kv-seed and\n"
-                "--kv-plain apply to it)")
-      ->delimiter(',')
+                "--kv-plain apply to it) or @FILE, a --kv-config file (a whole label)")
       ->capture_default_str();
   s->add_option("--decode", *decode, "decode steps after the prefill")->capture_default_str();
   s->add_option("--reps", *reps, "repetitions (median reported)")->capture_default_str();
   s->add_option("-f,--file", *file, "text used as the prompt")->capture_default_str();
   s->callback([=] {
+    const auto caches = std::make_shared<std::vector<std::string>>(
+        tq::cli::split_configs(*caches_arg, caches_arg->find(';') != std::string::npos ? ';' : ','));
+    TQ_CHECK(!caches->empty(), "--caches: no cache config given");
     auto L = tq::cli::load_model(*o);
     const auto tokens = L->tok.encode(tq::read_text_file(*file));
     nlohmann::json rows = nlohmann::json::array();
@@ -41,7 +44,7 @@ void setup(CLI::App& app) {
     for (const std::string& cs : *caches) {
       const tq::KvOptions parsed = tq::cli::label_options(cs, o->kv);
       tq::KvOptions kv = o->kv;
-      if (cs.find(' ') != std::string::npos) {
+      if (cs.find(' ') != std::string::npos || cs[0] == '@') {
         kv = parsed;
       } else {  // types only: the --kv-* flags apply
         kv.type_k = parsed.type_k;

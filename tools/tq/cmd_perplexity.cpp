@@ -28,7 +28,7 @@ void setup(CLI::App& app) {
                 "several cache configs separated by ';', each 'K[/V] [wN] [sN] [ck|cv|ckv[:N]|c0] [csN] [cr] [ks] [plain] [bN:T] [LLAYERS:T]...'\n"
                 "(e.g. 'tq4;tq4/tq3;tq3 w128 b2:f16;tq3 s4 ckv;tq4/tq3 L0,5-7:tq6/tq3'; sN = --kv-sink N, ck/cv/ckv = --kv-center, :N = --kv-center-tokens N,\n"
                 "c0 = --kv-center none, csN = --kv-center-segment N, cr = --kv-center-rope, ks = --kv-scale-k, plain = --kv-plain, LLAYERS:T = --kv-layer-type LAYERS:T),\n"
-                "run on the same windows sharing one --compare pass (replaces -ctk/-ctv)");
+                "run on the same windows sharing one --compare pass (replaces -ctk/-ctv); an entry @FILE reads a --kv-config file");
   s->callback([=] {
     auto L = tq::cli::load_model(*o);
     const std::string text = tq::read_text_file(*file);
@@ -45,17 +45,8 @@ void setup(CLI::App& app) {
     if (sweep->empty()) {
       configs.push_back(o->kv);
     } else {
-      std::string rest = *sweep;
-      size_t p0 = 0;
-      while (p0 <= rest.size()) {
-        size_t e = rest.find(';', p0);
-        if (e == std::string::npos) e = rest.size();
-        const std::string one = rest.substr(p0, e - p0);
-        if (one.find_first_not_of(' ') != std::string::npos) {
-          configs.push_back(tq::cli::label_options(one, o->kv));
-        }
-        p0 = e + 1;
-      }
+      for (const std::string& one : tq::cli::split_configs(*sweep, ';'))
+        configs.push_back(tq::cli::label_options(one, o->kv));
     }
     std::unique_ptr<tq::cli::Progress> pb;
     po.progress = [&](size_t d, size_t t) {

@@ -53,6 +53,8 @@ inline void add_model_opts(CLI::App* s, ModelOpts& o, int default_ctx) {
               "TQ_F32_DECODE=1; for A/B runs)");
 }
 
+inline KvOptions label_options(const std::string& label, const KvOptions& global, const std::string& source = "");
+
 inline void add_kv_opts(CLI::App* s, KvOptions& kv) {
   // -1 means "not given" inside KvOptions, so a negative value must not reach it.
   const auto non_negative = [](const std::string& v) {
@@ -60,6 +62,16 @@ inline void add_kv_opts(CLI::App* s, KvOptions& kv) {
                ? std::string("must be >= 0, got ") + v
                : std::string();
   };
+  // Defined first: CLI11 applies options in the order they are defined, so every flag given
+  // beside --kv-config overrides what the file says.
+  s->add_option_function<std::string>(
+      "--kv-config",
+      [&kv](const std::string& path) {
+        kv = label_options(read_kv_label_file(path), kv, path);
+      },
+      "cache config file: one cache label in the --sweep syntax over any lines, '#' comments (e.g. "
+      "configs/smollm2-135m-kv4.25.kv, a per-head allocation for the default model); other --kv-*/-ctk/-ctv "
+      "flags given beside it override it");
   s->add_option("--cache-type-k", kv.type_k, "-ctk: KV cache type for K (f16, q8_0, q4_0, q4_0h, tq1..tq8, tq2.5, tq3.5, tq3n8, tq3h6, ...; an unknown name lists them all)")
       ->capture_default_str();
   s->add_option("--cache-type-v", kv.type_v, "-ctv: KV cache type for V")->capture_default_str();
@@ -197,12 +209,39 @@ inline std::unique_ptr<Loaded> load_model(ModelOpts& o) {
   return std::unique_ptr<Loaded>(new Loaded{std::move(g), std::move(tok), std::move(m)});
 }
 
-// One entry of --sweep / --caches: a whole label, with the command's --kv-seed and --kv-plain.
-inline KvOptions label_options(const std::string& label, const KvOptions& global) {
-  KvOptions kv = parse_kv_label(label);
+// One entry of --sweep / --caches: a whole label, with the command's --kv-seed and --kv-plain;
+// "@FILE" reads the label from a cache config file (see --kv-config). `source` names where the
+// label came from in errors.
+inline KvOptions label_options(const std::string& label, const KvOptions& global, const std::string& source) {
+  if (!label.empty() && label[0] == '@') {
+    const std::string path = label.substr(1);
+    return label_options(read_kv_label_file(path), global, path);
+  }
+  KvOptions kv;
+  try {
+    kv = parse_kv_label(label);
+  } catch (const Error& e) {
+    if (source.empty()) throw;
+    throw Error(source + ": " + e.what());
+  }
   kv.seed = global.seed;
   kv.plain = kv.plain || global.plain;
   return kv;
+}
+
+// Splits a list of cache configs (--sweep, --caches) at `sep`, dropping blank entries.
+inline std::vector<std::string> split_configs(const std::string& list, char sep) {
+  std::vector<std::string> out;
+  size_t p0 = 0;
+  while (p0 <= list.size()) {
+    size_t e = list.find(sep, p0);
+    if (e == std::string::npos) e = list.size();
+    std::string one = list.substr(p0, e - p0);
+    const size_t b = one.find_first_not_of(' '), l = one.find_last_not_of(' ');
+    if (b != std::string::npos) out.push_back(one.substr(b, l - b + 1));
+    p0 = e + 1;
+  }
+  return out;
 }
 
 inline nlohmann::json kv_json(const KvOptions& opts) {
