@@ -399,6 +399,16 @@ struct Fixtures {
   }
 };
 
+// `tq perplexity --json` on the fixture model (one 64-token window, 1 thread) with `extra`
+// flags: its JSON, or {} after a failure (reported).
+nlohmann::json fixture_perplexity(const Fixtures& fx, const std::vector<std::string>& extra) {
+  std::vector<std::string> a = {"perplexity", "-m", fx.model, "-f", fx.text, "-t", "1", "-c", "64", "--chunks", "1", "--json"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  const RunResult r = run_tq(a);
+  EXPECT_EQ(r.status, 0) << r.err;
+  return nlohmann::json::parse(r.status == 0 && !r.out.empty() ? r.out : "{}");
+}
+
 }  // namespace
 
 // The fixture model itself works (so the failures below are about the bad input only).
@@ -426,15 +436,7 @@ TEST(CliBadInput, KvConfigFile) {
   Fixtures fx;
   const std::string cfg = fx.dir.path("alloc.kv");
   Fixtures::write(cfg, "# per-head types for the tiny model\ntq3/tq4\nL0.1:tq4/tq3   # one head\nL1:f16\n");
-  const std::vector<std::string> base = {"perplexity", "-m", fx.model, "-f", fx.text, "-t", "1", "-c", "64",
-                                         "--chunks", "1", "--json"};
-  auto run = [&](std::vector<std::string> extra) {
-    std::vector<std::string> a = base;
-    a.insert(a.end(), extra.begin(), extra.end());
-    const RunResult r = run_tq(a);
-    EXPECT_EQ(r.status, 0) << r.err;
-    return nlohmann::json::parse(r.out.empty() ? "{}" : r.out);
-  };
+  auto run = [&](const std::vector<std::string>& extra) { return fixture_perplexity(fx, extra); };
   const auto from_file = run({"--kv-config", cfg});
   const auto from_flags = run({"-ctk", "tq3", "-ctv", "tq4", "--kv-layer-type", "0.1:tq4/tq3", "--kv-layer-type", "1:f16"});
   ASSERT_TRUE(from_file.contains("ppl") && from_flags.contains("ppl"));
@@ -464,15 +466,7 @@ TEST(CliBadInput, KvConfigFile) {
 // so in its label; --kv-plain (or the label token) runs the bare format; the two differ.
 TEST(CliBadInput, TqKeysProtectedByDefault) {
   Fixtures fx;
-  const std::vector<std::string> base = {"perplexity", "-m", fx.model, "-f", fx.text, "-t", "1", "-c", "64",
-                                         "--chunks", "1", "--json"};
-  auto run = [&](std::vector<std::string> extra) {
-    std::vector<std::string> a = base;
-    a.insert(a.end(), extra.begin(), extra.end());
-    const RunResult r = run_tq(a);
-    EXPECT_EQ(r.status, 0) << r.err;
-    return nlohmann::json::parse(r.out);
-  };
+  auto run = [&](const std::vector<std::string>& extra) { return fixture_perplexity(fx, extra); };
   const auto prot = run({"-ctk", "tq3", "-ctv", "tq3"});
   EXPECT_EQ(prot["kv"]["label"], "tq3 s1 ck cs512 cr");
   EXPECT_TRUE(prot["kv"]["auto_protected"].get<bool>());
