@@ -13,7 +13,8 @@ Two steps, with the project's own `tq perplexity`:
      --cost-k 18 --cost-v 24 --budget 174` picks the layers whose K (V) moves to the
      upgrade type within the budget (bytes per token, all KV heads), maximizing the
      predicted KLD saved, and prints the cache label for `tq perplexity --sweep` (its
-     `L...` entries are `--kv-layer-type` values).
+     `L...` entries are `--kv-layer-type` values); `--out FILE` also writes it as a cache
+     config file that `tq --kv-config FILE` reads.
 
 The prediction: a layer's KLD with only that layer quantized (its sensitivity) falls by the
 Lloyd-Max MSE ratio of the regular channels' bits (e.g. 3 -> 4 bits: 0.275) when upgraded, and
@@ -43,7 +44,9 @@ units; `--cost-k/--cost-v` are per unit then).
 import argparse
 import json
 import math
+import os
 import re
+import shlex
 import sys
 
 # Lloyd-Max MSE per coordinate of N(0, 1) at 1..8 bits.
@@ -102,7 +105,34 @@ def cmd_plan(a):
     out = {"label": label, "bytes_per_token_added": b, "predicted_kld_saved": g,
            "sensitivity_sum": total, "up_k_layers": [unit_json(u) for u in up_k],
            "up_v_layers": [unit_json(u) for u in up_v]}
-    print(json.dumps(out, indent=1) if a.json else label)
+    emit(a, out, f"upgrades add {b} bytes per token; predicted KLD saved {g:.6g} of {total:.6g}")
+
+
+def emit(a, out, summary):
+    """Prints the label (or the JSON with --json); with --out also writes it as a cache config
+    file for `tq --kv-config FILE`: a comment header (the command, the summary), the base types
+    on the first line, one L entry per line. Written to a temporary file and renamed, so a
+    failure never leaves half a file."""
+    print(json.dumps(out, indent=1) if a.json else out["label"])
+    if not a.out:
+        return
+    toks = out["label"].split()
+    base = [t for t in toks if not t.startswith("L")]
+    entries = [t for t in toks if t.startswith("L")]
+    text = ("# KV cache config for `tq ... --kv-config FILE` (or `@FILE` in --sweep / --caches), written by\n"
+            f"#   kv_layer_plan.py {' '.join(shlex.quote(x) for x in sys.argv[1:])}\n"
+            f"# {summary}\n" + " ".join(base) + "\n" + "".join(e + "\n" for e in entries))
+    tmp = f"{a.out}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, a.out)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        sys.exit(f"kv_layer_plan: cannot write {a.out}: {e.strerror}")
 
 
 def layer_label(head, types):
@@ -253,7 +283,8 @@ def cmd_alloc(a):
     label = layer_label(f"{bk}/{bv}{a.suffix}", {u: kv for u, kv in per_unit.items() if kv != (bk, bv)})
     out = {"label": label, "bytes_per_token": cost, "predicted_kld": pred, "units": [unit_json(u) for u in units],
            "k_types": [choice[("K", u)] for u in units], "v_types": [choice[("V", u)] for u in units]}
-    print(json.dumps(out, indent=1) if a.json else label)
+    emit(a, out, f"{cost:g} bytes per token (K and V of every layer, sink and means not counted); "
+                 f"predicted KLD {pred:.6g}")
 
 
 def main():
@@ -275,6 +306,7 @@ def main():
     q.add_argument("--cost-v", type=int, required=True, help="bytes per token an upgraded V layer adds (all KV heads)")
     q.add_argument("--budget", type=int, required=True, help="bytes per token to spend")
     q.add_argument("--json", action="store_true", help="print the plan as JSON")
+    q.add_argument("--out", help="also write the label as a cache config file (tq --kv-config FILE)")
     q.set_defaults(fn=cmd_plan)
     c = sub.add_parser("alloc", help="one type per layer and side from measured whole-model costs")
     c.add_argument("sens", help="JSON of the one-layer sensitivity sweep (as for plan)")
@@ -285,6 +317,7 @@ def main():
     c.add_argument("--budget", type=float, required=True, help="bytes per token over all layers, K and V")
     c.add_argument("--suffix", default="", help="appended to the base K/V of the label, e.g. ' ks'")
     c.add_argument("--json", action="store_true", help="print the allocation as JSON")
+    c.add_argument("--out", help="also write the label as a cache config file (tq --kv-config FILE)")
     c.set_defaults(fn=cmd_alloc)
     a = p.parse_args()
     a.fn(a)

@@ -192,5 +192,23 @@ with tempfile.TemporaryDirectory() as td:
     r = run("alloc", os.path.join(td, "hole.json"), "--types", htf, "--budget", "230")
     check(r.returncode != 0 and "no K probe of L0.0" in r.stderr, f"missing head probe: {r.stderr!r}")
 
+    # 8. --out writes the label as a cache config file (comments, then one entry per line) that
+    # reads back to the printed label; an unwritable path is a one-line error and leaves nothing.
+    cfg = os.path.join(td, "alloc.kv")
+    r = run("alloc", hf, "--types", htf, "--budget", "230", "--out", cfg)
+    lines = open(cfg).read().splitlines() if os.path.exists(cfg) else []
+    body = [ln.split("#")[0].strip() for ln in lines if ln.split("#")[0].strip()]
+    check(r.returncode == 0 and " ".join(body) == r.stdout.strip(), f"--out file = label: {lines} {r.stdout!r}")
+    check(lines and lines[0].startswith("#") and "--out" in lines[1], f"--out header: {lines[:3]}")
+    check(all(e.startswith("L") for e in body[1:]) and len(body) >= 2, f"--out: one L entry per line: {body}")
+    bad = os.path.join(td, "no_such_dir", "x.kv")
+    r = run("plan", f, "--base", "tq3h6n8/tq4n8", "--up-k", "tq4h6n8", "--up-v", "tq5n8", "--cost-k", "18",
+            "--cost-v", "24", "--budget", "36", "--out", bad)
+    check(r.returncode != 0 and r.stderr.count("\n") == 1 and "cannot write" in r.stderr, f"--out unwritable: {r.stderr!r}")
+    r = run("plan", f, "--base", "tq3h6n8/tq4n8", "--up-k", "tq4h6n8", "--up-v", "tq5n8", "--cost-k", "18",
+            "--cost-v", "24", "--budget", "36", "--out", os.path.join(td, "plan.kv"))
+    check(r.returncode == 0 and open(os.path.join(td, "plan.kv")).read().splitlines()[3] == r.stdout.split()[0],
+          f"plan --out: {r.stdout!r} {r.stderr!r}")
+
 print("kv_layer_plan: %d failure(s)" % len(failures))
 sys.exit(1 if failures else 0)
