@@ -87,13 +87,19 @@ void setup(CLI::App& app) {
       tq::cli::print_json({{"threads", L->model.threads()}, {"f32_decode", L->model.f32_decode()}, {"rows", rows}});
       return;
     }
-    int w = 12;  // the resolved label: what ran, automatic sink and K means included
-    for (auto& r : rows) w = std::max(w, static_cast<int>(r["kv"].get<std::string>().size()));
+    // The resolved label: what ran, automatic sink and K means included; a per-head allocation's
+    // is a thousand characters, so the table shows its start (--json has it whole).
+    auto shown = [](const nlohmann::json& r) {
+      const std::string l = r["kv"].get<std::string>();
+      return l.size() > 48 ? l.substr(0, 45) + "..." : l;
+    };
+    int w = 12;
+    for (auto& r : rows) w = std::max(w, static_cast<int>(shown(r).size()));
     std::printf("%8s %-*s %12s %12s %9s %9s %12s\n", "context", w, "cache", "prefill t/s", "decode t/s", "pf ratio",
                 "dec ratio", "kv MiB");
     for (auto& r : rows)
       std::printf("%8d %-*s %12.1f %12.2f %9.2f %9.2f %12.2f\n", r["context"].get<int>(), w,
-                  r["kv"].get<std::string>().c_str(), r["prefill_tok_s"].get<double>(),
+                  shown(r).c_str(), r["prefill_tok_s"].get<double>(),
                   r["decode_tok_s"].get<double>(), r["prefill_vs_first"].get<double>(),
                   r["decode_vs_first"].get<double>(), r["kv_bytes"].get<double>() / 1048576.0);
     std::printf("threads %d\n", L->model.threads());
