@@ -87,12 +87,8 @@ void setup(CLI::App& app) {
       tq::cli::print_json({{"threads", L->model.threads()}, {"f32_decode", L->model.f32_decode()}, {"rows", rows}});
       return;
     }
-    // The resolved label: what ran, automatic sink and K means included; a per-head allocation's
-    // is a thousand characters, so the table shows its start (--json has it whole).
-    auto shown = [](const nlohmann::json& r) {
-      const std::string l = r["kv"].get<std::string>();
-      return l.size() > 48 ? l.substr(0, 45) + "..." : l;
-    };
+    // The resolved label: what ran, automatic sink and K means included (shortened).
+    auto shown = [](const nlohmann::json& r) { return tq::cli::short_label(r["kv"].get<std::string>()); };
     int w = 12;
     for (auto& r : rows) w = std::max(w, static_cast<int>(shown(r).size()));
     std::printf("%8s %-*s %12s %12s %9s %9s %12s\n", "context", w, "cache", "prefill t/s", "decode t/s", "pf ratio",

@@ -229,6 +229,12 @@ inline KvOptions label_options(const std::string& label, const KvOptions& global
   return kv;
 }
 
+// A cache label for text output: a per-KV-head allocation's label is a thousand characters, so
+// past `max` it shows the start and "..." (JSON output keeps labels whole).
+inline std::string short_label(const std::string& label, size_t max = 48) {
+  return label.size() > max ? label.substr(0, max - 3) + "..." : label;
+}
+
 // Splits a list of cache configs (--sweep, --caches) at `sep`, dropping blank entries.
 inline std::vector<std::string> split_configs(const std::string& list, char sep) {
   std::vector<std::string> out;
