@@ -541,6 +541,17 @@ TEST(KvQuality, BadConfigAndLabels) {
   EXPECT_THROW(tq::parse_kv_label("tq3 cx"), tq::Error);
   EXPECT_THROW(tq::parse_kv_label("tq3 sx"), tq::Error);
   EXPECT_THROW(tq::parse_kv_label("tq3 plainx"), tq::Error);
+  // Numbers: digits only and in range, with an error that names the token.
+  for (const char* bad : {"tq3 wX", "tq3 w-4", "tq3 s99999999999", "tq3 cs99999999999", "tq3 s1 ck:99999999999",
+                          "tq3 bX:f16", "tq3 b:f16"}) {
+    try {
+      tq::parse_kv_label(bad);
+      ADD_FAILURE() << bad << ": no error";
+    } catch (const tq::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("needs a number"), std::string::npos) << bad << ": " << e.what();
+    }
+  }
+  EXPECT_EQ(tq::parse_kv_label("tq3 w128 b2:f16").window, 128);
   EXPECT_THROW(tq::parse_kv_label("tq3 crx"), tq::Error);
   // RoPE-rotating K means: need K centring and the keys' RoPE
   EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.center_rope = true; c.rope_base = 1e4f; c.rope_dim = 64; }),

@@ -183,6 +183,13 @@ KvOptions parse_kv_label(const std::string& label) {
   const std::string shown = label.size() > 72 ? label.substr(0, 69) + "..." : label;
   std::istringstream in(label);
   std::string tok;
+  // The number of a token (wN, sN, csN, ck:N, bN:T): digits only, at most 9 of them.
+  auto number = [&](const std::string& digits) {
+    TQ_CHECK(!digits.empty() && digits.size() <= 9 && digits.find_first_not_of("0123456789") == std::string::npos,
+             "cache config '%s': '%s' needs a number (0 to 999999999), got '%s'", shown.c_str(), tok.c_str(),
+             digits.c_str());
+    return std::stoi(digits);
+  };
   bool first = true;
   auto split = [](const std::string& s, std::string& a, std::string& b) {
     const size_t sl = s.find('/');
@@ -194,11 +201,11 @@ KvOptions parse_kv_label(const std::string& label) {
       split(tok, kv.type_k, kv.type_v);
       first = false;
     } else if (tok.size() > 1 && tok[0] == 'w') {
-      kv.window = std::stoi(tok.substr(1));
+      kv.window = number(tok.substr(1));
     } else if (tok.size() > 1 && tok[0] == 's' && tok.find_first_not_of("0123456789", 1) == std::string::npos) {
-      kv.sink = std::stoi(tok.substr(1));
+      kv.sink = number(tok.substr(1));
     } else if (tok.size() > 2 && tok.rfind("cs", 0) == 0 && tok.find_first_not_of("0123456789", 2) == std::string::npos) {
-      kv.center_segment = std::stoi(tok.substr(2));
+      kv.center_segment = number(tok.substr(2));
     } else if (tok == "cr") {
       kv.center_rope = true;
     } else if (tok == "ks") {
@@ -219,10 +226,10 @@ KvOptions parse_kv_label(const std::string& label) {
       kv.center_set = true;
       kv.center_k = w.find('k') != std::string::npos;
       kv.center_v = w.find('v') != std::string::npos;
-      if (c != std::string::npos) kv.center_tokens = std::stoi(tok.substr(c + 1));
+      if (c != std::string::npos) kv.center_tokens = number(tok.substr(c + 1));
     } else if (tok.size() > 1 && tok[0] == 'b' && tok.find(':') != std::string::npos) {
       const size_t c = tok.find(':');
-      kv.boundary_layers = std::stoi(tok.substr(1, c - 1));
+      kv.boundary_layers = number(tok.substr(1, c - 1));
       split(tok.substr(c + 1), kv.boundary_type_k, kv.boundary_type_v);
     } else if (tok.size() > 1 && tok[0] == 'L' && tok.find(':') != std::string::npos) {
       kv.layer_types.push_back(tok.substr(1));
