@@ -684,6 +684,23 @@ TEST(Attention, KernelSelection) {
     EXPECT_EQ(kernel("tq4", "tq3", 128, 4, false), lv == "scalar" ? "rows" : "tq-float") << lv;
     if (lv != "avx3_dl") EXPECT_EQ(kernel("tq4", "tq3", 128, 4, true), lv == "scalar" ? "rows" : "tq-float") << lv;
   }
+  {  // per-head types: the distinct kernels of the layer's heads, in head order
+    tq::KvCacheConfig cfg = tq_test::kv_config(2, 3, 64, 64, "tq4", "tq3");
+    cfg.head_type_k.assign(6, "");
+    cfg.head_type_v.assign(6, "");
+    cfg.head_type_k[1] = cfg.head_type_v[1] = "f16";  // layer 0: tq, f16, tq
+    cfg.head_type_k[5] = "f16";                       // layer 1: tq, tq, f16 K with tq V
+    tq::KvCache cache(cfg);
+    tq::Rng rng(5);
+    std::vector<float> kk, vv;
+    fill_kv(rng, 40, 3, 64, kk, vv);
+    for (int l = 0; l < 2; ++l) cache.append(l, 40, kk.data(), vv.data());
+    tq::AttentionParams p;
+    p.n_heads = 9;
+    const bool fused = level != "scalar";
+    EXPECT_EQ(tq::attention_kernel(cache, 0, p), fused ? "tq-float+f16" : "rows+f16");
+    EXPECT_EQ(tq::attention_kernel(cache, 1, p), fused ? "tq-float+rows" : "rows");
+  }
   tq::KvCacheConfig cfg;
   tq::KvCache cache(cfg);
   tq::AttentionParams p;

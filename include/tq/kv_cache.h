@@ -138,7 +138,9 @@ void attention(const KvCache& cache, int layer, int n_q, const float* q, float* 
                const AttentionParams& p);
 // The decode kernel attention() runs over the quantized tokens of this layer with these
 // params at the current SIMD level: "f16", "tq-float", "tq-lut8" (fused kernels) or "rows"
-// (rows dequantized to float, then float attention). The TQ_KV_* variables are not applied.
+// (rows dequantized to float, then float attention); when the layer's KV heads have types that
+// run different kernels (per-head types), the distinct names in head order joined by '+', e.g.
+// "tq-float+f16". The TQ_KV_* variables are not applied.
 std::string attention_kernel(const KvCache& cache, int layer, const AttentionParams& p);
 // Reference: dequantize every cached row, then exact f32 attention. The test oracle.
 void attention_ref(const KvCache& cache, int layer, int n_q, const float* q, float* out,

@@ -388,7 +388,12 @@ std::string attention_kernel(const KvCache& cache, int layer, const AttentionPar
   sh.H = p.n_heads;
   sh.G = p.n_heads / sh.KVH;
   const Layer& L = I.layers[layer];
-  return fused_kernel_name(sh, L.k[0], L.v[0], p.lut8 && !p.exact);
+  std::string names;  // the distinct kernels of the layer's KV heads, in head order
+  for (int h = 0; h < sh.KVH; ++h) {
+    const std::string n = fused_kernel_name(sh, L.k[h], L.v[h], p.lut8 && !p.exact);
+    if (("+" + names + "+").find("+" + n + "+") == std::string::npos) names += (names.empty() ? "" : "+") + n;
+  }
+  return names;
 }
 
 void attention_ref(const KvCache& cache, int layer, int n_q, const float* q, float* out,
