@@ -52,6 +52,9 @@ struct KvOptions {
 // Parses a label as written by KvOptions::label():
 // "K[/V] [wN] [sN] [ck|cv|ckv[:N]|c0] [csN] [cr] [ks] [plain] [bN:T[/T]] [LLAYERS:T[/T]]...".
 KvOptions parse_kv_label(const std::string& label);
+// A label for messages and text output: past `max` characters its start and "..." (a
+// per-KV-head allocation's label is a thousand characters long).
+std::string short_label(const std::string& label, size_t max = 48);
 // Reads a cache config file: one label in the syntax above, split over any number of lines,
 // '#' starting a comment to the end of its line (e.g. a per-head allocation fitted to one
 // model, configs/*.kv). Throws on an unreadable file or one that holds no label.

@@ -388,11 +388,13 @@ std::string attention_kernel(const KvCache& cache, int layer, const AttentionPar
   sh.H = p.n_heads;
   sh.G = p.n_heads / sh.KVH;
   const Layer& L = I.layers[layer];
-  std::string names;  // the distinct kernels of the layer's KV heads, in head order
+  std::vector<std::string> kernels;  // the distinct kernels of the layer's KV heads, in head order
   for (int h = 0; h < sh.KVH; ++h) {
     const std::string n = fused_kernel_name(sh, L.k[h], L.v[h], p.lut8 && !p.exact);
-    if (("+" + names + "+").find("+" + n + "+") == std::string::npos) names += (names.empty() ? "" : "+") + n;
+    if (std::find(kernels.begin(), kernels.end(), n) == kernels.end()) kernels.push_back(n);
   }
+  std::string names = kernels[0];
+  for (size_t i = 1; i < kernels.size(); ++i) names += "+" + kernels[i];
   return names;
 }
 

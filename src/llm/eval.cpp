@@ -177,10 +177,13 @@ std::string read_kv_label_file(const std::string& path) {
   return label;
 }
 
+std::string short_label(const std::string& label, size_t max) {
+  return label.size() > max ? label.substr(0, max - 3) + "..." : label;
+}
+
 KvOptions parse_kv_label(const std::string& label) {
   KvOptions kv;
-  // Errors quote the label, shortened: a per-head allocation is a thousand characters long.
-  const std::string shown = label.size() > 72 ? label.substr(0, 69) + "..." : label;
+  const std::string shown = short_label(label, 72);  // errors quote the label
   std::istringstream in(label);
   std::string tok;
   // The number of a token (wN, sN, csN, ck:N, bN:T): digits only, at most 9 of them.

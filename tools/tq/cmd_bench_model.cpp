@@ -33,15 +33,15 @@ void setup(CLI::App& app) {
   s->add_option("--reps", *reps, "repetitions (median reported)")->capture_default_str();
   s->add_option("-f,--file", *file, "text used as the prompt")->capture_default_str();
   s->callback([=] {
-    const auto caches = std::make_shared<std::vector<std::string>>(
-        tq::cli::split_configs(*caches_arg, caches_arg->find(';') != std::string::npos ? ';' : ','));
-    TQ_CHECK(!caches->empty(), "--caches: no cache config given");
+    const std::vector<std::string> caches =
+        tq::cli::split_configs(*caches_arg, caches_arg->find(';') != std::string::npos ? ';' : ',');
+    TQ_CHECK(!caches.empty(), "--caches: no cache config given");
     auto L = tq::cli::load_model(*o);
     const auto tokens = L->tok.encode(tq::read_text_file(*file));
     nlohmann::json rows = nlohmann::json::array();
-    const size_t total = contexts->size() * caches->size() * std::max(1, *reps);
+    const size_t total = contexts->size() * caches.size() * std::max(1, *reps);
     std::vector<tq::KvOptions> kvs;  // parsed before the first run: a bad label fails at once
-    for (const std::string& cs : *caches) {
+    for (const std::string& cs : caches) {
       const tq::KvOptions parsed = tq::cli::label_options(cs, o->kv);
       tq::KvOptions kv = o->kv;
       if (cs.find(' ') != std::string::npos || cs[0] == '@') {
@@ -55,13 +55,13 @@ void setup(CLI::App& app) {
     tq::cli::Progress pb("bench model", total);
     size_t done = 0;
     for (int ctx : *contexts) {
-      std::vector<std::vector<tq::SpeedResult>> runs(caches->size());
+      std::vector<std::vector<tq::SpeedResult>> runs(caches.size());
       for (int r = 0; r < std::max(1, *reps); ++r)
-        for (size_t ci = 0; ci < caches->size(); ++ci) {
+        for (size_t ci = 0; ci < caches.size(); ++ci) {
           runs[ci].push_back(tq::bench_speed(L->model, tokens, ctx, *decode, kvs[ci]));
           pb.update(++done);
         }
-      for (size_t ci = 0; ci < caches->size(); ++ci) {
+      for (size_t ci = 0; ci < caches.size(); ++ci) {
         auto med = [&](auto f) {
           std::vector<double> v;
           for (auto& x : runs[ci]) v.push_back(f(x));
@@ -76,7 +76,7 @@ void setup(CLI::App& app) {
         };
         const double pf = med([](const tq::SpeedResult& x) { return x.prefill_tok_s; });
         const double dc = med([](const tq::SpeedResult& x) { return x.decode_tok_s; });
-        rows.push_back({{"context", ctx}, {"cache", (*caches)[ci]}, {"kv", kvs[ci].label()}, {"prefill_tok_s", pf}, {"decode_tok_s", dc},
+        rows.push_back({{"context", ctx}, {"cache", caches[ci]}, {"kv", kvs[ci].label()}, {"prefill_tok_s", pf}, {"decode_tok_s", dc},
                         {"prefill_vs_first", pf / med0([](const tq::SpeedResult& x) { return x.prefill_tok_s; })},
                         {"decode_vs_first", dc / med0([](const tq::SpeedResult& x) { return x.decode_tok_s; })},
                         {"kv_bytes", runs[ci].back().kv_bytes}, {"decode_tokens", *decode}, {"reps", runs[ci].size()}});
@@ -88,7 +88,7 @@ void setup(CLI::App& app) {
       return;
     }
     // The resolved label: what ran, automatic sink and K means included (shortened).
-    auto shown = [](const nlohmann::json& r) { return tq::cli::short_label(r["kv"].get<std::string>()); };
+    auto shown = [](const nlohmann::json& r) { return tq::short_label(r["kv"].get<std::string>()); };
     int w = 12;
     for (auto& r : rows) w = std::max(w, static_cast<int>(shown(r).size()));
     std::printf("%8s %-*s %12s %12s %9s %9s %12s\n", "context", w, "cache", "prefill t/s", "decode t/s", "pf ratio",

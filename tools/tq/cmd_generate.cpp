@@ -76,7 +76,7 @@ void setup(CLI::App& app) {
                    "prompt: %zu tokens, %.1f tok/s | generation: %zu tokens, %.1f tok/s | threads %d\n"
                    "kv cache %s: %zu bytes held, %.1f bytes/token (%.2f bits/value)\n",
                    ids.size(), ids.size() / t_prompt, out.size(), gen_tps, L->model.threads(),
-                   tq::cli::short_label(o->kv.label()).c_str(), cache.bytes_used(), cache.bytes_per_token(),
+                   tq::short_label(o->kv.label()).c_str(), cache.bytes_used(), cache.bytes_per_token(),
                    tq::kv_bits_per_value(L->model, cache.bytes_per_token()));
     }
   });

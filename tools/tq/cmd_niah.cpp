@@ -31,7 +31,7 @@ void setup(CLI::App& app) {
     no->kv = o->kv;
     std::unique_ptr<tq::cli::Progress> pb;
     no->progress = [&](size_t d, size_t t) {
-      if (!pb) pb = std::make_unique<tq::cli::Progress>("niah " + tq::cli::short_label(o->kv.label(), 32), t);
+      if (!pb) pb = std::make_unique<tq::cli::Progress>("niah " + tq::short_label(o->kv.label(), 32), t);
       pb->update(d);
     };
     const tq::NiahResult r = tq::niah(L->model, L->tok, text, *no);
@@ -53,7 +53,7 @@ void setup(CLI::App& app) {
                            {"seconds", r.seconds}, {"threads", L->model.threads()}});
       return;
     }
-    std::printf("niah context %d, kv %s: %d / %d passed (%.1f s)\n", o->ctx, tq::cli::short_label(o->kv.label()).c_str(), r.passed,
+    std::printf("niah context %d, kv %s: %d / %d passed (%.1f s)\n", o->ctx, tq::short_label(o->kv.label()).c_str(), r.passed,
                 r.trials, r.seconds);
     for (auto& t : r.details)
       std::printf("  depth %.2f trial %d: %s -> '%s' %s\n", t.depth, t.trial, t.passphrase.c_str(),

@@ -66,9 +66,7 @@ inline void add_kv_opts(CLI::App* s, KvOptions& kv) {
   // beside --kv-config overrides what the file says.
   s->add_option_function<std::string>(
       "--kv-config",
-      [&kv](const std::string& path) {
-        kv = label_options(read_kv_label_file(path), kv, path);
-      },
+      [&kv](const std::string& path) { kv = label_options("@" + path, kv); },
       "cache config file: one cache label in the --sweep syntax over any lines, '#' comments (e.g. "
       "configs/smollm2-135m-kv4.25.kv, a per-head allocation for the default model); other --kv-*/-ctk/-ctv "
       "flags given beside it override it");
@@ -227,12 +225,6 @@ inline KvOptions label_options(const std::string& label, const KvOptions& global
   kv.seed = global.seed;
   kv.plain = kv.plain || global.plain;
   return kv;
-}
-
-// A cache label for text output: a per-KV-head allocation's label is a thousand characters, so
-// past `max` it shows the start and "..." (JSON output keeps labels whole).
-inline std::string short_label(const std::string& label, size_t max = 48) {
-  return label.size() > max ? label.substr(0, max - 3) + "..." : label;
 }
 
 // Splits a list of cache configs (--sweep, --caches) at `sep`, dropping blank entries.
