@@ -462,6 +462,23 @@ TEST(CliBadInput, KvConfigFile) {
   EXPECT_EQ(bench("f16; tq3/tq4 L0,1:tq4 ;"), (std::vector<std::string>{"f16", "tq3/tq4 s1 ck cs512 cr L0,1:tq4"}));
 }
 
+// --kv-trellis (label tc): the flag and the label token run the same cache, shown in the label
+// and the JSON, and a different one from the scalar codes (same bytes).
+TEST(CliBadInput, KvTrellisFlagAndLabel) {
+  Fixtures fx;
+  auto run = [&](const std::vector<std::string>& extra) { return fixture_perplexity(fx, extra); };
+  const auto flag = run({"-ctk", "tq2", "-ctv", "tq3", "--kv-trellis"});
+  ASSERT_TRUE(flag.contains("ppl")) << flag.dump();
+  EXPECT_EQ(flag["kv"]["label"], "tq2/tq3 s1 ck cs512 cr tc");
+  EXPECT_TRUE(flag["kv"]["trellis"].get<bool>());
+  const auto label = run({"--sweep", "tq2/tq3 tc;tq2/tq3"});
+  ASSERT_EQ(label["results"].size(), 2u);
+  EXPECT_EQ(label["results"][0]["ppl"].get<double>(), flag["ppl"].get<double>());
+  EXPECT_FALSE(label["results"][1]["kv"]["trellis"].get<bool>());
+  EXPECT_NE(label["results"][1]["ppl"].get<double>(), flag["ppl"].get<double>());
+  EXPECT_EQ(label["results"][1]["kv_bytes_per_token"], flag["kv_bytes_per_token"]);
+}
+
 // A tq K type without sink / centring flags runs protected (1 sink, 512-token K means) and says
 // so in its label; --kv-plain (or the label token) runs the bare format; the two differ.
 TEST(CliBadInput, TqKeysProtectedByDefault) {

@@ -538,6 +538,10 @@ TEST(KvQuality, BadConfigAndLabels) {
   EXPECT_TRUE(tq::parse_kv_label("tq3h6/tq4n8 s1 ck ks").scale_k);
   EXPECT_EQ(tq::parse_kv_label("tq3h6/tq4n8 s1 ck cs256 ks").label(), "tq3h6/tq4n8 s1 ck cs256 ks");
   EXPECT_THROW(tq::parse_kv_label("tq3 ksx"), tq::Error);
+  EXPECT_TRUE(tq::parse_kv_label("tq3h6/tq4n8 s1 ck tc").trellis);
+  EXPECT_FALSE(tq::parse_kv_label("tq3h6/tq4n8 s1 ck").trellis);
+  EXPECT_EQ(tq::parse_kv_label("tq3h6/tq4n8 tc s1 ck ks").label(), "tq3h6/tq4n8 s1 ck ks tc");
+  EXPECT_THROW(tq::parse_kv_label("tq3 tcx"), tq::Error);
   EXPECT_THROW(tq::parse_kv_label("tq3 cx"), tq::Error);
   EXPECT_THROW(tq::parse_kv_label("tq3 sx"), tq::Error);
   EXPECT_THROW(tq::parse_kv_label("tq3 plainx"), tq::Error);

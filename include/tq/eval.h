@@ -31,6 +31,7 @@ struct KvOptions {
   int center_segment = -1;   // --kv-center-segment: one mean per N quantized tokens (label csN; -1: not given)
   bool plain = false;        // --kv-plain (label "plain"): no automatic protection
   bool scale_k = false;      // --kv-scale-k: query-weighted K scaling (label ks)
+  bool trellis = false;      // --kv-trellis: trellis-coded tq codes (label tc)
   bool center_rope = false;  // --kv-center-rope: the K mean rotates with RoPE (label cr)
   int boundary_layers = 0;
   std::string boundary_type_k = "f16";

@@ -316,13 +316,24 @@ static double norm2(const float* x, int n) {
 
 // One TurboQuant mse part of a row: y = the rotated part (dim values), s = ||x part||.
 // Writes the corrected norm s / ||c[idx]|| (fp16) and the codes into the block's tiles.
-static double encode_tq_part(const Codebook& cb, int dim, int side, const float* y, double s,
-                             uint16_t* norm, uint8_t* tiles, int slot, uint8_t* idx, float* u) {
+// One TurboQuant mse part of a row: y = the rotated part (dim values), s = ||x part||.
+// Writes the corrected norm s / ||c[idx]|| (fp16) and the codes into the block's tiles.
+// tc: trellis codes instead of the scalar codebook's (reconstruction lut[window]).
+static double encode_tq_part(const Codebook& cb, const TrellisCode* tc, int dim, int side, const float* y,
+                             double s, uint16_t* norm, uint8_t* tiles, int slot, uint8_t* idx, float* u) {
   const float inv = s > 0 ? (float)(1.0 / s) : 0.f;
   for (int i = 0; i < dim; ++i) u[i] = y[i] * inv;
-  quantize_rotated(cb, (size_t)dim, u, idx);
   double c2 = 0;
-  for (int i = 0; i < dim; ++i) c2 += (double)cb.centroids[idx[i]] * cb.centroids[idx[i]];
+  if (tc) {
+    trellis_encode(*tc, u, idx);
+    for (int i = 0; i < dim; ++i) {
+      const double c = tc->lut[tc->window(idx, i)];
+      c2 += c * c;
+    }
+  } else {
+    quantize_rotated(cb, (size_t)dim, u, idx);
+    for (int i = 0; i < dim; ++i) c2 += (double)cb.centroids[idx[i]] * cb.centroids[idx[i]];
+  }
   const double stored = (s > 0 && c2 > 0) ? s / std::sqrt(c2) : 0.0;
   if (norm) *norm = fp32_to_fp16((float)stored);
   if (side == 0) set_tile_codes_k(tiles, dim, cb.bits, slot, idx);
@@ -366,11 +377,21 @@ float kv::tq_block_norm(const Stream& s, const uint8_t* blk, int part, int slot)
   return fp16_to_fp32(reinterpret_cast<const uint16_t*>(blk)[part * kBlock + slot]);
 }
 
-static void decode_tq_part(const Codebook& cb, int dim, int side, const uint8_t* tiles, int slot,
-                           float norm, uint8_t* idx, float* out) {
+// Values of one part from its codes (dim values, scaled by the part's norm).
+static inline void tq_part_values(const Codebook& cb, const TrellisCode* tc, int dim, const uint8_t* codes,
+                                  float norm, float* out) noexcept {
+  if (tc) {
+    trellis_decode_scaled(*tc, codes, norm, out);
+  } else {
+    for (int i = 0; i < dim; ++i) out[i] = norm * cb.centroids[codes[i]];
+  }
+}
+
+static void decode_tq_part(const Codebook& cb, const TrellisCode* tc, int dim, int side, const uint8_t* tiles,
+                           int slot, float norm, uint8_t* idx, float* out) {
   if (side == 0) get_tile_codes_k(tiles, dim, cb.bits, slot, idx);
   else get_tile_codes_v(tiles, dim, cb.bits, slot, idx);
-  for (int i = 0; i < dim; ++i) out[i] = norm * cb.centroids[idx[i]];
+  tq_part_values(cb, tc, dim, idx, norm, out);
 }
 
 // Outlier channels (tq2.5 / tq3.5), chosen online: the D/4 channels with the largest sum of
@@ -662,11 +683,11 @@ void KvCache::Impl::encode_rows(Stream& s, int side, int n, const float* x, size
           break;
         }
         case Kind::tq:
-          encode_tq_part(*s.cb, D, s.side, yr, norm2(xr, D), reinterpret_cast<uint16_t*>(blk) + slot,
+          encode_tq_part(*s.cb, s.tc, D, s.side, yr, norm2(xr, D), reinterpret_cast<uint16_t*>(blk) + slot,
                          blk + s.norms_bytes, slot, idx.data(), u.data());
           break;
         case Kind::tq_n8:
-          set_n8_norm(blk, slot, encode_tq_part(*s.cb, D, s.side, yr, norm2(xr, D), nullptr,
+          set_n8_norm(blk, slot, encode_tq_part(*s.cb, s.tc, D, s.side, yr, norm2(xr, D), nullptr,
                                                 blk + s.norms_bytes, slot, idx.data(), u.data()));
           break;
         case Kind::tq_split: {
@@ -675,9 +696,9 @@ void KvCache::Impl::encode_rows(Stream& s, int side, int n, const float* x, size
           for (int i = s.d_hi; i < D; ++i) e_lo += (double)xr[s.perm[i]] * xr[s.perm[i]];
           const bool n8 = s.fmt->n8;
           uint16_t* h = reinterpret_cast<uint16_t*>(blk);
-          const double n_hi = encode_tq_part(*s.cb_hi, s.d_hi, s.side, yr, std::sqrt(e_hi), n8 ? nullptr : h + slot,
+          const double n_hi = encode_tq_part(*s.cb_hi, s.tc_hi, s.d_hi, s.side, yr, std::sqrt(e_hi), n8 ? nullptr : h + slot,
                                              blk + s.norms_bytes, slot, idx.data(), u.data());
-          const double n_lo = encode_tq_part(*s.cb, s.d_lo, s.side, yr + s.d_hi, std::sqrt(e_lo),
+          const double n_lo = encode_tq_part(*s.cb, s.tc, s.d_lo, s.side, yr + s.d_hi, std::sqrt(e_lo),
                                              n8 ? nullptr : h + kBlock + slot, blk + s.norms_bytes + s.tiles_hi_bytes,
                                              slot, idx.data(), u.data());
           if (n8) {
@@ -736,6 +757,7 @@ void KvCache::Impl::decode_domain(const Stream& s, int side, int t0, int n, floa
       const int nparts = s.fmt->kind == Kind::tq_split ? 2 : 1;
       for (int part = 0; part < nparts; ++part) {
         const Codebook& cb = (nparts == 2 && part == 0) ? *s.cb_hi : *s.cb;
+        const TrellisCode* tc = (nparts == 2 && part == 0) ? s.tc_hi : s.tc;
         const int dim = nparts == 1 ? D : (part == 0 ? s.d_hi : s.d_lo);
         const int off = part == 1 ? s.d_hi : 0;
         const uint8_t* tiles = blk + s.norms_bytes + (part == 1 ? s.tiles_hi_bytes : 0);
@@ -744,7 +766,7 @@ void KvCache::Impl::decode_domain(const Stream& s, int side, int t0, int n, floa
           const float nrm = tq_block_norm(s, blk, part, first + j);
           const uint8_t* c = codes.data() + (size_t)(first + j) * dim;
           float* o = out + (size_t)(r + j) * D + off;
-          for (int d = 0; d < dim; ++d) o[d] = nrm * cb.centroids[c[d]];
+          tq_part_values(cb, tc, dim, c, nrm, o);
         }
       }
       r += m;
@@ -782,13 +804,13 @@ void KvCache::Impl::decode_domain(const Stream& s, int side, int t0, int n, floa
       case Kind::tq:
       case Kind::tq_n8: {
         const uint8_t* tiles = blk + s.norms_bytes;
-        decode_tq_part(*s.cb, D, s.side, tiles, t % kBlock, tq_block_norm(s, blk, 0, t % kBlock), idx.data(), o);
+        decode_tq_part(*s.cb, s.tc, D, s.side, tiles, t % kBlock, tq_block_norm(s, blk, 0, t % kBlock), idx.data(), o);
         break;
       }
       case Kind::tq_split: {
-        decode_tq_part(*s.cb_hi, s.d_hi, s.side, blk + s.norms_bytes, t % kBlock,
+        decode_tq_part(*s.cb_hi, s.tc_hi, s.d_hi, s.side, blk + s.norms_bytes, t % kBlock,
                        tq_block_norm(s, blk, 0, t % kBlock), idx.data(), o);
-        decode_tq_part(*s.cb, s.d_lo, s.side, blk + s.norms_bytes + s.tiles_hi_bytes, t % kBlock,
+        decode_tq_part(*s.cb, s.tc, s.d_lo, s.side, blk + s.norms_bytes + s.tiles_hi_bytes, t % kBlock,
                        tq_block_norm(s, blk, 1, t % kBlock), idx.data(), o + s.d_hi);
         break;
       }
@@ -957,6 +979,12 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
           s.rope_sin = I.rope_sin.data();
           s.rope_nbs = rope_nbs;
           s.rope_j = I.rope_j.data();
+        }
+        if (cfg.trellis && (f.kind == Kind::tq || f.kind == Kind::tq_n8 || f.kind == Kind::tq_split)) {
+          // Parts of 1-4 bits (at 5+ bits the table trains to codes no better than Lloyd-Max).
+          const int dl = f.kind == Kind::tq_split ? s.d_lo : D;
+          if (f.bits <= 4) s.tc = &get_trellis(dl, f.bits);
+          if (f.kind == Kind::tq_split && f.bits_hi <= 4) s.tc_hi = &get_trellis(s.d_hi, f.bits_hi);
         }
         s.kscale = side == 0 && cfg.scale_k &&
                    (f.kind == Kind::tq || f.kind == Kind::tq_n8 || f.kind == Kind::tq_split);

@@ -41,6 +41,7 @@
 #include "tq/kv_cache.h"
 #include "tq/quantizer.h"
 #include "tq/rotation.h"
+#include "tq/trellis.h"
 
 namespace tq::kv {
 
@@ -121,6 +122,9 @@ struct Stream {
   // tq / tq_split
   const Codebook* cb = nullptr;     // regular (or only) codebook
   const Codebook* cb_hi = nullptr;  // tq_split outlier codebook
+  // KvCacheConfig::trellis: the trellis code of the regular / outlier part (null: scalar codes)
+  const TrellisCode* tc = nullptr;
+  const TrellisCode* tc_hi = nullptr;
   int d_hi = 0, d_lo = 0;           // tq_split channel counts
   size_t norms_bytes = 0;           // per block: 32 (tq) or 64 (split) fp16 norms
   size_t tiles_hi_bytes = 0;        // per block (split outlier tiles)

@@ -56,6 +56,7 @@ std::string KvOptions::label() const {
   }
   if (r.center_rope) s += " cr";
   if (r.scale_k) s += " ks";
+  if (r.trellis) s += " tc";
   // The bare format: without a token saying so the label would parse back to the protected cache.
   if (r.sink == 0 && !r.center_k && !r.center_v && tq_keys(r)) s += " plain";
   if (r.boundary_layers > 0) {
@@ -134,6 +135,7 @@ KvCacheConfig make_kv_config(const LlamaModel& m, const KvOptions& opts, int max
   c.center_tokens = kv.center_tokens;
   c.center_segment = kv.center_segment;
   c.scale_k = kv.scale_k;
+  c.trellis = kv.trellis;
   TQ_CHECK(!kv.center_rope || kv.center_k,
            "--kv-center-rope (label cr) needs K centring: --kv-center k or kv, or a tq K type's automatic "
            "protection");
@@ -213,6 +215,8 @@ KvOptions parse_kv_label(const std::string& label) {
       kv.center_rope = true;
     } else if (tok == "ks") {
       kv.scale_k = true;
+    } else if (tok == "tc") {
+      kv.trellis = true;
     } else if (tok == "plain") {
       kv.plain = true;
     } else if (tok == "c0") {

@@ -27,7 +27,7 @@ void setup(CLI::App& app) {
   s->add_option("--sweep", *sweep,
                 "several cache configs separated by ';', each 'K[/V] [wN] [sN] [ck|cv|ckv[:N]|c0] [csN] [cr] [ks] [plain] [bN:T] [LLAYERS:T]...'\n"
                 "(e.g. 'tq4;tq4/tq3;tq3 w128 b2:f16;tq3 s4 ckv;tq4/tq3 L0,5-7:tq6/tq3'; sN = --kv-sink N, ck/cv/ckv = --kv-center, :N = --kv-center-tokens N,\n"
-                "c0 = --kv-center none, csN = --kv-center-segment N, cr = --kv-center-rope, ks = --kv-scale-k, plain = --kv-plain, LLAYERS:T = --kv-layer-type LAYERS:T),\n"
+                "c0 = --kv-center none, csN = --kv-center-segment N, cr = --kv-center-rope, ks = --kv-scale-k, tc = --kv-trellis, plain = --kv-plain, LLAYERS:T = --kv-layer-type LAYERS:T),\n"
                 "run on the same windows sharing one --compare pass (replaces -ctk/-ctv); an entry @FILE reads a --kv-config file");
   s->callback([=] {
     auto L = tq::cli::load_model(*o);
