@@ -606,7 +606,9 @@ TEST(Trellis, CodewordsAreRecoveredExactly) {
   }
 }
 
-TEST(Trellis, FastSearchMatchesReference) {
+TEST(Trellis, SimdSearchMatchesReferenceAtEveryLevel) {
+  for (const auto& lv : tq::simd::available_levels()) {
+  tq::simd::ScopedLevel sl(lv);
   for (int bits = 1; bits <= 4; ++bits)
     for (int dim : {64, 48, 16}) {
       const auto& tc = tq::get_trellis(dim, bits);
@@ -618,9 +620,10 @@ TEST(Trellis, FastSearchMatchesReference) {
         if (rep == 7) u[3] = std::numeric_limits<float>::quiet_NaN();
         tq::trellis_encode(tc, u.data(), a.data());
         tq::trellis_encode_ref(tc, u.data(), b.data());
-        ASSERT_EQ(a, b) << "D=" << dim << " bits=" << bits << " rep " << rep;
+        ASSERT_EQ(a, b) << lv << " D=" << dim << " bits=" << bits << " rep " << rep;
       }
     }
+  }
 }
 
 TEST(Trellis, SimdDecodeMatchesReferenceAtEveryLevel) {

@@ -45,12 +45,20 @@ TrellisCode train_trellis(int dim, int bits, int state_bits, uint64_t seed, int 
 // tail-biting Viterbi: the path of least squared error whose last S bits are the bits before
 // its first code. NaN coordinates count as 0.
 void trellis_encode(const TrellisCode& tc, const float* u, uint8_t* codes);
-// The same search written for any (bits, state bits), without the fixed-size loops that the
-// compiler vectorizes: the reference trellis_encode is tested against (identical codes).
+// The same search in plain loops (the scalar level's path): the reference trellis_encode is
+// tested against at every SIMD level (identical codes).
 void trellis_encode_ref(const TrellisCode& tc, const float* u, uint8_t* codes);
 // out[i] = lut[window(codes, i)] (the reference).
 void trellis_decode(const TrellisCode& tc, const uint8_t* codes, float* out) noexcept;
 // out[i] = lut[window(codes, i)] * s: SIMD (one gather per vector of lanes), identical values.
 void trellis_decode_scaled(const TrellisCode& tc, const uint8_t* codes, float s, float* out) noexcept;
+
+namespace detail {
+// One SIMD Viterbi pass over D coordinates (trellis_simd.cpp): cost / next hold 2^S + 64 floats,
+// back D x 2^S bytes. Returns the final state, or -1 where there is no SIMD pass (scalar
+// level; state count not a multiple of the vector length): then use the reference.
+int viterbi_pass_simd(const TrellisCode& tc, int D, const float* u, int start, int end, uint8_t* codes, float* cost,
+                      float* next, uint8_t* back);
+}  // namespace detail
 
 }  // namespace tq

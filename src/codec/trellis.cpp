@@ -25,7 +25,7 @@ struct Work {
 
 // One Viterbi pass. start < 0: every initial state free; else only `start`. end < 0: the best
 // final state; else `end`. Writes the codes, returns the final state.
-// Any (bits, state bits): the reference the fixed-size passes below are checked against.
+// The reference pass (and the scalar level's): plain loops, any (bits, state bits).
 int viterbi_any(const TrellisCode& tc, const float* u, int start, int end, uint8_t* codes, Work& wk) {
   const int D = tc.dim, k = tc.bits, s = tc.state_bits;
   const int S = 1 << s, K = 1 << k;
@@ -74,69 +74,16 @@ int viterbi_any(const TrellisCode& tc, const float* u, int start, int end, uint8
   return fin;
 }
 
-// One Viterbi pass. start < 0: every initial state free; else only `start`. end < 0: the best
-// final state; else `end`. Writes the codes, returns the final state. K = 2^bits and S =
-// 2^state_bits as template constants so that the loops below unroll and vectorize.
-template <int K, int S>
-int viterbi_k(const TrellisCode& tc, const float* u, int start, int end, uint8_t* codes, Work& wk) {
-  constexpr int W = K * S;
-  const int D = tc.dim, k = tc.bits, s = tc.state_bits;
-  wk.cost.assign(W, start < 0 ? 0.f : kInf);  // each state's cost repeated K times (below)
-  if (start >= 0) std::fill(wk.cost.begin() + start * K, wk.cost.begin() + start * K + K, 0.f);
-  wk.next.resize(S);
-  wk.back.resize((size_t)D * S);
-  const float* __restrict lut = tc.lut.data();
-  float* __restrict ecost = wk.cost.data();
-  float* __restrict next = wk.next.data();
-  for (int i = 0; i < D; ++i) {
-    const float x = std::isnan(u[i]) ? 0.f : u[i];
-    uint8_t* __restrict bk = wk.back.data() + (size_t)i * S;
-    // Window w = (h << s) | n: new state n = the low s bits, h = the top k bits; the old state
-    // is w >> k, so the path cost into window w is ecost[w] = cost[w >> k] (the old states'
-    // costs each repeated K times). Every new state has K predecessors (h = 0 .. K-1).
-    float best[S];
-    int32_t arg[S];  // 32-bit like the costs, so that the select below vectorizes
-    for (int n = 0; n < S; ++n) {
-      const float e = x - lut[n];
-      best[n] = ecost[n] + e * e;
-      arg[n] = 0;
-    }
-    for (int h = 1; h < K; ++h)
-      for (int n = 0; n < S; ++n) {
-        const float e = x - lut[h * S + n];
-        const float c = ecost[h * S + n] + e * e;
-        const int32_t lt = -(int32_t)(c < best[n]);  // all ones where c is better
-        best[n] = std::min(c, best[n]);
-        arg[n] = (arg[n] & ~lt) | (h & lt);
-      }
-    for (int n = 0; n < S; ++n) {
-      bk[n] = (uint8_t)arg[n];
-      next[n] = best[n];
-    }
-    for (int n = 0; n < S; ++n)
-      for (int c = 0; c < K; ++c) ecost[n * K + c] = best[n];
-  }
-  int st = end;
-  if (st < 0) st = (int)(std::min_element(next, next + S) - next);
-  const int fin = st;
-  for (int i = D - 1; i >= 0; --i) {
-    const int w = (wk.back[(size_t)i * S + st] << s) | st;
-    codes[i] = (uint8_t)(w & (K - 1));
-    st = w >> k;
-  }
-  (void)W;
-  return fin;
-}
-
+// The SIMD pass (trellis_simd.cpp); -1 at the scalar level or when the vector length does not
+// divide the state count.
 int viterbi_fast(const TrellisCode& tc, const float* u, int start, int end, uint8_t* codes, Work& wk) {
-  switch (tc.bits * 16 + tc.state_bits) {
-    case 1 * 16 + 7: return viterbi_k<2, 128>(tc, u, start, end, codes, wk);
-    case 2 * 16 + 6: return viterbi_k<4, 64>(tc, u, start, end, codes, wk);
-    case 3 * 16 + 5: return viterbi_k<8, 32>(tc, u, start, end, codes, wk);
-    case 4 * 16 + 4: return viterbi_k<16, 16>(tc, u, start, end, codes, wk);
-    default: break;
-  }
-  return viterbi_any(tc, u, start, end, codes, wk);
+  const size_t S = (size_t)1 << tc.state_bits;
+  wk.cost.resize(S + 64);
+  wk.next.resize(S + 64);
+  wk.back.resize((size_t)tc.dim * S);
+  const int r = detail::viterbi_pass_simd(tc, tc.dim, u, start, end, codes, wk.cost.data(), wk.next.data(),
+                                          wk.back.data());
+  return r >= 0 ? r : viterbi_any(tc, u, start, end, codes, wk);
 }
 
 void encode_with(const TrellisCode& tc, const float* u, uint8_t* codes, Work& wk, bool ref = false) {
