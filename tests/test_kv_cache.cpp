@@ -709,7 +709,7 @@ TEST(Attention, KernelSelection) {
 
 TEST(KvCache, TrellisCodesCutErrorAndMatchReference) {
   // KvCacheConfig::trellis: same bytes per token, ~30% less squared error on the 1-4-bit parts,
-  // attention through the generic path (rows) and identical to attention_ref.
+  // the float kernel (8+ lanes; rows below) equal to attention_ref at every SIMD level.
   // Gaussian keys without fill_kv's 8x channels: a key dominated by two channels is, after the
   // rotation, a few levels that a 2-bit scalar code hits and a trellis code (4 values reachable
   // per step) does not (docs/design.md, "Trellis codes").
@@ -727,7 +727,7 @@ TEST(KvCache, TrellisCodesCutErrorAndMatchReference) {
   tq::AttentionParams p;
   p.n_heads = H;
   for (int i = 0; i < 4; ++i) tq::attention(exact, 0, 1, &q[(size_t)i * H * D], &r[(size_t)i * H * D], p);
-  for (const char* t : {"tq2", "tq3", "tq3n8", "tq2h4n8", "tq3h6"}) {
+  for (const char* t : {"tq1", "tq2", "tq3", "tq4", "tq3n8", "tq2h4n8", "tq3h6", "tq2.5"}) {
     double err[2];
     for (int tc = 0; tc < 2; ++tc) {
       tq::KvCacheConfig cfg = tq_test::kv_config(1, KVH, D, n, t, t);
@@ -735,14 +735,23 @@ TEST(KvCache, TrellisCodesCutErrorAndMatchReference) {
       tq::KvCache c(cfg);
       c.append(0, n / 3, k.data(), v.data());
       c.append(0, n - n / 3, k.data() + (size_t)(n / 3) * KVH * D, v.data() + (size_t)(n / 3) * KVH * D);
-      std::vector<float> a(q.size()), ref(q.size());
-      for (int i = 0; i < 4; ++i) {
-        tq::attention(c, 0, 1, &q[(size_t)i * H * D], &a[(size_t)i * H * D], p);
-        tq::attention_ref(c, 0, 1, &q[(size_t)i * H * D], &ref[(size_t)i * H * D], p);
+      std::vector<float> ref(q.size());
+      for (int i = 0; i < 4; ++i) tq::attention_ref(c, 0, 1, &q[(size_t)i * H * D], &ref[(size_t)i * H * D], p);
+      for (const auto& lv : tq::simd::available_levels()) {
+        tq::simd::ScopedLevel sl(lv);
+        for (bool lut8 : {false, true}) {
+          tq::AttentionParams pl = p;
+          pl.lut8 = lut8;
+          std::vector<float> a(q.size());
+          for (int i = 0; i < 4; ++i) tq::attention(c, 0, 1, &q[(size_t)i * H * D], &a[(size_t)i * H * D], pl);
+          const std::string kernel = tq::attention_kernel(c, 0, pl);
+          if (tc == 1) {  // trellis streams: the float kernel where it has 8+ lanes, never lut8
+            EXPECT_EQ(kernel, lv == "scalar" || lv == "sse4" ? "rows" : "tq-float") << t << " " << lv;
+            EXPECT_LE(rel_err(a, ref), kExactRelTol) << t << " trellis " << lv << (lut8 ? " lut8" : "");
+          }
+          if (lv == tq::simd::available_levels().front() && !lut8) err[tc] = rel_err(a, r);
+        }
       }
-      EXPECT_LE(rel_err(a, ref), kExactRelTol) << t << (tc ? " trellis" : "");
-      if (tc == 1 && tq::simd::current_level() != "scalar") EXPECT_EQ(tq::attention_kernel(c, 0, p), "rows") << t;
-      err[tc] = rel_err(a, r);
     }
     // Attention-output error: the squared error falls ~30%, the relative error ~15%.
     EXPECT_LT(err[1], 0.93 * err[0]) << t << ": trellis " << err[1] << " scalar " << err[0];

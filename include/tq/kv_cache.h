@@ -69,8 +69,9 @@ struct KvCacheConfig {
   bool scale_k = false;
   // Trellis-coded codes (tq types, every part of 1-4 bits; include/tq/trellis.h): the same
   // bytes, the codes of a token chosen together by a Viterbi search over a 256-entry window
-  // table, ~30% less squared error than the scalar Lloyd-Max code. Costs encode time; read by
-  // the generic (decode-then-attend) path, not by the fused kernels.
+  // table, ~30% less squared error than the scalar Lloyd-Max code. Costs write time (the
+  // search) and some attention time (a gather per value instead of an in-register lookup; the
+  // float kernel with 8+ float lanes, never lut8).
   bool trellis = false;
   int boundary_layers = 0;        // first and last N layers use the boundary types
   std::string boundary_type_k = "f16";

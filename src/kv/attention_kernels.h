@@ -132,15 +132,18 @@ struct Part {
   size_t norm2_off = 0;                // != 0: norm multiplied by this second fp16 norm ...
   float norm_mul = 1.f;                // ... and this constant
   bool n8 = false;                     // tq_n8 / split n8: norms are [int16 e][32 uint8 log codes] at norm_off
+  const TrellisCode* tc = nullptr;     // trellis codes (KvCacheConfig::trellis): values lut[window]
 };
 inline int parts_of(const Stream& s, Part* p) {
   if (s.fmt->kind == Kind::tq_n8) {
     p[0] = Part{0, s.dim, s.cb->bits, s.cb, 0, s.norms_bytes, 0};
     p[0].n8 = true;
+    p[0].tc = s.tc;
     return 1;
   }
   if (s.fmt->kind == Kind::tq) {
     p[0] = Part{0, s.dim, s.cb->bits, s.cb, 0, s.norms_bytes, 0};
+    p[0].tc = s.tc;
     return 1;
   }
   if (s.fmt->kind == Kind::tq_prod) {
@@ -154,6 +157,8 @@ inline int parts_of(const Stream& s, Part* p) {
   p[0] = Part{0, s.d_hi, s.cb_hi->bits, s.cb_hi, 0, s.norms_bytes, 0};
   p[1] = Part{s.d_hi, s.d_lo, s.cb->bits, s.cb, n8 ? kN8HeaderBytes : kBlock * 2, s.norms_bytes + s.tiles_hi_bytes, s.d_hi};
   p[0].n8 = p[1].n8 = n8;
+  p[0].tc = s.tc_hi;
+  p[1].tc = s.tc;
   return 2;
 }
 

@@ -234,8 +234,7 @@ void decode_q4_rows(int D, int n, const uint8_t* rows, float* out) {
 namespace {
 bool tq_pair(const Stream& sk, const Stream& sv) {
   const auto is_tq = [](const Stream& s) {
-    return (s.fmt->kind == Kind::tq || s.fmt->kind == Kind::tq_split || s.fmt->kind == Kind::tq_n8) &&
-           !s.tc && !s.tc_hi;  // trellis codes: the generic path
+    return s.fmt->kind == Kind::tq || s.fmt->kind == Kind::tq_split || s.fmt->kind == Kind::tq_n8;
   };
   return (is_tq(sk) || sk.fmt->kind == Kind::tq_prod) && is_tq(sv);
 }

@@ -30,6 +30,7 @@
 
 #include "kv/attention_kernels.h"
 #include "tq/codebook.h"
+#include "tq/trellis.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace tq::kv {
@@ -59,9 +60,9 @@ struct Table {
   VF reg[kMaxSlices];
 };
 
-void make_table(const Codebook* cb, Table* T) {
+void make_table(const Codebook* cb, const TrellisCode* tc, Table* T) {
   static const std::vector<float> kSigns = {-1.f, 1.f};
-  const std::vector<float>& cs = cb ? cb->centroids : kSigns;
+  const std::vector<float>& cs = tc ? tc->lut : cb ? cb->centroids : kSigns;
   const DF df;
   std::fill(T->mem, T->mem + 256, 0.f);
   for (size_t j = 0; j < cs.size() && j < 256; ++j) T->mem[j] = cs[j];
@@ -202,17 +203,116 @@ void AccumBlock(const uint8_t* tiles, int dim, int nt, const float* w, const Tab
   }
 }
 
+// Trellis codes (include/tq/trellis.h): the value of dim d is lut[w], w = the last 8 bits of
+// the token's code stream up to dim d (circular). K: lane = token, so each lane keeps its own
+// stream register R (R = R << B | code, dims in order, preloaded with the last dims' codes for
+// the wrap) and one gather per dim replaces the lookup.
+template <int B>
+HWY_INLINE VU code_of(VU u, int i) {
+  return hn::And(hn::ShiftRightSame(u, 8 * i), hn::Set(DU(), 0xFFu));
+}
+
+template <int G, int B>
+void ScoreBlockT(const uint8_t* tiles, int dim, const float* q, const Table& T, float* raw) {
+  const DF df;
+  const DU du;
+  const DI di;
+  constexpr size_t N = kN;
+  constexpr int P = (8 + B - 1) / B;  // codes per window
+  const int nq = dim / 4;
+  const size_t tile_bytes = (size_t)B * 8;
+  const uint8_t* half1 = tiles + (size_t)nq * tile_bytes;
+  const auto m8 = hn::Set(du, 0xFFu);
+  for (size_t j = 0; j < 16 / N; ++j) {
+    VF a0[G], a1[G];
+    for (int g = 0; g < G; ++g) a0[g] = a1[g] = hn::Zero(df);
+    VU r0 = hn::Zero(du), r1 = hn::Zero(du);
+    for (int d = dim - (P - 1); d < dim; ++d) {  // the wrap: the last P - 1 dims' codes
+      const int k = d / 4;
+      r0 = hn::Or(hn::ShiftLeft<B>(r0), code_of<B>(tile_part<B>(tiles + (size_t)k * tile_bytes, j), d % 4));
+      r1 = hn::Or(hn::ShiftLeft<B>(r1), code_of<B>(tile_part<B>(half1 + (size_t)k * tile_bytes, j), d % 4));
+    }
+    for (int k = 0; k < nq; ++k) {
+      const VU u0 = tile_part<B>(tiles + (size_t)k * tile_bytes, j);
+      const VU u1 = tile_part<B>(half1 + (size_t)k * tile_bytes, j);
+      for (int i = 0; i < 4; ++i) {
+        r0 = hn::Or(hn::ShiftLeft<B>(r0), code_of<B>(u0, i));
+        r1 = hn::Or(hn::ShiftLeft<B>(r1), code_of<B>(u1, i));
+        const VF c0 = hn::GatherIndex(df, T.mem, hn::BitCast(di, hn::And(r0, m8)));
+        const VF c1 = hn::GatherIndex(df, T.mem, hn::BitCast(di, hn::And(r1, m8)));
+        for (int g = 0; g < G; ++g) {
+          const VF qv = hn::Set(df, q[(size_t)g * dim + 4 * k + i]);
+          a0[g] = hn::MulAdd(c0, qv, a0[g]);
+          a1[g] = hn::MulAdd(c1, qv, a1[g]);
+        }
+      }
+    }
+    for (int g = 0; g < G; ++g) {
+      hn::Store(a0[g], df, raw + g * 32 + j * N);
+      hn::Store(a1[g], df, raw + g * 32 + 16 + j * N);
+    }
+  }
+}
+
+// V: lane = dim, so the window of dim d needs the codes of lanes d - 1 .. d - P + 1: the
+// column's code vector and the previous column's (the last one for column 0) side by side in
+// memory, read back shifted by one lane per step (needs P - 1 <= N: 8+ lanes, checked by
+// decode_tq_supported).
+template <int G, int B>
+void AccumBlockT(const uint8_t* tiles, int dim, int nt, const float* w, const Table& T, float* accv) {
+  const DF df;
+  const DU du;
+  const DI di;
+  constexpr size_t N = kN;
+  constexpr int P = (8 + B - 1) / B;
+  const size_t tile_bytes = (size_t)B * 8;
+  const int nr = (nt + 3) / 4;
+  const int ncol = dim / (int)N;
+  const int per = 16 / (int)N;
+  const auto m8 = hn::Set(du, 0xFFu);
+  auto column = [&](int c, int r) {
+    return tile_part<B>(tiles + (size_t)(c / per) * 8 * tile_bytes + (size_t)r * tile_bytes, (size_t)(c % per));
+  };
+  HWY_ALIGN uint32_t buf[8 + 2 * kN];  // [8 spare][previous column][column]: loads stay inside
+  for (int c = 0; c < ncol; ++c) {
+    const int cp = c == 0 ? ncol - 1 : c - 1;
+    VF a[G];
+    for (int g = 0; g < G; ++g) a[g] = hn::Zero(df);
+    for (int r = 0; r < nr; ++r) {
+      hn::Store(column(cp, r), du, buf + 8);
+      hn::Store(column(c, r), du, buf + 8 + N);
+      // win: byte i of lane l holds token 4r + i's window bits (codes packed B bits apart).
+      VU sh[P];
+      for (int j = 0; j < P; ++j) sh[j] = hn::LoadU(du, buf + 8 + N - j);
+      for (int i = 0; i < 4; ++i) {
+        VU wv = code_of<B>(sh[0], i);
+        for (int j = 1; j < P; ++j) wv = hn::Or(wv, hn::ShiftLeftSame(code_of<B>(sh[j], i), j * B));
+        const VF v = hn::GatherIndex(df, T.mem, hn::BitCast(di, hn::And(wv, m8)));
+        for (int g = 0; g < G; ++g) a[g] = hn::MulAdd(hn::Set(df, w[g * 32 + 4 * r + i]), v, a[g]);
+      }
+    }
+    for (int g = 0; g < G; ++g) hn::Store(a[g], df, accv + (size_t)g * dim + (size_t)c * N);
+  }
+}
+
 using ScoreFn = void (*)(const uint8_t*, int, const float*, const Table&, float*);
 using AccumFn = void (*)(const uint8_t*, int, int, const float*, const Table&, float*);
 template <int G, int B = 1>
-void pick(int bits, ScoreFn* s, AccumFn* a) {
+void pick(int bits, bool trellis, ScoreFn* s, AccumFn* a) {
   if constexpr (B <= 8) {
     if (bits == B) {
+      if constexpr (B <= 4) {
+        if (trellis) {
+          *s = ScoreBlockT<G, B>;
+          *a = AccumBlockT<G, B>;
+          return;
+        }
+      }
       *s = ScoreBlock<G, B>;
       *a = AccumBlock<G, B>;
       return;
     }
-    pick<G, B + 1>(bits, s, a);
+    pick<G, B + 1>(bits, trellis, s, a);
   }
 }
 
@@ -229,14 +329,14 @@ void DecodeTqG(const Shape& sh, const Stream& sk, const Stream& sv, const float*
   ScoreFn score[2] = {};
   AccumFn accum[2] = {};
   for (int i = 0; i < npk; ++i) {
-    make_table(pk[i].cb, &tk[i]);
+    make_table(pk[i].cb, pk[i].tc, &tk[i]);
     AccumFn unused;
-    pick<G>(pk[i].bits, &score[i], &unused);
+    pick<G>(pk[i].bits, pk[i].tc != nullptr, &score[i], &unused);
   }
   for (int i = 0; i < npv; ++i) {
-    make_table(pv[i].cb, &tv[i]);
+    make_table(pv[i].cb, pv[i].tc, &tv[i]);
     ScoreFn unused;
-    pick<G>(pv[i].bits, &unused, &accum[i]);
+    pick<G>(pv[i].bits, pv[i].tc != nullptr, &unused, &accum[i]);
   }
   // Query slices per K part: G x dim, contiguous.
   HWY_ALIGN float q[2][G * kMaxHeadDim];

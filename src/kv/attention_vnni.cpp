@@ -375,6 +375,9 @@ bool decode_tq_supported(const Shape& sh, const Stream& sk, const Stream& sv, bo
     if (s->fmt->kind != Kind::tq && s->fmt->kind != Kind::tq_split && s->fmt->kind != Kind::tq_n8) return false;
     if (s->cb->bits > max_bits || (s->cb_hi && s->cb_hi->bits > max_bits)) return false;
     if (s->fmt->kind == Kind::tq_split && !s->split_frozen) return false;
+    // Trellis codes: the float kernel only, with 8+ float lanes (a V window reaches up to 7
+    // lanes back).
+    if ((s->tc || s->tc_hi) && (lut8 || decode_tq_float_lanes() < 8)) return false;
   }
   if (sh.D % 16 != 0 || sh.D > kMaxHeadDim) return false;
   if (!has_kernel_instance(sh.G)) return false;
