@@ -124,25 +124,55 @@ HWY_INLINE VU byte_of(VU u) {
   return hn::ShiftRight<8 * I>(u);
 }
 
+// Trellis codes (include/tq/trellis.h): the value of dim d is lut[w], w = the last 8 bits of
+// the token's code stream up to dim d (circular). code_of: the code in byte i of each lane.
+HWY_INLINE VU code_of(VU u, int i) {
+  return hn::And(hn::ShiftRightSame(u, 8 * i), hn::Set(DU(), 0xFFu));
+}
+
 // K: raw[g][32] = sum_d q[g][d] * c(code(t, d)) for the 32 token slots of a block (slots past
 // the block's tokens score zero codes; the caller masks them). For each N-token part both
-// 16-token halves run together: 2 G independent FMA chains.
-template <int G, int B>
+// 16-token halves run together: 2 G independent FMA chains. kTrellis: c is lut[window] of the
+// token's code stream (see the comment above code_of): each lane keeps its token's stream
+// register (R = R << B | code, the dims in order, preloaded with the last dims' codes for the
+// wrap) and one gather per dim replaces the lookup.
+template <int G, int B, bool kTrellis = false>
 void ScoreBlock(const uint8_t* tiles, int dim, const float* q, const Table& T, float* raw) {
   const DF df;
+  const DU du;
+  const DI di;
   constexpr size_t N = kN;
+  constexpr int P = (8 + B - 1) / B;  // trellis: codes per window
   const int nq = dim / 4;
   const size_t tile_bytes = (size_t)B * 8;
   const uint8_t* half1 = tiles + (size_t)nq * tile_bytes;
+  const auto m8 = hn::Set(du, 0xFFu);
   for (size_t j = 0; j < 16 / N; ++j) {
     VF a0[G], a1[G];
     for (int g = 0; g < G; ++g) a0[g] = a1[g] = hn::Zero(df);
+    VU r0 = hn::Zero(du), r1 = hn::Zero(du);
+    if constexpr (kTrellis) {
+      for (int d = dim - (P - 1); d < dim; ++d) {  // the wrap: the last P - 1 dims' codes
+        const int k = d / 4;
+        r0 = hn::Or(hn::ShiftLeft<B>(r0), code_of(tile_part<B>(tiles + (size_t)k * tile_bytes, j), d % 4));
+        r1 = hn::Or(hn::ShiftLeft<B>(r1), code_of(tile_part<B>(half1 + (size_t)k * tile_bytes, j), d % 4));
+      }
+    }
     for (int k = 0; k < nq; ++k) {
       const VU u0 = tile_part<B>(tiles + (size_t)k * tile_bytes, j);
       const VU u1 = tile_part<B>(half1 + (size_t)k * tile_bytes, j);
       auto step = [&](auto I) {
         constexpr int i = decltype(I)::value;
-        const VF c0 = lookup<B>(T, byte_of<i>(u0)), c1 = lookup<B>(T, byte_of<i>(u1));
+        VF c0, c1;
+        if constexpr (kTrellis) {
+          r0 = hn::Or(hn::ShiftLeft<B>(r0), code_of(u0, i));
+          r1 = hn::Or(hn::ShiftLeft<B>(r1), code_of(u1, i));
+          c0 = hn::GatherIndex(df, T.mem, hn::BitCast(di, hn::And(r0, m8)));
+          c1 = hn::GatherIndex(df, T.mem, hn::BitCast(di, hn::And(r1, m8)));
+        } else {
+          c0 = lookup<B>(T, byte_of<i>(u0));
+          c1 = lookup<B>(T, byte_of<i>(u1));
+        }
         for (int g = 0; g < G; ++g) {
           const VF qv = hn::Set(df, q[(size_t)g * dim + 4 * k + i]);
           a0[g] = hn::MulAdd(c0, qv, a0[g]);
@@ -203,57 +233,6 @@ void AccumBlock(const uint8_t* tiles, int dim, int nt, const float* w, const Tab
   }
 }
 
-// Trellis codes (include/tq/trellis.h): the value of dim d is lut[w], w = the last 8 bits of
-// the token's code stream up to dim d (circular). K: lane = token, so each lane keeps its own
-// stream register R (R = R << B | code, dims in order, preloaded with the last dims' codes for
-// the wrap) and one gather per dim replaces the lookup.
-template <int B>
-HWY_INLINE VU code_of(VU u, int i) {
-  return hn::And(hn::ShiftRightSame(u, 8 * i), hn::Set(DU(), 0xFFu));
-}
-
-template <int G, int B>
-void ScoreBlockT(const uint8_t* tiles, int dim, const float* q, const Table& T, float* raw) {
-  const DF df;
-  const DU du;
-  const DI di;
-  constexpr size_t N = kN;
-  constexpr int P = (8 + B - 1) / B;  // codes per window
-  const int nq = dim / 4;
-  const size_t tile_bytes = (size_t)B * 8;
-  const uint8_t* half1 = tiles + (size_t)nq * tile_bytes;
-  const auto m8 = hn::Set(du, 0xFFu);
-  for (size_t j = 0; j < 16 / N; ++j) {
-    VF a0[G], a1[G];
-    for (int g = 0; g < G; ++g) a0[g] = a1[g] = hn::Zero(df);
-    VU r0 = hn::Zero(du), r1 = hn::Zero(du);
-    for (int d = dim - (P - 1); d < dim; ++d) {  // the wrap: the last P - 1 dims' codes
-      const int k = d / 4;
-      r0 = hn::Or(hn::ShiftLeft<B>(r0), code_of<B>(tile_part<B>(tiles + (size_t)k * tile_bytes, j), d % 4));
-      r1 = hn::Or(hn::ShiftLeft<B>(r1), code_of<B>(tile_part<B>(half1 + (size_t)k * tile_bytes, j), d % 4));
-    }
-    for (int k = 0; k < nq; ++k) {
-      const VU u0 = tile_part<B>(tiles + (size_t)k * tile_bytes, j);
-      const VU u1 = tile_part<B>(half1 + (size_t)k * tile_bytes, j);
-      for (int i = 0; i < 4; ++i) {
-        r0 = hn::Or(hn::ShiftLeft<B>(r0), code_of<B>(u0, i));
-        r1 = hn::Or(hn::ShiftLeft<B>(r1), code_of<B>(u1, i));
-        const VF c0 = hn::GatherIndex(df, T.mem, hn::BitCast(di, hn::And(r0, m8)));
-        const VF c1 = hn::GatherIndex(df, T.mem, hn::BitCast(di, hn::And(r1, m8)));
-        for (int g = 0; g < G; ++g) {
-          const VF qv = hn::Set(df, q[(size_t)g * dim + 4 * k + i]);
-          a0[g] = hn::MulAdd(c0, qv, a0[g]);
-          a1[g] = hn::MulAdd(c1, qv, a1[g]);
-        }
-      }
-    }
-    for (int g = 0; g < G; ++g) {
-      hn::Store(a0[g], df, raw + g * 32 + j * N);
-      hn::Store(a1[g], df, raw + g * 32 + 16 + j * N);
-    }
-  }
-}
-
 // V: lane = dim, so the window of dim d needs the codes of lanes d - 1 .. d - P + 1: the
 // column's code vector and the previous column's (the last one for column 0) side by side in
 // memory, read back shifted by one lane per step (needs P - 1 <= N: 8+ lanes, checked by
@@ -285,8 +264,8 @@ void AccumBlockT(const uint8_t* tiles, int dim, int nt, const float* w, const Ta
       VU sh[P];
       for (int j = 0; j < P; ++j) sh[j] = hn::LoadU(du, buf + 8 + N - j);
       for (int i = 0; i < 4; ++i) {
-        VU wv = code_of<B>(sh[0], i);
-        for (int j = 1; j < P; ++j) wv = hn::Or(wv, hn::ShiftLeftSame(code_of<B>(sh[j], i), j * B));
+        VU wv = code_of(sh[0], i);
+        for (int j = 1; j < P; ++j) wv = hn::Or(wv, hn::ShiftLeftSame(code_of(sh[j], i), j * B));
         const VF v = hn::GatherIndex(df, T.mem, hn::BitCast(di, hn::And(wv, m8)));
         for (int g = 0; g < G; ++g) a[g] = hn::MulAdd(hn::Set(df, w[g * 32 + 4 * r + i]), v, a[g]);
       }
@@ -303,7 +282,7 @@ void pick(int bits, bool trellis, ScoreFn* s, AccumFn* a) {
     if (bits == B) {
       if constexpr (B <= 4) {
         if (trellis) {
-          *s = ScoreBlockT<G, B>;
+          *s = ScoreBlock<G, B, true>;
           *a = AccumBlockT<G, B>;
           return;
         }
