@@ -241,7 +241,7 @@ KvOptions parse_kv_label(const std::string& label) {
     } else if (tok.size() > 1 && tok[0] == 'L' && tok.find(':') != std::string::npos) {
       kv.layer_types.push_back(tok.substr(1));
     } else {
-      TQ_CHECK(false, "cache config '%s': cannot parse '%s' (expected K[/V] [wN] [sN] [ck|cv|ckv|c0] [csN] [cr] [ks] [plain] [bN:T] [LLAYERS:T])",
+      TQ_CHECK(false, "cache config '%s': cannot parse '%s' (expected K[/V] [wN] [sN] [ck|cv|ckv|c0] [csN] [cr] [ks] [tc] [plain] [bN:T] [LLAYERS:T])",
                shown.c_str(), tok.c_str());
     }
   }
