@@ -23,9 +23,9 @@ struct Work {
   std::vector<uint8_t> back;
 };
 
-// One Viterbi pass. start < 0: every initial state free; else only `start`. end < 0: the best
-// final state; else `end`. Writes the codes, returns the final state.
-// The reference pass (and the scalar level's): plain loops, any (bits, state bits).
+// One Viterbi pass, the reference (and the scalar level's): plain loops, any (bits, state
+// bits). start < 0: every initial state free; else only `start`. end < 0: the best final
+// state; else `end`. Writes the codes, returns the final state.
 int viterbi_any(const TrellisCode& tc, const float* u, int start, int end, uint8_t* codes, Work& wk) {
   const int D = tc.dim, k = tc.bits, s = tc.state_bits;
   const int S = 1 << s, K = 1 << k;
@@ -42,8 +42,7 @@ int viterbi_any(const TrellisCode& tc, const float* u, int start, int end, uint8
     const float x = std::isnan(u[i]) ? 0.f : u[i];
     uint8_t* __restrict bk = wk.back.data() + (size_t)i * S;
     // Window w = (h << s) | n: new state n = the low s bits, h = the top k bits; the old state
-    // is w >> k. Every new state has K predecessors (h = 0 .. K-1). Written as flat loops over
-    // the table so that they vectorize.
+    // is w >> k. Every new state has K predecessors (h = 0 .. K-1).
     for (int o = 0; o < S; ++o)
       for (int c = 0; c < K; ++c) {
         const float e = x - lut[o * K + c];

@@ -316,8 +316,6 @@ static double norm2(const float* x, int n) {
 
 // One TurboQuant mse part of a row: y = the rotated part (dim values), s = ||x part||.
 // Writes the corrected norm s / ||c[idx]|| (fp16) and the codes into the block's tiles.
-// One TurboQuant mse part of a row: y = the rotated part (dim values), s = ||x part||.
-// Writes the corrected norm s / ||c[idx]|| (fp16) and the codes into the block's tiles.
 // tc: trellis codes instead of the scalar codebook's (reconstruction lut[window]).
 static double encode_tq_part(const Codebook& cb, const TrellisCode* tc, int dim, int side, const float* y,
                              double s, uint16_t* norm, uint8_t* tiles, int slot, uint8_t* idx, float* u) {
