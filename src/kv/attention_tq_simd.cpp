@@ -252,17 +252,19 @@ void AccumBlockT(const uint8_t* tiles, int dim, int nt, const float* w, const Ta
   auto column = [&](int c, int r) {
     return tile_part<B>(tiles + (size_t)(c / per) * 8 * tile_bytes + (size_t)r * tile_bytes, (size_t)(c % per));
   };
-  HWY_ALIGN uint32_t buf[8 + 2 * kN];  // [8 spare][previous column][column]: loads stay inside
+  // [N spare][previous column][column], the stores aligned; the shifted loads start at most 7
+  // lanes before the column (still inside the buffer for every N >= 4)
+  HWY_ALIGN uint32_t buf[3 * kN];
   for (int c = 0; c < ncol; ++c) {
     const int cp = c == 0 ? ncol - 1 : c - 1;
     VF a[G];
     for (int g = 0; g < G; ++g) a[g] = hn::Zero(df);
     for (int r = 0; r < nr; ++r) {
-      hn::Store(column(cp, r), du, buf + 8);
-      hn::Store(column(c, r), du, buf + 8 + N);
+      hn::Store(column(cp, r), du, buf + N);
+      hn::Store(column(c, r), du, buf + 2 * N);
       // win: byte i of lane l holds token 4r + i's window bits (codes packed B bits apart).
       VU sh[P];
-      for (int j = 0; j < P; ++j) sh[j] = hn::LoadU(du, buf + 8 + N - j);
+      for (int j = 0; j < P; ++j) sh[j] = hn::LoadU(du, buf + 2 * N - j);
       for (int i = 0; i < 4; ++i) {
         VU wv = code_of(sh[0], i);
         for (int j = 1; j < P; ++j) wv = hn::Or(wv, hn::ShiftLeftSame(code_of(sh[j], i), j * B));
