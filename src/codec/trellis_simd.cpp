@@ -137,7 +137,7 @@ void trellis_decode_scaled(const TrellisCode& tc, const uint8_t* codes, float s,
     big.reset(new uint8_t[(size_t)tc.dim + P]);
     ext = big.get();
   }
-  for (int j = 0; j < P; ++j) ext[j] = codes[((tc.dim - P + j) % tc.dim + tc.dim) % tc.dim];
+  for (int j = 0; j < P; ++j) ext[j] = codes[tc.dim - P + j];  // dim >= P: dim * bits >= 8
   std::memcpy(ext + P, codes, (size_t)tc.dim);
   HWY_DYNAMIC_DISPATCH(TrellisValues)(tc.lut.data(), tc.bits, tc.dim, ext, s, out);
 }
