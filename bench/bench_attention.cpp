@@ -1,11 +1,15 @@
-// Google Benchmark: decode attention and single-token append per KV type.
+// Google Benchmark: decode attention and single-token append per KV type, and calls with
+// several queries (prefill) per KV type with scalar and trellis codes.
 //   ./build/bench_attention --benchmark_filter='Decode/tq4' --benchmark_min_time=1
-// Args: context, threads. Shapes: head_dim 128, 32 query heads, 8 kv heads.
+//   ./build/bench_attention --benchmark_filter='Queries/' --benchmark_min_time=0.3
+// Decode args: context, threads; Queries args: queries, 1 thread, over 2048 tokens.
+// Shapes: head_dim 128, 32 query heads, 8 kv heads.
 #include <benchmark/benchmark.h>
 
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "tq/common.h"
@@ -21,15 +25,17 @@ struct Fixture {
 };
 
 // One cache per (type, context), filled once with K ~ N(0,1) plus outlier channels, V ~ N(0,1).
-Fixture& fixture(const std::string& type, int n) {
-  static std::map<std::pair<std::string, int>, Fixture> cache;
-  auto& f = cache[{type, n}];
+// trellis: KvCacheConfig::trellis (trellis-coded tq parts).
+Fixture& fixture(const std::string& type, int n, bool trellis = false) {
+  static std::map<std::tuple<std::string, int, bool>, Fixture> cache;
+  auto& f = cache[{type, n, trellis}];
   if (f.cache) return f;
   tq::KvCacheConfig cfg;
   cfg.n_kv_heads = kKVH;
   cfg.head_dim = kD;
   cfg.max_tokens = n + 100000;
   cfg.type_k = cfg.type_v = type;
+  cfg.trellis = trellis;
   f.cache = std::make_unique<tq::KvCache>(cfg);
   tq::Rng rng(1);
   std::vector<float> k((size_t)1024 * kKVH * kD), v(k.size());
@@ -57,6 +63,26 @@ void Decode(benchmark::State& state, const std::string& type) {
     benchmark::DoNotOptimize(f.out.data());
   }
   state.counters["bytes_per_token"] = f.cache->bytes_per_token();
+}
+
+// n_q queries at the last n_q positions of a 2048-token cache, one thread (a prefill
+// micro-batch's attention for one layer). Per call; divide by n_q for the cost per query.
+void Queries(benchmark::State& state, const std::string& type, bool trellis) {
+  constexpr int kTokens = 2048;
+  auto& f = fixture(type, kTokens, trellis);
+  const int n_q = (int)state.range(0);
+  std::vector<float> q((size_t)n_q * kH * kD), out(q.size());
+  tq::Rng rng(3);
+  for (auto& x : q) x = (float)rng.normal();
+  tq::AttentionParams p;
+  p.n_heads = kH;
+  p.n_threads = 1;
+  p.pos0 = kTokens - n_q;
+  for (auto _ : state) {
+    tq::attention(*f.cache, 0, n_q, q.data(), out.data(), p);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["queries"] = n_q;
 }
 
 void Append(benchmark::State& state, const std::string& type) {
@@ -90,6 +116,13 @@ void register_all() {
     benchmark::RegisterBenchmark((std::string("Append/") + t).c_str(), Append, std::string(t))
         ->Unit(benchmark::kMicrosecond);
   }
+  for (const char* t : {"tq2", "tq3", "tq4"})
+    for (bool tc : {false, true})
+      benchmark::RegisterBenchmark((std::string("Queries/") + t + (tc ? "_tc" : "")).c_str(), Queries,
+                                   std::string(t), tc)
+          ->ArgsProduct({{1, 2, 4, 8, 16}})
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
 }
 
 }  // namespace

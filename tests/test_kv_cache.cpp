@@ -765,3 +765,45 @@ TEST(KvCache, TrellisCodesCutErrorAndMatchReference) {
   cb.append(0, n, k.data(), v.data());
   EXPECT_EQ(ca.bytes_used(), cb.bytes_used());
 }
+
+TEST(KvCache, TrellisPrefillRowsMatchReferenceAndOneQueryCalls) {
+  // From 8 queries on, trellis streams are decoded to rows once per block (attend_rows)
+  // instead of the per-query fused kernel: same results as attention_ref and as the same
+  // queries one call each (fused kernel), plain and with RoPE-rotating K means (the centred
+  // path), with the rows of a window and a sink around the quantized part.
+  const int n = small() ? 300 : 600, D = 64, KVH = 2, H = 6, nq = 12;
+  tq::Rng rng(22);
+  std::vector<float> k, v;
+  fill_kv(rng, n, KVH, D, k, v);
+  std::vector<float> q((size_t)nq * H * D);
+  for (auto& x : q) x = (float)rng.normal();
+  for (const char* t : {"tq3", "tq2h4n8"})
+    for (bool centred : {false, true}) {
+      tq::KvCacheConfig cfg = tq_test::kv_config(1, KVH, D, n, t, "tq3n8");
+      cfg.trellis = true;
+      cfg.window = 16;
+      cfg.sink = 1;
+      if (centred) {
+        cfg.center_k = cfg.center_rope = true;
+        cfg.center_segment = 128;
+        cfg.rope_base = 10000;
+        cfg.rope_dim = D;
+      }
+      tq::KvCache c(cfg);
+      c.append(0, n, k.data(), v.data());
+      tq::AttentionParams p;
+      p.n_heads = H;
+      p.pos0 = n - 200;  // causal limits across several blocks and mean segments
+      std::vector<float> rows(q.size()), ref(q.size()), one(q.size());
+      tq::attention(c, 0, nq, q.data(), rows.data(), p);
+      tq::attention_ref(c, 0, nq, q.data(), ref.data(), p);
+      for (int i = 0; i < nq; ++i) {
+        tq::AttentionParams p1 = p;
+        p1.pos0 = p.pos0 + i;
+        tq::attention(c, 0, 1, &q[(size_t)i * H * D], &one[(size_t)i * H * D], p1);
+      }
+      const std::string what = std::string(t) + (centred ? " centred" : "");
+      EXPECT_LE(rel_err(rows, ref), kExactRelTol) << what;
+      EXPECT_LE(rel_err(rows, one), kExactRelTol) << what;
+    }
+}

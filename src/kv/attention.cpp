@@ -27,6 +27,20 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// Trellis-coded streams (KvCacheConfig::trellis): the fused kernels gather every code's value
+// per query, so a call with many queries (prefill) decodes each block's rows once and scores
+// them with attend_rows instead. From kTrellisRowsMinQueries queries on; TQ_TRELLIS_ROWS_MIN=N
+// overrides it for A/B runs (0: never). Crossover: bench_attention Queries/*tc*, docs/design.md.
+constexpr int kTrellisRowsMinQueries = 8;
+
+bool trellis_rows(const Stream& sk, const Stream& sv, int n_queries) {
+  static const int min_q = [] {
+    const char* e = std::getenv("TQ_TRELLIS_ROWS_MIN");
+    return e && *e ? std::atoi(e) : kTrellisRowsMinQueries;
+  }();
+  return min_q > 0 && n_queries >= min_q && (sk.tc || sk.tc_hi || sv.tc || sv.tc_hi);
+}
+
 // Generic task: queries qd (n_q x G x D, in the K domain), tokens [a, b) of one segment,
 // rows fetched by `fetch(t0, n, kbuf, vbuf)` in the (K domain, V domain).
 // prod_k: K is a prod (QJL) stream scored with its quantizer from the prepared query states
@@ -239,8 +253,9 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
         int j0 = i0;
         while (j0 < n_q && qlimits[j0] <= lo) ++j0;
         if (j0 == n_q) return;
-        if (!scalar && fused_decode(sh, sk, sv, qf + (size_t)j0 * G * sh.qstride, qlimits[j0], lo, hi,
-                                    States{st.base + (size_t)j0 * G * st.stride(), D}, lut8)) {
+        if (!scalar && !trellis_rows(sk, sv, n_q - j0) &&
+            fused_decode(sh, sk, sv, qf + (size_t)j0 * G * sh.qstride, qlimits[j0], lo, hi,
+                         States{st.base + (size_t)j0 * G * st.stride(), D}, lut8)) {
           for (int i = j0 + 1; i < n_q; ++i)
             fused_decode(sh, sk, sv, qf + (size_t)i * G * sh.qstride, qlimits[i], lo, hi,
                          States{st.base + (size_t)i * G * st.stride(), D}, lut8);
@@ -279,7 +294,7 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
         if (sk.rope_mu) {
           for (int i = j0; i < n_q; ++i) rope_mean_coefs(sk, G, qh + (size_t)i * G * D, mu, &coef[(size_t)i * G * mst]);
           Shape shr = sh;
-          bool fused = !scalar;
+          bool fused = !scalar && !trellis_rows(sk, sv, n_q - j0);
           for (int i = j0; i < n_q && fused; ++i) {
             shr.rope_mc = &coef[(size_t)i * G * mst];
             fused = fused_decode(shr, sk, sv, qf + (size_t)i * G * sh.qstride, qlimits[i], lo, hi,
