@@ -766,6 +766,53 @@ TEST(KvCache, TrellisCodesCutErrorAndMatchReference) {
   EXPECT_EQ(ca.bytes_used(), cb.bytes_used());
 }
 
+TEST(KvCache, ParallelAppendStoresTheSameCache) {
+  // append(..., n_threads) encodes the streams of a layer in parallel from 16 tokens on: the
+  // cache (bytes and every attention output) must not depend on the thread count. Covers the
+  // per-stream state that appends move: means (RoPE-rotating, segmented), K scaling from the
+  // observed queries, the outlier channel choice, sinks, the window, trellis codes.
+  const int n = small() ? 150 : 400, D = 64, KVH = 3, H = 9;
+  tq::Rng rng(23);
+  std::vector<float> k, v;
+  fill_kv(rng, n, KVH, D, k, v);
+  std::vector<float> q((size_t)n * H * D);
+  for (auto& x : q) x = (float)rng.normal();
+  struct Cfg { const char* k; const char* v; bool trellis; };
+  for (const Cfg& t : {Cfg{"tq2h4n8", "tq3n8", true}, Cfg{"tq3.5", "tq4", false}, Cfg{"q4_0h", "f16", false}}) {
+    std::vector<float> out[2];
+    size_t bytes[2];
+    for (int run = 0; run < 2; ++run) {
+      tq::KvCacheConfig cfg = tq_test::kv_config(2, KVH, D, n, t.k, t.v);
+      cfg.trellis = t.trellis;
+      cfg.sink = 1;
+      cfg.window = 8;
+      cfg.center_k = cfg.center_rope = true;
+      cfg.center_segment = 64;
+      cfg.rope_base = 10000;
+      cfg.rope_dim = D;
+      cfg.scale_k = true;
+      tq::KvCache c(cfg);
+      const int threads = run == 0 ? 1 : 3;
+      // a prefill in two batches, then single tokens (which never run in parallel)
+      for (int t0 = 0, m; t0 < n; t0 += m) {
+        m = t0 == 0 ? n / 2 : (t0 < n - 20 ? n - 20 - t0 : 1);
+        for (int l = 0; l < 2; ++l) {
+          c.observe_queries(l, m, &q[(size_t)t0 * H * D], H);
+          c.append(l, m, &k[(size_t)t0 * KVH * D], &v[(size_t)t0 * KVH * D], threads);
+        }
+      }
+      tq::AttentionParams p;
+      p.n_heads = H;
+      p.pos0 = n - 40;
+      out[run].resize((size_t)40 * H * D);
+      tq::attention(c, 1, 40, &q[(size_t)(n - 40) * H * D], out[run].data(), p);
+      bytes[run] = c.bytes_used();
+    }
+    EXPECT_EQ(bytes[0], bytes[1]) << t.k;
+    EXPECT_EQ(out[0], out[1]) << t.k << "/" << t.v << ": the thread count changed the cache";
+  }
+}
+
 TEST(KvCache, TrellisPrefillRowsMatchReferenceAndOneQueryCalls) {
   // From 8 queries on, trellis streams are decoded to rows once per block (attend_rows)
   // instead of the per-query fused kernel: same results as attention_ref and as the same

@@ -96,8 +96,10 @@ class KvCache {
 
   const KvCacheConfig& config() const noexcept;
   // Append n_tokens tokens to one layer (quantized on write, or into the f16 window).
-  // k, v: n_tokens * n_kv_heads * head_dim floats.
-  void append(int layer, int n_tokens, const float* k, const float* v);
+  // k, v: n_tokens * n_kv_heads * head_dim floats. n_threads > 1: appends of 16+ tokens
+  // encode the layer's streams (K and V of each kv head) on up to that many OpenMP threads;
+  // the stored bytes do not depend on it.
+  void append(int layer, int n_tokens, const float* k, const float* v, int n_threads = 1);
   // Query statistics for the query-weighted types (tq2h4, tq3h5, ...: their high-precision
   // channels are chosen by K energy times query energy) and for scale_k: call with the
   // queries of the tokens about to be appended to this layer (q: n_tokens * n_heads *

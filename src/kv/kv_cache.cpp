@@ -8,6 +8,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <numeric>
 
 #include "kv/attention_kernels.h"
@@ -1067,7 +1068,70 @@ void KvCache::observe_queries(int layer, int n_tokens, const float* q, int n_hea
   }
 }
 
-void KvCache::append(int layer, int n_tokens, const float* k, const float* v) {
+// One stream (side 0 = K / 1 = V, kv head h) of KvCache::append: statistics, sinks, window,
+// encoding. Streams share nothing they write (L.n_tokens moves after all of them), so append
+// may run them in any order or in parallel.
+static void append_stream(KvCache::Impl& I, Layer& L, int side, int h, int n_tokens, const float* k,
+                          const float* v) {
+  const auto& cfg = I.cfg;
+  const int D = cfg.head_dim, W = cfg.window;
+  const size_t stride = (size_t)cfg.n_kv_heads * D;
+  Stream& s = (side == 0 ? L.k : L.v)[h];
+  const float* xh = (side == 0 ? k : v) + (size_t)h * D;
+  // The rows the centring sums take: as given, or turned back to position 0 (rope_mu), once.
+  const bool centre_stats = s.center && (s.stats_open() || !s.mu_frozen);
+  std::vector<float> unrot;
+  if (centre_stats && s.rope_mu) {
+    unrot.resize((size_t)n_tokens * D);
+    for (int r = 0; r < n_tokens; ++r)
+      unrope_row(s, L.n_tokens + r, xh + (size_t)r * stride, &unrot[(size_t)r * D]);
+  }
+  auto centre_row = [&](int r) {
+    return s.rope_mu ? &unrot[(size_t)r * D] : xh + (size_t)r * stride;
+  };
+  if (s.stats_open())
+    for (int r = 0; r < n_tokens; ++r) {
+      if (s.skips_bos() && L.n_tokens + r == 0) continue;  // BOS: see freeze_split
+      const float* xr = xh + (size_t)r * stride;
+      for (int d = 0; d < D; ++d) s.chan_energy[d] += (double)xr[d] * xr[d];
+      if (s.center) {
+        const float* cr = centre_row(r);
+        for (int d = 0; d < D; ++d) s.chan_sum[d] += cr[d];
+      }
+      ++s.chan_n;
+    }
+  if (s.center && !s.mu_frozen)
+    for (int r = 0; r < n_tokens; ++r) {
+      const float* xr = centre_row(r);
+      const int pos = L.n_tokens + r;
+      if (cfg.center_tokens > 0 && pos > cfg.center_tokens) break;
+      for (int d = 0; d < D; ++d) s.stat_sum[d] += xr[d];
+      if (pos == 0) std::memcpy(s.stat_x0.data(), xr, sizeof(float) * D);
+      ++s.stat_n;
+    }
+  // Sinks: the first S positions stay in f16 for good.
+  const int S = cfg.sink;
+  const int r0 = std::clamp(S - L.n_tokens, 0, n_tokens);
+  for (int r = 0; r < r0; ++r)
+    f32_to_f16(D, xh + (size_t)r * stride, s.sink_rows.get() + (size_t)(L.n_tokens + r) * D);
+  if (r0 == n_tokens) return;
+  if (W == 0) {
+    I.encode_rows(s, side, n_tokens - r0, xh + (size_t)r0 * stride, stride);
+    return;
+  }
+  std::vector<float> tmp((size_t)D);
+  for (int r = r0; r < n_tokens; ++r) {
+    const int t = L.n_tokens + r - S;  // position of the new token after the sinks
+    uint16_t* slot = s.ring.get() + (size_t)(t % W) * D;
+    if (t >= W) {  // token t - W (after the sinks) leaves the window: quantize it
+      f16_to_f32(D, slot, tmp.data());
+      I.encode_rows(s, side, 1, tmp.data(), (size_t)D);
+    }
+    f32_to_f16(D, xh + (size_t)r * stride, slot);
+  }
+}
+
+void KvCache::append(int layer, int n_tokens, const float* k, const float* v, int n_threads) {
   Impl& I = *impl_;
   const auto& cfg = I.cfg;
   TQ_CHECK(layer >= 0 && layer < cfg.n_layers, "kv cache append: layer %d out of range [0, %d)", layer,
@@ -1079,70 +1143,24 @@ void KvCache::append(int layer, int n_tokens, const float* k, const float* v) {
            L.n_tokens, n_tokens, cfg.max_tokens);
   if (n_tokens == 0) return;
   TQ_CHECK(k && v, "kv cache append: null k or v");
-  const int D = cfg.head_dim, H = cfg.n_kv_heads;
-  const size_t stride = (size_t)H * D;
+  const int H = cfg.n_kv_heads;
+  const size_t stride = (size_t)H * cfg.head_dim;
   TQ_CHECK(all_finite((size_t)n_tokens * stride, k) && all_finite((size_t)n_tokens * stride, v),
            "kv cache append: layer %d: k/v contain NaN or Inf", layer);
-  const int W = cfg.window;
-  for (int side = 0; side < 2; ++side) {
-    const float* x = side == 0 ? k : v;
-    auto& vec = side == 0 ? L.k : L.v;
-    for (int h = 0; h < H; ++h) {
-      Stream& s = vec[h];
-      const float* xh = x + (size_t)h * D;
-      // The rows the centring sums take: as given, or turned back to position 0 (rope_mu), once.
-      const bool centre_stats = s.center && (s.stats_open() || !s.mu_frozen);
-      std::vector<float> unrot;
-      if (centre_stats && s.rope_mu) {
-        unrot.resize((size_t)n_tokens * D);
-        for (int r = 0; r < n_tokens; ++r)
-          unrope_row(s, L.n_tokens + r, xh + (size_t)r * stride, &unrot[(size_t)r * D]);
-      }
-      auto centre_row = [&](int r) {
-        return s.rope_mu ? &unrot[(size_t)r * D] : xh + (size_t)r * stride;
-      };
-      if (s.stats_open())
-        for (int r = 0; r < n_tokens; ++r) {
-          if (s.skips_bos() && L.n_tokens + r == 0) continue;  // BOS: see freeze_split
-          const float* xr = xh + (size_t)r * stride;
-          for (int d = 0; d < D; ++d) s.chan_energy[d] += (double)xr[d] * xr[d];
-          if (s.center) {
-            const float* cr = centre_row(r);
-            for (int d = 0; d < D; ++d) s.chan_sum[d] += cr[d];
-          }
-          ++s.chan_n;
-        }
-      if (s.center && !s.mu_frozen)
-        for (int r = 0; r < n_tokens; ++r) {
-          const float* xr = centre_row(r);
-          const int pos = L.n_tokens + r;
-          if (cfg.center_tokens > 0 && pos > cfg.center_tokens) break;
-          for (int d = 0; d < D; ++d) s.stat_sum[d] += xr[d];
-          if (pos == 0) std::memcpy(s.stat_x0.data(), xr, sizeof(float) * D);
-          ++s.stat_n;
-        }
-      // Sinks: the first S positions stay in f16 for good.
-      const int S = cfg.sink;
-      const int r0 = std::clamp(S - L.n_tokens, 0, n_tokens);
-      for (int r = 0; r < r0; ++r)
-        f32_to_f16(D, xh + (size_t)r * stride, s.sink_rows.get() + (size_t)(L.n_tokens + r) * D);
-      if (r0 == n_tokens) continue;
-      if (W == 0) {
-        I.encode_rows(s, side, n_tokens - r0, xh + (size_t)r0 * stride, stride);
-        continue;
-      }
-      std::vector<float> tmp((size_t)D);
-      for (int r = r0; r < n_tokens; ++r) {
-        const int t = L.n_tokens + r - S;  // position of the new token after the sinks
-        uint16_t* slot = s.ring.get() + (size_t)(t % W) * D;
-        if (t >= W) {  // token t - W (after the sinks) leaves the window: quantize it
-          f16_to_f32(D, slot, tmp.data());
-          I.encode_rows(s, side, 1, tmp.data(), (size_t)D);
-        }
-        f32_to_f16(D, xh + (size_t)r * stride, slot);
-      }
+  // Prefill-sized appends encode the 2 H streams in parallel (trellis codes: two Viterbi
+  // passes per token and part; scalar codes: the rotation and the code search).
+  const bool parallel = n_threads > 1 && n_tokens >= 16;
+  std::exception_ptr err;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads) if (parallel)
+  for (int job = 0; job < 2 * H; ++job) {
+    try {
+      append_stream(I, L, job / H, job % H, n_tokens, k, v);
+    } catch (...) {
+#pragma omp critical(tq_kv_append_error)
+      if (!err) err = std::current_exception();
     }
   }
+  if (err) std::rethrow_exception(err);
   L.n_tokens += n_tokens;
 }
 

@@ -329,7 +329,7 @@ void LlamaModel::forward(KvCache& cache, const int32_t* tokens, int n_total, flo
       rope(q.data(), n, c.n_heads, D, c.rope_dim, pos0, c.rope_base, nt);
       rope(k.data(), n, c.n_kv_heads, D, c.rope_dim, pos0, c.rope_base, nt);
       cache.observe_queries(l, n, q.data(), c.n_heads);
-      cache.append(l, n, k.data(), v.data());
+      cache.append(l, n, k.data(), v.data(), nt);
       AttentionParams ap;
       ap.n_heads = c.n_heads;
       ap.pos0 = pos0;
