@@ -12,9 +12,16 @@ With --compare REPORT (the JSON of llama_cpp_reference.py, which holds both engi
 lists), prints each engine's top-1 agreement with this reference and the perplexities.
 
 --ggml-rounding adds llama.cpp's CPU rounding points to the float64 pass: the input of every
-quantized-weight matrix product rounded to 8-bit blocks of 32 with an fp16 scale (ggml's q8_1 /
-q8_0 activations for Q4_1 / Q8_0 weights) and the attention queries rounded to f16 (its f16
-flash-attention path). It tests whether those roundings explain where the engines disagree.
+quantized-weight matrix product is quantized as ggml's `quantize_row_q8_1` / `_q8_0` do (float32,
+blocks of 32, d = max|x| / 127 stored as fp16, q = round(x * 127 / max|x|)) and multiplied as its
+Q4_1 x Q8_1 / Q8_0 x Q8_0 dot products do (Q4_1: d_w d_x sum(q_w q_x) + m_w s_x, with s_x the
+block's d * sum(q_x) stored as fp16). Queries stay f32: a perplexity window is one batch of
+>= 64 rows with f16 K/V, which ggml's tiled flash attention computes in f32.
+
+--jitter REL multiplies every matrix-product input by (1 + REL * N(0, 1)) (seeded by --seed):
+noise the size of float32 rounding (REL = 6e-8) that any change of summation order makes. With
+--against REPORT (another report of this script) it measures how stable a computation's top-1
+choices are: the exact pass keeps all of them, the ggml-rounded pass does not.
 Usage: python bench/forward_ref64.py --model M.gguf --tq build/tq --corpus text --ctx 512 --chunks 8 \
            --compare results/llama_cpp_reference_c512.json --out results/ref64_c512.json
 """
@@ -39,6 +46,10 @@ def load(model):
     for t in r.tensors:
         a = gguf.quants.dequantize(t.data, t.tensor_type)
         W[t.name] = np.asarray(a, dtype=np.float64).reshape([int(x) for x in reversed(t.shape)])
+        if t.tensor_type == gguf.GGMLQuantizationType.Q4_1:
+            # block = fp16 d, fp16 m, 16 bytes of nibbles; the offsets m are needed for q8_1's s term
+            m = np.asarray(t.data, dtype=np.uint8).reshape(-1, 20)[:, 2:4].copy().view(np.float16)
+            W[t.name + ".m"] = m.astype(np.float64).reshape(W[t.name].shape[0], -1)
     return md, W
 
 
@@ -47,19 +58,36 @@ def rmsnorm(x, w, eps):
 
 
 def q8_blocks(x):
-    """x rounded as ggml quantizes activations for quantized weights: blocks of 32 values,
-    d = max|x| / 127 (stored as fp16), q = round(x / d)."""
-    b = x.reshape(-1, 32)
-    d = np.abs(b).max(axis=1, keepdims=True) / 127
-    q = np.round(b / np.where(d > 0, d, 1))
-    return (q * d.astype(np.float16).astype(np.float64)).reshape(x.shape)
+    """ggml's activation quantization for quantized weights, per block of 32 float32 values:
+    codes q = round(x * (127 / max|x|)) (ties to even), the scale d = max|x| / 127 as stored
+    (fp16) and q8_1's block sum s = d * sum(q) as stored (fp16). Returns (q, d, s), float64."""
+    b = x.reshape(-1, 32).astype(np.float32)
+    amax = np.abs(b).max(axis=1, keepdims=True)
+    d = amax / np.float32(127)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    q = np.round(b * inv)
+    s = (q.sum(axis=1, keepdims=True) * d).astype(np.float16)
+    return q.astype(np.float64), d.astype(np.float16).astype(np.float64), s.astype(np.float64)
 
 
-def forward(md, W, toks, first, exact_kv, kv_hook=None, ggml_rounding=False):
+def forward(md, W, toks, first, exact_kv, kv_hook=None, ggml_rounding=False, jitter=0.0, rng=None):
     """Logits (float64) of rows first .. len(toks)-2. kv_hook(layer, q, k, v) -> (k, v), if
     given, replaces each layer's K and V (n x heads x D, after RoPE) before attention: how
-    bench/kv_precond_sim.py simulates a quantized cache. ggml_rounding: see --ggml-rounding."""
-    act = q8_blocks if ggml_rounding else (lambda a: a)
+    bench/kv_precond_sim.py simulates a quantized cache. ggml_rounding, jitter: see --ggml-rounding
+    and --jitter (rng: a numpy Generator, needed with jitter)."""
+
+    def mm(a, name):
+        """a @ W[name].T, with the roundings asked for."""
+        w = W[name]
+        if jitter:
+            a = a * (1 + jitter * rng.standard_normal(a.shape))
+        if not ggml_rounding:
+            return a @ w.T
+        q, d, s = q8_blocks(a)
+        out = (q * d).reshape(a.shape) @ w.T
+        if name + ".m" in W:  # Q4_1: the offsets multiply s, not the block sum of the rounded a
+            out += (s - d * q.sum(axis=1, keepdims=True)).reshape(a.shape[0], -1) @ W[name + ".m"].T
+        return out
     n = len(toks)
     L = md["llama.block_count"]
     H = md["llama.attention.head_count"]
@@ -84,12 +112,10 @@ def forward(md, W, toks, first, exact_kv, kv_hook=None, ggml_rounding=False):
     x = W["token_embd.weight"][np.asarray(toks)]
     for l in range(L):
         p = f"blk.{l}."
-        h = act(rmsnorm(x, W[p + "attn_norm.weight"], eps))
-        q = rope(h @ W[p + "attn_q.weight"].T, H)
-        if ggml_rounding:
-            q = q.astype(np.float16).astype(np.float64)
-        k = rope(h @ W[p + "attn_k.weight"].T, Hk)
-        v = (h @ W[p + "attn_v.weight"].T).reshape(n, Hk, D)
+        h = rmsnorm(x, W[p + "attn_norm.weight"], eps)
+        q = rope(mm(h, p + "attn_q.weight"), H)
+        k = rope(mm(h, p + "attn_k.weight"), Hk)
+        v = mm(h, p + "attn_v.weight").reshape(n, Hk, D)
         if not exact_kv:
             k = k.astype(np.float16).astype(np.float64)
             v = v.astype(np.float16).astype(np.float64)
@@ -102,14 +128,13 @@ def forward(md, W, toks, first, exact_kv, kv_hook=None, ggml_rounding=False):
             s = np.exp(s - s.max(axis=1, keepdims=True))
             s /= s.sum(axis=1, keepdims=True)
             out[:, hh, :] = s @ v[:, kv, :]
-        x = x + act(out.reshape(n, E)) @ W[p + "attn_output.weight"].T
-        h = act(rmsnorm(x, W[p + "ffn_norm.weight"], eps))
-        g = h @ W[p + "ffn_gate.weight"].T
-        u = h @ W[p + "ffn_up.weight"].T
-        x = x + act((g / (1 + np.exp(-g))) * u) @ W[p + "ffn_down.weight"].T
-    h = act(rmsnorm(x[first:n - 1], W["output_norm.weight"], eps))
-    out_w = W.get("output.weight", W["token_embd.weight"])
-    return h @ out_w.T
+        x = x + mm(out.reshape(n, E), p + "attn_output.weight")
+        h = rmsnorm(x, W[p + "ffn_norm.weight"], eps)
+        g = mm(h, p + "ffn_gate.weight")
+        u = mm(h, p + "ffn_up.weight")
+        x = x + mm((g / (1 + np.exp(-g))) * u, p + "ffn_down.weight")
+    h = rmsnorm(x[first:n - 1], W["output_norm.weight"], eps)
+    return mm(h, "output.weight" if "output.weight" in W else "token_embd.weight")
 
 
 def main():
@@ -121,10 +146,17 @@ def main():
     ap.add_argument("--chunks", type=int, default=8)
     ap.add_argument("--exact-kv", action="store_true", help="keep K/V in float64 instead of rounding to f16")
     ap.add_argument("--ggml-rounding", action="store_true",
-                    help="round activations to 8-bit blocks and queries to f16 as llama.cpp's CPU path does")
+                    help="quantize matrix-product inputs to 8-bit blocks as llama.cpp's CPU path does")
+    ap.add_argument("--jitter", type=float, default=0.0,
+                    help="relative noise on every matrix-product input (6e-8: float32 rounding size)")
+    ap.add_argument("--seed", type=int, default=1, help="seed of the --jitter noise")
+    ap.add_argument("--against", help="another report of this script: top-1 agreement with its rows")
     ap.add_argument("--compare", help="JSON report of llama_cpp_reference.py with both engines' top-1 lists")
     ap.add_argument("--out")
     args = ap.parse_args()
+    if args.jitter < 0 or not math.isfinite(args.jitter):
+        ap.error("--jitter must be a finite number >= 0")
+    rng = np.random.default_rng(args.seed)
     toks = json.loads(subprocess.run([args.tq, "tokenize", "-m", args.model, "-f", args.corpus, "--json"],
                                      check=True, capture_output=True, text=True).stdout)["ids"]
     md, W = load(args.model)
@@ -133,7 +165,8 @@ def main():
     t0 = time.time()
     for c in range(args.chunks):
         win = toks[c * ctx:(c + 1) * ctx]
-        lg = forward(md, W, win, first, args.exact_kv, ggml_rounding=args.ggml_rounding)
+        lg = forward(md, W, win, first, args.exact_kv, ggml_rounding=args.ggml_rounding, jitter=args.jitter,
+                     rng=rng)
         m = lg.max(axis=1, keepdims=True)
         lp = lg - m - np.log(np.exp(lg - m).sum(axis=1, keepdims=True))
         tgt = np.asarray(win[first + 1:ctx])
@@ -146,9 +179,18 @@ def main():
         print(f"window {c}: ppl {chunk_ppl[-1]:.4f} ({time.time() - t0:.0f} s)", file=sys.stderr)
     lg = np.concatenate(logits_all)
     rep = {"ctx": ctx, "chunks": args.chunks, "scored_tokens": n, "kv": "float64" if args.exact_kv else "f16-rounded",
-           "ggml_rounding": args.ggml_rounding,
+           "ggml_rounding": args.ggml_rounding, "jitter": args.jitter, "seed": args.seed,
            "ppl": math.exp(nll / n), "chunk_ppl": chunk_ppl, "seconds": time.time() - t0}
     print(f"ref64 ({rep['kv']} K/V): ppl {rep['ppl']:.4f} over {n} scored tokens")
+    if args.against:
+        other = json.load(open(args.against))
+        t = np.asarray(other["top1"])
+        if len(t) != n:
+            sys.exit(f"forward_ref64.py: --against {args.against} has {len(t)} rows, this run {n}")
+        rep["against"] = args.against
+        rep["top1_agreement_vs_against"] = float(np.mean(t == np.asarray(top1)))
+        print(f"top-1 agreement with {args.against}: {100 * rep['top1_agreement_vs_against']:.2f}% "
+              f"({int(np.sum(t != np.asarray(top1)))} rows differ)")
     if args.compare:
         other = json.load(open(args.compare))
         srt = np.sort(lg, axis=1)

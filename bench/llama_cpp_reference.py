@@ -88,14 +88,15 @@ def log_softmax(x):
     return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
 
 
-def llama_perplexity(args, tokens, type_k, type_v, other_top1=None):
+def llama_perplexity(args, tokens, type_k, type_v, other_top1=None, ubatch=None):
     """llama.cpp perplexity with the convention of its `perplexity` tool and `tq perplexity`:
     window c is tokens[c*ctx, (c+1)*ctx), evaluated from an empty cache in one batch; rows
     ctx/2 .. ctx-2 predict tokens ctx/2+1 .. ctx-1. Where other_top1 (tq's argmax per scored
-    row) differs from llama.cpp's, records llama.cpp's logit gap between the two choices."""
+    row) differs from llama.cpp's, records llama.cpp's logit gap between the two choices. ubatch:
+    llama.cpp's micro-batch (default: the whole window in one)."""
     from llama_cpp import Llama
     ctx = args.ctx
-    llm = Llama(model_path=args.model, n_ctx=ctx, n_batch=ctx, n_ubatch=ctx, n_threads=args.threads,
+    llm = Llama(model_path=args.model, n_ctx=ctx, n_batch=ctx, n_ubatch=ubatch or ctx, n_threads=args.threads,
                 n_threads_batch=args.threads, logits_all=True, type_k=type_k, type_v=type_v,
                 flash_attn=True, verbose=False)
     first = ctx // 2
@@ -166,6 +167,10 @@ def main():
     ap.add_argument("--llama-caches", default="f16,q8_0,q4_0", help="llama.cpp caches in the speed runs (of f16, q8_0, q4_0)")
     ap.add_argument("--no-quality", action="store_true", help="speed runs only")
     ap.add_argument("--kv-ppl", default="q8_0,q4_0", help="llama.cpp quantized KV caches for perplexity ('' for none)")
+    ap.add_argument("--self-ubatch", default="",
+                    help="comma-separated micro-batch sizes: llama.cpp's f16 perplexity again with each, top-1 "
+                         "agreement with its own one-batch run (below 64 rows its flash attention takes the "
+                         "one-query path: f16 queries, f16 V accumulation)")
     ap.add_argument("--hf-tokenizer", action="store_true", help="only compare tq's ids with HF tokenizers")
     ap.add_argument("--out")
     args = ap.parse_args()
@@ -234,6 +239,17 @@ def main():
               f"({report['ppl_rel_diff_pct']:+.3f}%); top-1 agreement {100 * agree:.2f}% "
               f"({len(dis)} differ; llama.cpp logit gap at those: max {max(gaps, default=0):.3f})")
         save()
+        for ub in [int(x) for x in args.self_ubatch.split(",") if x.strip()]:
+            r = llama_perplexity(args, ours, F16, F16, ubatch=ub)
+            ag = float(np.mean(np.asarray(r["top1"]) == a))
+            ag_tq = float(np.mean(np.asarray(r["top1"]) == b))
+            report[f"llama_cpp_ppl_f16_ubatch{ub}"] = r["ppl"]
+            report[f"llama_cpp_top1_ubatch{ub}_vs_own_f16"] = ag
+            report[f"llama_cpp_top1_ubatch{ub}_vs_tq"] = ag_tq
+            report[f"llama_cpp_top1_f16_ubatch{ub}"] = r["top1"]
+            print(f"llama.cpp f16, micro-batches of {ub}: ppl {r['ppl']:.4f}, top-1 vs its one-batch run "
+                  f"{100 * ag:.2f}%, vs tq {100 * ag_tq:.2f}%")
+            save()
         for name, t in (("q8_0", Q8), ("q4_0", Q4)):
             if name not in args.kv_ppl.split(","):
                 continue
