@@ -157,6 +157,19 @@ def main():
     if args.jitter < 0 or not math.isfinite(args.jitter):
         ap.error("--jitter must be a finite number >= 0")
     rng = np.random.default_rng(args.seed)
+
+    def read_report(path, what, key):
+        """A JSON report given on the command line, read before the (long) run."""
+        try:
+            with open(path) as f:
+                rep = json.load(f)
+            if key not in rep:
+                raise ValueError(f"no '{key}' list")
+            return rep
+        except (OSError, ValueError) as e:
+            sys.exit(f"forward_ref64.py: {what} {path}: {e}")
+    against = read_report(args.against, "--against", "top1") if args.against else None
+    compare = read_report(args.compare, "--compare", "tq_top1_f16") if args.compare else None
     toks = json.loads(subprocess.run([args.tq, "tokenize", "-m", args.model, "-f", args.corpus, "--json"],
                                      check=True, capture_output=True, text=True).stdout)["ids"]
     md, W = load(args.model)
@@ -183,8 +196,7 @@ def main():
            "ppl": math.exp(nll / n), "chunk_ppl": chunk_ppl, "seconds": time.time() - t0}
     print(f"ref64 ({rep['kv']} K/V): ppl {rep['ppl']:.4f} over {n} scored tokens")
     if args.against:
-        other = json.load(open(args.against))
-        t = np.asarray(other["top1"])
+        t = np.asarray(against["top1"])
         if len(t) != n:
             sys.exit(f"forward_ref64.py: --against {args.against} has {len(t)} rows, this run {n}")
         rep["against"] = args.against
@@ -192,7 +204,7 @@ def main():
         print(f"top-1 agreement with {args.against}: {100 * rep['top1_agreement_vs_against']:.2f}% "
               f"({int(np.sum(t != np.asarray(top1)))} rows differ)")
     if args.compare:
-        other = json.load(open(args.compare))
+        other = compare
         srt = np.sort(lg, axis=1)
         margin = srt[:, -1] - srt[:, -2]  # reference top-1 margin per row
         ref = np.asarray(top1)

@@ -174,6 +174,12 @@ def main():
     ap.add_argument("--hf-tokenizer", action="store_true", help="only compare tq's ids with HF tokenizers")
     ap.add_argument("--out")
     args = ap.parse_args()
+    try:
+        args.self_ubatch = [int(x) for x in args.self_ubatch.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--self-ubatch: '{args.self_ubatch}' is not a comma-separated list of integers")
+    if any(not 1 <= u <= args.ctx for u in args.self_ubatch):
+        ap.error(f"--self-ubatch: micro-batch sizes must be in 1..{args.ctx} (--ctx)")
     bad = set(filter(None, args.llama_caches.split(","))) - {"f16", "q8_0", "q4_0"}
     if bad:
         ap.error(f"--llama-caches: unknown cache type(s) {', '.join(sorted(bad))} (valid: f16, q8_0, q4_0)")
@@ -239,7 +245,7 @@ def main():
               f"({report['ppl_rel_diff_pct']:+.3f}%); top-1 agreement {100 * agree:.2f}% "
               f"({len(dis)} differ; llama.cpp logit gap at those: max {max(gaps, default=0):.3f})")
         save()
-        for ub in [int(x) for x in args.self_ubatch.split(",") if x.strip()]:
+        for ub in args.self_ubatch:
             r = llama_perplexity(args, ours, F16, F16, ubatch=ub)
             ag = float(np.mean(np.asarray(r["top1"]) == a))
             ag_tq = float(np.mean(np.asarray(r["top1"]) == b))
