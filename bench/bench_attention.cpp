@@ -24,7 +24,7 @@ struct Fixture {
   std::vector<float> q, out;
 };
 
-// One cache per (type, context), filled once with K ~ N(0,1) plus outlier channels, V ~ N(0,1).
+// One cache per (type, context, trellis), filled once with K ~ N(0,1) plus outlier channels, V ~ N(0,1).
 // trellis: KvCacheConfig::trellis (trellis-coded tq parts).
 Fixture& fixture(const std::string& type, int n, bool trellis = false) {
   static std::map<std::tuple<std::string, int, bool>, Fixture> cache;

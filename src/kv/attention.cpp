@@ -38,7 +38,7 @@ bool trellis_rows(const Stream& sk, const Stream& sv, int n_queries) {
     const char* e = std::getenv("TQ_TRELLIS_ROWS_MIN");
     return e && *e ? std::atoi(e) : kTrellisRowsMinQueries;
   }();
-  return min_q > 0 && n_queries >= min_q && (sk.tc || sk.tc_hi || sv.tc || sv.tc_hi);
+  return min_q > 0 && n_queries >= min_q && (sk.trellis_coded() || sv.trellis_coded());
 }
 
 // Generic task: queries qd (n_q x G x D, in the K domain), tokens [a, b) of one segment,

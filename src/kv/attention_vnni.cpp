@@ -377,7 +377,7 @@ bool decode_tq_supported(const Shape& sh, const Stream& sk, const Stream& sv, bo
     if (s->fmt->kind == Kind::tq_split && !s->split_frozen) return false;
     // Trellis codes: the float kernel only, with 8+ float lanes (a V window reaches up to 7
     // lanes back).
-    if ((s->tc || s->tc_hi) && (lut8 || decode_tq_float_lanes() < 8)) return false;
+    if (s->trellis_coded() && (lut8 || decode_tq_float_lanes() < 8)) return false;
   }
   if (sh.D % 16 != 0 || sh.D > kMaxHeadDim) return false;
   if (!has_kernel_instance(sh.G)) return false;

@@ -125,6 +125,7 @@ struct Stream {
   // KvCacheConfig::trellis: the trellis code of the regular / outlier part (null: scalar codes)
   const TrellisCode* tc = nullptr;
   const TrellisCode* tc_hi = nullptr;
+  bool trellis_coded() const noexcept { return tc || tc_hi; }  // any part stores trellis codes
   int d_hi = 0, d_lo = 0;           // tq_split channel counts
   size_t norms_bytes = 0;           // per block: 32 (tq) or 64 (split) fp16 norms
   size_t tiles_hi_bytes = 0;        // per block (split outlier tiles)
