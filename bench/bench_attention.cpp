@@ -120,7 +120,7 @@ void register_all() {
     for (bool tc : {false, true})
       benchmark::RegisterBenchmark((std::string("Queries/") + t + (tc ? "_tc" : "")).c_str(), Queries,
                                    std::string(t), tc)
-          ->ArgsProduct({{1, 2, 4, 8, 16}})
+          ->ArgsProduct({{1, 2, 4, 8, 16, 32, 64}})
           ->Unit(benchmark::kMillisecond)
           ->UseRealTime();
 }

@@ -709,7 +709,8 @@ TEST(Attention, KernelSelection) {
 
 TEST(KvCache, TrellisCodesCutErrorAndMatchReference) {
   // KvCacheConfig::trellis: same bytes per token, ~30% less squared error on the 1-4-bit parts,
-  // the float kernel (8+ lanes; rows below) equal to attention_ref at every SIMD level.
+  // the float kernel (8+ lanes; rows below) equal to attention_ref at every SIMD level, lut8
+  // (avx3_dl) within its int8 tolerance.
   // Gaussian keys without fill_kv's 8x channels: a key dominated by two channels is, after the
   // rotation, a few levels that a 2-bit scalar code hits and a trellis code (4 values reachable
   // per step) does not (docs/design.md, "Trellis codes").
@@ -745,7 +746,10 @@ TEST(KvCache, TrellisCodesCutErrorAndMatchReference) {
           std::vector<float> a(q.size());
           for (int i = 0; i < 4; ++i) tq::attention(c, 0, 1, &q[(size_t)i * H * D], &a[(size_t)i * H * D], pl);
           const std::string kernel = tq::attention_kernel(c, 0, pl);
-          if (tc == 1) {  // trellis streams: the float kernel where it has 8+ lanes, never lut8
+          if (tc == 1 && lut8 && lv == "avx3_dl") {  // trellis streams: lut8's 256-entry tables
+            EXPECT_EQ(kernel, "tq-lut8") << t;
+            EXPECT_LE(rel_err(a, ref), kFastRelTol) << t << " trellis lut8";
+          } else if (tc == 1) {  // the float kernel where it has 8+ lanes
             EXPECT_EQ(kernel, lv == "scalar" || lv == "sse4" ? "rows" : "tq-float") << t << " " << lv;
             EXPECT_LE(rel_err(a, ref), kExactRelTol) << t << " trellis " << lv << (lut8 ? " lut8" : "");
           }
@@ -817,7 +821,8 @@ TEST(KvCache, TrellisPrefillRowsMatchReferenceAndOneQueryCalls) {
   // From 8 queries on, trellis streams are decoded to rows once per block (attend_rows)
   // instead of the per-query fused kernel: same results as attention_ref and as the same
   // queries one call each (fused kernel), plain and with RoPE-rotating K means (the centred
-  // path), with the rows of a window and a sink around the quantized part.
+  // path), with the rows of a window and a sink around the quantized part. With lut8 (avx3_dl)
+  // the fused kernel runs for every call.
   const int n = small() ? 300 : 600, D = 64, KVH = 2, H = 6, nq = 12;
   tq::Rng rng(22);
   std::vector<float> k, v;
@@ -852,5 +857,19 @@ TEST(KvCache, TrellisPrefillRowsMatchReferenceAndOneQueryCalls) {
       const std::string what = std::string(t) + (centred ? " centred" : "");
       EXPECT_LE(rel_err(rows, ref), kExactRelTol) << what;
       EXPECT_LE(rel_err(rows, one), kExactRelTol) << what;
+      // lut8 reads trellis codes without gathers and keeps the fused kernel for every call:
+      // the 12-query call equals the one-query calls, within lut8's tolerance of the reference.
+      p.lut8 = true;
+      if (tq::attention_kernel(c, 0, p) != "tq-lut8") continue;
+      std::vector<float> fused(q.size()), fused_one(q.size());
+      tq::attention(c, 0, nq, q.data(), fused.data(), p);
+      for (int i = 0; i < nq; ++i) {
+        tq::AttentionParams p1 = p;
+        p1.pos0 = p.pos0 + i;
+        tq::attention(c, 0, 1, &q[(size_t)i * H * D], &fused_one[(size_t)i * H * D], p1);
+      }
+      EXPECT_EQ(fused, fused_one) << what << " lut8";
+      EXPECT_LE(rel_err(fused, ref), kFastRelTol) << what << " lut8";
+      EXPECT_GT(rel_err(fused, ref), 0.0) << what << " lut8: int8 tables, not the row path";
     }
 }

@@ -70,8 +70,8 @@ struct KvCacheConfig {
   // Trellis-coded codes (tq types, every part of 1-4 bits; include/tq/trellis.h): the same
   // bytes, the codes of a token chosen together by a Viterbi search over a 256-entry window
   // table, ~30% less squared error than the scalar Lloyd-Max code. Costs write time (the
-  // search) and some attention time (a gather per value instead of an in-register lookup; the
-  // float kernel with 8+ float lanes, never lut8).
+  // search) and some attention time (the float kernel, with 8+ float lanes, gathers every
+  // value; lut8 looks up 256-entry byte tables with two vpermi2b instead of one vpshufb).
   bool trellis = false;
   int boundary_layers = 0;        // first and last N layers use the boundary types
   std::string boundary_type_k = "f16";

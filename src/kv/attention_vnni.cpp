@@ -18,6 +18,11 @@
 //     one vpdpbusd per head adds 4 tokens x 16 dims. The int32 sums are scaled into the float
 //     output once per block.
 //
+// Trellis-coded parts (KvCacheConfig::trellis): the value of a code is lut[window], the window
+// being the last 8 bits of the token's code stream, so the table has 256 entries (int8, as the
+// codebook's) and every tile's code bytes first become window bytes (the codes of the previous
+// dims shifted in from the same tile and the one before: score_block_t, accum_block_t).
+//
 // Accuracy: int8 query, int8 centroid table and uint8 weights: about 2e-2 relative vs
 // attention_ref on the same codes, reported by `tq bench attention` and tested against a
 // named threshold (tests/test_kv_cache.cpp).
@@ -27,6 +32,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <vector>
 
 #include "kv/attention_kernels.h"
 #include "tq/simd.h"
@@ -38,7 +45,7 @@ namespace {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC target("avx2,fma,f16c,bmi,bmi2,avx512f,avx512vl,avx512dq,avx512bw,avx512vnni,avx512vbmi")
+#pragma GCC target("avx2,fma,f16c,bmi,bmi2,avx512f,avx512vl,avx512dq,avx512bw,avx512vnni,avx512vbmi,avx512vbmi2")
 
 inline __m512 exp512(__m512 x) {
   // exp(x) = 2^n * exp(r), n = round(x / ln2), r = x - n ln2 in [-ln2/2, ln2/2].
@@ -84,9 +91,32 @@ inline __m512i lookup(__m512i tbl, __m512i idx) {
   else return _mm512_permutexvar_epi8(idx, tbl);
 }
 
+// Trellis codes (include/tq/trellis.h): the value of dim d is lut[w], w = the low 8 bits of the
+// codes of dims d, d - 1, .., d - P + 1 packed B bits apart (newest lowest; dims before the
+// first wrap to the last ones), P = ceil(8 / B). sh[j] holds the code bytes of dims d - j.
+template <int B>
+inline __m512i windows(const __m512i* sh) {
+  constexpr int P = (8 + B - 1) / B;
+  __m512i w = sh[0];
+  for (int j = 1; j < P; ++j) {
+    // 16-bit shifts: a low byte's top bits spill into the bottom jB bits of the high byte
+    // (cleared by the mask) when (j + 1) B > 8, the high byte's fall out of the element.
+    __m512i x = _mm512_slli_epi16(sh[j], (unsigned)(j * B));
+    if ((j + 1) * B > 8) x = _mm512_and_si512(x, _mm512_set1_epi8((char)((0xFF << (j * B)) & 0xFF)));
+    w = _mm512_or_si512(w, x);
+  }
+  return w;
+}
+// Windows -> table bytes over 256 entries: two 128-entry vpermi2b, bit 7 of the window picks.
+inline __m512i lookup256(const __m512i* t, __m512i w) {
+  const __m512i lo = _mm512_permutex2var_epi8(t[0], w, t[1]);
+  const __m512i hi = _mm512_permutex2var_epi8(t[2], w, t[3]);
+  return _mm512_mask_blend_epi8(_mm512_movepi8_mask(w), lo, hi);
+}
+
 // K: raw[g][32] = sum_d q8[g][d] * tblK[code(t, d)] for the nt tokens of a block.
 template <int G, int B>
-void score_block(const uint8_t* tiles, int D, int nt, const int32_t* q32, __m512i tbl, int32_t* raw) {
+void score_block(const uint8_t* tiles, int D, int nt, const int32_t* q32, const __m512i* tbl, int32_t* raw) {
   const int nq = D / 4;
   for (int s = 0; s < 2; ++s) {
     __m512i acc[G];
@@ -94,7 +124,7 @@ void score_block(const uint8_t* tiles, int D, int nt, const int32_t* q32, __m512
     if (s * 16 < nt) {
       const uint8_t* pl = tiles + (size_t)s * nq * B * 8;
       for (int k = 0; k < nq; ++k, pl += B * 8) {
-        const __m512i vals = lookup<B>(tbl, tile_codes<B>(pl));
+        const __m512i vals = lookup<B>(tbl[0], tile_codes<B>(pl));
         for (int g = 0; g < G; ++g)
           acc[g] = _mm512_dpbusd_epi32(acc[g], vals, _mm512_set1_epi32(q32[g * nq + k]));
       }
@@ -105,25 +135,104 @@ void score_block(const uint8_t* tiles, int D, int nt, const int32_t* q32, __m512
 
 // V: accv[g][d] = sum_t w8[g][t] * tblV[code(t, d)].
 template <int G, int B>
-void accum_block(const uint8_t* tiles, int D, int nt, const int32_t* w32, __m512i tbl, int32_t* accv) {
+void accum_block(const uint8_t* tiles, int D, int nt, const int32_t* w32, const __m512i* tbl, int32_t* accv) {
   const int nr = (nt + 3) / 4;
   for (int e = 0; e < D / 16; ++e) {
     __m512i acc[G];
     for (int g = 0; g < G; ++g) acc[g] = _mm512_setzero_si512();
     const uint8_t* pl = tiles + (size_t)e * 64 * B;
     for (int r = 0; r < nr; ++r, pl += B * 8) {
-      const __m512i vals = lookup<B>(tbl, tile_codes<B>(pl));
+      const __m512i vals = lookup<B>(tbl[0], tile_codes<B>(pl));
       for (int g = 0; g < G; ++g) acc[g] = _mm512_dpbusd_epi32(acc[g], _mm512_set1_epi32(w32[g * 8 + r]), vals);
     }
     for (int g = 0; g < G; ++g) _mm512_store_si512(accv + (size_t)g * D + e * 16, acc[g]);
   }
 }
 
-using ScoreFn = void (*)(const uint8_t*, int, int, const int32_t*, __m512i, int32_t*);
-using AccumFn = void (*)(const uint8_t*, int, int, const int32_t*, __m512i, int32_t*);
+// score_block for trellis codes: the code bytes of the 16 tokens' tiles first, then per tile
+// the windows (token lane t, byte i = dim 4k + i: dims d - j from tile k and the tiles before
+// it by 32-bit lane shifts) and the 256-entry lookup in place of the 16-entry one.
+template <int G, int B>
+void score_block_t(const uint8_t* tiles, int D, int nt, const int32_t* q32, const __m512i* tbl, int32_t* raw) {
+  constexpr int P = (8 + B - 1) / B;
+  const int nq = D / 4;
+  alignas(64) uint8_t codes[kMaxHeadDim / 4][64];
+  for (int s = 0; s < 2; ++s) {
+    __m512i acc[G];
+    for (int g = 0; g < G; ++g) acc[g] = _mm512_setzero_si512();
+    if (s * 16 < nt) {
+      const uint8_t* pl = tiles + (size_t)s * nq * B * 8;
+      for (int k = 0; k < nq; ++k) _mm512_store_si512(codes[k], tile_codes<B>(pl + (size_t)k * B * 8));
+      for (int k = 0; k < nq; ++k) {
+        const __m512i c0 = _mm512_load_si512(codes[k]);
+        const __m512i c1 = _mm512_load_si512(codes[k == 0 ? nq - 1 : k - 1]);
+        __m512i sh[P];
+        sh[0] = c0;
+        for (int j = 1; j < P; ++j) {  // dims d - j: j < 4 from tiles k, k - 1; j >= 4 from k - 1, k - 2
+          const int r = j % 4;
+          const __m512i a = j < 4 ? c0 : c1;
+          const __m512i b = j < 4 ? c1 : _mm512_load_si512(codes[(k + 2 * nq - 2) % nq]);
+          if (r == 0) sh[j] = a;
+          else if (r == 1) sh[j] = _mm512_shldi_epi32(a, b, 8);
+          else if (r == 2) sh[j] = _mm512_shldi_epi32(a, b, 16);
+          else sh[j] = _mm512_shldi_epi32(a, b, 24);
+        }
+        const __m512i vals = lookup256(tbl, windows<B>(sh));
+        for (int g = 0; g < G; ++g)
+          acc[g] = _mm512_dpbusd_epi32(acc[g], vals, _mm512_set1_epi32(q32[g * nq + k]));
+      }
+    }
+    for (int g = 0; g < G; ++g) _mm512_store_si512(raw + g * 32 + s * 16, acc[g]);
+  }
+}
+
+// accum_block for trellis codes: a V tile has one dim per 32-bit lane, so dims d - j are the
+// same tile shifted j lanes with the previous 16-dim column's (the last column's for the first)
+// shifted in (valignd).
+template <int G, int B>
+void accum_block_t(const uint8_t* tiles, int D, int nt, const int32_t* w32, const __m512i* tbl, int32_t* accv) {
+  constexpr int P = (8 + B - 1) / B;
+  const int nr = (nt + 3) / 4, ne = D / 16;
+  alignas(64) uint8_t codes[kMaxHeadDim / 16][8][64];
+  for (int e = 0; e < ne; ++e)
+    for (int r = 0; r < nr; ++r)
+      _mm512_store_si512(codes[e][r], tile_codes<B>(tiles + (size_t)e * 64 * B + (size_t)r * B * 8));
+  for (int e = 0; e < ne; ++e) {
+    const int ep = e == 0 ? ne - 1 : e - 1;
+    __m512i acc[G];
+    for (int g = 0; g < G; ++g) acc[g] = _mm512_setzero_si512();
+    for (int r = 0; r < nr; ++r) {
+      const __m512i cur = _mm512_load_si512(codes[e][r]), prev = _mm512_load_si512(codes[ep][r]);
+      __m512i sh[P];
+      sh[0] = cur;
+      if constexpr (P > 1) sh[1] = _mm512_alignr_epi32(cur, prev, 15);
+      if constexpr (P > 2) sh[2] = _mm512_alignr_epi32(cur, prev, 14);
+      if constexpr (P > 3) sh[3] = _mm512_alignr_epi32(cur, prev, 13);
+      if constexpr (P > 4) sh[4] = _mm512_alignr_epi32(cur, prev, 12);
+      if constexpr (P > 5) sh[5] = _mm512_alignr_epi32(cur, prev, 11);
+      if constexpr (P > 6) sh[6] = _mm512_alignr_epi32(cur, prev, 10);
+      if constexpr (P > 7) sh[7] = _mm512_alignr_epi32(cur, prev, 9);
+      const __m512i vals = lookup256(tbl, windows<B>(sh));
+      for (int g = 0; g < G; ++g) acc[g] = _mm512_dpbusd_epi32(acc[g], _mm512_set1_epi32(w32[g * 8 + r]), vals);
+    }
+    for (int g = 0; g < G; ++g) _mm512_store_si512(accv + (size_t)g * D + e * 16, acc[g]);
+  }
+}
+
+using ScoreFn = void (*)(const uint8_t*, int, int, const int32_t*, const __m512i*, int32_t*);
+using AccumFn = void (*)(const uint8_t*, int, int, const int32_t*, const __m512i*, int32_t*);
 
 template <int G>
-ScoreFn pick_score(int bits) {
+ScoreFn pick_score(int bits, bool trellis) {
+  if (trellis) {
+    switch (bits) {
+      case 1: return score_block_t<G, 1>;
+      case 2: return score_block_t<G, 2>;
+      case 3: return score_block_t<G, 3>;
+      case 4: return score_block_t<G, 4>;
+    }
+    return nullptr;
+  }
   switch (bits) {
     case 1: return score_block<G, 1>;
     case 2: return score_block<G, 2>;
@@ -135,7 +244,16 @@ ScoreFn pick_score(int bits) {
   return nullptr;
 }
 template <int G>
-AccumFn pick_accum(int bits) {
+AccumFn pick_accum(int bits, bool trellis) {
+  if (trellis) {
+    switch (bits) {
+      case 1: return accum_block_t<G, 1>;
+      case 2: return accum_block_t<G, 2>;
+      case 3: return accum_block_t<G, 3>;
+      case 4: return accum_block_t<G, 4>;
+    }
+    return nullptr;
+  }
   switch (bits) {
     case 1: return accum_block<G, 1>;
     case 2: return accum_block<G, 2>;
@@ -147,38 +265,68 @@ AccumFn pick_accum(int bits) {
   return nullptr;
 }
 
-// Byte tables of a codebook: centroid * 127 / max|centroid|, K unsigned (+128), V signed.
-__m512i byte_table(const Codebook* cb, bool offset, float* cscale) {
+// Byte tables of a codebook (16 or 64 entries) or a trellis table (256 entries): value * 127 /
+// max|value|, K unsigned (+128), V signed; cscale = max|value| / 127.
+struct ByteTable {
+  alignas(64) int8_t b[256] = {};
+  float cscale = 1.f;
+  bool narrow = false;  // <= 16 entries: the vpshufb table, broadcast to every 128-bit lane
+};
+ByteTable make_byte_table(const Codebook* cb, const TrellisCode* tc, bool offset) {
   static const std::vector<float> kSigns = {-1.f, 1.f};
-  const std::vector<float>& cs = cb ? cb->centroids : kSigns;
+  const std::vector<float>& cs = tc ? tc->lut : cb ? cb->centroids : kSigns;
   float cmax = 0;
   for (float c : cs) cmax = std::max(cmax, std::fabs(c));
-  alignas(64) int8_t t[64] = {};
-  for (int j = 0; j < (int)cs.size() && j < 64; ++j) {
+  ByteTable t;
+  for (int j = 0; j < (int)cs.size() && j < 256; ++j) {
     const int v = (int)std::lrint(cs[j] * 127.0 / cmax);
-    t[j] = (int8_t)(offset ? v + 128 : v);
+    t.b[j] = (int8_t)(offset ? v + 128 : v);
   }
-  *cscale = cmax / 127.f;
-  if (cs.size() > 16) return _mm512_load_si512(t);  // vpermb table
-  return _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(t)));
+  t.cscale = cmax / 127.f;
+  t.narrow = cs.size() <= 16;
+  return t;
+}
+// The table of (cb, tc, offset) in registers (t[0], or t[0..3] for 256 entries). Built once per
+// thread: the codebooks and trellis codes of a cache come from get_codebook / get_trellis,
+// which keep them for the life of the process, so their addresses identify them (a trellis
+// table took 7% of a decode call when it was rebuilt per call).
+void byte_table(const Codebook* cb, const TrellisCode* tc, bool offset, __m512i* t, float* cscale) {
+  struct Entry {
+    const void* cb;
+    const void* tc;
+    bool offset;
+    std::unique_ptr<ByteTable> table;
+  };
+  thread_local std::vector<Entry> cache;
+  const ByteTable* bt = nullptr;
+  for (const Entry& e : cache)
+    if (e.cb == cb && e.tc == tc && e.offset == offset) bt = e.table.get();
+  if (!bt) {
+    cache.push_back(Entry{cb, tc, offset, std::make_unique<ByteTable>(make_byte_table(cb, tc, offset))});
+    bt = cache.back().table.get();
+  }
+  *cscale = bt->cscale;
+  for (int i = 0; i < 4; ++i) t[i] = _mm512_load_si512(bt->b + 64 * i);
+  if (bt->narrow) t[0] = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(bt->b)));
 }
 
 inline float hmax(__m512 v) { return _mm512_reduce_max_ps(v); }
 inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
 
 template <int G>
-bool pick(int bits_k, int bits_v, ScoreFn* sc, AccumFn* ac) {
-  *sc = pick_score<G>(bits_k);
-  *ac = pick_accum<G>(bits_v);
-  return *sc && *ac;
+bool pick(const Part& p, bool k, ScoreFn* sc, AccumFn* ac) {
+  if (k) *sc = pick_score<G>(p.bits, p.tc != nullptr);
+  else *ac = pick_accum<G>(p.bits, p.tc != nullptr);
+  return k ? *sc != nullptr : *ac != nullptr;
 }
-bool pick_g(int G, int bits_k, int bits_v, ScoreFn* sc, AccumFn* ac) {
+// The kernel of part p of K (k) or V for G query heads per kv head; false: no instance.
+bool pick_g(int G, const Part& p, bool k, ScoreFn* sc, AccumFn* ac) {
   switch (G) {
-    case 1: return pick<1>(bits_k, bits_v, sc, ac);
-    case 2: return pick<2>(bits_k, bits_v, sc, ac);
-    case 3: return pick<3>(bits_k, bits_v, sc, ac);
-    case 4: return pick<4>(bits_k, bits_v, sc, ac);
-    case 8: return pick<8>(bits_k, bits_v, sc, ac);
+    case 1: return pick<1>(p, k, sc, ac);
+    case 2: return pick<2>(p, k, sc, ac);
+    case 3: return pick<3>(p, k, sc, ac);
+    case 4: return pick<4>(p, k, sc, ac);
+    case 8: return pick<8>(p, k, sc, ac);
   }
   return false;
 }
@@ -217,22 +365,20 @@ bool run(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, i
   const int npk = parts_of(sk, pk), npv = parts_of(sv, pv);
   ScoreFn score[2] = {};
   AccumFn accum[2] = {};
-  AccumFn unused_a;
-  ScoreFn unused_s;
   for (int i = 0; i < npk; ++i)
-    if (!pick_g(G, pk[i].bits, 1, &score[i], &unused_a)) return false;
+    if (!pick_g(G, pk[i], true, &score[i], &accum[0])) return false;
   for (int i = 0; i < npv; ++i)
-    if (!pick_g(G, 1, pv[i].bits, &unused_s, &accum[i])) return false;
+    if (!pick_g(G, pv[i], false, &score[0], &accum[i])) return false;
   constexpr int kMaxG = 8;
   alignas(64) int8_t q8[kMaxG * 2 * kMaxHeadDim];  // per K part: G x dim
   alignas(64) int32_t raw[2][kMaxG * 32];
   alignas(64) uint8_t w8[2][kMaxG * 32];
   alignas(64) int32_t accv[kMaxG * kMaxHeadDim];
   float kscale[2][kMaxG], qoff[2][kMaxG], alpha[kMaxG];
-  __m512i tblK[2], tblV[2];
+  __m512i tblK[2][4], tblV[2][4];
   float ck[2], cv[2];
-  for (int i = 0; i < npk; ++i) tblK[i] = byte_table(pk[i].cb, true, &ck[i]);
-  for (int i = 0; i < npv; ++i) tblV[i] = byte_table(pv[i].cb, false, &cv[i]);
+  for (int i = 0; i < npk; ++i) byte_table(pk[i].cb, pk[i].tc, true, tblK[i], &ck[i]);
+  for (int i = 0; i < npv; ++i) byte_table(pv[i].cb, pv[i].tc, false, tblV[i], &cv[i]);
   size_t q8_off[2] = {0, 0};
   for (int i = 0; i < npk; ++i) {
     q8_off[i] = i == 0 ? 0 : (size_t)G * pk[0].dim;
@@ -375,9 +521,9 @@ bool decode_tq_supported(const Shape& sh, const Stream& sk, const Stream& sv, bo
     if (s->fmt->kind != Kind::tq && s->fmt->kind != Kind::tq_split && s->fmt->kind != Kind::tq_n8) return false;
     if (s->cb->bits > max_bits || (s->cb_hi && s->cb_hi->bits > max_bits)) return false;
     if (s->fmt->kind == Kind::tq_split && !s->split_frozen) return false;
-    // Trellis codes: the float kernel only, with 8+ float lanes (a V window reaches up to 7
-    // lanes back).
-    if (s->trellis_coded() && (lut8 || decode_tq_float_lanes() < 8)) return false;
+    // Trellis codes: the float kernel needs 8+ float lanes (a V window reaches up to 7 lanes
+    // back); lut8 reads them with 256-entry tables (score_block_t, accum_block_t).
+    if (s->trellis_coded() && !lut8 && decode_tq_float_lanes() < 8) return false;
   }
   if (sh.D % 16 != 0 || sh.D > kMaxHeadDim) return false;
   if (!has_kernel_instance(sh.G)) return false;

@@ -112,8 +112,8 @@ inline void add_kv_opts(CLI::App* s, KvOptions& kv) {
               "the queries look");
   s->add_flag("--kv-trellis", kv.trellis,
               "trellis-coded tq codes (parts of 1-4 bits): the same bytes, each token's codes chosen together by a "
-              "Viterbi search, ~30% less squared error than the scalar codes; slower to write, and attention "
-              "gathers its values (float kernel; --attn-lut8 does not apply to these streams)");
+              "Viterbi search, ~30% less squared error than the scalar codes; slower to write, and slower to read "
+              "(the float kernel gathers every value; --attn-lut8 reads 256-entry byte tables)");
   s->add_option("--kv-boundary-layers", kv.boundary_layers,
                 "first and last N layers use --kv-boundary-type")->capture_default_str();
   s->add_option("--kv-boundary-type", kv.boundary_type_k, "cache type of the boundary layers (K and V)")
