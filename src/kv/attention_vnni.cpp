@@ -222,47 +222,20 @@ void accum_block_t(const uint8_t* tiles, int D, int nt, const int32_t* w32, cons
 using ScoreFn = void (*)(const uint8_t*, int, int, const int32_t*, const __m512i*, int32_t*);
 using AccumFn = void (*)(const uint8_t*, int, int, const int32_t*, const __m512i*, int32_t*);
 
-template <int G>
-ScoreFn pick_score(int bits, bool trellis) {
-  if (trellis) {
-    switch (bits) {
-      case 1: return score_block_t<G, 1>;
-      case 2: return score_block_t<G, 2>;
-      case 3: return score_block_t<G, 3>;
-      case 4: return score_block_t<G, 4>;
+// The block kernels of a part of `bits` bits for G heads (trellis codes: 1-4 bits); left null
+// where there is none.
+template <int G, int B = 1>
+void pick_kernels(int bits, bool trellis, ScoreFn* s, AccumFn* a) {
+  if constexpr (B <= 6) {
+    if (bits != B) return pick_kernels<G, B + 1>(bits, trellis, s, a);
+    if (!trellis) {
+      *s = score_block<G, B>;
+      *a = accum_block<G, B>;
+    } else if constexpr (B <= 4) {
+      *s = score_block_t<G, B>;
+      *a = accum_block_t<G, B>;
     }
-    return nullptr;
   }
-  switch (bits) {
-    case 1: return score_block<G, 1>;
-    case 2: return score_block<G, 2>;
-    case 3: return score_block<G, 3>;
-    case 4: return score_block<G, 4>;
-    case 5: return score_block<G, 5>;
-    case 6: return score_block<G, 6>;
-  }
-  return nullptr;
-}
-template <int G>
-AccumFn pick_accum(int bits, bool trellis) {
-  if (trellis) {
-    switch (bits) {
-      case 1: return accum_block_t<G, 1>;
-      case 2: return accum_block_t<G, 2>;
-      case 3: return accum_block_t<G, 3>;
-      case 4: return accum_block_t<G, 4>;
-    }
-    return nullptr;
-  }
-  switch (bits) {
-    case 1: return accum_block<G, 1>;
-    case 2: return accum_block<G, 2>;
-    case 3: return accum_block<G, 3>;
-    case 4: return accum_block<G, 4>;
-    case 5: return accum_block<G, 5>;
-    case 6: return accum_block<G, 6>;
-  }
-  return nullptr;
 }
 
 // Byte tables of a codebook (16 or 64 entries) or a trellis table (256 entries): value * 127 /
@@ -313,22 +286,16 @@ void byte_table(const Codebook* cb, const TrellisCode* tc, bool offset, __m512i*
 inline float hmax(__m512 v) { return _mm512_reduce_max_ps(v); }
 inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
 
-template <int G>
-bool pick(const Part& p, bool k, ScoreFn* sc, AccumFn* ac) {
-  if (k) *sc = pick_score<G>(p.bits, p.tc != nullptr);
-  else *ac = pick_accum<G>(p.bits, p.tc != nullptr);
-  return k ? *sc != nullptr : *ac != nullptr;
-}
-// The kernel of part p of K (k) or V for G query heads per kv head; false: no instance.
-bool pick_g(int G, const Part& p, bool k, ScoreFn* sc, AccumFn* ac) {
+// The block kernels of part p for G query heads per kv head (left null: none).
+void kernels_of(int G, const Part& p, ScoreFn* s, AccumFn* a) {
+  const bool tc = p.tc != nullptr;
   switch (G) {
-    case 1: return pick<1>(p, k, sc, ac);
-    case 2: return pick<2>(p, k, sc, ac);
-    case 3: return pick<3>(p, k, sc, ac);
-    case 4: return pick<4>(p, k, sc, ac);
-    case 8: return pick<8>(p, k, sc, ac);
+    case 1: return pick_kernels<1>(p.bits, tc, s, a);
+    case 2: return pick_kernels<2>(p.bits, tc, s, a);
+    case 3: return pick_kernels<3>(p.bits, tc, s, a);
+    case 4: return pick_kernels<4>(p.bits, tc, s, a);
+    case 8: return pick_kernels<8>(p.bits, tc, s, a);
   }
-  return false;
 }
 
 inline __m512 load_norms16(const uint8_t* p) {
@@ -363,12 +330,16 @@ bool run(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, i
   const int G = sh.G;
   Part pk[2], pv[2];
   const int npk = parts_of(sk, pk), npv = parts_of(sv, pv);
-  ScoreFn score[2] = {};
-  AccumFn accum[2] = {};
-  for (int i = 0; i < npk; ++i)
-    if (!pick_g(G, pk[i], true, &score[i], &accum[0])) return false;
-  for (int i = 0; i < npv; ++i)
-    if (!pick_g(G, pv[i], false, &score[0], &accum[i])) return false;
+  ScoreFn score[2] = {}, unused_s = nullptr;
+  AccumFn accum[2] = {}, unused_a = nullptr;
+  for (int i = 0; i < npk; ++i) {
+    kernels_of(G, pk[i], &score[i], &unused_a);
+    if (!score[i]) return false;
+  }
+  for (int i = 0; i < npv; ++i) {
+    kernels_of(G, pv[i], &unused_s, &accum[i]);
+    if (!accum[i]) return false;
+  }
   constexpr int kMaxG = 8;
   alignas(64) int8_t q8[kMaxG * 2 * kMaxHeadDim];  // per K part: G x dim
   alignas(64) int32_t raw[2][kMaxG * 32];
