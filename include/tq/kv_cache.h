@@ -132,7 +132,7 @@ struct AttentionParams {
   int n_threads = 0;      // 0: OpenMP default
   // Arithmetic of the fused tq decode kernels. Default: float centroids and float FMAs from
   // the codes, equal to attention_ref up to float summation order (tested <= 1e-5 relative).
-  // lut8: int8 lookup tables for Q.K and uint8 softmax weights for V (AVX-512 VNNI/VBMI,
+  // lut8: int8 lookup tables for Q.K and uint8 softmax weights for V (AVX-512 VNNI/VBMI/VBMI2,
   // <= 6 bits): faster decode at about 2e-2 relative error vs attention_ref (see
   // docs/design.md). exact: never lut8 (wins over lut8). TQ_KV_LUT8=1 / TQ_KV_EXACT=1 set
   // them for every call.

@@ -85,7 +85,7 @@ bool fused_decode(const Shape& sh, const Stream& sk, const Stream& sv, const flo
                   int a, int b, const States& st, bool lut8);
 
 // tq K (mse 1..8 bits, split, prod) and tq V: float centroids from the codes and float FMAs
-// (attention_tq_simd.cpp, Highway), or with lut8 int8 tables on AVX-512 VNNI/VBMI (<= 6 bits,
+// (attention_tq_simd.cpp, Highway), or with lut8 int8 tables on AVX-512 VNNI/VBMI/VBMI2 (<= 6 bits,
 // attention_vnni.cpp).
 // Returns false when the host or the current SIMD level cannot run it or the shape is not
 // handled (then the caller uses the generic float path).

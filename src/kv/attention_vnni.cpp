@@ -1,5 +1,6 @@
 // The opt-in lut8 fused decode kernel (AttentionParams::lut8) for TurboQuant codes (tq1..tq6,
-// tq2.5, tq3.5, tq2n8..tq5n8 for K and V, tq3p / tq4p for K) on AVX-512 VNNI + VBMI, and the dispatch of
+// tq2.5, tq3.5, tq2n8..tq5n8 for K and V, tq3p / tq4p for K; scalar or trellis codes) on AVX-512
+// VNNI + VBMI + VBMI2 (every CPU with Highway's avx3_dl level, which lut8 also asks for), and the dispatch of
 // both tq kernels (the default float kernel is attention_tq_simd.cpp).
 //
 // Everything stays in the rotated domain: the query was rotated once by the driver, the
@@ -476,7 +477,7 @@ bool run(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, i
 bool host_ok() {
   static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
-                         __builtin_cpu_supports("avx512vbmi");
+                         __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512vbmi2");
   return ok;
 }
 
@@ -498,7 +499,7 @@ bool decode_tq_supported(const Shape& sh, const Stream& sk, const Stream& sv, bo
   }
   if (sh.D % 16 != 0 || sh.D > kMaxHeadDim) return false;
   if (!has_kernel_instance(sh.G)) return false;
-  // The SIMD level (TQ_SIMD / --simd) decides: lut8 needs VNNI + VBMI and the avx3_dl level;
+  // The SIMD level (TQ_SIMD / --simd) decides: lut8 needs VNNI + VBMI + VBMI2 and the avx3_dl level;
   // the float kernel runs at every Highway level with 4-16 float lanes (not scalar). This runs
   // per query and chunk: the float check reads an atomic, only lut8 asks for the level name.
   if (lut8) return host_ok() && simd::current_level() == "avx3_dl";
