@@ -602,7 +602,8 @@ TEST(Attention, EdgeHeadDims) {
 TEST(Attention, BenchCliJson) {
   const std::string cmd = std::string(TQ_CLI_PATH) +
                           " bench attention --head-dim 64 --n-heads 4 --n-kv-heads 2 --context 300"
-                          " --kv f16,tq4,q4_0h,tq4@lut8 --threads 1 --steps 1 --err-queries 1 --json 2>/dev/null";
+                          " --kv f16,tq4,q4_0h,tq4@lut8,tq3@tc,tq3@tc@lut8 --threads 1 --steps 1 --err-queries 1 --json"
+                          " 2>/dev/null";
   FILE* f = popen(cmd.c_str(), "r");
   ASSERT_NE(f, nullptr);
   std::string out;
@@ -611,7 +612,7 @@ TEST(Attention, BenchCliJson) {
   while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
   ASSERT_EQ(pclose(f), 0) << out;
   const auto j = nlohmann::json::parse(out);
-  ASSERT_EQ(j["results"].size(), 4u);
+  ASSERT_EQ(j["results"].size(), 6u);
   EXPECT_EQ(j["results"][1]["kv"], "tq4");
   EXPECT_EQ(j["results"][1]["k_bytes_per_head"], 34);  // 64 * 4 / 8 + 2
   EXPECT_GT(j["results"][1]["speedup_vs_f16"].get<double>(), 0.0);
@@ -619,16 +620,25 @@ TEST(Attention, BenchCliJson) {
   EXPECT_LT(j["results"][1]["rel_err_float_vs_ref"].get<double>(), kExactRelTol);
   EXPECT_LT(j["results"][3]["rel_err_fused_vs_ref"].get<double>(), kFastRelTol);  // tq4@lut8
   EXPECT_EQ(j["results"][3]["type_k"], "tq4");
+  // '@tc': trellis codes, the same bytes as the scalar codes, same-codes checks as above
+  EXPECT_EQ(j["results"][4]["trellis"], true);
+  EXPECT_EQ(j["results"][4]["type_k"], "tq3");
+  EXPECT_EQ(j["results"][1]["trellis"], false);
+  EXPECT_LT(j["results"][4]["rel_err_fused_vs_ref"].get<double>(), kExactRelTol);
+  EXPECT_LT(j["results"][5]["rel_err_fused_vs_ref"].get<double>(), kFastRelTol);
   if (tq::simd::current_level() == "avx3_dl") {
     EXPECT_EQ(j["results"][0]["kernel"], "f16");
     EXPECT_EQ(j["results"][1]["kernel"], "tq-float");
     EXPECT_EQ(j["results"][2]["kernel"], "rows");
     EXPECT_EQ(j["results"][3]["kernel"], "tq-lut8");
+    EXPECT_EQ(j["results"][4]["kernel"], "tq-float");
+    EXPECT_EQ(j["results"][5]["kernel"], "tq-lut8");
   }
   EXPECT_LT(j["results"][0]["rel_err"].get<double>(), 1e-2);  // f16 vs exact f32
   EXPECT_GT(j["results"][2]["append_tokens_per_s"].get<double>(), 0.0);
   // Unknown type or kernel suffix: non-zero exit.
   EXPECT_NE(std::system((std::string(TQ_CLI_PATH) + " bench attention --kv tq4@lut9 --context 10 >/dev/null 2>&1").c_str()), 0);
+  EXPECT_NE(std::system((std::string(TQ_CLI_PATH) + " bench attention --kv tq4@tc@x --context 10 >/dev/null 2>&1").c_str()), 0);
   EXPECT_NE(std::system((std::string(TQ_CLI_PATH) + " bench attention --kv q5_k --context 10 >/dev/null 2>&1").c_str()), 0);
 }
 

@@ -49,7 +49,8 @@ struct Gen {
 
 struct Row {
   std::string name, type_k, type_v;
-  bool lut8 = false;  // this row's tq kernels use int8 tables ("tq4@lut8" or --lut8)
+  bool lut8 = false;     // this row's tq kernels use int8 tables ("tq4@lut8" or --lut8)
+  bool trellis = false;  // trellis-coded tq parts ("tq4@tc" or --trellis)
   std::unique_ptr<tq::KvCache> cache;
   double append_s = 0;
   std::vector<std::vector<double>> ms;  // per thread setting
@@ -73,7 +74,7 @@ void setup(CLI::App& app) {
     int head_dim = 128, n_heads = 32, n_kv_heads = 8, context = 32768, steps = 9, window = 0, err_queries = 4;
     std::string kv = "f16,q8_0,q4_0,q4_0h,tq3,tq4", threads = "1";
     uint64_t seed = 1;
-    bool json = false, exact = false, lut8 = false, grouped = false, no_ref = false;
+    bool json = false, exact = false, lut8 = false, trellis = false, grouped = false, no_ref = false;
   };
   auto o = std::make_shared<Opts>();
   auto* bench = tq::cli::group(app, "bench", "Benchmarks that print figures (and JSON with --json)");
@@ -86,7 +87,9 @@ void setup(CLI::App& app) {
       "throughput append_tokens_per_s (prefill batches of 1024 tokens, one layer, all kv heads).\n"
       "A type 'tq4:tq3' uses tq4 for K and tq3 for V; a suffix '@lut8' (e.g. 'tq4@lut8') runs that\n"
       "row's fused tq kernel with int8 lookup tables instead of float arithmetic, so both kernels\n"
-      "can be timed side by side. fused~ref is the relative difference of the timed kernel's output\n"
+      "can be timed side by side; a suffix '@tc' (e.g. 'tq3@tc', 'tq3@tc@lut8') stores trellis codes\n"
+      "(KvCacheConfig::trellis) in that row's tq parts of 1-4 bits. fused~ref is the relative\n"
+      "difference of the timed kernel's output\n"
       "from attention_ref (dequantize, then exact attention) on the same codes.");
   sub->add_option("--head-dim", o->head_dim, "head dimension D")->capture_default_str();
   sub->add_option("--n-heads", o->n_heads, "query heads")->capture_default_str();
@@ -102,6 +105,7 @@ void setup(CLI::App& app) {
       ->capture_default_str()->check(CLI::Range(1, 64));
   sub->add_flag("--lut8", o->lut8, "every tq row uses the int8 lookup-table kernel (AVX-512 VNNI/VBMI)");
   sub->add_flag("--exact", o->exact, "never the int8 lookup-table kernel (overrides --lut8 and '@lut8')");
+  sub->add_flag("--trellis", o->trellis, "every row stores trellis codes in its tq parts of 1-4 bits (as '@tc')");
   sub->add_flag("--no-ref", o->no_ref,
                 "skip the same-codes check (timed and float-kernel output vs attention_ref on the cache)");
   sub->add_flag("--grouped", o->grouped,
@@ -183,13 +187,15 @@ void setup(CLI::App& app) {
       Row r;
       r.name = t;
       std::string spec = t;
-      const auto at = spec.find('@');
-      if (at != std::string::npos) {
-        TQ_CHECK(spec.substr(at + 1) == "lut8", "--kv: unknown kernel suffix in '%s' (valid: @lut8)", t.c_str());
+      for (auto at = spec.rfind('@'); at != std::string::npos; at = spec.rfind('@')) {
+        const std::string suffix = spec.substr(at + 1);
+        TQ_CHECK(suffix == "lut8" || suffix == "tc", "--kv: unknown suffix '@%s' in '%s' (valid: @lut8, @tc)",
+                 suffix.c_str(), t.c_str());
+        (suffix == "lut8" ? r.lut8 : r.trellis) = true;
         spec = spec.substr(0, at);
-        r.lut8 = true;
       }
       r.lut8 = (r.lut8 || o->lut8) && !o->exact;
+      r.trellis = r.trellis || o->trellis;
       const auto colon = spec.find(':');
       r.type_k = colon == std::string::npos ? spec : spec.substr(0, colon);
       r.type_v = colon == std::string::npos ? spec : spec.substr(colon + 1);
@@ -201,6 +207,7 @@ void setup(CLI::App& app) {
       cfg.type_k = r.type_k;
       cfg.type_v = r.type_v;
       cfg.window = o->window;
+      cfg.trellis = r.trellis;
       r.cache = std::make_unique<tq::KvCache>(cfg);
       for (int t0 = 0; t0 < N; t0 += kBatch) {
         const int n = std::min(kBatch, N - t0);
@@ -302,6 +309,7 @@ void setup(CLI::App& app) {
         j["kv"] = r.name;
         j["type_k"] = r.type_k;
         j["type_v"] = r.type_v;
+        j["trellis"] = r.trellis;
         j["kernel"] = tq::attention_kernel(*r.cache, 0, params(r));
         j["threads"] = threads[ti];
         j["ms_per_step"] = ms;
@@ -324,7 +332,7 @@ void setup(CLI::App& app) {
     }
     if (o->json) {
       tq::cli::print_json({{"head_dim", D}, {"n_heads", H}, {"n_kv_heads", KVH}, {"context", N},
-                           {"steps", o->steps}, {"window", o->window}, {"exact", o->exact}, {"lut8", o->lut8}, {"err_queries", n_err},
+                           {"steps", o->steps}, {"window", o->window}, {"exact", o->exact}, {"lut8", o->lut8}, {"trellis", o->trellis}, {"err_queries", n_err},
                            {"interleaved", !o->grouped},
                            {"simd", tq::simd::current_level()}, {"results", results}});
       return;
