@@ -868,7 +868,9 @@ TEST(KvCache, TrellisPrefillRowsMatchReferenceAndOneQueryCalls) {
       EXPECT_LE(rel_err(rows, ref), kExactRelTol) << what;
       EXPECT_LE(rel_err(rows, one), kExactRelTol) << what;
       // lut8 reads trellis codes without gathers and keeps the fused kernel for every call:
-      // the 12-query call equals the one-query calls, within lut8's tolerance of the reference.
+      // the 12-query call equals the one-query calls (up to float summation order where the
+      // calls split the tokens differently across threads), within lut8's tolerance of the
+      // reference and not equal to it (the row path would be).
       p.lut8 = true;
       if (tq::attention_kernel(c, 0, p) != "tq-lut8") continue;
       std::vector<float> fused(q.size()), fused_one(q.size());
@@ -878,7 +880,7 @@ TEST(KvCache, TrellisPrefillRowsMatchReferenceAndOneQueryCalls) {
         p1.pos0 = p.pos0 + i;
         tq::attention(c, 0, 1, &q[(size_t)i * H * D], &fused_one[(size_t)i * H * D], p1);
       }
-      EXPECT_EQ(fused, fused_one) << what << " lut8";
+      EXPECT_LE(rel_err(fused, fused_one), kExactRelTol) << what << " lut8";
       EXPECT_LE(rel_err(fused, ref), kFastRelTol) << what << " lut8";
       EXPECT_GT(rel_err(fused, ref), 0.0) << what << " lut8: int8 tables, not the row path";
     }

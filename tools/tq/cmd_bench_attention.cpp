@@ -89,8 +89,8 @@ void setup(CLI::App& app) {
       "row's fused tq kernel with int8 lookup tables instead of float arithmetic, so both kernels\n"
       "can be timed side by side; a suffix '@tc' (e.g. 'tq3@tc', 'tq3@tc@lut8') stores trellis codes\n"
       "(KvCacheConfig::trellis) in that row's tq parts of 1-4 bits. fused~ref is the relative\n"
-      "difference of the timed kernel's output\n"
-      "from attention_ref (dequantize, then exact attention) on the same codes.");
+      "difference of the timed kernel's output from attention_ref (dequantize, then exact\n"
+      "attention) on the same codes.");
   sub->add_option("--head-dim", o->head_dim, "head dimension D")->capture_default_str();
   sub->add_option("--n-heads", o->n_heads, "query heads")->capture_default_str();
   sub->add_option("--n-kv-heads", o->n_kv_heads, "kv heads (n-heads must be a multiple)")->capture_default_str();
@@ -103,7 +103,7 @@ void setup(CLI::App& app) {
   sub->add_option("--seed", o->seed, "data seed")->capture_default_str();
   sub->add_option("--err-queries", o->err_queries, "queries averaged in rel_err / max_abs_err vs exact")
       ->capture_default_str()->check(CLI::Range(1, 64));
-  sub->add_flag("--lut8", o->lut8, "every tq row uses the int8 lookup-table kernel (AVX-512 VNNI/VBMI)");
+  sub->add_flag("--lut8", o->lut8, "every tq row uses the int8 lookup-table kernel (AVX-512 VNNI/VBMI/VBMI2)");
   sub->add_flag("--exact", o->exact, "never the int8 lookup-table kernel (overrides --lut8 and '@lut8')");
   sub->add_flag("--trellis", o->trellis, "every row stores trellis codes in its tq parts of 1-4 bits (as '@tc')");
   sub->add_flag("--no-ref", o->no_ref,
