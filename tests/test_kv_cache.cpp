@@ -885,3 +885,61 @@ TEST(KvCache, TrellisPrefillRowsMatchReferenceAndOneQueryCalls) {
       EXPECT_GT(rel_err(fused, ref), 0.0) << what << " lut8: int8 tables, not the row path";
     }
 }
+
+TEST(KvCache, Lut8ManyQueryCallEqualsOneQueryCalls) {
+  // Prefill passes its queries to the lut8 kernel together: kMaxRows / G queries go through a
+  // block per pass (the last few one at a time) and the range's norms are decoded once. Every
+  // query's output equals its own one-query call: fp16 and 8-bit log norms, split and prod K,
+  // trellis codes, the RoPE-rotating K mean, causal limits ending mid-block, G = 2 and 3.
+  const int n = 400, D = 64, KVH = 2, nq = 29;
+  struct Case {
+    const char *k, *v;
+    bool trellis, centred;
+    int window;
+  };
+  const Case cases[] = {{"tq4", "tq4", false, false, 0},      {"tq3h6n8", "tq4n8", false, true, 0},
+                        {"tq3.5", "tq2.5", false, false, 16}, {"tq3p", "tq3", false, false, 0},
+                        {"tq2h4n8", "tq3n8", true, true, 16}, {"tq5", "tq6", false, true, 0}};
+  tq::Rng rng(31);
+  std::vector<float> k, v;
+  fill_kv(rng, n, KVH, D, k, v);
+  int ran = 0;
+  for (int G : {2, 3}) {
+    const int H = KVH * G;
+    std::vector<float> q((size_t)nq * H * D);
+    for (auto& x : q) x = (float)rng.normal();
+    for (const Case& cs : cases) {
+      tq::KvCacheConfig cfg = tq_test::kv_config(1, KVH, D, n, cs.k, cs.v);
+      cfg.trellis = cs.trellis;
+      cfg.window = cs.window;
+      cfg.sink = 1;
+      if (cs.centred) {
+        cfg.center_k = cfg.center_rope = true;
+        cfg.center_segment = 128;
+        cfg.rope_base = 10000;
+        cfg.rope_dim = D;
+      }
+      tq::KvCache c(cfg);
+      c.append(0, n, k.data(), v.data());
+      tq::AttentionParams p;
+      p.n_heads = H;
+      p.lut8 = true;
+      p.pos0 = n - 120;  // limits 281..309: across a block boundary, mid-block ends
+      if (tq::attention_kernel(c, 0, p) != "tq-lut8") continue;
+      ++ran;
+      std::vector<float> many(q.size()), one(q.size()), ref(q.size());
+      tq::attention(c, 0, nq, q.data(), many.data(), p);
+      tq::attention_ref(c, 0, nq, q.data(), ref.data(), p);
+      for (int i = 0; i < nq; ++i) {
+        tq::AttentionParams p1 = p;
+        p1.pos0 = p.pos0 + i;
+        tq::attention(c, 0, 1, &q[(size_t)i * H * D], &one[(size_t)i * H * D], p1);
+      }
+      const std::string what = std::string(cs.k) + "/" + cs.v + (cs.trellis ? " tc" : "") +
+                               (cs.centred ? " centred" : "") + " G " + std::to_string(G);
+      EXPECT_LE(rel_err(many, one), kExactRelTol) << what;
+      EXPECT_LE(rel_err(many, ref), kFastRelTol) << what;
+    }
+  }
+  if (ran == 0) GTEST_SKIP() << "no lut8 kernel at this SIMD level";
+}

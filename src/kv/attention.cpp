@@ -241,9 +241,9 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
       const float* qd = &qk[(size_t)h * n_q * G * D];
       const bool prod = sk.fmt->kind == Kind::tq_prod;
       const float* qf = prod ? &pqk[(size_t)h * n_q * G * 2 * D] : qd;  // prod: [Pi q, S Pi q]
-      // Fused kernels run one query at a time (prefill: each query with its own causal limit);
-      // whether one applies depends only on the types, so the first query decides. Queries
-      // that see none of [a, b) keep reset states.
+      // Fused kernels take the queries that see some of the range together (each with its own
+      // causal limit); whether one applies depends only on the types. Queries that see none of
+      // [a, b) keep reset states.
       auto fetch = [&](int t0, int n, float* kb, float* vb) {
         if (!prod) I.decode_domain(sk, 0, t0, n, kb);
         I.decode_domain(sv, 1, t0, n, vb);
@@ -257,13 +257,9 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
         while (j0 < n_q && qlimits[j0] <= lo) ++j0;
         if (j0 == n_q) return;
         if (!scalar && !trellis_rows(sh, sk, sv, n_q - j0, lut8) &&
-            fused_decode(sh, sk, sv, qf + (size_t)j0 * G * sh.qstride, qlimits[j0], lo, hi,
-                         States{st.base + (size_t)j0 * G * st.stride(), D}, lut8)) {
-          for (int i = j0 + 1; i < n_q; ++i)
-            fused_decode(sh, sk, sv, qf + (size_t)i * G * sh.qstride, qlimits[i], lo, hi,
-                         States{st.base + (size_t)i * G * st.stride(), D}, lut8);
+            fused_decode(sh, sk, sv, n_q - j0, qf + (size_t)j0 * G * sh.qstride, &qlimits[j0], lo, hi,
+                         States{st.base + (size_t)j0 * G * st.stride(), D}, lut8))
           return;
-        }
         generic_task(sh, qd, qlimits.data(), lo, hi, fetch, st, prod ? &sk : nullptr, prod ? qf : nullptr);
       };
       if (kseg < 0) {
@@ -297,13 +293,10 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
         if (sk.rope_mu) {
           for (int i = j0; i < n_q; ++i) rope_mean_coefs(sk, G, qh + (size_t)i * G * D, mu, &coef[(size_t)i * G * mst]);
           Shape shr = sh;
-          bool fused = !scalar && !trellis_rows(sh, sk, sv, n_q - j0, lut8);
-          for (int i = j0; i < n_q && fused; ++i) {
-            shr.rope_mc = &coef[(size_t)i * G * mst];
-            fused = fused_decode(shr, sk, sv, qf + (size_t)i * G * sh.qstride, qlimits[i], lo, hi,
-                                 States{st.base + (size_t)i * G * st.stride(), D}, lut8);
-            TQ_ASSERT(fused || i == j0);  // whether a kernel applies depends only on the types
-          }
+          shr.rope_mc = &coef[(size_t)j0 * G * mst];
+          const bool fused = !scalar && !trellis_rows(sh, sk, sv, n_q - j0, lut8) &&
+                             fused_decode(shr, sk, sv, n_q - j0, qf + (size_t)j0 * G * sh.qstride, &qlimits[j0],
+                                          lo, hi, States{st.base + (size_t)j0 * G * st.stride(), D}, lut8);
           if (!fused) generic_task(sh, qh, qlimits.data(), lo, hi, fetch_orig, st);
           continue;
         }

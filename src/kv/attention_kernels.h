@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "kv/kv_internal.h"
+#include "tq/error.h"
 
 namespace tq::kv {
 
@@ -21,8 +22,9 @@ struct Shape {
   int D, H, KVH, G, n_q, n_tokens, n_quant;
   float scale;
   int qstride;  // floats per (query, head) row of the K-domain query: D, or 2 D for prod K
-  // RoPE-rotating K mean (Stream::rope_mu): this call's query row, rope_mean_coefs of its G
-  // heads for the mean of the tokens scored; null when K has no such mean.
+  // RoPE-rotating K mean (Stream::rope_mu): rope_mean_coefs of the call's query rows (query i,
+  // head g at row i G + g, rope_mc_stride floats apart) for the mean of the tokens scored; null
+  // when K has no such mean.
   const float* rope_mc = nullptr;
 };
 
@@ -77,20 +79,40 @@ struct States {
   }
 };
 
-// Fused decode (one query, G heads of one kv head) over quantized tokens [a, b) (a block
-// aligned), limit = number of tokens the query sees. qd: G x D in the K domain. Updates st
-// (rows 0..G-1, V domain). Returns false when no fused kernel handles (sk, sv) here. lut8
-// lets the tq kernels use int8 lookup tables (AttentionParams::lut8).
-bool fused_decode(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit,
-                  int a, int b, const States& st, bool lut8);
+// Fused attention of nq queries (G heads of one kv head each) over quantized tokens [a, b) (a
+// block aligned). Query i: rows i G .. i G + G - 1 of qd (sh.qstride floats apart, K domain),
+// sees the tokens before limits[i], updates rows i G .. of st (V domain). Decode is nq = 1;
+// prefill passes its queries together, so the lut8 kernel scores several queries per pass over
+// a block (the others run one query at a time). Returns false when no fused kernel handles
+// (sk, sv) here. lut8 lets the tq kernels use int8 lookup tables (AttentionParams::lut8).
+bool fused_decode(const Shape& sh, const Stream& sk, const Stream& sv, int nq, const float* qd,
+                  const int* limits, int a, int b, const States& st, bool lut8);
+
+// Runs f(shape, qd, limit, states) for each query of a fused_decode call (sh.rope_mc moved to
+// the query's rows); false when f is false for the first (whether a kernel applies depends
+// only on the types, so later queries cannot differ).
+template <class F>
+bool each_query(const Shape& sh, const Stream& sk, int nq, const float* qd, const int* limits,
+                const States& st, F&& f) {
+  Shape shi = sh;
+  for (int i = 0; i < nq; ++i) {
+    if (sh.rope_mc) shi.rope_mc = sh.rope_mc + (size_t)i * sh.G * rope_mc_stride(sk);
+    if (!f(shi, qd + (size_t)i * sh.G * sh.qstride, limits[i],
+           States{st.base + (size_t)i * sh.G * st.stride(), st.D})) {
+      TQ_ASSERT(i == 0);
+      return false;
+    }
+  }
+  return true;
+}
 
 // tq K (mse 1..8 bits, split, prod) and tq V: float centroids from the codes and float FMAs
-// (attention_tq_simd.cpp, Highway), or with lut8 int8 tables on AVX-512 VNNI/VBMI/VBMI2 (<= 6 bits,
-// attention_vnni.cpp).
+// (attention_tq_simd.cpp, Highway, one query at a time), or with lut8 int8 tables on AVX-512
+// VNNI/VBMI/VBMI2 (<= 6 bits, attention_vnni.cpp; up to 12 query rows per block pass).
 // Returns false when the host or the current SIMD level cannot run it or the shape is not
 // handled (then the caller uses the generic float path).
-bool decode_tq(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a,
-               int b, const States& st, bool lut8);
+bool decode_tq(const Shape& sh, const Stream& sk, const Stream& sv, int nq, const float* qd,
+               const int* limits, int a, int b, const States& st, bool lut8);
 bool decode_tq_supported(const Shape& sh, const Stream& sk, const Stream& sv, bool lut8);
 // The float kernel (attention_tq_simd.cpp, Highway): false when the current target cannot run it.
 bool decode_tq_float(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a,

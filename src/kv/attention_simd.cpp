@@ -240,11 +240,13 @@ bool tq_pair(const Stream& sk, const Stream& sv) {
 }
 }  // namespace
 
-bool fused_decode(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a,
-                  int b, const States& st, bool lut8) {
+bool fused_decode(const Shape& sh, const Stream& sk, const Stream& sv, int nq, const float* qd,
+                  const int* limits, int a, int b, const States& st, bool lut8) {
   if (sk.fmt->kind == Kind::f16 && sv.fmt->kind == Kind::f16)
-    return HWY_DYNAMIC_DISPATCH(DecodeF16)(sh, sk, sv, qd, limit, a, b, st);
-  if (tq_pair(sk, sv)) return decode_tq(sh, sk, sv, qd, limit, a, b, st, lut8);
+    return each_query(sh, sk, nq, qd, limits, st, [&](const Shape& s, const float* q, int limit, const States& si) {
+      return HWY_DYNAMIC_DISPATCH(DecodeF16)(s, sk, sv, q, limit, a, b, si);
+    });
+  if (tq_pair(sk, sv)) return decode_tq(sh, sk, sv, nq, qd, limits, a, b, st, lut8);
   return false;
 }
 

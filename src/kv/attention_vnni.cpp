@@ -19,6 +19,11 @@
 //     one vpdpbusd per head adds 4 tokens x 16 dims. The int32 sums are scaled into the float
 //     output once per block.
 //
+// Several queries per call (prefill, each with its own causal limit): kMaxRows / G queries go
+// through a block together, as kMaxRows rows of the block kernels (one tile expansion for all),
+// and the norms of the call's blocks are decoded once. Each row's arithmetic is the one-query
+// call's, so the results are identical.
+//
 // Trellis-coded parts (KvCacheConfig::trellis): the value of a code is lut[window], the window
 // being the last 8 bits of the token's code stream, so the table has 256 entries (int8, as the
 // codebook's) and every tile's code bytes first become window bytes (the codes of the previous
@@ -287,7 +292,12 @@ void byte_table(const Codebook* cb, const TrellisCode* tc, bool offset, __m512i*
 inline float hmax(__m512 v) { return _mm512_reduce_max_ps(v); }
 inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
 
-// The block kernels of part p for G query heads per kv head (left null: none).
+// Query rows per block-kernel call when a call has many queries (prefill): the expansion of a
+// tile's codes is shared by the rows, so kMaxRows / G queries go through a block together.
+constexpr int kMaxRows = 12;
+
+// The block kernels of part p for G query rows (the heads of a kv head, or kMaxRows: several
+// queries; left null: none).
 void kernels_of(int G, const Part& p, ScoreFn* s, AccumFn* a) {
   const bool tc = p.tc != nullptr;
   switch (G) {
@@ -296,6 +306,7 @@ void kernels_of(int G, const Part& p, ScoreFn* s, AccumFn* a) {
     case 3: return pick_kernels<3>(p.bits, tc, s, a);
     case 4: return pick_kernels<4>(p.bits, tc, s, a);
     case 8: return pick_kernels<8>(p.bits, tc, s, a);
+    case kMaxRows: return pick_kernels<kMaxRows>(p.bits, tc, s, a);
   }
 }
 
@@ -326,37 +337,81 @@ inline void load_norms(const uint8_t* blk, const Part& P, __m512* n0, __m512* n1
   }
 }
 
-bool run(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a, int b,
-         const States& st) {
-  const int G = sh.G;
+struct Kernels {
+  ScoreFn score[2] = {};
+  AccumFn accum[2] = {};
+};
+
+// What the query rows of one call share: parts, tables, and (several queries) the decoded norms.
+struct Call {
+  const Shape& sh;
+  const Stream& sk;
+  const Stream& sv;
+  const float* qd;
+  const int* limits;
+  int a, b;
+  const States& st;
   Part pk[2], pv[2];
-  const int npk = parts_of(sk, pk), npv = parts_of(sv, pv);
-  ScoreFn score[2] = {}, unused_s = nullptr;
-  AccumFn accum[2] = {}, unused_a = nullptr;
-  for (int i = 0; i < npk; ++i) {
-    kernels_of(G, pk[i], &score[i], &unused_a);
-    if (!score[i]) return false;
-  }
-  for (int i = 0; i < npv; ++i) {
-    kernels_of(G, pv[i], &unused_s, &accum[i]);
-    if (!accum[i]) return false;
-  }
-  constexpr int kMaxG = 8;
-  alignas(64) int8_t q8[kMaxG * 2 * kMaxHeadDim];  // per K part: G x dim
-  alignas(64) int32_t raw[2][kMaxG * 32];
-  alignas(64) uint8_t w8[2][kMaxG * 32];
-  alignas(64) int32_t accv[kMaxG * kMaxHeadDim];
-  float kscale[2][kMaxG], qoff[2][kMaxG], alpha[kMaxG];
+  int npk = 0, npv = 0;
   __m512i tblK[2][4], tblV[2][4];
   float ck[2], cv[2];
-  for (int i = 0; i < npk; ++i) byte_table(pk[i].cb, pk[i].tc, true, tblK[i], &ck[i]);
-  for (int i = 0; i < npv; ++i) byte_table(pv[i].cb, pv[i].tc, false, tblV[i], &cv[i]);
-  size_t q8_off[2] = {0, 0};
+  const float* norms = nullptr;  // per block of [a, ..): [K parts][V parts] x 32; null: decode per block
+
+  Call(const Shape& s, const Stream& k, const Stream& v, const float* q, const int* l, int a_, int b_,
+       const States& st_)
+      : sh(s), sk(k), sv(v), qd(q), limits(l), a(a_), b(b_), st(st_) {
+    npk = parts_of(sk, pk);
+    npv = parts_of(sv, pv);
+  }
+  bool kernels(int rows, Kernels* k) const {
+    ScoreFn unused_s = nullptr;
+    AccumFn unused_a = nullptr;
+    for (int i = 0; i < npk; ++i) {
+      kernels_of(rows, pk[i], &k->score[i], &unused_a);
+      if (!k->score[i]) return false;
+    }
+    for (int i = 0; i < npv; ++i) {
+      kernels_of(rows, pv[i], &unused_s, &k->accum[i]);
+      if (!k->accum[i]) return false;
+    }
+    return true;
+  }
+  // Norms of part i (K parts, then V parts) for tokens 0..15 / 16..31 of the block at t0.
+  void block_norms(int t0, int i, __m512* n0, __m512* n1) const {
+    if (norms) {
+      const float* p = norms + ((size_t)((t0 - a) / kBlock) * (npk + npv) + i) * kBlock;
+      *n0 = _mm512_loadu_ps(p);
+      *n1 = _mm512_loadu_ps(p + 16);
+    } else if (i < npk) {
+      load_norms(sk.block(t0 / kBlock), pk[i], n0, n1);
+    } else {
+      load_norms(sv.block(t0 / kBlock), pv[i - npk], n0, n1);
+    }
+  }
+};
+
+// Queries q0 .. q0 + rows / G - 1 of the call (rows = G or kMaxRows) with the kernels for `rows` rows.
+void run_rows(const Call& c, int q0, int rows, const Kernels& k) {
+  const Shape& sh = c.sh;
+  const int G = sh.G, npk = c.npk, npv = c.npv, r0 = q0 * G;
+  const Part* pk = c.pk;
+  const Part* pv = c.pv;
+  const States st{c.st.base + (size_t)r0 * c.st.stride(), c.st.D};
+  alignas(64) int8_t q8[2][kMaxRows * kMaxHeadDim];  // per K part: rows x dim
+  alignas(64) int32_t raw[2][kMaxRows * 32];
+  alignas(64) uint8_t w8[2][kMaxRows * 32];
+  alignas(64) int32_t accv[kMaxRows * kMaxHeadDim];
+  float kscale[2][kMaxRows], qoff[2][kMaxRows], alpha[kMaxRows];
+  int row_end[kMaxRows];
+  int end = c.a;
+  for (int r = 0; r < rows; ++r) {
+    row_end[r] = std::min(c.b, c.limits[q0 + r / G]);
+    end = std::max(end, row_end[r]);
+  }
   for (int i = 0; i < npk; ++i) {
-    q8_off[i] = i == 0 ? 0 : (size_t)G * pk[0].dim;
-    for (int g = 0; g < G; ++g) {
-      const float* qg = qd + (size_t)g * sh.qstride + pk[i].qoff;
-      int8_t* out = q8 + q8_off[i] + (size_t)g * pk[i].dim;
+    for (int r = 0; r < rows; ++r) {
+      const float* qg = c.qd + (size_t)(r0 + r) * sh.qstride + pk[i].qoff;
+      int8_t* out = q8[i] + (size_t)r * pk[i].dim;
       __m512 vmax = _mm512_setzero_ps();
       for (int d = 0; d < pk[i].dim; d += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(qg + d)));
       const float amax = hmax(vmax);
@@ -369,51 +424,58 @@ bool run(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, i
         vsum = _mm512_add_epi32(vsum, v);
       }
       const int sum = _mm512_reduce_add_epi32(vsum);
-      kscale[i][g] = sq * ck[i] * sh.scale;
-      qoff[i][g] = 128.f * (float)sum;
+      kscale[i][r] = sq * c.ck[i] * sh.scale;
+      qoff[i][r] = 128.f * (float)sum;
     }
   }
   const float neg_inf = -std::numeric_limits<float>::infinity();
   const __m512 ninf = _mm512_set1_ps(neg_inf);
-  const int end = std::min(b, limit);
-  // RoPE-rotating K mean: the terms of every block of this call, once (written only where read)
-  alignas(64) float rterms[kMaxG * rope_terms_stride()];
-  if (sh.rope_mc && end > a) rope_block_terms(sk, sh.rope_mc, G, a / kBlock, (end - a + kBlock - 1) / kBlock, rterms);
+  // RoPE-rotating K mean: the terms of every block of these rows, once (written only where read)
+  alignas(64) float rterms[kMaxRows * rope_terms_stride()];
+  if (sh.rope_mc && end > c.a)
+    rope_block_terms(c.sk, sh.rope_mc + (size_t)r0 * rope_mc_stride(c.sk), rows, c.a / kBlock,
+                     (end - c.a + kBlock - 1) / kBlock, rterms);
   const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  for (int t0 = a; t0 < end; t0 += kBlock) {
-    const int nt = std::min(kBlock, end - t0);
-    const uint8_t* kb = sk.block(t0 / kBlock);
-    const uint8_t* vb = sv.block(t0 / kBlock);
+  for (int t0 = c.a; t0 < end; t0 += kBlock) {
+    const int nt = std::min(kBlock, end - t0);  // the longest row's tokens in this block
+    const uint8_t* kb = c.sk.block(t0 / kBlock);
+    const uint8_t* vb = c.sv.block(t0 / kBlock);
     for (int i = 0; i < npk; ++i)
-      score[i](kb + pk[i].tiles_off, pk[i].dim, nt, reinterpret_cast<const int32_t*>(q8 + q8_off[i]), tblK[i],
-               raw[i]);
-    const __mmask16 valid0 = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(nt));
-    const __mmask16 valid1 = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(nt - 16));
+      k.score[i](kb + pk[i].tiles_off, pk[i].dim, nt, reinterpret_cast<const int32_t*>(q8[i]), c.tblK[i], raw[i]);
     __m512 kn0[2], kn1[2], vn0[2], vn1[2];
-    for (int i = 0; i < npk; ++i) load_norms(kb, pk[i], &kn0[i], &kn1[i]);
-    for (int i = 0; i < npv; ++i) load_norms(vb, pv[i], &vn0[i], &vn1[i]);
+    for (int i = 0; i < npk; ++i) c.block_norms(t0, i, &kn0[i], &kn1[i]);
+    for (int i = 0; i < npv; ++i) c.block_norms(t0, npk + i, &vn0[i], &vn1[i]);
     bool any_w[2] = {false, false};
-    float wsc[2][kMaxG];
-    for (int g = 0; g < G; ++g) {
+    bool live[kMaxRows];
+    float wsc[2][kMaxRows];
+    for (int r = 0; r < rows; ++r) {
+      live[r] = t0 < row_end[r];  // rows of queries that stop before this block: weights 0, state kept
+      if (!live[r]) {
+        for (int i = 0; i < npv; ++i) std::memset(w8[i] + r * 32, 0, 32);
+        continue;
+      }
+      const int ntr = std::min(kBlock, row_end[r] - t0);
+      const __mmask16 valid0 = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(ntr));
+      const __mmask16 valid1 = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(ntr - 16));
       __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
       for (int i = 0; i < npk; ++i) {
-        const __m512 off = _mm512_set1_ps(qoff[i][g]), ks = _mm512_set1_ps(kscale[i][g]);
-        const __m512 r0 = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_load_si512(raw[i] + g * 32)), off);
-        const __m512 r1 = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_load_si512(raw[i] + g * 32 + 16)), off);
-        s0 = _mm512_fmadd_ps(_mm512_mul_ps(r0, ks), kn0[i], s0);
-        s1 = _mm512_fmadd_ps(_mm512_mul_ps(r1, ks), kn1[i], s1);
+        const __m512 off = _mm512_set1_ps(qoff[i][r]), ks = _mm512_set1_ps(kscale[i][r]);
+        const __m512 x0 = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_load_si512(raw[i] + r * 32)), off);
+        const __m512 x1 = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_load_si512(raw[i] + r * 32 + 16)), off);
+        s0 = _mm512_fmadd_ps(_mm512_mul_ps(x0, ks), kn0[i], s0);
+        s1 = _mm512_fmadd_ps(_mm512_mul_ps(x1, ks), kn1[i], s1);
       }
       if (sh.rope_mc) {  // RoPE-rotating K mean: its logit terms (rope_block_terms)
-        const int F = rope_fast_pairs(sk), bi = t0 / kBlock - a / kBlock;
-        const float* r = rterms + (size_t)g * rope_terms_stride();
-        const float* tx = sk.rope_j + (size_t)F * 2 * kBlock;  // x, x^2
-        const __m512 c = _mm512_set1_ps(r[bi]), d = _mm512_set1_ps(r[kRopeMaxBlocks + bi]),
-                     e = _mm512_set1_ps(r[2 * kRopeMaxBlocks + bi]);
-        __m512 m0 = _mm512_fmadd_ps(d, _mm512_loadu_ps(tx), c), m1 = _mm512_fmadd_ps(d, _mm512_loadu_ps(tx + 16), c);
+        const int F = rope_fast_pairs(c.sk), bi = t0 / kBlock - c.a / kBlock;
+        const float* rt = rterms + (size_t)r * rope_terms_stride();
+        const float* tx = c.sk.rope_j + (size_t)F * 2 * kBlock;  // x, x^2
+        const __m512 cc = _mm512_set1_ps(rt[bi]), d = _mm512_set1_ps(rt[kRopeMaxBlocks + bi]),
+                     e = _mm512_set1_ps(rt[2 * kRopeMaxBlocks + bi]);
+        __m512 m0 = _mm512_fmadd_ps(d, _mm512_loadu_ps(tx), cc), m1 = _mm512_fmadd_ps(d, _mm512_loadu_ps(tx + 16), cc);
         __m512 n0 = _mm512_mul_ps(e, _mm512_loadu_ps(tx + kBlock)), n1 = _mm512_mul_ps(e, _mm512_loadu_ps(tx + kBlock + 16));
         for (int i = 0; i < F; ++i) {
-          const float* tj = sk.rope_j + (size_t)i * 2 * kBlock;
-          const float* ri = r + (size_t)(kRopeSlowRows + 2 * i) * kRopeMaxBlocks + bi;
+          const float* tj = c.sk.rope_j + (size_t)i * 2 * kBlock;
+          const float* ri = rt + (size_t)(kRopeSlowRows + 2 * i) * kRopeMaxBlocks + bi;
           const __m512 va = _mm512_set1_ps(ri[0]), vb2 = _mm512_set1_ps(ri[kRopeMaxBlocks]);
           m0 = _mm512_fmadd_ps(va, _mm512_loadu_ps(tj), m0);
           m1 = _mm512_fmadd_ps(va, _mm512_loadu_ps(tj + 16), m1);
@@ -427,14 +489,14 @@ bool run(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, i
       s0 = _mm512_mask_mov_ps(ninf, valid0, s0);
       s1 = _mm512_mask_mov_ps(ninf, valid1, s1);
       const float mb = hmax(_mm512_max_ps(s0, s1));
-      float& m = st.m(g);
+      float& m = st.m(r);
       const float m_new = std::max(m, mb);
-      alpha[g] = m == neg_inf ? 0.f : std::exp(m - m_new);
+      alpha[r] = m == neg_inf ? 0.f : m_new == m ? 1.f : std::exp(m - m_new);  // exp(0) = 1 exactly
       m = m_new;
       const __m512 vm = _mm512_set1_ps(m_new);
       const __m512 p0 = _mm512_maskz_mov_ps(valid0, exp512(_mm512_sub_ps(s0, vm)));
       const __m512 p1 = _mm512_maskz_mov_ps(valid1, exp512(_mm512_sub_ps(s1, vm)));
-      st.l(g) = st.l(g) * alpha[g] + hsum(_mm512_add_ps(p0, p1));
+      st.l(r) = st.l(r) * alpha[r] + hsum(_mm512_add_ps(p0, p1));
       for (int i = 0; i < npv; ++i) {
         const __m512 w0 = _mm512_mul_ps(p0, vn0[i]), w1 = _mm512_mul_ps(p1, vn1[i]);
         const float wmax = hmax(_mm512_max_ps(w0, w1));
@@ -442,32 +504,67 @@ bool run(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, i
           const __m512 f = _mm512_set1_ps(255.f / wmax);
           const __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(w0, f));
           const __m512i i1 = _mm512_cvtps_epi32(_mm512_mul_ps(w1, f));
-          _mm_store_si128(reinterpret_cast<__m128i*>(w8[i] + g * 32), _mm512_cvtusepi32_epi8(i0));
-          _mm_store_si128(reinterpret_cast<__m128i*>(w8[i] + g * 32 + 16), _mm512_cvtusepi32_epi8(i1));
-          wsc[i][g] = wmax / 255.f * cv[i];
+          _mm_store_si128(reinterpret_cast<__m128i*>(w8[i] + r * 32), _mm512_cvtusepi32_epi8(i0));
+          _mm_store_si128(reinterpret_cast<__m128i*>(w8[i] + r * 32 + 16), _mm512_cvtusepi32_epi8(i1));
+          wsc[i][r] = wmax / 255.f * c.cv[i];
           any_w[i] = true;
         } else {
-          std::memset(w8[i] + g * 32, 0, 32);
-          wsc[i][g] = 0;
+          std::memset(w8[i] + r * 32, 0, 32);
+          wsc[i][r] = 0;
         }
       }
     }
     for (int i = 0; i < npv; ++i) {
       const Part& P = pv[i];
       if (any_w[i])
-        accum[i](vb + P.tiles_off, P.dim, nt, reinterpret_cast<const int32_t*>(w8[i]), tblV[i], accv);
-      for (int g = 0; g < G; ++g) {
-        float* o = st.acc(g) + P.off;
-        const __m512 al = _mm512_set1_ps(alpha[g]), ws = _mm512_set1_ps(wsc[i][g]);
+        k.accum[i](vb + P.tiles_off, P.dim, nt, reinterpret_cast<const int32_t*>(w8[i]), c.tblV[i], accv);
+      for (int r = 0; r < rows; ++r) {
+        if (!live[r]) continue;
+        float* o = st.acc(r) + P.off;
+        const __m512 al = _mm512_set1_ps(alpha[r]), ws = _mm512_set1_ps(wsc[i][r]);
         for (int d = 0; d < P.dim; d += 16) {
           __m512 x = _mm512_mul_ps(_mm512_loadu_ps(o + d), al);
           if (any_w[i])
-            x = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(accv + (size_t)g * P.dim + d)), ws, x);
+            x = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(accv + (size_t)r * P.dim + d)), ws, x);
           _mm512_storeu_ps(o + d, x);
         }
       }
     }
   }
+}
+
+// nq queries over [a, b): groups of kMaxRows / G queries through the wide kernels (the last
+// few one at a time); the norms of the range decoded once when several queries read them.
+bool run(const Shape& sh, const Stream& sk, const Stream& sv, int nq, const float* qd, const int* limits, int a,
+         int b, const States& st) {
+  const int G = sh.G;
+  Call c(sh, sk, sv, qd, limits, a, b, st);
+  const int R = nq > 1 ? std::max(1, kMaxRows / G) : 1;  // queries per group
+  Kernels k1, kR;
+  if (!c.kernels(G, &k1) || (R > 1 && !c.kernels(R * G, &kR))) return false;
+  for (int i = 0; i < c.npk; ++i) byte_table(c.pk[i].cb, c.pk[i].tc, true, c.tblK[i], &c.ck[i]);
+  for (int i = 0; i < c.npv; ++i) byte_table(c.pv[i].cb, c.pv[i].tc, false, c.tblV[i], &c.cv[i]);
+  if (nq > 1) {
+    int end = a;
+    for (int i = 0; i < nq; ++i) end = std::max(end, std::min(b, limits[i]));
+    thread_local std::vector<float> buf;
+    const int nparts = c.npk + c.npv;
+    buf.resize((size_t)std::max(0, (end - a + kBlock - 1) / kBlock) * nparts * kBlock);
+    for (int t0 = a; t0 < end; t0 += kBlock) {
+      float* p = buf.data() + (size_t)((t0 - a) / kBlock) * nparts * kBlock;
+      for (int i = 0; i < nparts; ++i, p += kBlock) {
+        __m512 n0, n1;
+        c.block_norms(t0, i, &n0, &n1);
+        _mm512_storeu_ps(p, n0);
+        _mm512_storeu_ps(p + 16, n1);
+      }
+    }
+    c.norms = buf.data();
+  }
+  int q = 0;
+  if (R > 1)
+    for (; q + R <= nq; q += R) run_rows(c, q, R * G, kR);
+  for (; q < nq; ++q) run_rows(c, q, G, k1);
   return true;
 }
 
@@ -506,12 +603,14 @@ bool decode_tq_supported(const Shape& sh, const Stream& sk, const Stream& sv, bo
   return !simd::use_scalar() && decode_tq_float_lanes() >= 4;
 }
 
-bool decode_tq(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a, int b,
-               const States& st, bool lut8) {
+bool decode_tq(const Shape& sh, const Stream& sk, const Stream& sv, int nq, const float* qd, const int* limits,
+               int a, int b, const States& st, bool lut8) {
   // lut8 is a permission: where the int8 kernel cannot run, the float kernel does.
-  if (lut8 && decode_tq_supported(sh, sk, sv, true)) return run(sh, sk, sv, qd, limit, a, b, st);
+  if (lut8 && decode_tq_supported(sh, sk, sv, true)) return run(sh, sk, sv, nq, qd, limits, a, b, st);
   if (!decode_tq_supported(sh, sk, sv, false)) return false;
-  return decode_tq_float(sh, sk, sv, qd, limit, a, b, st);
+  return each_query(sh, sk, nq, qd, limits, st, [&](const Shape& s, const float* q, int limit, const States& si) {
+    return decode_tq_float(s, sk, sv, q, limit, a, b, si);
+  });
 }
 
 }  // namespace tq::kv
