@@ -827,6 +827,30 @@ TEST(KvCache, ParallelAppendStoresTheSameCache) {
   }
 }
 
+namespace {
+
+// RoPE-rotating K means per 128 tokens (the attention driver's centred path).
+void center_rope_k(tq::KvCacheConfig& cfg, int D) {
+  cfg.center_k = cfg.center_rope = true;
+  cfg.center_segment = 128;
+  cfg.rope_base = 10000;
+  cfg.rope_dim = D;
+}
+
+// The nq queries of q (H heads x D each) one call each, query i at position p.pos0 + i.
+std::vector<float> one_query_calls(const tq::KvCache& c, const std::vector<float>& q, int nq, int H, int D,
+                                   const tq::AttentionParams& p) {
+  std::vector<float> out(q.size());
+  for (int i = 0; i < nq; ++i) {
+    tq::AttentionParams p1 = p;
+    p1.pos0 = p.pos0 + i;
+    tq::attention(c, 0, 1, &q[(size_t)i * H * D], &out[(size_t)i * H * D], p1);
+  }
+  return out;
+}
+
+}  // namespace
+
 TEST(KvCache, TrellisPrefillRowsMatchReferenceAndOneQueryCalls) {
   // From 8 queries on, trellis streams are decoded to rows once per block (attend_rows)
   // instead of the per-query fused kernel: same results as attention_ref and as the same
@@ -845,25 +869,16 @@ TEST(KvCache, TrellisPrefillRowsMatchReferenceAndOneQueryCalls) {
       cfg.trellis = true;
       cfg.window = 16;
       cfg.sink = 1;
-      if (centred) {
-        cfg.center_k = cfg.center_rope = true;
-        cfg.center_segment = 128;
-        cfg.rope_base = 10000;
-        cfg.rope_dim = D;
-      }
+      if (centred) center_rope_k(cfg, D);
       tq::KvCache c(cfg);
       c.append(0, n, k.data(), v.data());
       tq::AttentionParams p;
       p.n_heads = H;
       p.pos0 = n - 200;  // causal limits across several blocks and mean segments
-      std::vector<float> rows(q.size()), ref(q.size()), one(q.size());
+      std::vector<float> rows(q.size()), ref(q.size());
       tq::attention(c, 0, nq, q.data(), rows.data(), p);
       tq::attention_ref(c, 0, nq, q.data(), ref.data(), p);
-      for (int i = 0; i < nq; ++i) {
-        tq::AttentionParams p1 = p;
-        p1.pos0 = p.pos0 + i;
-        tq::attention(c, 0, 1, &q[(size_t)i * H * D], &one[(size_t)i * H * D], p1);
-      }
+      const std::vector<float> one = one_query_calls(c, q, nq, H, D, p);
       const std::string what = std::string(t) + (centred ? " centred" : "");
       EXPECT_LE(rel_err(rows, ref), kExactRelTol) << what;
       EXPECT_LE(rel_err(rows, one), kExactRelTol) << what;
@@ -873,13 +888,9 @@ TEST(KvCache, TrellisPrefillRowsMatchReferenceAndOneQueryCalls) {
       // reference and not equal to it (the row path would be).
       p.lut8 = true;
       if (tq::attention_kernel(c, 0, p) != "tq-lut8") continue;
-      std::vector<float> fused(q.size()), fused_one(q.size());
+      std::vector<float> fused(q.size());
       tq::attention(c, 0, nq, q.data(), fused.data(), p);
-      for (int i = 0; i < nq; ++i) {
-        tq::AttentionParams p1 = p;
-        p1.pos0 = p.pos0 + i;
-        tq::attention(c, 0, 1, &q[(size_t)i * H * D], &fused_one[(size_t)i * H * D], p1);
-      }
+      const std::vector<float> fused_one = one_query_calls(c, q, nq, H, D, p);
       EXPECT_LE(rel_err(fused, fused_one), kExactRelTol) << what << " lut8";
       EXPECT_LE(rel_err(fused, ref), kFastRelTol) << what << " lut8";
       EXPECT_GT(rel_err(fused, ref), 0.0) << what << " lut8: int8 tables, not the row path";
@@ -913,12 +924,7 @@ TEST(KvCache, Lut8ManyQueryCallEqualsOneQueryCalls) {
       cfg.trellis = cs.trellis;
       cfg.window = cs.window;
       cfg.sink = 1;
-      if (cs.centred) {
-        cfg.center_k = cfg.center_rope = true;
-        cfg.center_segment = 128;
-        cfg.rope_base = 10000;
-        cfg.rope_dim = D;
-      }
+      if (cs.centred) center_rope_k(cfg, D);
       tq::KvCache c(cfg);
       c.append(0, n, k.data(), v.data());
       tq::AttentionParams p;
@@ -927,14 +933,10 @@ TEST(KvCache, Lut8ManyQueryCallEqualsOneQueryCalls) {
       p.pos0 = n - 120;  // limits 281..309: across a block boundary, mid-block ends
       if (tq::attention_kernel(c, 0, p) != "tq-lut8") continue;
       ++ran;
-      std::vector<float> many(q.size()), one(q.size()), ref(q.size());
+      std::vector<float> many(q.size()), ref(q.size());
       tq::attention(c, 0, nq, q.data(), many.data(), p);
       tq::attention_ref(c, 0, nq, q.data(), ref.data(), p);
-      for (int i = 0; i < nq; ++i) {
-        tq::AttentionParams p1 = p;
-        p1.pos0 = p.pos0 + i;
-        tq::attention(c, 0, 1, &q[(size_t)i * H * D], &one[(size_t)i * H * D], p1);
-      }
+      const std::vector<float> one = one_query_calls(c, q, nq, H, D, p);
       const std::string what = std::string(cs.k) + "/" + cs.v + (cs.trellis ? " tc" : "") +
                                (cs.centred ? " centred" : "") + " G " + std::to_string(G);
       EXPECT_LE(rel_err(many, one), kExactRelTol) << what;
