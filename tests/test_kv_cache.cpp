@@ -901,7 +901,7 @@ TEST(KvCache, Lut8ManyQueryCallEqualsOneQueryCalls) {
   // Prefill passes its queries to the lut8 kernel together: kMaxRows / G queries go through a
   // block per pass (the last few one at a time) and the range's norms are decoded once. Every
   // query's output equals its own one-query call: fp16 and 8-bit log norms, split and prod K,
-  // trellis codes, the RoPE-rotating K mean, causal limits ending mid-block, G = 2 and 3.
+  // trellis codes, the RoPE-rotating K mean, causal limits ending mid-block, every G with a kernel.
   const int n = 400, D = 64, KVH = 2, nq = 29;
   struct Case {
     const char *k, *v;
@@ -915,7 +915,7 @@ TEST(KvCache, Lut8ManyQueryCallEqualsOneQueryCalls) {
   std::vector<float> k, v;
   fill_kv(rng, n, KVH, D, k, v);
   int ran = 0;
-  for (int G : {2, 3}) {
+  for (int G : {1, 2, 3, 4, 8}) {
     const int H = KVH * G;
     std::vector<float> q((size_t)nq * H * D);
     for (auto& x : q) x = (float)rng.normal();
@@ -944,4 +944,5 @@ TEST(KvCache, Lut8ManyQueryCallEqualsOneQueryCalls) {
     }
   }
   if (ran == 0) GTEST_SKIP() << "no lut8 kernel at this SIMD level";
+  EXPECT_EQ(ran, 5 * (int)std::size(cases)) << "lut8 ran for some cases only";
 }
