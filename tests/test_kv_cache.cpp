@@ -636,6 +636,26 @@ TEST(Attention, BenchCliJson) {
   }
   EXPECT_LT(j["results"][0]["rel_err"].get<double>(), 1e-2);  // f16 vs exact f32
   EXPECT_GT(j["results"][2]["append_tokens_per_s"].get<double>(), 0.0);
+  // --queries: the timed call is a prefill of that many queries; its same-codes checks cover
+  // every query of it.
+  {
+    const std::string cmdq = std::string(TQ_CLI_PATH) +
+                             " bench attention --head-dim 64 --n-heads 6 --n-kv-heads 2 --context 300 --queries 40"
+                             " --kv f16,tq4,tq4@lut8 --threads 1 --steps 1 --err-queries 1 --json 2>/dev/null";
+    FILE* fq = popen(cmdq.c_str(), "r");
+    ASSERT_NE(fq, nullptr);
+    std::string outq;
+    while ((n = fread(buf, 1, sizeof buf, fq)) > 0) outq.append(buf, n);
+    ASSERT_EQ(pclose(fq), 0) << outq;
+    const auto jq = nlohmann::json::parse(outq);
+    EXPECT_EQ(jq["queries"], 40);
+    ASSERT_EQ(jq["results"].size(), 3u);
+    EXPECT_GT(jq["results"][1]["ms_per_step"].get<double>(), 0.0);
+    EXPECT_LT(jq["results"][1]["rel_err_fused_vs_ref"].get<double>(), kExactRelTol);
+    EXPECT_LT(jq["results"][2]["rel_err_fused_vs_ref"].get<double>(), kFastRelTol);
+    EXPECT_LT(jq["results"][2]["rel_err_float_vs_ref"].get<double>(), kExactRelTol);
+    EXPECT_NE(std::system((std::string(TQ_CLI_PATH) + " bench attention --context 10 --queries 11 >/dev/null 2>&1").c_str()), 0);
+  }
   // Unknown type or kernel suffix: non-zero exit.
   EXPECT_NE(std::system((std::string(TQ_CLI_PATH) + " bench attention --kv tq4@lut9 --context 10 >/dev/null 2>&1").c_str()), 0);
   EXPECT_NE(std::system((std::string(TQ_CLI_PATH) + " bench attention --kv tq4@tc@x --context 10 >/dev/null 2>&1").c_str()), 0);

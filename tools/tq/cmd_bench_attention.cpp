@@ -72,6 +72,7 @@ double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
 void setup(CLI::App& app) {
   struct Opts {
     int head_dim = 128, n_heads = 32, n_kv_heads = 8, context = 32768, steps = 9, window = 0, err_queries = 4;
+    int queries = 1;
     std::string kv = "f16,q8_0,q4_0,q4_0h,tq3,tq4", threads = "1";
     uint64_t seed = 1;
     bool json = false, exact = false, lut8 = false, trellis = false, grouped = false, no_ref = false;
@@ -90,7 +91,9 @@ void setup(CLI::App& app) {
       "can be timed side by side; a suffix '@tc' (e.g. 'tq3@tc', 'tq3@tc@lut8') stores trellis codes\n"
       "(KvCacheConfig::trellis) in that row's tq parts of 1-4 bits. fused~ref is the relative\n"
       "difference of the timed kernel's output from attention_ref (dequantize, then exact\n"
-      "attention) on the same codes.");
+      "attention) on the same codes. With --queries N a step is one call with N queries at the\n"
+      "last N positions, each seeing the tokens up to its own (a prefill micro-batch's attention\n"
+      "for one layer); the error columns stay one-query decode at the full context.");
   sub->add_option("--head-dim", o->head_dim, "head dimension D")->capture_default_str();
   sub->add_option("--n-heads", o->n_heads, "query heads")->capture_default_str();
   sub->add_option("--n-kv-heads", o->n_kv_heads, "kv heads (n-heads must be a multiple)")->capture_default_str();
@@ -99,6 +102,9 @@ void setup(CLI::App& app) {
   sub->add_option("--threads", o->threads, "comma-separated thread counts, e.g. 1,2")->capture_default_str();
   sub->add_option("--steps", o->steps, "decode steps per type and thread count (median reported)")
       ->capture_default_str();
+  sub->add_option("--queries", o->queries,
+                  "queries per timed call, at the last positions with causal limits (1: decode; more: prefill)")
+      ->capture_default_str()->check(CLI::Range(1, 4096));
   sub->add_option("--window", o->window, "recent tokens kept in f16")->capture_default_str();
   sub->add_option("--seed", o->seed, "data seed")->capture_default_str();
   sub->add_option("--err-queries", o->err_queries, "queries averaged in rel_err / max_abs_err vs exact")
@@ -116,6 +122,7 @@ void setup(CLI::App& app) {
     // shared 2-core machine spinning made 2-thread steps stall 4-20 ms at the barrier).
     tq::cli::ensure_runtime_env();
     TQ_CHECK(o->context >= 1, "--context must be >= 1");
+    TQ_CHECK(o->queries <= o->context, "--queries %d is more than --context %d", o->queries, o->context);
     TQ_CHECK(o->steps >= 1, "--steps must be >= 1");
     TQ_CHECK(o->n_kv_heads >= 1 && o->n_heads % o->n_kv_heads == 0,
              "--n-heads %d must be a multiple of --n-kv-heads %d", o->n_heads, o->n_kv_heads);
@@ -145,6 +152,14 @@ void setup(CLI::App& app) {
       for (auto& x : qs) x = (float)rng.normal();
     }
     const std::vector<float> q(qs.begin(), qs.begin() + (size_t)H * D);
+    // The timed call's queries (--queries): query 0 first, then more from the same generator.
+    const int NQ = o->queries;
+    std::vector<float> qt((size_t)NQ * H * D);
+    {
+      tq::Rng rng(o->seed ^ 0x5eedull);
+      for (auto& x : qt) x = (float)rng.normal();
+      std::copy(q.begin(), q.end(), qt.begin());
+    }
     const int HQ = n_err * H;
     std::vector<double> m(HQ, -INFINITY), l(HQ, 0), acc((size_t)HQ * D, 0);
     std::vector<float> kb, vb;
@@ -219,7 +234,7 @@ void setup(CLI::App& app) {
         prog.update(done);
       }
       r.ms.resize(threads.size());
-      r.out.resize((size_t)H * D);
+      r.out.resize((size_t)NQ * H * D);
       rows.push_back(std::move(r));
     }
     prog.finish();
@@ -228,6 +243,7 @@ void setup(CLI::App& app) {
     tq::AttentionParams p;
     p.n_heads = H;
     p.exact = o->exact;
+    p.pos0 = N - NQ;  // the timed queries see N - NQ + 1 .. N tokens
     auto params = [&](const Row& r) {
       tq::AttentionParams pr = p;
       pr.lut8 = r.lut8;
@@ -235,11 +251,11 @@ void setup(CLI::App& app) {
     };
     for (size_t ti = 0; ti < threads.size(); ++ti) {
       p.n_threads = threads[ti];
-      for (auto& r : rows) tq::attention(*r.cache, 0, 1, q.data(), r.out.data(), params(r));  // warm up
+      for (auto& r : rows) tq::attention(*r.cache, 0, NQ, qt.data(), r.out.data(), params(r));  // warm up
       auto step = [&](Row& r) {
         const tq::AttentionParams pr = params(r);
         const auto a = Clock::now();
-        tq::attention(*r.cache, 0, 1, q.data(), r.out.data(), pr);
+        tq::attention(*r.cache, 0, NQ, qt.data(), r.out.data(), pr);
         r.ms[ti].push_back(std::chrono::duration<double, std::milli>(Clock::now() - a).count());
       };
       if (o->grouped) {
@@ -255,19 +271,21 @@ void setup(CLI::App& app) {
       r.out_err.resize((size_t)HQ * D);
       tq::AttentionParams pe = params(r);
       pe.n_threads = threads.back();
+      pe.pos0 = -1;  // one query at the full context
       for (int e = 0; e < n_err; ++e)
         tq::attention(*r.cache, 0, 1, &qs[(size_t)e * H * D], &r.out_err[(size_t)e * H * D], pe);
     }
-    // Same codes: the timed kernel and the float kernel vs the dequantize-then-exact oracle.
+    // Same codes: the timed call (all its queries) and the float kernel vs the
+    // dequantize-then-exact oracle.
     if (!o->no_ref) {
-      std::vector<float> ref((size_t)H * D), ex((size_t)H * D);
+      std::vector<float> ref((size_t)NQ * H * D), ex((size_t)NQ * H * D);
       for (auto& r : rows) {
         tq::AttentionParams pr = params(r);
         pr.n_threads = threads.back();
-        tq::attention_ref(*r.cache, 0, 1, q.data(), ref.data(), pr);
+        tq::attention_ref(*r.cache, 0, NQ, qt.data(), ref.data(), pr);
         r.rel_fused_ref = rel_diff(r.out, ref);
         pr.lut8 = false;
-        tq::attention(*r.cache, 0, 1, q.data(), ex.data(), pr);
+        tq::attention(*r.cache, 0, NQ, qt.data(), ex.data(), pr);
         r.rel_float_ref = rel_diff(ex, ref);
       }
     }
@@ -332,13 +350,14 @@ void setup(CLI::App& app) {
     }
     if (o->json) {
       tq::cli::print_json({{"head_dim", D}, {"n_heads", H}, {"n_kv_heads", KVH}, {"context", N},
-                           {"steps", o->steps}, {"window", o->window}, {"exact", o->exact}, {"lut8", o->lut8}, {"trellis", o->trellis}, {"err_queries", n_err},
+                           {"steps", o->steps}, {"queries", NQ}, {"window", o->window}, {"exact", o->exact}, {"lut8", o->lut8}, {"trellis", o->trellis}, {"err_queries", n_err},
                            {"interleaved", !o->grouped},
                            {"simd", tq::simd::current_level()}, {"results", results}});
       return;
     }
-    std::printf("decode attention: D=%d heads=%d kv_heads=%d context=%d steps=%d window=%d simd=%s%s%s\n", D,
-                H, KVH, N, o->steps, o->window, tq::simd::current_level().c_str(), o->exact ? " exact" : "",
+    std::printf("%s attention: D=%d heads=%d kv_heads=%d context=%d queries=%d steps=%d window=%d simd=%s%s%s\n",
+                NQ > 1 ? "prefill" : "decode", D, H, KVH, N, NQ, o->steps, o->window,
+                tq::simd::current_level().c_str(), o->exact ? " exact" : "",
                 o->grouped ? " grouped" : " interleaved");
     std::printf("%-12s %3s %10s %8s %10s %10s %10s %12s %10s %10s %10s\n", "kv", "thr", "ms/step", "vs f16", "B/token",
                 "rel_err", "max_abs", "append tok/s", "append1 us", "fused~ref", "float~ref");
