@@ -598,19 +598,29 @@ TEST(Attention, EdgeHeadDims) {
   }
 }
 
+namespace {
+
+// A shell command's exit status and stdout.
+std::pair<int, std::string> run_command(const std::string& cmd) {
+  FILE* f = popen(cmd.c_str(), "r");
+  if (!f) return {-1, ""};
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  return {pclose(f), out};
+}
+
+}  // namespace
+
 // The CLI prints one JSON object with one result per type and thread count.
 TEST(Attention, BenchCliJson) {
   const std::string cmd = std::string(TQ_CLI_PATH) +
                           " bench attention --head-dim 64 --n-heads 4 --n-kv-heads 2 --context 300"
                           " --kv f16,tq4,q4_0h,tq4@lut8,tq3@tc,tq3@tc@lut8 --threads 1 --steps 1 --err-queries 1 --json"
                           " 2>/dev/null";
-  FILE* f = popen(cmd.c_str(), "r");
-  ASSERT_NE(f, nullptr);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
-  ASSERT_EQ(pclose(f), 0) << out;
+  const auto [rc, out] = run_command(cmd);
+  ASSERT_EQ(rc, 0) << out;
   const auto j = nlohmann::json::parse(out);
   ASSERT_EQ(j["results"].size(), 6u);
   EXPECT_EQ(j["results"][1]["kv"], "tq4");
@@ -642,11 +652,8 @@ TEST(Attention, BenchCliJson) {
     const std::string cmdq = std::string(TQ_CLI_PATH) +
                              " bench attention --head-dim 64 --n-heads 6 --n-kv-heads 2 --context 300 --queries 40"
                              " --kv f16,tq4,tq4@lut8 --threads 1 --steps 1 --err-queries 1 --json 2>/dev/null";
-    FILE* fq = popen(cmdq.c_str(), "r");
-    ASSERT_NE(fq, nullptr);
-    std::string outq;
-    while ((n = fread(buf, 1, sizeof buf, fq)) > 0) outq.append(buf, n);
-    ASSERT_EQ(pclose(fq), 0) << outq;
+    const auto [rcq, outq] = run_command(cmdq);
+    ASSERT_EQ(rcq, 0) << outq;
     const auto jq = nlohmann::json::parse(outq);
     EXPECT_EQ(jq["queries"], 40);
     ASSERT_EQ(jq["results"].size(), 3u);

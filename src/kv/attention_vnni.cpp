@@ -549,7 +549,7 @@ bool run(const Shape& sh, const Stream& sk, const Stream& sv, int nq, const floa
     for (int i = 0; i < nq; ++i) end = std::max(end, std::min(b, limits[i]));
     thread_local std::vector<float> buf;
     const int nparts = c.npk + c.npv;
-    buf.resize((size_t)std::max(0, (end - a + kBlock - 1) / kBlock) * nparts * kBlock);
+    buf.resize((size_t)((end - a + kBlock - 1) / kBlock) * nparts * kBlock);  // end >= a
     for (int t0 = a; t0 < end; t0 += kBlock) {
       float* p = buf.data() + (size_t)((t0 - a) / kBlock) * nparts * kBlock;
       for (int i = 0; i < nparts; ++i, p += kBlock) {

@@ -151,14 +151,13 @@ void setup(CLI::App& app) {
       tq::Rng rng(o->seed ^ 0xabcdefull);
       for (auto& x : qs) x = (float)rng.normal();
     }
-    const std::vector<float> q(qs.begin(), qs.begin() + (size_t)H * D);
-    // The timed call's queries (--queries): query 0 first, then more from the same generator.
+    // The timed call's queries (--queries): query 0 of qs, then queries from a second generator.
     const int NQ = o->queries;
     std::vector<float> qt((size_t)NQ * H * D);
     {
       tq::Rng rng(o->seed ^ 0x5eedull);
       for (auto& x : qt) x = (float)rng.normal();
-      std::copy(q.begin(), q.end(), qt.begin());
+      std::copy(qs.begin(), qs.begin() + (size_t)H * D, qt.begin());
     }
     const int HQ = n_err * H;
     std::vector<double> m(HQ, -INFINITY), l(HQ, 0), acc((size_t)HQ * D, 0);
