@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <strings.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -429,6 +430,30 @@ TEST(CliBadInput, BenchModelTakesLabels) {
   EXPECT_NE(r.out.find("\"kv\": \"f16 w8\""), std::string::npos) << r.out;
 }
 
+
+// Every model command's JSON names OpenBLAS's kernel set (float summation, so a result's last
+// digits, and prefill speed depend on it): a user's OPENBLAS_CORETYPE is kept as given. The
+// random-weight model's niah answer is not valid UTF-8 (byte 0xAC first): the JSON must
+// still parse (bad bytes become U+FFFD; this used to fail the command).
+TEST(CliBadInput, ModelJsonNamesBlasKernels) {
+  Fixtures fx;
+  const std::vector<std::vector<std::string>> cmds = {
+      {"generate", "-m", fx.model, "-p", "hi", "-n", "2", "-t", "1", "--json"},
+      {"perplexity", "-m", fx.model, "-f", fx.text, "-c", "64", "--chunks", "1", "-t", "1", "--json"},
+      {"niah", "-m", fx.model, "-f", fx.text, "-c", "256", "--trials", "1", "--depths", "0.5", "-t", "1", "--json"},
+      {"bench", "model", "-m", fx.model, "-f", fx.text, "--contexts", "64", "--decode", "2", "-t", "1", "--json"},
+  };
+  const char* forced = std::getenv("OPENBLAS_CORETYPE");
+  for (const auto& a : cmds) {
+    const RunResult r = run_tq(a);
+    ASSERT_EQ(r.status, 0) << a[0] << ": " << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    ASSERT_TRUE(j.contains("blas_core") && j["blas_core"].is_string()) << a[0] << ": " << r.out;
+    const std::string core = j["blas_core"];
+    EXPECT_FALSE(core.empty()) << a[0];
+    if (forced && *forced) EXPECT_EQ(strcasecmp(core.c_str(), forced), 0) << a[0] << ": " << core << " vs " << forced;
+  }
+}
 
 // A cache config file (--kv-config, or @FILE in --sweep / --caches) runs the same cache as the
 // flags it spells out; flags beside it override it; ';' separates --caches entries with commas.

@@ -31,7 +31,9 @@ CLI::App* subcommand(CLI::App& parent, const std::string& name, const std::strin
   return parent.add_subcommand(name, help);
 }
 
-void print_json(const nlohmann::json& j) { std::cout << j.dump(2) << std::endl; }
+void print_json(const nlohmann::json& j) {
+  std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
+}
 
 Progress::Progress(std::string label, size_t total) : label_(std::move(label)), total_(total) {
   const char* env = std::getenv("TQ_PROGRESS");

@@ -35,7 +35,9 @@ CLI::App* group(CLI::App& parent, const std::string& name, const std::string& he
 // A new leaf subcommand.
 CLI::App* subcommand(CLI::App& parent, const std::string& name, const std::string& help);
 
-// Print one JSON object on stdout (for --json).
+// Print one JSON object on stdout (for --json). Strings that are not valid UTF-8 (model text
+// can end inside a multi-byte character: byte-level tokens) get U+FFFD for each bad byte
+// instead of failing the whole output.
 void print_json(const nlohmann::json& j);
 
 // Progress on stderr for long runs: "label [=====>    ] 42% (done/total)"; silent when

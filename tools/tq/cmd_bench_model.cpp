@@ -84,7 +84,8 @@ void setup(CLI::App& app) {
     }
     pb.finish();
     if (o->json) {
-      tq::cli::print_json({{"threads", L->model.threads()}, {"f32_decode", L->model.f32_decode()}, {"rows", rows}});
+      tq::cli::print_json({{"threads", L->model.threads()}, {"blas_core", tq::cli::blas_core()},
+                            {"f32_decode", L->model.f32_decode()}, {"rows", rows}});
       return;
     }
     // The resolved label: what ran, automatic sink and K means included (shortened).

@@ -50,7 +50,8 @@ void setup(CLI::App& app) {
     if (o->json) {
       tq::cli::print_json({{"context", o->ctx}, {"kv", tq::cli::kv_json(o->kv)}, {"trials", r.trials},
                            {"passed", r.passed}, {"per_depth", per}, {"details", det},
-                           {"seconds", r.seconds}, {"threads", L->model.threads()}});
+                           {"seconds", r.seconds}, {"threads", L->model.threads()},
+                           {"blas_core", tq::cli::blas_core()}});
       return;
     }
     std::printf("niah context %d, kv %s: %d / %d passed (%.1f s)\n", o->ctx, tq::short_label(o->kv.label()).c_str(), r.passed,

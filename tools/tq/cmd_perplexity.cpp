@@ -77,7 +77,8 @@ void setup(CLI::App& app) {
     const tq::PerplexityResult& r0 = results[0];
     nlohmann::json head = {{"model", tq::cli::resolve_model(o->model)}, {"file", *file},
                            {"text_tokens", tokens.size()}, {"ctx", r0.n_ctx}, {"chunks", r0.n_chunks},
-                           {"scored_tokens", r0.n_scored}, {"threads", L->model.threads()}};
+                           {"scored_tokens", r0.n_scored}, {"threads", L->model.threads()},
+                           {"blas_core", tq::cli::blas_core()}};
     if (o->json) {
       if (sweep->empty()) {
         nlohmann::json j = all[0];

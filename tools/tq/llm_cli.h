@@ -155,6 +155,10 @@ struct Loaded {
 //    (44 vs 75 tok/s): set OMP_WAIT_POLICY=passive GOMP_SPINCOUNT=0 on an oversubscribed
 //    machine (docs/design.md).
 extern "C" char* openblas_get_corename(void);
+// The kernel set OpenBLAS runs with (its own name for it), for the JSON of model commands:
+// float summation, hence results in their last digits, and prefill speed depend on it.
+inline std::string blas_core() { return openblas_get_corename(); }
+
 inline void ensure_runtime_env() {
   if (std::getenv("TQ_NO_REEXEC")) return;
   bool need = false;
