@@ -854,6 +854,53 @@ TEST(KvCache, ParallelAppendStoresTheSameCache) {
   }
 }
 
+TEST(KvCache, RopeAngleTableStoresTheSameCache) {
+  // append() computes the RoPE-rotating means' cos / sin once per appended position range
+  // (kv::RopeTurns) and the streams look them up; a stream without the table computes them in
+  // place. Both must store the same cache, bit for bit: the means (taken of keys turned back
+  // to position 0), the codes, and what attention reads. Covers prefill batches, single
+  // tokens, window evictions (positions outside the range) and segmented means.
+  const int n = small() ? 150 : 300, D = 64, KVH = 3, H = 9;
+  tq::Rng rng(29);
+  std::vector<float> k, v;
+  fill_kv(rng, n, KVH, D, k, v);
+  std::vector<float> q((size_t)n * H * D);
+  for (auto& x : q) x = (float)rng.normal();
+  for (const char* kt : {"tq3h5n8", "tq4"}) {
+    std::vector<float> out[2], mu[2];
+    for (int run = 0; run < 2; ++run) {
+      tq::KvCacheConfig cfg = tq_test::kv_config(2, KVH, D, n, kt, "tq3n8");
+      cfg.sink = 1;
+      cfg.window = 8;
+      cfg.center_k = cfg.center_rope = true;
+      cfg.center_segment = 64;
+      cfg.rope_base = 10000;
+      cfg.rope_dim = D;
+      tq::KvCache c(cfg);
+      if (run == 1)
+        for (auto& L : c.impl().layers)
+          for (auto& s : L.k) {
+            ASSERT_NE(s.turns, nullptr) << kt;
+            s.turns = nullptr;
+          }
+      for (int t0 = 0, m; t0 < n; t0 += m) {
+        m = t0 == 0 ? n / 2 : (t0 < n - 20 ? n - 20 - t0 : 1);
+        for (int l = 0; l < 2; ++l) c.append(l, m, &k[(size_t)t0 * KVH * D], &v[(size_t)t0 * KVH * D], 2);
+      }
+      for (const auto& L : c.impl().layers)
+        for (const auto& s : L.k) mu[run].insert(mu[run].end(), s.mu.begin(), s.mu.end());
+      tq::AttentionParams p;
+      p.n_heads = H;
+      p.pos0 = n - 40;
+      out[run].resize((size_t)40 * H * D);
+      tq::attention(c, 1, 40, &q[(size_t)(n - 40) * H * D], out[run].data(), p);
+    }
+    EXPECT_FALSE(mu[0].empty()) << kt;
+    EXPECT_EQ(mu[0], mu[1]) << kt << ": the means differ";
+    EXPECT_EQ(out[0], out[1]) << kt << ": the cache differs";
+  }
+}
+
 namespace {
 
 // RoPE-rotating K means per 128 tokens (the attention driver's centred path).

@@ -98,7 +98,8 @@ class KvCache {
   // Append n_tokens tokens to one layer (quantized on write, or into the f16 window).
   // k, v: n_tokens * n_kv_heads * head_dim floats. n_threads > 1: appends of 16+ tokens
   // encode the layer's streams (K and V of each kv head) on up to that many OpenMP threads;
-  // the stored bytes do not depend on it.
+  // the stored bytes do not depend on it. Not safe to call concurrently on one cache, even
+  // for different layers (the layers share the RoPE angle table of the current append).
   void append(int layer, int n_tokens, const float* k, const float* v, int n_threads = 1);
   // Query statistics for the query-weighted types (tq2h4, tq3h5, ...: their high-precision
   // channels are chosen by K energy times query energy) and for scale_k: call with the

@@ -428,28 +428,64 @@ static void freeze_split(Stream& s) {
   s.domain = Domain::split;
 }
 
-// y = x with RoPE pair (2i, 2i + 1), i < freq.size(), turned by angle(i) radians; the other
-// dims copied.
-template <class Angle>
-static void turn_pairs(const std::vector<double>& freq, int D, const float* x, float* y, Angle angle) {
+// y = x with RoPE pair (2i, 2i + 1), i < freq.size(), turned by the angle whose (cos, sin)
+// turn(i) gives; the other dims copied.
+template <class Turn>
+static void turn_pairs(const std::vector<double>& freq, int D, const float* x, float* y, Turn turn) {
   std::memcpy(y, x, sizeof(float) * D);
   for (size_t i = 0; i < freq.size(); ++i) {
-    const double a = angle(i), c = std::cos(a), sn = std::sin(a);
+    const auto [c, sn] = turn(i);
     const double x0 = x[2 * i], x1 = x[2 * i + 1];
     y[2 * i] = (float)(x0 * c - x1 * sn);
     y[2 * i + 1] = (float)(x0 * sn + x1 * c);
   }
 }
 
+// (cos, sin) of pair i's angle: from a RopeTurns entry when there is one, else from `angle`.
+static std::pair<double, double> turn_of(const double* tab, size_t i, double angle) {
+  if (tab) return {tab[2 * i], tab[2 * i + 1]};
+  return {std::cos(angle), std::sin(angle)};
+}
+
 // Un-rotates a row of position pos: R(pos)^-1 x (the pre-RoPE key the means are taken of).
 static void unrope_row(const Stream& s, int pos, const float* x, float* y) {
-  turn_pairs(s.rope_freq, s.dim, x, y, [&](size_t i) { return -(double)pos * s.rope_freq[i]; });
+  const double* tab = s.turns ? s.turns->at_back(pos) : nullptr;
+  turn_pairs(s.rope_freq, s.dim, x, y, [&](size_t i) { return turn_of(tab, i, -(double)pos * s.rope_freq[i]); });
 }
 
 // Angle positions of the RoPE-rotating mean: the token's own for the kRopeExactPairs fastest
 // pairs, its block's centre for the rest (what the kernels' per-block terms assume).
 static double rope_mean_pos(int pos0, int j, size_t pair) {
   return (int)pair < kRopeExactPairs ? (double)(pos0 + j) : pos0 + (j / kBlock) * kBlock + 0.5 * (kBlock - 1);
+}
+
+void RopeTurns::cover(const std::vector<double>& freq, int q0, int first, int count) {
+  if (first == p0 && count == n && q0 == pos0 && (int)freq.size() == P) return;
+  P = (int)freq.size();
+  p0 = first;
+  n = count;
+  pos0 = q0;
+  fwd.resize((size_t)n * P * 2);
+  back.resize((size_t)n * P * 2);
+  for (int r = 0; r < n; ++r)
+    for (int i = 0; i < P; ++i) {
+      const double a = (double)(p0 + r) * freq[i], b = -(double)(p0 + r) * freq[i];
+      double* f = &fwd[((size_t)r * P + i) * 2];
+      double* g = &back[((size_t)r * P + i) * 2];
+      f[0] = std::cos(a), f[1] = std::sin(a);
+      g[0] = std::cos(b), g[1] = std::sin(b);
+    }
+  // Block centres of the stream indices p - pos0 >= 0 of these positions.
+  const int j0 = std::max(0, p0 - pos0), j1 = p0 + n - 1 - pos0;
+  nc = j1 >= j0 ? j1 / kBlock - j0 / kBlock + 1 : 0;
+  c0 = nc ? rope_mean_pos(pos0, j0 / kBlock * kBlock, kRopeExactPairs) : 0;
+  centre.resize((size_t)nc * P * 2);
+  for (int k = 0; k < nc; ++k)
+    for (int i = 0; i < P; ++i) {
+      const double a = rope_mean_pos(pos0, (j0 / kBlock + k) * kBlock, kRopeExactPairs) * freq[i];
+      centre[((size_t)k * P + i) * 2] = std::cos(a);
+      centre[((size_t)k * P + i) * 2 + 1] = std::sin(a);
+    }
 }
 
 // A slow pair's offset from its block's centre, in tokens: -15.5 ... 15.5.
@@ -460,7 +496,13 @@ void Stream::mean_at(int j, float* out) const noexcept {
     std::memcpy(out, mu_of(j), sizeof(float) * dim);
     return;
   }
-  turn_pairs(rope_freq, dim, mu_of(j), out, [&](size_t i) { return rope_mean_pos(pos0, j, i) * rope_freq[i]; });
+  const double* fast = turns ? turns->at(pos0 + j) : nullptr;
+  const double* slow = turns && rope_freq.size() > (size_t)kRopeExactPairs
+                           ? turns->at_centre(rope_mean_pos(pos0, j, kRopeExactPairs))
+                           : nullptr;
+  turn_pairs(rope_freq, dim, mu_of(j), out, [&](size_t i) {
+    return turn_of((int)i < kRopeExactPairs ? fast : slow, i, rope_mean_pos(pos0, j, i) * rope_freq[i]);
+  });
   // Slow pairs: u = R(centre) mu turned on by x = w * offset to second order,
   // (1 - x^2 / 2) u + x R(pi / 2) u, so that the kernels add it as two terms per token.
   const double dj = rope_block_offset(j);
@@ -923,6 +965,7 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
           I.rope_j[(size_t)i * 2 * kBlock + kBlock + j] = (float)std::sin(j * rope_freq[i]);
         }
     }
+    I.rope_freq = rope_freq;
     for (int j = 0; j < kBlock; ++j) {  // the slow pairs' token offsets and their squares
       I.rope_j[(size_t)F * 2 * kBlock + j] = (float)rope_block_offset(j);
       I.rope_j[(size_t)F * 2 * kBlock + kBlock + j] = (float)(rope_block_offset(j) * rope_block_offset(j));
@@ -978,6 +1021,7 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
           s.rope_sin = I.rope_sin.data();
           s.rope_nbs = rope_nbs;
           s.rope_j = I.rope_j.data();
+          s.turns = &I.turns;
         }
         if (cfg.trellis && (f.kind == Kind::tq || f.kind == Kind::tq_n8 || f.kind == Kind::tq_split)) {
           // Parts of 1-4 bits (at 5+ bits the table trains to codes no better than Lloyd-Max).
@@ -1150,6 +1194,7 @@ void KvCache::append(int layer, int n_tokens, const float* k, const float* v, in
   // Prefill-sized appends encode the 2 H streams in parallel (trellis codes: two Viterbi
   // passes per token and part; scalar codes: the rotation and the code search).
   const bool parallel = n_threads > 1 && n_tokens >= 16;
+  if (!I.rope_freq.empty()) I.turns.cover(I.rope_freq, cfg.sink, L.n_tokens, n_tokens);
   std::exception_ptr err;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads) if (parallel)
   for (int job = 0; job < 2 * H; ++job) {

@@ -109,6 +109,37 @@ static_assert(sizeof(BlockQ4_0) == 18, "q4_0 block is 18 bytes (4.5 bits per val
 // T_K and applies T_V^{-1} to the output.
 enum class Domain : uint8_t { orig, rot, split };
 
+// cos / sin of the RoPE-rotating mean's angles for the positions of one append: every K
+// stream of every layer appends the same positions and turns the same angles, so KvCache::append
+// computes them once per position range (not once per stream and layer: 90 streams for the
+// default model) and the streams look them up. Entries are the doubles unrope_row / mean_at
+// would compute in place; a position outside the range is computed in place.
+struct RopeTurns {
+  int P = 0;                   // pairs
+  int p0 = 0, n = 0;           // positions [p0, p0 + n)
+  int pos0 = -1;               // the streams' position of index 0 the centres are for
+  std::vector<double> fwd;     // [(p - p0) * P + i] as (cos, sin) of p * freq[i]
+  std::vector<double> back;    // the same for -p * freq[i] (unrope_row)
+  double c0 = 0;               // first block centre held (mean_at's slow pairs)
+  int nc = 0;                  // centres c0, c0 + 32, ...
+  std::vector<double> centre;  // [k * P + i] as (cos, sin) of (c0 + 32 k) * freq[i]
+  // Fills the table for positions [p0, p0 + n) and the block centres of stream indices
+  // p - pos0 (a stream's position of index 0); keeps it when it already holds them.
+  void cover(const std::vector<double>& freq, int pos0, int p0, int n);
+  // (cos, sin) pairs for angle p * freq[i], i < P, or nullptr when p is not held.
+  const double* at(int p) const noexcept {
+    return p >= p0 && p - p0 < n ? &fwd[(size_t)(p - p0) * P * 2] : nullptr;
+  }
+  const double* at_back(int p) const noexcept {
+    return p >= p0 && p - p0 < n ? &back[(size_t)(p - p0) * P * 2] : nullptr;
+  }
+  const double* at_centre(double c) const noexcept {
+    const double k = (c - c0) / kBlock;
+    if (!(k >= 0 && k < nc) || k != (double)(int)k) return nullptr;
+    return &centre[(size_t)k * P * 2];
+  }
+};
+
 struct Stream {
   KvType type{};
   const Format* fmt = nullptr;
@@ -197,6 +228,7 @@ struct Stream {
   // Fast pair i < F: [cos(j w_i), j < 32][sin(j w_i), j < 32]; then at F: the slow pairs'
   // offsets from the block centre [j - 15.5, j < 32][(j - 15.5)^2, j < 32].
   const float* rope_j = nullptr;
+  const RopeTurns* turns = nullptr;  // the cache's angle table for the current append (or null)
   // The mean of quantized token j in the original domain: mu_of(j), rotated for rope_mu.
   void mean_at(int j, float* out) const noexcept;
   std::vector<double> stat_sum;     // sum of x per channel over tokens seen
@@ -227,6 +259,8 @@ struct KvCache::Impl {
   std::unique_ptr<Rotation> rot_lo;     // split: 3D/4
   std::unique_ptr<Quantizer> prod_q[9]; // prod quantizers by total bits (tq3p, tq4p)
   std::vector<float> rope_cos, rope_sin, rope_j;  // tables of the RoPE-rotating K mean (Stream::rope_cos ...)
+  std::vector<double> rope_freq;                  // its pair frequencies (empty: no rotating mean)
+  kv::RopeTurns turns;                            // its angles at the positions of the current append
   mutable std::mutex alloc_mu;
 
   void encode_rows(kv::Stream& s, int side, int n, const float* x, size_t stride);  // into blocks
