@@ -99,7 +99,8 @@ void setup(CLI::App& app) {
                   shown(r).c_str(), r["prefill_tok_s"].get<double>(),
                   r["decode_tok_s"].get<double>(), r["prefill_vs_first"].get<double>(),
                   r["decode_vs_first"].get<double>(), r["kv_bytes"].get<double>() / 1048576.0);
-    std::printf("threads %d\n", L->model.threads());
+    std::printf("threads %d, OpenBLAS kernels %s (prefill speed depends on them)\n", L->model.threads(),
+                tq::cli::blas_core().c_str());
   });
 }
 
