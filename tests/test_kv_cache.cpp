@@ -807,50 +807,79 @@ TEST(KvCache, TrellisCodesCutErrorAndMatchReference) {
   EXPECT_EQ(ca.bytes_used(), cb.bytes_used());
 }
 
+namespace {
+
+// What the two append tests below compare: attention of the last 40 queries, the K means and
+// the bytes of a cache filled the same way twice.
+struct FilledCache {
+  std::vector<float> out, mu;
+  size_t bytes = 0;
+};
+
+// A 2-layer cache of `cfg`'s types with one sink, an 8-token window and RoPE-rotating K means
+// per 64 tokens, filled with k / v (n tokens) by a prefill in two batches, then single tokens
+// (which never run in parallel) on `threads`; `observe`: the queries are observed first (K
+// scaling); `prepare` may change the cache before the appends.
+// Random K / V (fill_kv) and queries of n tokens.
+struct RopeCacheInputs {
+  std::vector<float> k, v, q;
+  RopeCacheInputs(uint64_t seed, int n, int KVH, int D, int H) : q((size_t)n * H * D) {
+    tq::Rng rng(seed);
+    fill_kv(rng, n, KVH, D, k, v);
+    for (auto& x : q) x = (float)rng.normal();
+  }
+};
+
+template <class Prepare>
+FilledCache fill_rope_cache(tq::KvCacheConfig cfg, int n, int H, const RopeCacheInputs& in, int threads, bool observe,
+                            Prepare prepare) {
+  const int D = cfg.head_dim, KVH = cfg.n_kv_heads;
+  const std::vector<float>&k = in.k, &v = in.v, &q = in.q;
+  cfg.sink = 1;
+  cfg.window = 8;
+  cfg.center_k = cfg.center_rope = true;
+  cfg.center_segment = 64;
+  cfg.rope_base = 10000;
+  cfg.rope_dim = D;
+  tq::KvCache c(cfg);
+  prepare(c);
+  for (int t0 = 0, m; t0 < n; t0 += m) {
+    m = t0 == 0 ? n / 2 : (t0 < n - 20 ? n - 20 - t0 : 1);
+    for (int l = 0; l < cfg.n_layers; ++l) {
+      if (observe) c.observe_queries(l, m, &q[(size_t)t0 * H * D], H);
+      c.append(l, m, &k[(size_t)t0 * KVH * D], &v[(size_t)t0 * KVH * D], threads);
+    }
+  }
+  FilledCache f;
+  for (const auto& L : c.impl().layers)
+    for (const auto& s : L.k) f.mu.insert(f.mu.end(), s.mu.begin(), s.mu.end());
+  tq::AttentionParams p;
+  p.n_heads = H;
+  p.pos0 = n - 40;
+  f.out.resize((size_t)40 * H * D);
+  tq::attention(c, 1, 40, &q[(size_t)(n - 40) * H * D], f.out.data(), p);
+  f.bytes = c.bytes_used();
+  return f;
+}
+
+}  // namespace
+
 TEST(KvCache, ParallelAppendStoresTheSameCache) {
   // append(..., n_threads) encodes the streams of a layer in parallel from 16 tokens on: the
   // cache (bytes and every attention output) must not depend on the thread count. Covers the
   // per-stream state that appends move: means (RoPE-rotating, segmented), K scaling from the
   // observed queries, the outlier channel choice, sinks, the window, trellis codes.
   const int n = small() ? 150 : 400, D = 64, KVH = 3, H = 9;
-  tq::Rng rng(23);
-  std::vector<float> k, v;
-  fill_kv(rng, n, KVH, D, k, v);
-  std::vector<float> q((size_t)n * H * D);
-  for (auto& x : q) x = (float)rng.normal();
+  const RopeCacheInputs in(23, n, KVH, D, H);
   struct Cfg { const char* k; const char* v; bool trellis; };
   for (const Cfg& t : {Cfg{"tq2h4n8", "tq3n8", true}, Cfg{"tq3.5", "tq4", false}, Cfg{"q4_0h", "f16", false}}) {
-    std::vector<float> out[2];
-    size_t bytes[2];
-    for (int run = 0; run < 2; ++run) {
-      tq::KvCacheConfig cfg = tq_test::kv_config(2, KVH, D, n, t.k, t.v);
-      cfg.trellis = t.trellis;
-      cfg.sink = 1;
-      cfg.window = 8;
-      cfg.center_k = cfg.center_rope = true;
-      cfg.center_segment = 64;
-      cfg.rope_base = 10000;
-      cfg.rope_dim = D;
-      cfg.scale_k = true;
-      tq::KvCache c(cfg);
-      const int threads = run == 0 ? 1 : 3;
-      // a prefill in two batches, then single tokens (which never run in parallel)
-      for (int t0 = 0, m; t0 < n; t0 += m) {
-        m = t0 == 0 ? n / 2 : (t0 < n - 20 ? n - 20 - t0 : 1);
-        for (int l = 0; l < 2; ++l) {
-          c.observe_queries(l, m, &q[(size_t)t0 * H * D], H);
-          c.append(l, m, &k[(size_t)t0 * KVH * D], &v[(size_t)t0 * KVH * D], threads);
-        }
-      }
-      tq::AttentionParams p;
-      p.n_heads = H;
-      p.pos0 = n - 40;
-      out[run].resize((size_t)40 * H * D);
-      tq::attention(c, 1, 40, &q[(size_t)(n - 40) * H * D], out[run].data(), p);
-      bytes[run] = c.bytes_used();
-    }
-    EXPECT_EQ(bytes[0], bytes[1]) << t.k;
-    EXPECT_EQ(out[0], out[1]) << t.k << "/" << t.v << ": the thread count changed the cache";
+    tq::KvCacheConfig cfg = tq_test::kv_config(2, KVH, D, n, t.k, t.v);
+    cfg.trellis = t.trellis;
+    cfg.scale_k = true;
+    const FilledCache a = fill_rope_cache(cfg, n, H, in, 1, true, [](tq::KvCache&) {});
+    const FilledCache b = fill_rope_cache(cfg, n, H, in, 3, true, [](tq::KvCache&) {});
+    EXPECT_EQ(a.bytes, b.bytes) << t.k;
+    EXPECT_EQ(a.out, b.out) << t.k << "/" << t.v << ": the thread count changed the cache";
   }
 }
 
@@ -861,43 +890,19 @@ TEST(KvCache, RopeAngleTableStoresTheSameCache) {
   // to position 0), the codes, and what attention reads. Covers prefill batches, single
   // tokens, window evictions (positions outside the range) and segmented means.
   const int n = small() ? 150 : 300, D = 64, KVH = 3, H = 9;
-  tq::Rng rng(29);
-  std::vector<float> k, v;
-  fill_kv(rng, n, KVH, D, k, v);
-  std::vector<float> q((size_t)n * H * D);
-  for (auto& x : q) x = (float)rng.normal();
+  const RopeCacheInputs in(29, n, KVH, D, H);
   for (const char* kt : {"tq3h5n8", "tq4"}) {
-    std::vector<float> out[2], mu[2];
-    for (int run = 0; run < 2; ++run) {
-      tq::KvCacheConfig cfg = tq_test::kv_config(2, KVH, D, n, kt, "tq3n8");
-      cfg.sink = 1;
-      cfg.window = 8;
-      cfg.center_k = cfg.center_rope = true;
-      cfg.center_segment = 64;
-      cfg.rope_base = 10000;
-      cfg.rope_dim = D;
-      tq::KvCache c(cfg);
-      if (run == 1)
-        for (auto& L : c.impl().layers)
-          for (auto& s : L.k) {
-            ASSERT_NE(s.turns, nullptr) << kt;
-            s.turns = nullptr;
-          }
-      for (int t0 = 0, m; t0 < n; t0 += m) {
-        m = t0 == 0 ? n / 2 : (t0 < n - 20 ? n - 20 - t0 : 1);
-        for (int l = 0; l < 2; ++l) c.append(l, m, &k[(size_t)t0 * KVH * D], &v[(size_t)t0 * KVH * D], 2);
-      }
-      for (const auto& L : c.impl().layers)
-        for (const auto& s : L.k) mu[run].insert(mu[run].end(), s.mu.begin(), s.mu.end());
-      tq::AttentionParams p;
-      p.n_heads = H;
-      p.pos0 = n - 40;
-      out[run].resize((size_t)40 * H * D);
-      tq::attention(c, 1, 40, &q[(size_t)(n - 40) * H * D], out[run].data(), p);
-    }
-    EXPECT_FALSE(mu[0].empty()) << kt;
-    EXPECT_EQ(mu[0], mu[1]) << kt << ": the means differ";
-    EXPECT_EQ(out[0], out[1]) << kt << ": the cache differs";
+    const tq::KvCacheConfig cfg = tq_test::kv_config(2, KVH, D, n, kt, "tq3n8");
+    const FilledCache a = fill_rope_cache(cfg, n, H, in, 2, false, [](tq::KvCache&) {});
+    int cleared = 0;
+    const FilledCache b = fill_rope_cache(cfg, n, H, in, 2, false, [&](tq::KvCache& c) {
+      for (auto& L : c.impl().layers)
+        for (auto& s : L.k) cleared += s.turns != nullptr, s.turns = nullptr;
+    });
+    EXPECT_EQ(cleared, 2 * KVH) << kt << ": every K stream should read the table";
+    EXPECT_FALSE(a.mu.empty()) << kt;
+    EXPECT_EQ(a.mu, b.mu) << kt << ": the means differ";
+    EXPECT_EQ(a.out, b.out) << kt << ": the cache differs";
   }
 }
 
