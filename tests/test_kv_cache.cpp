@@ -888,8 +888,9 @@ TEST(KvCache, RopeAngleTableStoresTheSameCache) {
   // (kv::RopeTurns) and the streams look them up; a stream without the table computes them in
   // place. Both must store the same cache, bit for bit: the means (taken of keys turned back
   // to position 0), the codes, and what attention reads. Covers prefill batches, single
-  // tokens, window evictions (positions outside the range) and segmented means.
-  const int n = small() ? 150 : 300, D = 64, KVH = 3, H = 9;
+  // tokens, window evictions (positions outside the range), a first batch longer than the
+  // table (kRopeTurnsMax: the rest computed in place) and segmented means.
+  const int n = 2 * tq::kv::kRopeTurnsMax + 100, D = 64, KVH = 3, H = 9;
   const RopeCacheInputs in(29, n, KVH, D, H);
   for (const char* kt : {"tq3h5n8", "tq4"}) {
     const tq::KvCacheConfig cfg = tq_test::kv_config(2, KVH, D, n, kt, "tq3n8");

@@ -1194,7 +1194,9 @@ void KvCache::append(int layer, int n_tokens, const float* k, const float* v, in
   // Prefill-sized appends encode the 2 H streams in parallel (trellis codes: two Viterbi
   // passes per token and part; scalar codes: the rotation and the code search).
   const bool parallel = n_threads > 1 && n_tokens >= 16;
-  if (!I.rope_freq.empty()) I.turns.cover(I.rope_freq, cfg.sink, L.n_tokens, n_tokens);
+  // The angle table holds at most kRopeTurnsMax positions (1-2 MB); an append of more computes
+  // the rest in place.
+  if (!I.rope_freq.empty()) I.turns.cover(I.rope_freq, cfg.sink, L.n_tokens, std::min(n_tokens, kRopeTurnsMax));
   std::exception_ptr err;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads) if (parallel)
   for (int job = 0; job < 2 * H; ++job) {

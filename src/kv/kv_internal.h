@@ -48,6 +48,7 @@ namespace tq::kv {
 constexpr int kBlock = 32;          // tokens per storage block
 constexpr int kBlocksPerChunk = 64; // blocks per allocation chunk (2048 tokens)
 constexpr int kMaxHeadDim = 1024;
+constexpr int kRopeTurnsMax = 1024;  // positions RopeTurns holds (32 B per position and pair)
 constexpr int kRopeExactPairs = 8;  // RoPE-rotating K mean: pairs turned per token (the rest per block)
 // tq_n8 norm codes (see Kind::tq_n8): offsets below the block exponent in 1/kN8Steps octave
 // units, one code per unit for the first kN8FineCodes, then one per kN8CoarseUnits units.
