@@ -361,3 +361,34 @@ TEST(QMatvec, ModelF32WeightsKeepOneCopy) {
   tq::LlamaModel m = tq::LlamaModel::load(g);
   EXPECT_EQ(m.block_weight_bytes(), 0u);
 }
+
+// tq::dequantize_row's SIMD kernels (prefill's GEMM panels) give the scalar reference's bits at
+// every level: Q4_0 / Q4_1 / Q8_0 rows quantized from random weights (codes at both ends of
+// their range, negative and tiny scales), F16 rows of any length.
+TEST(QGemm, DequantizeRowSameBitsAtEveryLevel) {
+  tq::Rng rng(77);
+  int checked = 0;
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::F16}) {
+    for (int n : {32, 576, 1536, 100}) {
+      if (n % 32 && t != GgmlType::F16) continue;
+      std::vector<float> w(n);
+      for (int i = 0; i < n; ++i) w[i] = (float)(rng.normal() * (i % 64 < 32 ? 1e-3 : 3.0)) - (i % 7 == 0 ? 5.f : 0.f);
+      std::vector<uint8_t> row(tq::ggml_row_bytes(t, (size_t)n));
+      tq::quantize_row(t, w.data(), row.data(), (size_t)n);
+      std::vector<float> ref(n), y(n);
+      {
+        tq::simd::ScopedLevel sl("scalar");
+        tq::dequantize_row(t, row.data(), ref.data(), (size_t)n);
+      }
+      for (const auto& level : tq::simd::available_levels()) {
+        tq::simd::ScopedLevel sl(level);
+        std::fill(y.begin(), y.end(), -1.f);
+        tq::dequantize_row(t, row.data(), y.data(), (size_t)n);
+        ASSERT_EQ(0, std::memcmp(y.data(), ref.data(), sizeof(float) * n))
+            << tq::ggml_type_name(t) << " n=" << n << " at " << level;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GE(checked, 13);
+}

@@ -16,6 +16,8 @@
 
 #include "tq/common.h"
 #include "tq/error.h"
+#include "tq/simd.h"
+#include "llm/qmatvec.h"
 
 namespace tq {
 
@@ -101,6 +103,9 @@ uint16_t f32_to_bf16(float f) {
 }  // namespace
 
 void dequantize_row(GgmlType t, const void* src, float* dst, size_t n) {
+  // SIMD kernels for the block types (the same float operations, so the same bits); the
+  // code below is their reference (`--simd scalar`).
+  if (!simd::use_scalar() && llm::detail::dequantize_row_simd(t, src, dst, n)) return;
   const uint8_t* p = static_cast<const uint8_t*>(src);
   switch (t) {
     case GgmlType::F32:
