@@ -75,7 +75,7 @@ void qmv_rows_ref(GgmlType t, const uint8_t* w, int in, const float* x, const fl
                   int o1, float* y, int ldy) noexcept;
 void qmv_rows_simd(GgmlType t, const uint8_t* w, int in, const float* x, const float* xs, int n, int o0,
                    int o1, float* y, int ldy) noexcept;
-// tq::dequantize_row's SIMD kernels (dequant_simd.cpp) for Q4_0, Q4_1, Q8_0 and F16: the
+// tq::dequantize_row's SIMD kernels (qmatvec_simd.cpp) for Q4_0, Q4_1, Q8_0 and F16: the
 // reference's bits; false for another type. No checks.
 bool dequantize_row_simd(GgmlType t, const void* src, float* dst, size_t n) noexcept;
 }  // namespace detail
