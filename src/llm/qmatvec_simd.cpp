@@ -196,14 +196,9 @@ bool QmvRows(GgmlType t, const uint8_t* w, int in, const float* x, const float* 
 // for value (code to float, times d, plus m), hence the same bits at every level. (A code
 // times an fp16 scale, at most 8 + 11 significant bits, is exact in float, so even a fused
 // multiply-add would round the same.)
+
 // At most 16 lanes: a Q4 block's 16 code bytes fill one vector of each half.
 using DF16 = hn::CappedTag<float, 16>;
-
-HWY_INLINE float Half(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return tq::fp16_to_fp32(h);
-}
 
 template <bool kQ41>
 void BlocksQ4(const uint8_t* p, float* dst, size_t nb) {
@@ -214,8 +209,9 @@ void BlocksQ4(const uint8_t* p, float* dst, size_t nb) {
   constexpr size_t kBB = kQ41 ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0);
   const auto m15 = hn::Set(di, 15), eight = hn::Set(di, 8);
   for (size_t b = 0; b < nb; ++b, p += kBB) {
-    const auto vd = hn::Set(df, Half(p));
-    const auto vm = hn::Set(df, kQ41 ? Half(p + 2) : 0.0f);
+    float d, m;
+    Scales2(p, d, m);  // Q4_0: m is the first code bytes, unused
+    const auto vd = hn::Set(df, d), vm = hn::Set(df, m);
     const uint8_t* qs = p + (kQ41 ? 4 : 2);
     float* y = dst + b * 32;
     for (size_t j = 0; j < 16; j += N) {
@@ -238,7 +234,9 @@ void BlocksQ8(const uint8_t* p, float* dst, size_t nb) {
   const hn::Rebind<int8_t, DF16> d8;
   const size_t N = hn::Lanes(df);
   for (size_t b = 0; b < nb; ++b, p += sizeof(BlockQ8_0)) {
-    const auto vd = hn::Set(df, Half(p));
+    float d, unused;
+    Scales2(p, d, unused);  // reads the first two code bytes too (ignored): inside the block
+    const auto vd = hn::Set(df, d);
     const int8_t* qs = reinterpret_cast<const int8_t*>(p + 2);
     for (size_t j = 0; j < 32; j += N)
       hn::StoreU(hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, qs + j))), vd), df, dst + b * 32 + j);
@@ -252,7 +250,11 @@ void RowF16(const uint8_t* p, float* dst, size_t n) {
   size_t i = 0;
   for (; i + N <= n; i += N)
     hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p) + i)), df, dst + i);
-  for (; i < n; ++i) dst[i] = Half(p + 2 * i);
+  for (; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, p + 2 * i, 2);
+    dst[i] = tq::fp16_to_fp32(h);
+  }
 }
 
 // False for a type these kernels do not read (the caller uses the reference).
