@@ -816,10 +816,6 @@ struct FilledCache {
   size_t bytes = 0;
 };
 
-// A 2-layer cache of `cfg`'s types with one sink, an 8-token window and RoPE-rotating K means
-// per 64 tokens, filled with k / v (n tokens) by a prefill in two batches, then single tokens
-// (which never run in parallel) on `threads`; `observe`: the queries are observed first (K
-// scaling); `prepare` may change the cache before the appends.
 // Random K / V (fill_kv) and queries of n tokens.
 struct RopeCacheInputs {
   std::vector<float> k, v, q;
@@ -830,6 +826,10 @@ struct RopeCacheInputs {
   }
 };
 
+// A 2-layer cache of `cfg`'s types with one sink, an 8-token window and RoPE-rotating K means
+// per 64 tokens, filled with k / v (n tokens) by a prefill in two batches, then single tokens
+// (which never run in parallel) on `threads`; `observe`: the queries are observed first (K
+// scaling); `prepare` may change the cache before the appends.
 template <class Prepare>
 FilledCache fill_rope_cache(tq::KvCacheConfig cfg, int n, int H, const RopeCacheInputs& in, int threads, bool observe,
                             Prepare prepare) {
