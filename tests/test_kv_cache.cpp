@@ -703,7 +703,8 @@ TEST(Attention, KernelSelection) {
   }
   EXPECT_EQ(kernel("tq4p", "tq2", 64, 1, false), "tq-float");
   EXPECT_EQ(kernel("tq4", "tq3", 48, 2, false), "tq-float");   // D multiple of 16
-  EXPECT_EQ(kernel("tq4", "tq3", 128, 5, false), "rows");      // G = 5: no kernel instance
+  EXPECT_EQ(kernel("tq4", "tq3", 128, 5, false), "tq-float");  // G = 5: subgroups of 4 and 1
+  EXPECT_EQ(kernel("f16", "f16", 64, 7, false), "f16");         // 4 + 3
   EXPECT_EQ(kernel("tq4", "f16", 128, 4, false), "rows");
   EXPECT_EQ(kernel("f16", "f16", 128, 4, false), "f16");
   EXPECT_EQ(kernel("q4_0h", "q4_0h", 128, 4, false), "rows");
@@ -715,6 +716,7 @@ TEST(Attention, KernelSelection) {
       EXPECT_EQ(kernel(t, "tq4", 64, 3, true), "tq-lut8") << t;
     }
     EXPECT_EQ(kernel("tq7", "tq3", 128, 4, true), "tq-float");  // lut8 tables hold 6 bits
+    EXPECT_EQ(kernel("tq4", "tq3", 64, 6, true), "tq-lut8");    // 4 + 2
   }
   for (const auto& lv : tq::simd::available_levels()) {  // Highway: every level but scalar
     tq::simd::ScopedLevel sl(lv);
@@ -974,6 +976,56 @@ TEST(KvCache, TrellisPrefillRowsMatchReferenceAndOneQueryCalls) {
       EXPECT_LE(rel_err(fused, fused_one), kExactRelTol) << what << " lut8";
       EXPECT_LE(rel_err(fused, ref), kFastRelTol) << what << " lut8";
       EXPECT_GT(rel_err(fused, ref), 0.0) << what << " lut8: int8 tables, not the row path";
+    }
+}
+
+TEST(Attention, GqaRatiosWithoutInstanceRunAsSubgroups) {
+  // 5, 6, 7, 12 query heads per kv head: the fused kernels run on subgroups of instanced sizes
+  // (8, 4, 3, 2, 1) over copies of their rows. Decode and prefill calls, f16, tq and QJL-K
+  // caches, RoPE-rotating K means (their per-row coefficients are copied too), a sink and a window.
+  const int n = small() ? 200 : 420, D = 64, KVH = 2;
+  tq::Rng rng(41);
+  std::vector<float> k, v;
+  fill_kv(rng, n, KVH, D, k, v);
+  struct Case {
+    const char *k, *v;
+    bool centred;
+    const char* kernel;  // the layer's fused kernel with lut8 off
+  };
+  const Case cases[] = {{"f16", "f16", false, "f16"}, {"tq4", "tq3", false, "tq-float"},
+                        {"tq3p", "tq3", false, "tq-float"},  // QJL K: query rows of 2 D floats
+                        {"tq3h6n8", "tq4n8", true, "tq-float"}};
+  const bool fused = tq::simd::current_level() != "scalar";
+  for (int G : {5, 6, 7, 12})
+    for (const Case& cs : cases) {
+      const int H = KVH * G;
+      tq::KvCacheConfig cfg = tq_test::kv_config(1, KVH, D, n, cs.k, cs.v);
+      cfg.window = 16;
+      cfg.sink = cs.centred ? 1 : 0;
+      if (cs.centred) center_rope_k(cfg, D);
+      tq::KvCache c(cfg);
+      c.append(0, n, k.data(), v.data());
+      tq::AttentionParams p;
+      p.n_heads = H;
+      const std::string what = std::string(cs.k) + "/" + cs.v + " G " + std::to_string(G);
+      EXPECT_EQ(tq::attention_kernel(c, 0, p), fused ? cs.kernel : "rows") << what;
+      for (int nq : {1, 13}) {
+        std::vector<float> q((size_t)nq * H * D);
+        for (auto& x : q) x = (float)rng.normal();
+        std::vector<float> out(q.size(), -1.f), ref(q.size());
+        p.pos0 = n - nq - 150;  // prefill: causal limits across blocks and mean segments
+        p.lut8 = false;
+        tq::attention_ref(c, 0, nq, q.data(), ref.data(), p);
+        tq::attention(c, 0, nq, q.data(), out.data(), p);
+        EXPECT_LE(rel_err(out, ref), kExactRelTol) << what << " nq " << nq;
+        if (nq > 1) EXPECT_LE(rel_err(out, one_query_calls(c, q, nq, H, D, p)), kExactRelTol) << what;
+        p.lut8 = true;
+        const bool lut8 = tq::attention_kernel(c, 0, p) == "tq-lut8";
+        EXPECT_EQ(lut8, fused && std::string(cs.kernel) != "f16" && tq::simd::current_level() == "avx3_dl") << what;
+        tq::attention(c, 0, nq, q.data(), out.data(), p);
+        EXPECT_LE(rel_err(out, ref), lut8 ? kFastRelTol : kExactRelTol) << what << " nq " << nq << " lut8";
+        if (lut8 && nq > 1) EXPECT_LE(rel_err(out, one_query_calls(c, q, nq, H, D, p)), kExactRelTol) << what;
+      }
     }
 }
 

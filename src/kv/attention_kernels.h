@@ -15,8 +15,11 @@ namespace tq::kv {
 constexpr int kChunkTokens = 2048;  // KV-length split (multiple of kBlock): fixed, so results
                                     // do not depend on the thread count
 
-// GQA ratios with fused kernel instances (DecodeF16, DecodeTq, lut8); others take the row path.
+// GQA ratios with fused kernel instances (DecodeF16, DecodeTq, lut8). fused_decode runs the
+// others (5, 6, 7, 9+ query heads per kv head) as subgroups of these sizes.
 inline bool has_kernel_instance(int G) noexcept { return G == 1 || G == 2 || G == 3 || G == 4 || G == 8; }
+// The size of the next subgroup when `left` heads of a group remain: the largest instance that fits.
+inline int kernel_subgroup(int left) noexcept { return left >= 8 ? 8 : left >= 4 ? 4 : left; }
 
 struct Shape {
   int D, H, KVH, G, n_q, n_tokens, n_quant;
@@ -83,8 +86,10 @@ struct States {
 // block aligned). Query i: rows i G .. i G + G - 1 of qd (sh.qstride floats apart, K domain),
 // sees the tokens before limits[i], updates rows i G .. of st (V domain). Decode is nq = 1;
 // prefill passes its queries together, so the lut8 kernel scores several queries per pass over
-// a block (the others run one query at a time). Returns false when no fused kernel handles
-// (sk, sv) here. lut8 lets the tq kernels use int8 lookup tables (AttentionParams::lut8).
+// a block (the others run one query at a time). Returns false (st untouched) when no fused
+// kernel handles (sk, sv) here. lut8 lets the tq kernels use int8 lookup tables
+// (AttentionParams::lut8). A G without a kernel instance runs as subgroups of heads
+// (kernel_subgroup), each over copies of its rows: the tokens are read once per subgroup.
 bool fused_decode(const Shape& sh, const Stream& sk, const Stream& sv, int nq, const float* qd,
                   const int* limits, int a, int b, const States& st, bool lut8);
 

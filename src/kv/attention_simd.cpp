@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "kv/attention_kernels.h"
 #include "tq/common.h"
@@ -238,10 +239,10 @@ bool tq_pair(const Stream& sk, const Stream& sv) {
   };
   return (is_tq(sk) || sk.fmt->kind == Kind::tq_prod) && is_tq(sv);
 }
-}  // namespace
 
-bool fused_decode(const Shape& sh, const Stream& sk, const Stream& sv, int nq, const float* qd,
-                  const int* limits, int a, int b, const States& st, bool lut8) {
+// fused_decode for a G with a kernel instance.
+bool fused_group(const Shape& sh, const Stream& sk, const Stream& sv, int nq, const float* qd, const int* limits,
+                 int a, int b, const States& st, bool lut8) {
   if (sk.fmt->kind == Kind::f16 && sv.fmt->kind == Kind::f16)
     return each_query(sh, sk, nq, qd, limits, st, [&](const Shape& s, const float* q, int limit, const States& si) {
       return HWY_DYNAMIC_DISPATCH(DecodeF16)(s, sk, sv, q, limit, a, b, si);
@@ -249,12 +250,50 @@ bool fused_decode(const Shape& sh, const Stream& sk, const Stream& sv, int nq, c
   if (tq_pair(sk, sv)) return decode_tq(sh, sk, sv, nq, qd, limits, a, b, st, lut8);
   return false;
 }
+}  // namespace
+
+bool fused_decode(const Shape& sh, const Stream& sk, const Stream& sv, int nq, const float* qd,
+                  const int* limits, int a, int b, const States& st, bool lut8) {
+  if (has_kernel_instance(sh.G)) return fused_group(sh, sk, sv, nq, qd, limits, a, b, st, lut8);
+  // Heads g0 .. g0 + gs - 1 of every query: their query rows, states and RoPE-mean coefficients
+  // copied to rows i gs + g, a call with G = gs, the states copied back. Whether a kernel runs
+  // depends on the types only, so a false comes from the first subgroup, before any copy-back.
+  const int G = sh.G, qs = sh.qstride, ms = sh.rope_mc ? rope_mc_stride(sk) : 0;
+  const size_t ss = st.stride();
+  thread_local std::vector<float> q, s, mc;
+  for (int g0 = 0, gs; g0 < G; g0 += gs) {
+    gs = kernel_subgroup(G - g0);
+    const size_t rows = (size_t)nq * gs;
+    q.resize(rows * qs);
+    s.resize(rows * ss);
+    mc.resize(rows * ms);
+    for (int i = 0; i < nq; ++i)
+      for (int g = 0; g < gs; ++g) {
+        const size_t from = (size_t)i * G + g0 + g, to = (size_t)i * gs + g;
+        std::memcpy(&q[to * qs], qd + from * qs, sizeof(float) * qs);
+        std::memcpy(&s[to * ss], st.base + from * ss, sizeof(float) * ss);
+        if (ms) std::memcpy(&mc[to * ms], sh.rope_mc + from * ms, sizeof(float) * ms);
+      }
+    Shape sub = sh;
+    sub.G = gs;
+    sub.H = sh.KVH * gs;
+    sub.rope_mc = ms ? mc.data() : nullptr;
+    if (!fused_group(sub, sk, sv, nq, q.data(), limits, a, b, States{s.data(), st.D}, lut8)) {
+      TQ_ASSERT(g0 == 0);
+      return false;
+    }
+    for (int i = 0; i < nq; ++i)
+      for (int g = 0; g < gs; ++g)
+        std::memcpy(st.base + ((size_t)i * G + g0 + g) * ss, &s[((size_t)i * gs + g) * ss], sizeof(float) * ss);
+  }
+  return true;
+}
 
 const char* fused_kernel_name(const Shape& sh, const Stream& sk, const Stream& sv, bool lut8) {
   if (simd::use_scalar()) return "rows";
   if (sk.fmt->kind == Kind::f16 && sv.fmt->kind == Kind::f16) {
-    // DecodeF16 runs for these G when the vector length divides D (16 covers every level).
-    return has_kernel_instance(sh.G) && sh.D % 16 == 0 ? "f16" : "rows";
+    // DecodeF16 runs when the vector length divides D (16 covers every level).
+    return sh.D % 16 == 0 ? "f16" : "rows";
   }
   if (tq_pair(sk, sv)) {
     if (lut8 && decode_tq_supported(sh, sk, sv, true)) return "tq-lut8";

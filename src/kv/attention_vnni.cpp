@@ -595,7 +595,6 @@ bool decode_tq_supported(const Shape& sh, const Stream& sk, const Stream& sv, bo
     if (s->trellis_coded() && !lut8 && decode_tq_float_lanes() < 8) return false;
   }
   if (sh.D % 16 != 0 || sh.D > kMaxHeadDim) return false;
-  if (!has_kernel_instance(sh.G)) return false;
   // The SIMD level (TQ_SIMD / --simd) decides: lut8 needs VNNI + VBMI + VBMI2 and the avx3_dl level;
   // the float kernel runs at every Highway level with 4-16 float lanes (not scalar). This runs
   // per query and chunk: the float check reads an atomic, only lut8 asks for the level name.
