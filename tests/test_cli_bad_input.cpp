@@ -6,12 +6,10 @@
 //
 // With TQ_BAD_INPUT_TABLE=<file> the cases and the errors they produced are written there
 // as a Markdown table (RELIABILITY.md quotes it).
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <strings.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -23,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_test_util.h"
 #include "llm_test_util.h"
 #include "tq/fileio.h"
 #include "tq/gguf.h"
@@ -33,54 +32,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct RunResult {
-  int status = -1;  // exit code, or 128 + signal
-  std::string out, err;
-};
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-// Runs `tq args...` with stdout/stderr captured (no shell, arguments passed verbatim).
-RunResult run_tq(const std::vector<std::string>& args, const std::string& cwd = "") {
-  static int counter = 0;
-  const std::string base = (fs::temp_directory_path() /
-                            ("tq_cli_run_" + std::to_string(::getpid()) + "_" + std::to_string(counter++)))
-                               .string();
-  const std::string out_path = base + ".out", err_path = base + ".err";
-  std::vector<std::string> argv_s{TQ_CLI_PATH};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : argv_s) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    const int o = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int e = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (o < 0 || e < 0) ::_exit(127);
-    ::dup2(o, 1);
-    ::dup2(e, 2);
-    const int in = ::open("/dev/null", O_RDONLY);
-    if (in >= 0) ::dup2(in, 0);
-    if (!cwd.empty() && ::chdir(cwd.c_str()) != 0) ::_exit(127);
-    ::setenv("TQ_PROGRESS", "0", 1);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  RunResult r;
-  int st = 0;
-  if (pid > 0 && ::waitpid(pid, &st, 0) == pid)
-    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  r.out = slurp(out_path);
-  r.err = slurp(err_path);
-  std::remove(out_path.c_str());
-  std::remove(err_path.c_str());
-  return r;
-}
+using tq_test::RunResult;
+using tq_test::run_tq;
 
 std::string join(const std::vector<std::string>& a) {
   std::string s;

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_test_util.h"
 #include "kv_test_util.h"
 #include "kv/kv_internal.h"
 #include "tq/common.h"
@@ -598,30 +599,14 @@ TEST(Attention, EdgeHeadDims) {
   }
 }
 
-namespace {
-
-// A shell command's exit status and stdout.
-std::pair<int, std::string> run_command(const std::string& cmd) {
-  FILE* f = popen(cmd.c_str(), "r");
-  if (!f) return {-1, ""};
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
-  return {pclose(f), out};
-}
-
-}  // namespace
-
 // The CLI prints one JSON object with one result per type and thread count.
 TEST(Attention, BenchCliJson) {
-  const std::string cmd = std::string(TQ_CLI_PATH) +
-                          " bench attention --head-dim 64 --n-heads 4 --n-kv-heads 2 --context 300"
-                          " --kv f16,tq4,q4_0h,tq4@lut8,tq3@tc,tq3@tc@lut8 --threads 1 --steps 1 --err-queries 1 --json"
-                          " 2>/dev/null";
-  const auto [rc, out] = run_command(cmd);
-  ASSERT_EQ(rc, 0) << out;
-  const auto j = nlohmann::json::parse(out);
+  using tq_test::run_tq;
+  const auto r = run_tq({"bench", "attention", "--head-dim", "64", "--n-heads", "4", "--n-kv-heads", "2", "--context",
+                         "300", "--kv", "f16,tq4,q4_0h,tq4@lut8,tq3@tc,tq3@tc@lut8", "--threads", "1", "--steps", "1",
+                         "--err-queries", "1", "--json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
   ASSERT_EQ(j["results"].size(), 6u);
   EXPECT_EQ(j["results"][1]["kv"], "tq4");
   EXPECT_EQ(j["results"][1]["k_bytes_per_head"], 34);  // 64 * 4 / 8 + 2
@@ -649,24 +634,31 @@ TEST(Attention, BenchCliJson) {
   // --queries: the timed call is a prefill of that many queries; its same-codes checks cover
   // every query of it.
   {
-    const std::string cmdq = std::string(TQ_CLI_PATH) +
-                             " bench attention --head-dim 64 --n-heads 6 --n-kv-heads 2 --context 300 --queries 40"
-                             " --kv f16,tq4,tq4@lut8 --threads 1 --steps 1 --err-queries 1 --json 2>/dev/null";
-    const auto [rcq, outq] = run_command(cmdq);
-    ASSERT_EQ(rcq, 0) << outq;
-    const auto jq = nlohmann::json::parse(outq);
+    const auto rq = run_tq({"bench", "attention", "--head-dim", "64", "--n-heads", "6", "--n-kv-heads", "2",
+                            "--context", "300", "--queries", "40", "--kv", "f16,tq4,tq4@lut8", "--threads", "1",
+                            "--steps", "1", "--err-queries", "1", "--json"});
+    ASSERT_EQ(rq.status, 0) << rq.err;
+    const auto jq = nlohmann::json::parse(rq.out);
     EXPECT_EQ(jq["queries"], 40);
     ASSERT_EQ(jq["results"].size(), 3u);
     EXPECT_GT(jq["results"][1]["ms_per_step"].get<double>(), 0.0);
     EXPECT_LT(jq["results"][1]["rel_err_fused_vs_ref"].get<double>(), kExactRelTol);
     EXPECT_LT(jq["results"][2]["rel_err_fused_vs_ref"].get<double>(), kFastRelTol);
     EXPECT_LT(jq["results"][2]["rel_err_float_vs_ref"].get<double>(), kExactRelTol);
-    EXPECT_NE(std::system((std::string(TQ_CLI_PATH) + " bench attention --context 10 --queries 11 >/dev/null 2>&1").c_str()), 0);
   }
-  // Unknown type or kernel suffix: non-zero exit.
-  EXPECT_NE(std::system((std::string(TQ_CLI_PATH) + " bench attention --kv tq4@lut9 --context 10 >/dev/null 2>&1").c_str()), 0);
-  EXPECT_NE(std::system((std::string(TQ_CLI_PATH) + " bench attention --kv tq4@tc@x --context 10 >/dev/null 2>&1").c_str()), 0);
-  EXPECT_NE(std::system((std::string(TQ_CLI_PATH) + " bench attention --kv q5_k --context 10 >/dev/null 2>&1").c_str()), 0);
+  // More queries than context, unknown type or kernel suffix: a one-line error naming it.
+  const std::pair<std::vector<std::string>, const char*> bad[] = {
+      {{"--context", "10", "--queries", "11"}, "--queries"},
+      {{"--kv", "tq4@lut9", "--context", "10"}, "lut9"},
+      {{"--kv", "tq4@tc@x", "--context", "10"}, "'@x'"},
+      {{"--kv", "q5_k", "--context", "10"}, "q5_k"}};
+  for (const auto& [args, names] : bad) {
+    std::vector<std::string> a{"bench", "attention"};
+    a.insert(a.end(), args.begin(), args.end());
+    const auto rb = run_tq(a);
+    EXPECT_TRUE(tq_test::failed_cleanly(rb)) << names << ": exit " << rb.status << ", stderr: " << rb.err;
+    EXPECT_NE(rb.err.find(names), std::string::npos) << rb.err;
+  }
 }
 
 // Which decode kernel runs: every tq mse / split / prod K with tq V up to 8 bits gets the
