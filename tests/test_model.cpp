@@ -144,6 +144,39 @@ TEST(Model, TinyForwardMatchesReference) {
   }
 }
 
+TEST(Model, TinyForwardGqaSevenMatchesReference) {
+  // 7 query heads per kv head (no kernel instance: the fused kernels run subgroups of 4 and 3).
+  // f32 cache (row path) against the double reference as above; f16 and tq caches (the fused
+  // f16 and float tq kernels) against the same model with attention_ref on the same cache type.
+  TinyLlama c;
+  c.n_embd = 224;
+  c.n_heads = 14;
+  c.n_kv_heads = 2;
+  const auto bytes = tq_test::tiny_llama_gguf(c, tq::GgmlType::F32, 9).bytes();
+  auto g = tq::GgufFile::from_bytes(bytes.data(), bytes.size());
+  tq::LlamaModel m = tq::LlamaModel::load(g);
+  m.set_threads(2);
+  ASSERT_EQ(m.config().head_dim, 16);
+  const auto toks = some_tokens(41, c.n_vocab, 5);
+  auto run = [&](const char* type, tq::AttentionImpl impl) {
+    m.set_attention_impl(impl);
+    auto kc = m.kv_config(64);
+    kc.type_k = kc.type_v = type;
+    tq::KvCache cache(kc);
+    std::vector<float> hidden(toks.size() * c.n_embd), lg(toks.size() * c.n_vocab);
+    m.forward(cache, toks.data(), static_cast<int>(toks.size()), hidden.data());
+    m.logits(hidden.data(), static_cast<int>(toks.size()), lg.data());
+    return lg;
+  };
+  EXPECT_LT(rel_err(run("f32", tq::AttentionImpl::Fused), reference_logits(g, c, toks)), kTolF32);
+  for (const char* type : {"f16", "tq4", "tq8"}) {
+    const auto ref = run(type, tq::AttentionImpl::Reference);
+    const double e = rel_err(run(type, tq::AttentionImpl::Fused), std::vector<double>(ref.begin(), ref.end()));
+    std::printf("[ gqa 7 ] %s cache: fused vs reference attention, logits rel err %.2e\n", type, e);
+    EXPECT_LT(e, kTolF32) << type;
+  }
+}
+
 TEST(Model, PrefillEqualsDecodeAndMicroBatches) {
   TinyLlama c;
   const auto bytes = tq_test::tiny_llama_gguf(c, tq::GgmlType::F32, 9).bytes();
