@@ -63,11 +63,15 @@ inline RunResult run_tq(const std::vector<std::string>& args, const std::string&
   return r;
 }
 
+// True when err is exactly one line `tq: error: ...`.
+inline bool one_error_line(const std::string& err) {
+  return err.rfind("tq: error: ", 0) == 0 && err.find('\n') == err.size() - 1;
+}
+
 // True when r is a clean failure: non-zero exit (no signal), nothing on stdout, one line
 // `tq: error: ...` on stderr.
 inline bool failed_cleanly(const RunResult& r) {
-  return r.status > 0 && r.status < 128 && r.out.empty() && r.err.rfind("tq: error: ", 0) == 0 &&
-         r.err.find('\n') == r.err.size() - 1;
+  return r.status > 0 && r.status < 128 && r.out.empty() && one_error_line(r.err);
 }
 
 }  // namespace tq_test

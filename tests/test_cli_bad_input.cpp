@@ -94,8 +94,7 @@ void expect_clean_error(const std::string& entry, const std::string& what, const
   SCOPED_TRACE("tq " + join(args));
   const auto before = dir ? dir->listing() : std::set<std::string>{};
   const RunResult r = run_tq(args);
-  const bool one_line = !r.err.empty() && r.err.rfind("tq: error: ", 0) == 0 && r.err.back() == '\n' &&
-                        r.err.find('\n') == r.err.size() - 1;
+  const bool one_line = tq_test::one_error_line(r.err);
   EXPECT_NE(r.status, 0) << "exit code";
   EXPECT_LT(r.status, 128) << "killed by a signal: " << r.err;
   EXPECT_TRUE(r.out.empty()) << "stdout: " << r.out;
