@@ -925,52 +925,6 @@ std::vector<float> one_query_calls(const tq::KvCache& c, const std::vector<float
 
 }  // namespace
 
-TEST(KvCache, TrellisPrefillRowsMatchReferenceAndOneQueryCalls) {
-  // From 8 queries on, trellis streams are decoded to rows once per block (attend_rows)
-  // instead of the per-query fused kernel: same results as attention_ref and as the same
-  // queries one call each (fused kernel), plain and with RoPE-rotating K means (the centred
-  // path), with the rows of a window and a sink around the quantized part. With lut8 (avx3_dl)
-  // the fused kernel runs for every call.
-  const int n = small() ? 300 : 600, D = 64, KVH = 2, H = 6, nq = 12;
-  tq::Rng rng(22);
-  std::vector<float> k, v;
-  fill_kv(rng, n, KVH, D, k, v);
-  std::vector<float> q((size_t)nq * H * D);
-  for (auto& x : q) x = (float)rng.normal();
-  for (const char* t : {"tq3", "tq2h4n8"})
-    for (bool centred : {false, true}) {
-      tq::KvCacheConfig cfg = tq_test::kv_config(1, KVH, D, n, t, "tq3n8");
-      cfg.trellis = true;
-      cfg.window = 16;
-      cfg.sink = 1;
-      if (centred) center_rope_k(cfg, D);
-      tq::KvCache c(cfg);
-      c.append(0, n, k.data(), v.data());
-      tq::AttentionParams p;
-      p.n_heads = H;
-      p.pos0 = n - 200;  // causal limits across several blocks and mean segments
-      std::vector<float> rows(q.size()), ref(q.size());
-      tq::attention(c, 0, nq, q.data(), rows.data(), p);
-      tq::attention_ref(c, 0, nq, q.data(), ref.data(), p);
-      const std::vector<float> one = one_query_calls(c, q, nq, H, D, p);
-      const std::string what = std::string(t) + (centred ? " centred" : "");
-      EXPECT_LE(rel_err(rows, ref), kExactRelTol) << what;
-      EXPECT_LE(rel_err(rows, one), kExactRelTol) << what;
-      // lut8 reads trellis codes without gathers and keeps the fused kernel for every call:
-      // the 12-query call equals the one-query calls (up to float summation order where the
-      // calls split the tokens differently across threads), within lut8's tolerance of the
-      // reference and not equal to it (the row path would be).
-      p.lut8 = true;
-      if (tq::attention_kernel(c, 0, p) != "tq-lut8") continue;
-      std::vector<float> fused(q.size());
-      tq::attention(c, 0, nq, q.data(), fused.data(), p);
-      const std::vector<float> fused_one = one_query_calls(c, q, nq, H, D, p);
-      EXPECT_LE(rel_err(fused, fused_one), kExactRelTol) << what << " lut8";
-      EXPECT_LE(rel_err(fused, ref), kFastRelTol) << what << " lut8";
-      EXPECT_GT(rel_err(fused, ref), 0.0) << what << " lut8: int8 tables, not the row path";
-    }
-}
-
 TEST(Attention, GqaRatiosWithoutInstanceRunAsSubgroups) {
   // 5, 6, 7, 12 query heads per kv head: the fused kernels run on subgroups of instanced sizes
   // (8, 4, 3, 2, 1) over copies of their rows. Decode and prefill calls, f16, tq and QJL-K
@@ -1021,11 +975,14 @@ TEST(Attention, GqaRatiosWithoutInstanceRunAsSubgroups) {
     }
 }
 
-TEST(KvCache, Lut8ManyQueryCallEqualsOneQueryCalls) {
-  // Prefill passes its queries to the lut8 kernel together: kMaxRows / G queries go through a
-  // block per pass (the last few one at a time) and the range's norms are decoded once. Every
-  // query's output equals its own one-query call: fp16 and 8-bit log norms, split and prod K,
-  // trellis codes, the RoPE-rotating K mean, causal limits ending mid-block, every G with a kernel.
+TEST(KvCache, ManyQueryCallEqualsOneQueryCalls) {
+  // Prefill passes its queries to the tq kernels together. The float kernel expands each
+  // block's codes to float tiles once for kTileRows / G queries and decodes the norms once; the
+  // lut8 kernel takes kMaxRows / G queries through a block per pass and decodes the range's norms
+  // once (the last few queries one at a time in both). Every query's output equals its own
+  // one-query call (which reads the codes directly): bit for bit with the float kernel, up to
+  // float order with lut8. fp16 and 8-bit log norms, split and prod K, trellis codes, the
+  // RoPE-rotating K mean, causal limits ending mid-block, every G with a kernel instance.
   const int n = 400, D = 64, KVH = 2, nq = 29;
   struct Case {
     const char *k, *v;
@@ -1034,39 +991,55 @@ TEST(KvCache, Lut8ManyQueryCallEqualsOneQueryCalls) {
   };
   const Case cases[] = {{"tq4", "tq4", false, false, 0},      {"tq3h6n8", "tq4n8", false, true, 0},
                         {"tq3.5", "tq2.5", false, false, 16}, {"tq3p", "tq3", false, false, 0},
-                        {"tq2h4n8", "tq3n8", true, true, 16}, {"tq5", "tq6", false, true, 0}};
+                        {"tq2h4n8", "tq3n8", true, true, 16}, {"tq3", "tq3n8", true, false, 16},
+                        {"tq5", "tq6", false, true, 0},       {"tq8", "tq7", false, false, 0}};
   tq::Rng rng(31);
   std::vector<float> k, v;
   fill_kv(rng, n, KVH, D, k, v);
-  int ran = 0;
-  for (int G : {1, 2, 3, 4, 8}) {
-    const int H = KVH * G;
-    std::vector<float> q((size_t)nq * H * D);
-    for (auto& x : q) x = (float)rng.normal();
-    for (const Case& cs : cases) {
-      tq::KvCacheConfig cfg = tq_test::kv_config(1, KVH, D, n, cs.k, cs.v);
-      cfg.trellis = cs.trellis;
-      cfg.window = cs.window;
-      cfg.sink = 1;
-      if (cs.centred) center_rope_k(cfg, D);
-      tq::KvCache c(cfg);
-      c.append(0, n, k.data(), v.data());
-      tq::AttentionParams p;
-      p.n_heads = H;
-      p.lut8 = true;
-      p.pos0 = n - 120;  // limits 281..309: across a block boundary, mid-block ends
-      if (tq::attention_kernel(c, 0, p) != "tq-lut8") continue;
-      ++ran;
-      std::vector<float> many(q.size()), ref(q.size());
-      tq::attention(c, 0, nq, q.data(), many.data(), p);
-      tq::attention_ref(c, 0, nq, q.data(), ref.data(), p);
-      const std::vector<float> one = one_query_calls(c, q, nq, H, D, p);
-      const std::string what = std::string(cs.k) + "/" + cs.v + (cs.trellis ? " tc" : "") +
-                               (cs.centred ? " centred" : "") + " G " + std::to_string(G);
-      EXPECT_LE(rel_err(many, one), kExactRelTol) << what;
-      EXPECT_LE(rel_err(many, ref), kFastRelTol) << what;
+  for (const std::string& lv : tq::simd::available_levels()) {
+    if (lv == "scalar") continue;  // no fused tq kernel
+    tq::simd::ScopedLevel level(lv);
+    int ran[2] = {0, 0};  // float, lut8
+    int want_float = 0;   // at 4 float lanes (sse4) trellis codes take the row path
+    for (int G : {1, 2, 3, 4, 8}) {
+      const int H = KVH * G;
+      std::vector<float> q((size_t)nq * H * D);
+      for (auto& x : q) x = (float)rng.normal();
+      for (const Case& cs : cases) {
+        tq::KvCacheConfig cfg = tq_test::kv_config(1, KVH, D, n, cs.k, cs.v);
+        cfg.trellis = cs.trellis;
+        cfg.window = cs.window;
+        cfg.sink = 1;
+        if (cs.centred) center_rope_k(cfg, D);
+        tq::KvCache c(cfg);
+        c.append(0, n, k.data(), v.data());
+        want_float += !(cs.trellis && lv == "sse4");
+        for (bool lut8 : {false, true}) {
+          tq::AttentionParams p;
+          p.n_heads = H;
+          p.lut8 = lut8;
+          p.pos0 = n - 120;  // limits 281..309: across a block boundary, mid-block ends
+          if (tq::attention_kernel(c, 0, p) != (lut8 ? "tq-lut8" : "tq-float")) continue;
+          ++ran[lut8];
+          std::vector<float> many(q.size()), ref(q.size());
+          tq::attention(c, 0, nq, q.data(), many.data(), p);
+          tq::attention_ref(c, 0, nq, q.data(), ref.data(), p);
+          const std::vector<float> one = one_query_calls(c, q, nq, H, D, p);
+          const std::string what = std::string(cs.k) + "/" + cs.v + (cs.trellis ? " tc" : "") +
+                                   (cs.centred ? " centred" : "") + " G " + std::to_string(G) + " " + lv +
+                                   (lut8 ? " lut8" : " float");
+          if (lut8) {
+            EXPECT_LE(rel_err(many, one), kExactRelTol) << what;
+            EXPECT_LE(rel_err(many, ref), kFastRelTol) << what;
+          } else {
+            EXPECT_EQ(many, one) << what;
+            EXPECT_LE(rel_err(many, ref), kExactRelTol) << what;
+          }
+        }
+      }
     }
+    EXPECT_EQ(ran[0], want_float) << lv << ": the float kernel ran for some cases only";
+    // lut8: avx3_dl, up to 6 bits (not tq8/tq7)
+    EXPECT_EQ(ran[1], lv == "avx3_dl" ? 5 * ((int)std::size(cases) - 1) : 0) << lv << ": lut8 ran for some cases only";
   }
-  if (ran == 0) GTEST_SKIP() << "no lut8 kernel at this SIMD level";
-  EXPECT_EQ(ran, 5 * (int)std::size(cases)) << "lut8 ran for some cases only";
 }

@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <limits>
@@ -26,23 +25,6 @@ namespace kv {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// Trellis-coded streams (KvCacheConfig::trellis): the float kernel gathers every code's value
-// per query, so a call with many queries (prefill) decodes each block's rows once and scores
-// them with attend_rows instead. From kTrellisRowsMinQueries queries on; TQ_TRELLIS_ROWS_MIN=N
-// overrides it for A/B runs (0: never). Crossover: bench_attention Queries/*tc*, docs/design.md.
-// The lut8 kernel looks trellis values up in registers and stays faster than rows at every
-// query count measured (1-64), so where it runs the rows switch does not apply.
-constexpr int kTrellisRowsMinQueries = 8;
-
-bool trellis_rows(const Shape& sh, const Stream& sk, const Stream& sv, int n_queries, bool lut8) {
-  static const int min_q = [] {
-    const char* e = std::getenv("TQ_TRELLIS_ROWS_MIN");
-    return e && *e ? std::atoi(e) : kTrellisRowsMinQueries;
-  }();
-  return min_q > 0 && n_queries >= min_q && (sk.trellis_coded() || sv.trellis_coded()) &&
-         !(lut8 && decode_tq_supported(sh, sk, sv, true));
-}
 
 // Generic task: queries qd (n_q x G x D, in the K domain), tokens [a, b) of one segment,
 // rows fetched by `fetch(t0, n, kbuf, vbuf)` in the (K domain, V domain).
@@ -256,9 +238,8 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
         int j0 = i0;
         while (j0 < n_q && qlimits[j0] <= lo) ++j0;
         if (j0 == n_q) return;
-        if (!scalar && !trellis_rows(sh, sk, sv, n_q - j0, lut8) &&
-            fused_decode(sh, sk, sv, n_q - j0, qf + (size_t)j0 * G * sh.qstride, &qlimits[j0], lo, hi,
-                         States{st.base + (size_t)j0 * G * st.stride(), D}, lut8))
+        if (!scalar && fused_decode(sh, sk, sv, n_q - j0, qf + (size_t)j0 * G * sh.qstride, &qlimits[j0], lo, hi,
+                                    States{st.base + (size_t)j0 * G * st.stride(), D}, lut8))
           return;
         generic_task(sh, qd, qlimits.data(), lo, hi, fetch, st, prod ? &sk : nullptr, prod ? qf : nullptr);
       };
@@ -294,9 +275,9 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
           for (int i = j0; i < n_q; ++i) rope_mean_coefs(sk, G, qh + (size_t)i * G * D, mu, &coef[(size_t)i * G * mst]);
           Shape shr = sh;
           shr.rope_mc = &coef[(size_t)j0 * G * mst];
-          const bool fused = !scalar && !trellis_rows(sh, sk, sv, n_q - j0, lut8) &&
-                             fused_decode(shr, sk, sv, n_q - j0, qf + (size_t)j0 * G * sh.qstride, &qlimits[j0],
-                                          lo, hi, States{st.base + (size_t)j0 * G * st.stride(), D}, lut8);
+          const bool fused = !scalar && fused_decode(shr, sk, sv, n_q - j0, qf + (size_t)j0 * G * sh.qstride,
+                                                     &qlimits[j0], lo, hi,
+                                                     States{st.base + (size_t)j0 * G * st.stride(), D}, lut8);
           if (!fused) generic_task(sh, qh, qlimits.data(), lo, hi, fetch_orig, st);
           continue;
         }

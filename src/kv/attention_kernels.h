@@ -85,8 +85,8 @@ struct States {
 // Fused attention of nq queries (G heads of one kv head each) over quantized tokens [a, b) (a
 // block aligned). Query i: rows i G .. i G + G - 1 of qd (sh.qstride floats apart, K domain),
 // sees the tokens before limits[i], updates rows i G .. of st (V domain). Decode is nq = 1;
-// prefill passes its queries together, so the lut8 kernel scores several queries per pass over
-// a block (the others run one query at a time). Returns false (st untouched) when no fused
+// prefill passes its queries together, so the tq kernels read each block once for several
+// queries (the f16 kernel runs one query at a time). Returns false (st untouched) when no fused
 // kernel handles (sk, sv) here. lut8 lets the tq kernels use int8 lookup tables
 // (AttentionParams::lut8). A G without a kernel instance runs as subgroups of heads
 // (kernel_subgroup), each over copies of its rows: the tokens are read once per subgroup.
@@ -112,16 +112,18 @@ bool each_query(const Shape& sh, const Stream& sk, int nq, const float* qd, cons
 }
 
 // tq K (mse 1..8 bits, split, prod) and tq V: float centroids from the codes and float FMAs
-// (attention_tq_simd.cpp, Highway, one query at a time), or with lut8 int8 tables on AVX-512
-// VNNI/VBMI/VBMI2 (<= 6 bits, attention_vnni.cpp; up to 12 query rows per block pass).
+// (attention_tq_simd.cpp, Highway; several queries share each block's float tiles), or with
+// lut8 int8 tables on AVX-512 VNNI/VBMI/VBMI2 (<= 6 bits, attention_vnni.cpp; up to 12 query
+// rows per block pass).
 // Returns false when the host or the current SIMD level cannot run it or the shape is not
 // handled (then the caller uses the generic float path).
 bool decode_tq(const Shape& sh, const Stream& sk, const Stream& sv, int nq, const float* qd,
                const int* limits, int a, int b, const States& st, bool lut8);
 bool decode_tq_supported(const Shape& sh, const Stream& sk, const Stream& sv, bool lut8);
-// The float kernel (attention_tq_simd.cpp, Highway): false when the current target cannot run it.
-bool decode_tq_float(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a,
-                     int b, const States& st);
+// The float kernel (attention_tq_simd.cpp, Highway), with fused_decode's arguments: false when
+// the current target cannot run it.
+bool decode_tq_float(const Shape& sh, const Stream& sk, const Stream& sv, int nq, const float* qd,
+                     const int* limits, int a, int b, const States& st);
 int decode_tq_float_lanes();  // float lanes of the float kernel at the current target (scalar: 1)
 // Which decode kernel fused_decode runs for (sk, sv): "f16", "tq-float", "tq-lut8" or
 // "rows" (no fused kernel: dequantized rows, float attention).

@@ -16,9 +16,17 @@
 //
 // Only the centroid table is "decoded", and it holds the codebook's exact floats: the output
 // equals attention_ref on the same codes up to float summation order (tests: 1e-5).
+//
+// Prefill (several queries per call): a pass of up to kPassRows query rows expands each
+// block's K and V values to float tiles once (ExpandK / ExpandV, the same expansion as above
+// with stores in place of FMAs) and decodes its norms once; the pass's queries then go through
+// the tiles kStepRows / G at a time as one set of rows, which also gives the FMA chains (latency
+// bound at G rows) more independent work. Every row's sums run in the one-query order, so each
+// query's output is bit for bit that of its own one-query call.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kv/attention_tq_simd.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/aligned_allocator.h>
 #include <hwy/highway.h>
 #include <hwy/contrib/math/math-inl.h>
 
@@ -130,210 +138,337 @@ HWY_INLINE VU code_of(VU u, int i) {
   return hn::And(hn::ShiftRightSame(u, 8 * i), hn::Set(DU(), 0xFFu));
 }
 
-// K: raw[g][32] = sum_d q[g][d] * c(code(t, d)) for the 32 token slots of a block (slots past
-// the block's tokens score zero codes; the caller masks them). For each N-token part both
-// 16-token halves run together: 2 G independent FMA chains. kTrellis: c is lut[window] of the
-// token's code stream (see the comment above code_of): each lane keeps its token's stream
-// register (R = R << B | code, the dims in order, preloaded with the last dims' codes for the
-// wrap) and one gather per dim replaces the lookup.
-template <int G, int B, bool kTrellis = false>
-void ScoreBlock(const uint8_t* tiles, int dim, const float* q, const Table& T, float* raw) {
+// K values of one N-token part j of a block: f(d, c0, c1) for every dim d in order, c0 holding
+// dim d of token slots j N .. j N + N - 1 and c1 of slots 16 + j N .. (the two 16-token halves
+// together; slots past the block's tokens hold the values of zero codes). kTrellis: the value is
+// lut[window] of the token's code stream (see the comment above code_of): each lane keeps its
+// token's stream register (R = R << B | code, the dims in order, preloaded with the last dims'
+// codes for the wrap) and one gather per dim replaces the lookup.
+template <int B, bool kTrellis, class F>
+HWY_INLINE void KColumns(const uint8_t* tiles, int dim, const Table& T, size_t j, F&& f) {
   const DF df;
   const DU du;
   const DI di;
-  constexpr size_t N = kN;
   constexpr int P = (8 + B - 1) / B;  // trellis: codes per window
   const int nq = dim / 4;
   const size_t tile_bytes = (size_t)B * 8;
   const uint8_t* half1 = tiles + (size_t)nq * tile_bytes;
   const auto m8 = hn::Set(du, 0xFFu);
-  for (size_t j = 0; j < 16 / N; ++j) {
-    VF a0[G], a1[G];
-    for (int g = 0; g < G; ++g) a0[g] = a1[g] = hn::Zero(df);
-    VU r0 = hn::Zero(du), r1 = hn::Zero(du);
-    if constexpr (kTrellis) {
-      for (int d = dim - (P - 1); d < dim; ++d) {  // the wrap: the last P - 1 dims' codes
-        const int k = d / 4;
-        r0 = hn::Or(hn::ShiftLeft<B>(r0), code_of(tile_part<B>(tiles + (size_t)k * tile_bytes, j), d % 4));
-        r1 = hn::Or(hn::ShiftLeft<B>(r1), code_of(tile_part<B>(half1 + (size_t)k * tile_bytes, j), d % 4));
+  VU r0 = hn::Zero(du), r1 = hn::Zero(du);
+  if constexpr (kTrellis) {
+    for (int d = dim - (P - 1); d < dim; ++d) {  // the wrap: the last P - 1 dims' codes
+      const int k = d / 4;
+      r0 = hn::Or(hn::ShiftLeft<B>(r0), code_of(tile_part<B>(tiles + (size_t)k * tile_bytes, j), d % 4));
+      r1 = hn::Or(hn::ShiftLeft<B>(r1), code_of(tile_part<B>(half1 + (size_t)k * tile_bytes, j), d % 4));
+    }
+  }
+  for (int k = 0; k < nq; ++k) {
+    const VU u0 = tile_part<B>(tiles + (size_t)k * tile_bytes, j);
+    const VU u1 = tile_part<B>(half1 + (size_t)k * tile_bytes, j);
+    auto step = [&](auto I) {
+      constexpr int i = decltype(I)::value;
+      if constexpr (kTrellis) {
+        r0 = hn::Or(hn::ShiftLeft<B>(r0), code_of(u0, i));
+        r1 = hn::Or(hn::ShiftLeft<B>(r1), code_of(u1, i));
+        f(4 * k + i, hn::GatherIndex(df, T.mem, hn::BitCast(di, hn::And(r0, m8))),
+          hn::GatherIndex(df, T.mem, hn::BitCast(di, hn::And(r1, m8))));
+      } else {
+        f(4 * k + i, lookup<B>(T, byte_of<i>(u0)), lookup<B>(T, byte_of<i>(u1)));
       }
-    }
-    for (int k = 0; k < nq; ++k) {
-      const VU u0 = tile_part<B>(tiles + (size_t)k * tile_bytes, j);
-      const VU u1 = tile_part<B>(half1 + (size_t)k * tile_bytes, j);
-      auto step = [&](auto I) {
-        constexpr int i = decltype(I)::value;
-        VF c0, c1;
-        if constexpr (kTrellis) {
-          r0 = hn::Or(hn::ShiftLeft<B>(r0), code_of(u0, i));
-          r1 = hn::Or(hn::ShiftLeft<B>(r1), code_of(u1, i));
-          c0 = hn::GatherIndex(df, T.mem, hn::BitCast(di, hn::And(r0, m8)));
-          c1 = hn::GatherIndex(df, T.mem, hn::BitCast(di, hn::And(r1, m8)));
-        } else {
-          c0 = lookup<B>(T, byte_of<i>(u0));
-          c1 = lookup<B>(T, byte_of<i>(u1));
-        }
-        for (int g = 0; g < G; ++g) {
-          const VF qv = hn::Set(df, q[(size_t)g * dim + 4 * k + i]);
-          a0[g] = hn::MulAdd(c0, qv, a0[g]);
-          a1[g] = hn::MulAdd(c1, qv, a1[g]);
-        }
-      };
-      step(std::integral_constant<int, 0>{});
-      step(std::integral_constant<int, 1>{});
-      step(std::integral_constant<int, 2>{});
-      step(std::integral_constant<int, 3>{});
-    }
-    for (int g = 0; g < G; ++g) {
-      hn::Store(a0[g], df, raw + g * 32 + j * N);
-      hn::Store(a1[g], df, raw + g * 32 + 16 + j * N);
-    }
+    };
+    step(std::integral_constant<int, 0>{});
+    step(std::integral_constant<int, 1>{});
+    step(std::integral_constant<int, 2>{});
+    step(std::integral_constant<int, 3>{});
   }
 }
 
-// V: accv[g][d] = sum_t w[g][t] * c(code(t, d)), w = 0 past the block's tokens. Two N-dim
-// columns at once: 2 G independent FMA chains.
-template <int G, int B>
-void AccumBlock(const uint8_t* tiles, int dim, int nt, const float* w, const Table& T, float* accv) {
+// K: raw[g][32] = sum_d q[g][d] * c(t, d) for the 32 token slots of a block (the caller masks
+// the slots past its tokens), the sum over d in order from zero, whatever cols reads the values
+// from (the codes or an expanded tile): cols(j, f) calls f(d, c0, c1) as KColumns does. Each
+// N-token part runs both 16-token halves together: 2 G independent FMA chains.
+template <int G, class Cols>
+HWY_INLINE void ScoreWith(int dim, const float* q, float* raw, Cols&& cols) {
   const DF df;
-  constexpr size_t N = kN;
-  const size_t tile_bytes = (size_t)B * 8;
-  const int nr = (nt + 3) / 4;
-  const int ncol = dim / (int)N;  // N-dim columns; column c: tile column e = c / (16 / N), part j
-  const int per = 16 / (int)N;
-  for (int c = 0; c < ncol; c += 2) {
-    const bool two = c + 1 < ncol;
-    const int c1 = two ? c + 1 : c;
-    const uint8_t* t0 = tiles + (size_t)(c / per) * 8 * tile_bytes;
-    const uint8_t* t1 = tiles + (size_t)(c1 / per) * 8 * tile_bytes;
-    const size_t j0 = (size_t)(c % per), j1 = (size_t)(c1 % per);
+  for (size_t j = 0; j < 16 / kN; ++j) {
     VF a0[G], a1[G];
     for (int g = 0; g < G; ++g) a0[g] = a1[g] = hn::Zero(df);
-    for (int r = 0; r < nr; ++r) {
-      const VU u0 = tile_part<B>(t0 + (size_t)r * tile_bytes, j0);
-      const VU u1 = tile_part<B>(t1 + (size_t)r * tile_bytes, j1);
-      auto step = [&](auto I) {
-        constexpr int i = decltype(I)::value;
-        const VF v0 = lookup<B>(T, byte_of<i>(u0)), v1 = lookup<B>(T, byte_of<i>(u1));
-        for (int g = 0; g < G; ++g) {
-          const VF wv = hn::Set(df, w[g * 32 + 4 * r + i]);
-          a0[g] = hn::MulAdd(wv, v0, a0[g]);
-          a1[g] = hn::MulAdd(wv, v1, a1[g]);
-        }
-      };
-      step(std::integral_constant<int, 0>{});
-      step(std::integral_constant<int, 1>{});
-      step(std::integral_constant<int, 2>{});
-      step(std::integral_constant<int, 3>{});
-    }
+    cols(j, [&](int d, VF c0, VF c1) HWY_ATTR {
+      for (int g = 0; g < G; ++g) {
+        const VF qv = hn::Set(df, q[(size_t)g * dim + d]);
+        a0[g] = hn::MulAdd(c0, qv, a0[g]);
+        a1[g] = hn::MulAdd(c1, qv, a1[g]);
+      }
+    });
     for (int g = 0; g < G; ++g) {
-      hn::Store(a0[g], df, accv + (size_t)g * dim + (size_t)c * N);
-      if (two) hn::Store(a1[g], df, accv + (size_t)g * dim + (size_t)c1 * N);
+      hn::Store(a0[g], df, raw + g * 32 + j * kN);
+      hn::Store(a1[g], df, raw + g * 32 + 16 + j * kN);
     }
   }
 }
 
-// V: lane = dim, so the window of dim d needs the codes of lanes d - 1 .. d - P + 1: the
-// column's code vector and the previous column's (the last one for column 0) side by side in
-// memory, read back shifted by one lane per step (needs P - 1 <= N: 8+ lanes, checked by
-// decode_tq_supported).
-template <int G, int B>
-void AccumBlockT(const uint8_t* tiles, int dim, int nt, const float* w, const Table& T, float* accv) {
+// Scores from the codes (one query: the expansion feeds the FMAs directly).
+template <int G, int B, bool kTrellis = false>
+void ScoreBlock(const uint8_t* tiles, int dim, const float* q, const Table& T, float* raw) {
+  ScoreWith<G>(dim, q, raw,
+               [&](size_t j, auto&& f) HWY_ATTR { KColumns<B, kTrellis>(tiles, dim, T, j, f); });
+}
+
+// Scores from an expanded K tile (ExpandK): the same sums.
+template <int G>
+void ScoreTile(const float* kt, int dim, const float* q, float* raw) {
+  const DF df;
+  ScoreWith<G>(dim, q, raw, [&](size_t j, auto&& f) HWY_ATTR {
+    for (int d = 0; d < dim; ++d)
+      f(d, hn::Load(df, kt + (size_t)d * 32 + j * kN), hn::Load(df, kt + (size_t)d * 32 + 16 + j * kN));
+  });
+}
+
+// A block's K values once for several queries: kt[d 32 + t] (dim-major, 32 token slots).
+template <int B, bool kTrellis = false>
+void ExpandK(const uint8_t* tiles, int dim, const Table& T, float* kt) {
+  const DF df;
+  for (size_t j = 0; j < 16 / kN; ++j)
+    KColumns<B, kTrellis>(tiles, dim, T, j, [&](int d, VF c0, VF c1) HWY_ATTR {
+      hn::Store(c0, df, kt + (size_t)d * 32 + j * kN);
+      hn::Store(c1, df, kt + (size_t)d * 32 + 16 + j * kN);
+    });
+}
+
+// V values of N-dim columns c0 and c1 (column c: tile column c / (16 / N), part c % (16 / N)):
+// f(t, v0, v1) for token slots t = 0 .. 4 nr - 1 in order.
+template <int B, class F>
+HWY_INLINE void VColumnPair(const uint8_t* tiles, int nr, int c0, int c1, const Table& T, F&& f) {
+  const size_t tile_bytes = (size_t)B * 8;
+  const int per = 16 / (int)kN;
+  const uint8_t* t0 = tiles + (size_t)(c0 / per) * 8 * tile_bytes;
+  const uint8_t* t1 = tiles + (size_t)(c1 / per) * 8 * tile_bytes;
+  const size_t j0 = (size_t)(c0 % per), j1 = (size_t)(c1 % per);
+  for (int r = 0; r < nr; ++r) {
+    const VU u0 = tile_part<B>(t0 + (size_t)r * tile_bytes, j0);
+    const VU u1 = tile_part<B>(t1 + (size_t)r * tile_bytes, j1);
+    auto step = [&](auto I) {
+      constexpr int i = decltype(I)::value;
+      f(4 * r + i, lookup<B>(T, byte_of<i>(u0)), lookup<B>(T, byte_of<i>(u1)));
+    };
+    step(std::integral_constant<int, 0>{});
+    step(std::integral_constant<int, 1>{});
+    step(std::integral_constant<int, 2>{});
+    step(std::integral_constant<int, 3>{});
+  }
+}
+
+// Trellis V values of N-dim column c: f(t, v) for t = 0 .. 4 nr - 1. Lane = dim, so the window
+// of dim d needs the codes of lanes d - 1 .. d - P + 1: the column's code vector and the
+// previous column's (the last one for column 0) side by side in memory, read back shifted by
+// one lane per step (needs P - 1 <= N: 8+ lanes, checked by decode_tq_supported).
+template <int B, class F>
+HWY_INLINE void VColumnT(const uint8_t* tiles, int dim, int nr, int c, const Table& T, F&& f) {
   const DF df;
   const DU du;
   const DI di;
   constexpr size_t N = kN;
   constexpr int P = (8 + B - 1) / B;
   const size_t tile_bytes = (size_t)B * 8;
-  const int nr = (nt + 3) / 4;
   const int ncol = dim / (int)N;
   const int per = 16 / (int)N;
   const auto m8 = hn::Set(du, 0xFFu);
-  auto column = [&](int c, int r) {
-    return tile_part<B>(tiles + (size_t)(c / per) * 8 * tile_bytes + (size_t)r * tile_bytes, (size_t)(c % per));
+  auto column = [&](int cc, int r) HWY_ATTR {
+    return tile_part<B>(tiles + (size_t)(cc / per) * 8 * tile_bytes + (size_t)r * tile_bytes, (size_t)(cc % per));
   };
   // [N spare][previous column][column], the stores aligned; the shifted loads start at most 7
   // lanes before the column (still inside the buffer for every N >= 4)
   HWY_ALIGN uint32_t buf[3 * kN];
-  for (int c = 0; c < ncol; ++c) {
-    const int cp = c == 0 ? ncol - 1 : c - 1;
+  const int cp = c == 0 ? ncol - 1 : c - 1;
+  for (int r = 0; r < nr; ++r) {
+    hn::Store(column(cp, r), du, buf + N);
+    hn::Store(column(c, r), du, buf + 2 * N);
+    // win: byte i of lane l holds token 4r + i's window bits (codes packed B bits apart).
+    VU sh[P];
+    for (int j = 0; j < P; ++j) sh[j] = hn::LoadU(du, buf + 2 * N - j);
+    for (int i = 0; i < 4; ++i) {
+      VU wv = code_of(sh[0], i);
+      for (int j = 1; j < P; ++j) wv = hn::Or(wv, hn::ShiftLeftSame(code_of(sh[j], i), j * B));
+      f(4 * r + i, hn::GatherIndex(df, T.mem, hn::BitCast(di, hn::And(wv, m8))));
+    }
+  }
+}
+
+// V: accv[g][d] = sum_t w[g][t] * c(t, d), t = 0 .. 4 ceil(nt / 4) - 1 in order from zero (w = 0
+// past the block's tokens), whatever cols reads the values from: cols(nr, c0, c1, f) calls
+// f(t, v0, v1) as VColumnPair does. Two N-dim columns at once: 2 G independent FMA chains.
+template <int G, class Cols>
+HWY_INLINE void AccumWith(int dim, int nt, const float* w, float* accv, Cols&& cols) {
+  const DF df;
+  const int nr = (nt + 3) / 4;
+  const int ncol = dim / (int)kN;
+  for (int c = 0; c < ncol; c += 2) {
+    const bool two = c + 1 < ncol;
+    const int c1 = two ? c + 1 : c;
+    VF a0[G], a1[G];
+    for (int g = 0; g < G; ++g) a0[g] = a1[g] = hn::Zero(df);
+    cols(nr, c, c1, [&](int t, VF v0, VF v1) HWY_ATTR {
+      for (int g = 0; g < G; ++g) {
+        const VF wv = hn::Set(df, w[g * 32 + t]);
+        a0[g] = hn::MulAdd(wv, v0, a0[g]);
+        a1[g] = hn::MulAdd(wv, v1, a1[g]);
+      }
+    });
+    for (int g = 0; g < G; ++g) {
+      hn::Store(a0[g], df, accv + (size_t)g * dim + (size_t)c * kN);
+      if (two) hn::Store(a1[g], df, accv + (size_t)g * dim + (size_t)c1 * kN);
+    }
+  }
+}
+
+template <int G, int B>
+void AccumBlock(const uint8_t* tiles, int dim, int nt, const float* w, const Table& T, float* accv) {
+  AccumWith<G>(dim, nt, w, accv, [&](int nr, int c0, int c1, auto&& f) HWY_ATTR {
+    VColumnPair<B>(tiles, nr, c0, c1, T, f);
+  });
+}
+
+// Trellis V from the codes: one column (one FMA chain per head) at a time.
+template <int G, int B>
+void AccumBlockT(const uint8_t* tiles, int dim, int nt, const float* w, const Table& T, float* accv) {
+  const DF df;
+  const int nr = (nt + 3) / 4;
+  for (int c = 0; c < dim / (int)kN; ++c) {
     VF a[G];
     for (int g = 0; g < G; ++g) a[g] = hn::Zero(df);
-    for (int r = 0; r < nr; ++r) {
-      hn::Store(column(cp, r), du, buf + N);
-      hn::Store(column(c, r), du, buf + 2 * N);
-      // win: byte i of lane l holds token 4r + i's window bits (codes packed B bits apart).
-      VU sh[P];
-      for (int j = 0; j < P; ++j) sh[j] = hn::LoadU(du, buf + 2 * N - j);
-      for (int i = 0; i < 4; ++i) {
-        VU wv = code_of(sh[0], i);
-        for (int j = 1; j < P; ++j) wv = hn::Or(wv, hn::ShiftLeftSame(code_of(sh[j], i), j * B));
-        const VF v = hn::GatherIndex(df, T.mem, hn::BitCast(di, hn::And(wv, m8)));
-        for (int g = 0; g < G; ++g) a[g] = hn::MulAdd(hn::Set(df, w[g * 32 + 4 * r + i]), v, a[g]);
-      }
+    VColumnT<B>(tiles, dim, nr, c, T, [&](int t, VF v) HWY_ATTR {
+      for (int g = 0; g < G; ++g) a[g] = hn::MulAdd(hn::Set(df, w[g * 32 + t]), v, a[g]);
+    });
+    for (int g = 0; g < G; ++g) hn::Store(a[g], df, accv + (size_t)g * dim + (size_t)c * kN);
+  }
+}
+
+// V from an expanded tile (ExpandV): the same sums.
+template <int G>
+void AccumTile(const float* vt, int dim, int nt, const float* w, float* accv) {
+  const DF df;
+  AccumWith<G>(dim, nt, w, accv, [&](int nr, int c0, int c1, auto&& f) HWY_ATTR {
+    for (int t = 0; t < 4 * nr; ++t)
+      f(t, hn::Load(df, vt + (size_t)t * dim + (size_t)c0 * kN), hn::Load(df, vt + (size_t)t * dim + (size_t)c1 * kN));
+  });
+}
+
+// A block's V values once for several queries: vt[t dim + d] (token-major, 32 token slots).
+template <int B, bool kTrellis = false>
+void ExpandV(const uint8_t* tiles, int dim, const Table& T, float* vt) {
+  const DF df;
+  const int ncol = dim / (int)kN;
+  if constexpr (kTrellis) {
+    for (int c = 0; c < ncol; ++c)
+      VColumnT<B>(tiles, dim, kBlock / 4, c, T,
+                  [&](int t, VF v) HWY_ATTR { hn::Store(v, df, vt + (size_t)t * dim + (size_t)c * kN); });
+  } else {
+    for (int c = 0; c < ncol; c += 2) {
+      const int c1 = c + 1 < ncol ? c + 1 : c;
+      VColumnPair<B>(tiles, kBlock / 4, c, c1, T, [&](int t, VF v0, VF v1) HWY_ATTR {
+        hn::Store(v0, df, vt + (size_t)t * dim + (size_t)c * kN);
+        hn::Store(v1, df, vt + (size_t)t * dim + (size_t)c1 * kN);
+      });
     }
-    for (int g = 0; g < G; ++g) hn::Store(a[g], df, accv + (size_t)g * dim + (size_t)c * N);
   }
 }
 
 using ScoreFn = void (*)(const uint8_t*, int, const float*, const Table&, float*);
 using AccumFn = void (*)(const uint8_t*, int, int, const float*, const Table&, float*);
+using ExpandFn = void (*)(const uint8_t*, int, const Table&, float*);
+struct PartFns {
+  ScoreFn score = nullptr;      // K, from the codes
+  AccumFn accum = nullptr;      // V, from the codes
+  ExpandFn expand_k = nullptr;  // K tile for several queries
+  ExpandFn expand_v = nullptr;  // V tile for several queries
+};
 template <int G, int B = 1>
-void pick(int bits, bool trellis, ScoreFn* s, AccumFn* a) {
+void pick(int bits, bool trellis, PartFns* f) {
   if constexpr (B <= 8) {
     if (bits == B) {
       if constexpr (B <= 4) {
         if (trellis) {
-          *s = ScoreBlock<G, B, true>;
-          *a = AccumBlockT<G, B>;
+          *f = {ScoreBlock<G, B, true>, AccumBlockT<G, B>, ExpandK<B, true>, ExpandV<B, true>};
           return;
         }
       }
-      *s = ScoreBlock<G, B>;
-      *a = AccumBlock<G, B>;
+      *f = {ScoreBlock<G, B>, AccumBlock<G, B>, ExpandK<B>, ExpandV<B>};
       return;
     }
-    pick<G, B + 1>(bits, trellis, s, a);
+    pick<G, B + 1>(bits, trellis, f);
   }
 }
 
+// Several queries (prefill): each pass takes up to kPassRows query rows through the range, and
+// every block's K and V tiles are expanded to floats (ExpandK / ExpandV) and its norms decoded
+// once per pass instead of once per query. Within a pass the queries go kStepRows / G at a time
+// through ScoreTile / AccumTile as one set of rows: more independent FMA chains per tile read
+// (the chains are latency-bound at G rows) and the same arithmetic per row.
+constexpr int kPassRows = 64;
+constexpr int kStepRows = kN >= 16 ? 9 : 6;  // 2 R accumulators + 3 live vectors: 32 / 16 registers
 template <int G>
-void DecodeTqG(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a, int b,
-               const States& st) {
+constexpr int step_queries() {
+  return G >= kStepRows ? 1 : kStepRows / G;
+}
+
+// Per-thread scratch, 64-byte aligned, grown on demand.
+float* scratch_floats(size_t n) {
+  thread_local hwy::AlignedFreeUniquePtr<float[]> buf;
+  thread_local size_t cap = 0;
+  if (n > cap) {
+    buf = hwy::AllocateAligned<float>(n);
+    TQ_CHECK(buf != nullptr, "out of memory for the attention scratch");
+    cap = n;
+  }
+  return buf.get();
+}
+
+constexpr size_t round16(size_t n) { return (n + 15) & ~(size_t)15; }
+
+// nq queries (rows i G .. i G + G - 1 of qd, causal limits[i]) over tokens [a, b). One query
+// scores from the codes; several go through each block from expanded tiles. Each row's
+// arithmetic is the same either way (ScoreWith, AccumWith: the sums in the same order, from
+// zero; extra zero weights past a query's last token add exact zeros), so a prefill call gives
+// every query the result of its own one-query call, bit for bit.
+template <int G>
+void DecodeTqG(const Shape& sh, const Stream& sk, const Stream& sv, int nq, const float* qd, const int* limits,
+               int a, int b, const States& st) {
   const DF df;
   const hn::Rebind<hwy::float16_t, DF> dh;
   const size_t N = hn::Lanes(df);
-  const size_t NV = 32 / N;  // score vectors per head per block
+  constexpr size_t NV = 32 / kN;  // score vectors per row per block
   Part pk[2], pv[2];
   const int npk = parts_of(sk, pk), npv = parts_of(sv, pv);
   Table tk[2], tv[2];
-  ScoreFn score[2] = {};
-  AccumFn accum[2] = {};
+  PartFns fk[2], fv[2];
   for (int i = 0; i < npk; ++i) {
     make_table(pk[i].cb, pk[i].tc, &tk[i]);
-    AccumFn unused;
-    pick<G>(pk[i].bits, pk[i].tc != nullptr, &score[i], &unused);
+    pick<G>(pk[i].bits, pk[i].tc != nullptr, &fk[i]);
   }
   for (int i = 0; i < npv; ++i) {
     make_table(pv[i].cb, pv[i].tc, &tv[i]);
-    ScoreFn unused;
-    pick<G>(pv[i].bits, pv[i].tc != nullptr, &unused, &accum[i]);
+    pick<G>(pv[i].bits, pv[i].tc != nullptr, &fv[i]);
   }
-  // Query slices per K part: G x dim, contiguous.
-  HWY_ALIGN float q[2][G * kMaxHeadDim];
-  for (int i = 0; i < npk; ++i)
-    for (int g = 0; g < G; ++g)
-      std::memcpy(q[i] + (size_t)g * pk[i].dim, qd + (size_t)g * sh.qstride + pk[i].qoff, sizeof(float) * pk[i].dim);
-  HWY_ALIGN float raw[2][G * 32];
-  HWY_ALIGN float norms[2][32];
-  HWY_ALIGN float w[2][G * 32];
-  HWY_ALIGN float accv[G * kMaxHeadDim];
-  float alpha[G];
-  const int end = std::min(b, limit);
-  // RoPE-rotating K mean: the terms of every block of this call, once.
-  HWY_ALIGN float rterms[G * rope_terms_stride()];  // written only where read
-  if (sh.rope_mc && end > a) rope_block_terms(sk, sh.rope_mc, G, a / kBlock, (end - a + kBlock - 1) / kBlock, rterms);
-  auto load_norms = [&](const uint8_t* blk, const Part& P, float* out) {
+  const bool tiles = nq > 1;
+  constexpr int S = step_queries<G>();
+  // Queries per pass: a multiple of the step (the last step's missing queries are zero rows).
+  const int QB = tiles ? S * std::max(1, kPassRows / (S * G)) : 1;
+  // Scratch: the pass's query rows per K part ([QB][G][dim], so a step's rows are contiguous),
+  // each query's RoPE-mean terms, and the K and V tiles (32 x dim floats per part).
+  const bool rope = sh.rope_mc != nullptr;
+  const size_t r_floats = rope ? round16((size_t)G * rope_terms_stride()) : 0;
+  const size_t q_part[2] = {round16((size_t)QB * G * pk[0].dim), npk > 1 ? round16((size_t)QB * G * pk[1].dim) : 0};
+  const size_t kt_part[2] = {(size_t)pk[0].dim * 32, npk > 1 ? (size_t)pk[1].dim * 32 : 0};
+  const size_t vt_part[2] = {(size_t)pv[0].dim * 32, npv > 1 ? (size_t)pv[1].dim * 32 : 0};
+  float* mem = scratch_floats(q_part[0] + q_part[1] + QB * r_floats +
+                             (tiles ? kt_part[0] + kt_part[1] + vt_part[0] + vt_part[1] : 0));
+  float* qs[2] = {mem, mem + q_part[0]};
+  float* rts = qs[1] + q_part[1];
+  float* ktp[2] = {rts + QB * r_floats, rts + QB * r_floats + kt_part[0]};
+  float* vtp[2] = {ktp[1] + kt_part[1], ktp[1] + kt_part[1] + vt_part[0]};
+  HWY_ALIGN float nk[2][32], nv[2][32];
+  HWY_ALIGN float p[32];
+  auto load_norms = [&](const uint8_t* blk, const Part& P, float* out) HWY_ATTR {
     if (P.n8) {  // norm = 2^(e / 32) * n8_pow_table()[c]; c = 255: 0
       const float* kPow = n8_pow_table();
       const float base = n8_block_base(blk + P.norm_off);
@@ -349,55 +484,123 @@ void DecodeTqG(const Shape& sh, const Stream& sk, const Stream& sv, const float*
       hn::Store(v, df, out + t);
     }
   };
-  for (int t0 = a; t0 < end; t0 += kBlock) {
-    const int nt = std::min(kBlock, end - t0);
-    const uint8_t* kb = sk.block(t0 / kBlock);
-    const uint8_t* vb = sv.block(t0 / kBlock);
-    // Scores of the G heads: sum over K parts of norm_t * raw.
-    VF s[G][32 / hn::MaxLanes(DF())];
-    for (int g = 0; g < G; ++g)
-      for (size_t v = 0; v < NV; ++v) s[g][v] = hn::Zero(df);
-    for (int i = 0; i < npk; ++i) {
-      score[i](kb + pk[i].tiles_off, pk[i].dim, q[i], tk[i], raw[i]);
-      load_norms(kb, pk[i], norms[i]);
-      for (int g = 0; g < G; ++g)
-        for (size_t v = 0; v < NV; ++v)
-          s[g][v] = hn::MulAdd(hn::Load(df, raw[i] + g * 32 + v * N), hn::Load(df, norms[i] + v * N), s[g][v]);
+  int ends[kPassRows];
+  // One block for queries q .. q + R / G - 1 of the pass (rows of the pass's query and state
+  // arrays): scores of every row (score(i, rows of part i, raw)), then softmax, V (accum(i, nt,
+  // w, accv)) and the output for the rows whose query sees the block.
+  auto block_step = [&]<int R>(std::integral_constant<int, R>, int q0, int q, int t0, auto&& score,
+                               auto&& accum) HWY_ATTR {
+    constexpr int Q = R / G;
+    HWY_ALIGN float raw[2][R * 32];
+    HWY_ALIGN float w[2][R * 32];
+    HWY_ALIGN float accv[R * kMaxHeadDim];
+    float alpha[R];
+    int nt[Q];
+    int nt_max = 0;
+    for (int j = 0; j < Q; ++j) {
+      nt[j] = std::clamp(ends[q + j] - t0, 0, kBlock);  // 0: the query does not see the block
+      nt_max = std::max(nt_max, nt[j]);
     }
-    if (sh.rope_mc) {  // RoPE-rotating K mean: its logit terms (rope_block_terms)
+    VF s[R][NV];
+    for (int r = 0; r < R; ++r)
+      for (size_t v = 0; v < NV; ++v) s[r][v] = hn::Zero(df);
+    for (int i = 0; i < npk; ++i) {
+      score(i, qs[i] + (size_t)q * G * pk[i].dim, raw[i]);
+      for (int r = 0; r < R; ++r)
+        for (size_t v = 0; v < NV; ++v)
+          s[r][v] = hn::MulAdd(hn::Load(df, raw[i] + r * 32 + v * N), hn::Load(df, nk[i] + v * N), s[r][v]);
+    }
+    if (rope) {  // RoPE-rotating K mean: its logit terms (rope_block_terms)
       const int F = rope_fast_pairs(sk), bi = t0 / kBlock - a / kBlock;
-      for (int g = 0; g < G; ++g) {
-        const float* r = rterms + (size_t)g * rope_terms_stride();
-        const float* tx = sk.rope_j + (size_t)F * 2 * kBlock;  // x, x^2
+      const float* tx = sk.rope_j + (size_t)F * 2 * kBlock;  // x, x^2
+      for (int r = 0; r < R; ++r) {
+        if (nt[r / G] == 0) continue;
+        const float* rt = rts + (size_t)(q + r / G) * r_floats + (size_t)(r % G) * rope_terms_stride();
         for (size_t v = 0; v < NV; ++v) {
-          VF acc0 = hn::MulAdd(hn::Set(df, r[kRopeMaxBlocks + bi]), hn::LoadU(df, tx + v * N), hn::Set(df, r[bi]));
-          VF acc1 = hn::Mul(hn::Set(df, r[2 * kRopeMaxBlocks + bi]), hn::LoadU(df, tx + kBlock + v * N));
+          VF acc0 = hn::MulAdd(hn::Set(df, rt[kRopeMaxBlocks + bi]), hn::LoadU(df, tx + v * N), hn::Set(df, rt[bi]));
+          VF acc1 = hn::Mul(hn::Set(df, rt[2 * kRopeMaxBlocks + bi]), hn::LoadU(df, tx + kBlock + v * N));
           for (int i = 0; i < F; ++i) {
             const float* tj = sk.rope_j + (size_t)i * 2 * kBlock + v * N;
-            const float* ri = r + (size_t)(kRopeSlowRows + 2 * i) * kRopeMaxBlocks + bi;
+            const float* ri = rt + (size_t)(kRopeSlowRows + 2 * i) * kRopeMaxBlocks + bi;
             acc0 = hn::MulAdd(hn::Set(df, ri[0]), hn::LoadU(df, tj), acc0);
             acc1 = hn::MulAdd(hn::Set(df, ri[kRopeMaxBlocks]), hn::LoadU(df, tj + kBlock), acc1);
           }
-          s[g][v] = hn::Add(s[g][v], hn::Add(acc0, acc1));
+          s[r][v] = hn::Add(s[r][v], hn::Add(acc0, acc1));
         }
       }
     }
-    for (int i = 0; i < npv; ++i) load_norms(vb, pv[i], norms[i]);
-    HWY_ALIGN float p[32];
-    for (int g = 0; g < G; ++g) {
-      alpha[g] = BlockSoftmax(df, s[g], NV, nt, sh.scale, st, g, p);
+    const States sq{st.base + (size_t)(q0 + q) * G * st.stride(), st.D};  // row r of the step: r
+    for (int r = 0; r < R; ++r) {
+      if (nt[r / G] == 0) {  // weights 0: exact zeros in the other rows' sums, this row unused
+        for (int i = 0; i < npv; ++i) std::fill(w[i] + r * 32, w[i] + r * 32 + 32, 0.f);
+        continue;
+      }
+      alpha[r] = BlockSoftmax(df, s[r], NV, nt[r / G], sh.scale, sq, r, p);
       for (int i = 0; i < npv; ++i)
         for (size_t v = 0; v < NV; ++v)
-          hn::Store(hn::Mul(hn::Load(df, p + v * N), hn::Load(df, norms[i] + v * N)), df, w[i] + g * 32 + v * N);
+          hn::Store(hn::Mul(hn::Load(df, p + v * N), hn::Load(df, nv[i] + v * N)), df, w[i] + r * 32 + v * N);
     }
     for (int i = 0; i < npv; ++i) {
       const Part& P = pv[i];
-      accum[i](vb + P.tiles_off, P.dim, nt, w[i], tv[i], accv);
-      for (int g = 0; g < G; ++g) {
-        float* o = st.acc(g) + P.off;
-        const VF al = hn::Set(df, alpha[g]);
+      accum(i, nt_max, w[i], accv);
+      for (int r = 0; r < R; ++r) {
+        if (nt[r / G] == 0) continue;
+        float* o = sq.acc(r) + P.off;
+        const VF al = hn::Set(df, alpha[r]);
         for (int d = 0; d < P.dim; d += (int)N)
-          hn::StoreU(hn::MulAdd(hn::LoadU(df, o + d), al, hn::Load(df, accv + (size_t)g * P.dim + d)), df, o + d);
+          hn::StoreU(hn::MulAdd(hn::LoadU(df, o + d), al, hn::Load(df, accv + (size_t)r * P.dim + d)), df, o + d);
+      }
+    }
+  };
+  for (int q0 = 0; q0 < nq; q0 += QB) {
+    const int qn = std::min(QB, nq - q0);
+    const int qpad = tiles ? (qn + S - 1) / S * S : 1;
+    int pass_end = a;
+    for (int i = 0; i < qpad; ++i) {
+      const bool real = i < qn;
+      ends[i] = real ? std::min(b, limits[q0 + i]) : a;  // padding: sees nothing
+      pass_end = std::max(pass_end, ends[i]);
+      for (int j = 0; j < npk; ++j)
+        for (int g = 0; g < G; ++g) {
+          float* row = qs[j] + ((size_t)i * G + g) * pk[j].dim;
+          if (real)
+            std::memcpy(row, qd + ((size_t)(q0 + i) * G + g) * sh.qstride + pk[j].qoff, sizeof(float) * pk[j].dim);
+          else
+            std::fill(row, row + pk[j].dim, 0.f);
+        }
+      // RoPE-rotating K mean: the terms of every block the query sees, once.
+      if (rope && ends[i] > a)
+        rope_block_terms(sk, sh.rope_mc + (size_t)(q0 + i) * G * rope_mc_stride(sk), G, a / kBlock,
+                         (ends[i] - a + kBlock - 1) / kBlock, rts + i * r_floats);
+    }
+    for (int t0 = a; t0 < pass_end; t0 += kBlock) {
+      const uint8_t* kb = sk.block(t0 / kBlock);
+      const uint8_t* vb = sv.block(t0 / kBlock);
+      for (int i = 0; i < npk; ++i) {
+        if (tiles) fk[i].expand_k(kb + pk[i].tiles_off, pk[i].dim, tk[i], ktp[i]);
+        load_norms(kb, pk[i], nk[i]);
+      }
+      for (int i = 0; i < npv; ++i) {
+        if (tiles) fv[i].expand_v(vb + pv[i].tiles_off, pv[i].dim, tv[i], vtp[i]);
+        load_norms(vb, pv[i], nv[i]);
+      }
+      if (!tiles) {
+        block_step(
+            std::integral_constant<int, G>{}, q0, 0, t0,
+            [&](int i, const float* rows, float* raw) HWY_ATTR { fk[i].score(kb + pk[i].tiles_off, pk[i].dim, rows, tk[i], raw); },
+            [&](int i, int nt, const float* w, float* accv) HWY_ATTR {
+              fv[i].accum(vb + pv[i].tiles_off, pv[i].dim, nt, w, tv[i], accv);
+            });
+        continue;
+      }
+      for (int q = 0; q < qpad; q += S) {
+        bool sees = false;
+        for (int j = 0; j < S; ++j) sees |= ends[q + j] > t0;
+        if (!sees) continue;
+        block_step(
+            std::integral_constant<int, S * G>{}, q0, q, t0,
+            [&](int i, const float* rows, float* raw) HWY_ATTR { ScoreTile<S * G>(ktp[i], pk[i].dim, rows, raw); },
+            [&](int i, int nt, const float* w, float* accv) HWY_ATTR { AccumTile<S * G>(vtp[i], pv[i].dim, nt, w, accv); });
       }
     }
   }
@@ -437,21 +640,21 @@ void RopeBlockTerms(const Stream& s, const float* mc, int G, int b0, int nb, flo
   }
 }
 
-bool DecodeTq(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a, int b,
-              const States& st) {
+bool DecodeTq(const Shape& sh, const Stream& sk, const Stream& sv, int nq, const float* qd, const int* limits,
+              int a, int b, const States& st) {
 #if HWY_TARGET == HWY_SCALAR
-  (void)sh, (void)sk, (void)sv, (void)qd, (void)limit, (void)a, (void)b, (void)st;
+  (void)sh, (void)sk, (void)sv, (void)nq, (void)qd, (void)limits, (void)a, (void)b, (void)st;
   return false;
 #else
   const DF df;
   const size_t N = hn::Lanes(df);
   if (N != hn::MaxLanes(df) || N < 4 || N > 16) return false;
   switch (sh.G) {
-    case 1: DecodeTqG<1>(sh, sk, sv, qd, limit, a, b, st); return true;
-    case 2: DecodeTqG<2>(sh, sk, sv, qd, limit, a, b, st); return true;
-    case 3: DecodeTqG<3>(sh, sk, sv, qd, limit, a, b, st); return true;
-    case 4: DecodeTqG<4>(sh, sk, sv, qd, limit, a, b, st); return true;
-    case 8: DecodeTqG<8>(sh, sk, sv, qd, limit, a, b, st); return true;
+    case 1: DecodeTqG<1>(sh, sk, sv, nq, qd, limits, a, b, st); return true;
+    case 2: DecodeTqG<2>(sh, sk, sv, nq, qd, limits, a, b, st); return true;
+    case 3: DecodeTqG<3>(sh, sk, sv, nq, qd, limits, a, b, st); return true;
+    case 4: DecodeTqG<4>(sh, sk, sv, nq, qd, limits, a, b, st); return true;
+    case 8: DecodeTqG<8>(sh, sk, sv, nq, qd, limits, a, b, st); return true;
     default: return false;
   }
 #endif
@@ -481,9 +684,9 @@ void rope_block_terms(const Stream& s, const float* mc, int G, int b0, int nb, f
 
 int decode_tq_float_lanes() { return HWY_DYNAMIC_DISPATCH(DecodeTqLanes)(); }
 
-bool decode_tq_float(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a,
-                     int b, const States& st) {
-  return HWY_DYNAMIC_DISPATCH(DecodeTq)(sh, sk, sv, qd, limit, a, b, st);
+bool decode_tq_float(const Shape& sh, const Stream& sk, const Stream& sv, int nq, const float* qd,
+                     const int* limits, int a, int b, const States& st) {
+  return HWY_DYNAMIC_DISPATCH(DecodeTq)(sh, sk, sv, nq, qd, limits, a, b, st);
 }
 }  // namespace tq::kv
 #endif

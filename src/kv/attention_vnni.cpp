@@ -607,9 +607,7 @@ bool decode_tq(const Shape& sh, const Stream& sk, const Stream& sv, int nq, cons
   // lut8 is a permission: where the int8 kernel cannot run, the float kernel does.
   if (lut8 && decode_tq_supported(sh, sk, sv, true)) return run(sh, sk, sv, nq, qd, limits, a, b, st);
   if (!decode_tq_supported(sh, sk, sv, false)) return false;
-  return each_query(sh, sk, nq, qd, limits, st, [&](const Shape& s, const float* q, int limit, const States& si) {
-    return decode_tq_float(s, sk, sv, q, limit, a, b, si);
-  });
+  return decode_tq_float(sh, sk, sv, nq, qd, limits, a, b, st);
 }
 
 }  // namespace tq::kv
