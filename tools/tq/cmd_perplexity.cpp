@@ -78,7 +78,8 @@ void setup(CLI::App& app) {
     nlohmann::json head = {{"model", tq::cli::resolve_model(o->model)}, {"file", *file},
                            {"text_tokens", tokens.size()}, {"ctx", r0.n_ctx}, {"chunks", r0.n_chunks},
                            {"scored_tokens", r0.n_scored}, {"threads", L->model.threads()},
-                           {"blas_core", tq::cli::blas_core()}};
+                           {"blas_core", tq::cli::blas_core()},
+                           {"attention", o->ref_attention ? "reference" : "fused"}};
     if (o->json) {
       if (sweep->empty()) {
         nlohmann::json j = all[0];

@@ -32,6 +32,7 @@ struct ModelOpts {
   bool json = false;
   bool exact = false;
   bool lut8 = false;
+  bool ref_attention = false;
   bool f32_decode = false;
   KvOptions kv;
 };
@@ -47,6 +48,9 @@ inline void add_model_opts(CLI::App* s, ModelOpts& o, int default_ctx) {
               "tq cache decode with int8 lookup tables (AVX-512 VNNI: faster, ~2e-2 relative attention error; "
               "default: float arithmetic from the codes)");
   s->add_flag("--exact-attention", o.exact, "never the int8 lookup tables (wins over --attn-lut8 and TQ_KV_LUT8=1)");
+  s->add_flag("--reference-attention", o.ref_attention,
+              "attention by the test oracle instead of the fused kernels: every cached row dequantized, then "
+              "exact attention (slow; for checking the kernels on a real model)");
   s->add_flag("--f32-decode", o.f32_decode,
               "dequantize the weights to f32 copies and run every projection on them with OpenBLAS "
               "(sgemv for decode) instead of the block kernels on the GGUF weights (same as "
@@ -211,6 +215,7 @@ inline std::unique_ptr<Loaded> load_model(ModelOpts& o) {
   m.set_threads(o.threads);
   m.set_attention_exact(o.exact);
   m.set_attention_lut8(o.lut8);
+  if (o.ref_attention) m.set_attention_impl(AttentionImpl::Reference);
   if (o.f32_decode) m.set_f32_decode(true);
   return std::unique_ptr<Loaded>(new Loaded{std::move(g), std::move(tok), std::move(m)});
 }
