@@ -132,6 +132,15 @@ HWY_INLINE VU byte_of(VU u) {
   return hn::ShiftRight<8 * I>(u);
 }
 
+// f(I) for the byte index I = 0 .. 3 of a u32 lane, as a compile-time constant.
+template <class F>
+HWY_INLINE void each_byte(F&& f) {
+  f(std::integral_constant<int, 0>{});
+  f(std::integral_constant<int, 1>{});
+  f(std::integral_constant<int, 2>{});
+  f(std::integral_constant<int, 3>{});
+}
+
 // Trellis codes (include/tq/trellis.h): the value of dim d is lut[w], w = the last 8 bits of
 // the token's code stream up to dim d (circular). code_of: the code in byte i of each lane.
 HWY_INLINE VU code_of(VU u, int i) {
@@ -176,10 +185,7 @@ HWY_INLINE void KColumns(const uint8_t* tiles, int dim, const Table& T, size_t j
         f(4 * k + i, lookup<B>(T, byte_of<i>(u0)), lookup<B>(T, byte_of<i>(u1)));
       }
     };
-    step(std::integral_constant<int, 0>{});
-    step(std::integral_constant<int, 1>{});
-    step(std::integral_constant<int, 2>{});
-    step(std::integral_constant<int, 3>{});
+    each_byte(step);
   }
 }
 
@@ -251,10 +257,7 @@ HWY_INLINE void VColumnPair(const uint8_t* tiles, int nr, int c0, int c1, const 
       constexpr int i = decltype(I)::value;
       f(4 * r + i, lookup<B>(T, byte_of<i>(u0)), lookup<B>(T, byte_of<i>(u1)));
     };
-    step(std::integral_constant<int, 0>{});
-    step(std::integral_constant<int, 1>{});
-    step(std::integral_constant<int, 2>{});
-    step(std::integral_constant<int, 3>{});
+    each_byte(step);
   }
 }
 
