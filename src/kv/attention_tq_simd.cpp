@@ -457,14 +457,15 @@ void DecodeTqG(const Shape& sh, const Stream& sk, const Stream& sv, int nq, cons
   // Queries per pass: a multiple of the step (the last step's missing queries are zero rows).
   const int QB = tiles ? S * std::max(1, kPassRows / (S * G)) : 1;
   // Scratch: the pass's query rows per K part ([QB][G][dim], so a step's rows are contiguous),
-  // each query's RoPE-mean terms, and the K and V tiles (32 x dim floats per part).
+  // each query's RoPE-mean terms, and the K and V tiles (32 x dim floats per part; unused by a
+  // one-query call, but reserved so every pointer below lies inside the buffer).
   const bool rope = sh.rope_mc != nullptr;
   const size_t r_floats = rope ? round16((size_t)G * rope_terms_stride()) : 0;
   const size_t q_part[2] = {round16((size_t)QB * G * pk[0].dim), npk > 1 ? round16((size_t)QB * G * pk[1].dim) : 0};
   const size_t kt_part[2] = {(size_t)pk[0].dim * 32, npk > 1 ? (size_t)pk[1].dim * 32 : 0};
   const size_t vt_part[2] = {(size_t)pv[0].dim * 32, npv > 1 ? (size_t)pv[1].dim * 32 : 0};
-  float* mem = scratch_floats(q_part[0] + q_part[1] + QB * r_floats +
-                             (tiles ? kt_part[0] + kt_part[1] + vt_part[0] + vt_part[1] : 0));
+  float* mem = scratch_floats(q_part[0] + q_part[1] + QB * r_floats + kt_part[0] + kt_part[1] + vt_part[0] +
+                             vt_part[1]);
   float* qs[2] = {mem, mem + q_part[0]};
   float* rts = qs[1] + q_part[1];
   float* ktp[2] = {rts + QB * r_floats, rts + QB * r_floats + kt_part[0]};
