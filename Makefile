@@ -6,7 +6,7 @@ JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 GEN        := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 
-.PHONY: all deps fetch build demo test test-sanitize test-tsan fuzz bench clean
+.PHONY: all deps fetch venv build demo test test-sanitize test-tsan fuzz bench clean
 
 all: build
 
@@ -16,6 +16,10 @@ deps:
 fetch: deps
 	@if [ -x scripts/fetch-model.sh ]; then bash scripts/fetch-model.sh; fi
 	@if [ -x scripts/fetch-corpus.sh ]; then bash scripts/fetch-corpus.sh; fi
+
+# The tests' Python environment (.venv: pinned gguf, numpy, pytest; scripts/setup-venv.sh).
+venv: deps
+	bash scripts/setup-venv.sh
 
 $(BUILD)/build.ninja $(BUILD)/Makefile:
 	cmake -S . -B $(BUILD) $(GEN) -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS)
@@ -27,13 +31,13 @@ demo: fetch build
 	bash scripts/demo-codec.sh $(BUILD)/tq
 	@if [ -f scripts/demo.sh ]; then bash scripts/demo.sh $(BUILD)/tq; fi
 
-test: fetch build
+test: fetch venv build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
 
 # ASan + UBSan over the whole suite (sizes shrunk by TQ_TEST_SMALL=1, never the checks).
 # allocator_may_return_null: a refused huge allocation throws std::bad_alloc as it does
 # without ASan, instead of ASan aborting, so the error paths are what gets tested.
-test-sanitize: fetch
+test-sanitize: fetch venv
 	cmake -S . -B build-asan $(GEN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1" -DTQ_SANITIZE=ON -DTQ_BUILD_BENCH=OFF
 	cmake --build build-asan -j $(JOBS) --target tq_tests tq
 	cd build-asan && TQ_TEST_SMALL=1 ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1:strict_string_checks=1 \

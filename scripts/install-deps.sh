@@ -17,7 +17,7 @@ PKGS=(
   libgtest-dev googletest libbenchmark-dev
   clang libclang-rt-14-dev   # libFuzzer and sanitizers
   libomp-dev            # clang's OpenMP runtime (fuzz and TSan builds)
-  python3 python3-pip unzip ca-certificates ccache
+  python3 python3-pip python3-venv unzip ca-certificates ccache
 )
 
 missing=()
