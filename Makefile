@@ -14,7 +14,7 @@ deps:
 	bash scripts/install-deps.sh
 
 fetch: deps
-	@if [ -x scripts/fetch-model.sh ]; then bash scripts/fetch-model.sh; fi
+	@if [ -x scripts/fetch-model.sh ]; then bash scripts/fetch-model.sh && bash scripts/fetch-model.sh gemma3-270m; fi
 	@if [ -x scripts/fetch-corpus.sh ]; then bash scripts/fetch-corpus.sh; fi
 
 # The tests' Python environment (.venv: pinned gguf, numpy, pytest; scripts/setup-venv.sh).

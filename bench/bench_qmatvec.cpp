@@ -10,6 +10,7 @@
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -126,6 +127,67 @@ TQ_QMV_BENCH(Q4_1, 576, 576)
 TQ_QMV_BENCH(Q4_1, 576, 1536)
 TQ_QMV_BENCH(Q4_1, 1536, 576)
 TQ_QMV_BENCH(Q8_0, 576, 49152)
+
+// Every weight type, one row of x (decode), 1 thread: the SIMD kernels (qmatvec at the best
+// level of the host) against the scalar reference (qmatvec_ref), at Gemma 3 270M shapes.
+// Name: fmt/<simd|ref>/<type>/<in>x<out>. Random blocks (random codes, fp16 scales about
+// 1e-3) for every block type; random floats for F32 / F16 / BF16. K-quants need in % 256 == 0,
+// so only 2048x640 for them.
+std::vector<uint8_t> random_matrix(tq::GgmlType t, int in, int out) {
+  tq::Rng r(11);
+  const size_t n = static_cast<size_t>(in) * out;
+  std::vector<uint8_t> b(tq::ggml_row_bytes(t, n));
+  if (tq::ggml_block_size(t) == 1) {
+    std::vector<float> w(n);
+    for (auto& v : w) v = static_cast<float>(r.normal() * 0.05);
+    tq::quantize_row(t, w.data(), b.data(), n);
+    return b;
+  }
+  for (auto& v : b) v = static_cast<uint8_t>(r.next_u64());
+  const size_t bs = tq::ggml_block_size(t), bb = tq::ggml_block_bytes(t);
+  std::vector<size_t> at = {0};  // byte offsets of the fp16 scales in a block
+  if (t == tq::GgmlType::Q4_1 || t == tq::GgmlType::Q5_1 || t == tq::GgmlType::Q4_K || t == tq::GgmlType::Q5_K)
+    at.push_back(2);
+  if (t == tq::GgmlType::Q6_K) at = {208};
+  for (size_t k = 0; k < n / bs; ++k)
+    for (size_t a : at) {
+      const uint16_t h = tq::fp32_to_fp16(static_cast<float>(1e-3 * (0.5 + r.uniform())));
+      std::memcpy(b.data() + k * bb + a, &h, 2);
+    }
+  return b;
+}
+
+void run_fmt(benchmark::State& st, tq::GgmlType t, int in, int out, bool simd) {
+  const std::vector<uint8_t> w = random_matrix(t, in, out);
+  tq::Rng r(5);
+  std::vector<float> x(in), y(out);
+  for (auto& v : x) v = static_cast<float>(r.normal());
+  for (auto _ : st) {
+    if (simd) tq::llm::qmatvec(t, w.data(), in, out, x.data(), 1, y.data(), out, 1);
+    else tq::llm::qmatvec_ref(t, w.data(), in, out, x.data(), 1, y.data(), out);
+    benchmark::DoNotOptimize(y.data());
+  }
+  st.counters["weights/s"] = benchmark::Counter(static_cast<double>(st.iterations()) * in * out,
+                                                benchmark::Counter::kIsRate);
+  st.counters["GB/s"] = benchmark::Counter(static_cast<double>(st.iterations()) * w.size() / 1e9,
+                                           benchmark::Counter::kIsRate);
+}
+
+#define TQ_FMT_BENCH(T, IN, OUT)                                                                  \
+  BENCHMARK_CAPTURE(run_fmt, simd/T/IN##x##OUT, tq::GgmlType::T, IN, OUT, true)->Unit(benchmark::kMicrosecond); \
+  BENCHMARK_CAPTURE(run_fmt, ref/T/IN##x##OUT, tq::GgmlType::T, IN, OUT, false)->Unit(benchmark::kMicrosecond);
+#define TQ_FMT_BOTH(T) TQ_FMT_BENCH(T, 640, 2048) TQ_FMT_BENCH(T, 2048, 640)
+TQ_FMT_BOTH(F32)
+TQ_FMT_BOTH(F16)
+TQ_FMT_BOTH(BF16)
+TQ_FMT_BOTH(Q4_0)
+TQ_FMT_BOTH(Q4_1)
+TQ_FMT_BOTH(Q5_0)
+TQ_FMT_BOTH(Q5_1)
+TQ_FMT_BOTH(Q8_0)
+TQ_FMT_BENCH(Q4_K, 2048, 640)
+TQ_FMT_BENCH(Q5_K, 2048, 640)
+TQ_FMT_BENCH(Q6_K, 2048, 640)
 
 }  // namespace
 

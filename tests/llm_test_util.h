@@ -3,6 +3,7 @@
 
 #include <sys/stat.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -31,8 +32,49 @@ inline std::vector<float> randn(size_t n, tq::Rng& r, float scale, float offset 
   return v;
 }
 
-// A random-weight llama GGUF (no tokenizer) with weights stored as `wtype`.
-inline tq::GgufWriter tiny_llama_gguf(const TinyLlama& c, tq::GgmlType wtype, uint64_t seed) {
+// Random blocks of a type without a quantizer here (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K): n values
+// (a multiple of the block size), random codes and sub-block scales, fp16 scales chosen so the
+// values spread over about +-2 * scale (all zero for scale 0).
+inline std::vector<uint8_t> random_blocks(tq::GgmlType t, size_t n, tq::Rng& r, float scale) {
+  std::vector<uint8_t> b(tq::ggml_row_bytes(t, n));
+  for (auto& v : b) v = static_cast<uint8_t>(r.next_u64());
+  const size_t bs = static_cast<size_t>(tq::ggml_block_size(t)), bb = static_cast<size_t>(tq::ggml_block_bytes(t));
+  auto put = [&](size_t at, float f) {
+    const uint16_t h = tq::fp32_to_fp16(f);
+    std::memcpy(b.data() + at, &h, 2);
+  };
+  auto jitter = [&] { return static_cast<float>(0.5 + r.uniform()); };
+  for (size_t k = 0; k < n / bs; ++k) {
+    const size_t at = k * bb;
+    switch (t) {
+      case tq::GgmlType::Q5_0: put(at, scale / 8 * jitter()); break;
+      case tq::GgmlType::Q5_1: put(at, scale / 8 * jitter()); put(at + 2, -2 * scale * jitter()); break;
+      case tq::GgmlType::Q4_K: put(at, 4 * scale / (15 * 48) * jitter()); put(at + 2, 2 * scale / 48 * jitter()); break;
+      case tq::GgmlType::Q5_K: put(at, 4 * scale / (31 * 48) * jitter()); put(at + 2, 2 * scale / 48 * jitter()); break;
+      case tq::GgmlType::Q6_K: put(at + 208, scale / (32 * 64) * jitter()); break;
+      default: break;
+    }
+  }
+  return b;
+}
+
+// n values of type t for a fixture: quantized from x when the type has a quantizer, else
+// random blocks of about the same spread (random_blocks, scale = the spread of x).
+inline std::vector<uint8_t> fixture_bytes(tq::GgmlType t, const std::vector<float>& x, tq::Rng& r, float scale) {
+  if (tq::ggml_has_quantizer(t)) {
+    std::vector<uint8_t> b(tq::ggml_row_bytes(t, x.size()));
+    tq::quantize_row(t, x.data(), b.data(), x.size());
+    return b;
+  }
+  return random_blocks(t, x.size(), r, scale);
+}
+
+// A random-weight llama GGUF (no tokenizer) with weights stored as `wtype` (types without a
+// quantizer: random blocks, see fixture_bytes; their rows need n_embd and n_ff multiples of
+// the block size, e.g. 256 for the K-quants). `type_of`, when given, picks the type of each
+// matrix by tensor name instead (mixed files, like Gemma's Q5_0 / Q4_K / Q6_K / Q8_0).
+inline tq::GgufWriter tiny_llama_gguf(const TinyLlama& c, tq::GgmlType wtype, uint64_t seed,
+                                      tq::GgmlType (*type_of)(const std::string&) = nullptr) {
   tq::Rng r(seed);
   tq::GgufWriter w(3);
   w.set_string("general.architecture", "llama");
@@ -50,7 +92,13 @@ inline tq::GgufWriter tiny_llama_gguf(const TinyLlama& c, tq::GgmlType wtype, ui
     size_t n = 1;
     for (auto d : ne) n *= d;
     auto x = randn(n, r, scale, offset);
-    w.add_tensor(name, ne, t, x.data());
+    if (type_of && t != tq::GgmlType::F32) t = type_of(name);
+    if (tq::ggml_has_quantizer(t)) {
+      w.add_tensor(name, ne, t, x.data());
+    } else {
+      const auto b = fixture_bytes(t, x, r, scale);
+      w.add_tensor_raw(name, ne, t, b.data(), b.size());
+    }
   };
   add("token_embd.weight", {E, V}, 0.5f, 0, wtype);
   add("output_norm.weight", {E}, 0.1f, 1.0f, tq::GgmlType::F32);

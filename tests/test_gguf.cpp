@@ -178,8 +178,10 @@ TEST(Gguf, RejectsBadFiles) {
   ASSERT_NE(at, 0u);
   const size_t type_at = at + 4 + 16, off_at = type_at + 4;
   b = good;
-  b[type_at] = 14;  // Q6_K: not supported
-  EXPECT_NE(error_of(b).find("ggml type 14"), std::string::npos) << error_of(b);
+  b[type_at] = 10;  // Q2_K: not supported
+  EXPECT_NE(error_of(b).find("tensor 'w' has ggml type 10 (Q2_K)"), std::string::npos) << error_of(b);
+  b[type_at] = 77;  // no ggml type at all
+  EXPECT_NE(error_of(b).find("tensor 'w' has ggml type 77 (?)"), std::string::npos) << error_of(b);
   b = good;
   b[off_at] = 3;
   EXPECT_NE(error_of(b).find("alignment"), std::string::npos) << error_of(b);
@@ -210,4 +212,39 @@ TEST(Gguf, DuplicateKeysRejected) {
   w.set_u32("a", 2);
   const auto b = w.bytes();
   EXPECT_NE(error_of(b).find("duplicate"), std::string::npos);
+}
+
+// Types without a quantizer here (Q5_0, Q5_1, K-quants) are written from their bytes
+// (add_tensor_raw, size checked); add_tensor / quantize_row on them is a clear error.
+TEST(Gguf, RawTensorsOfTypesWithoutQuantizer) {
+  for (tq::GgmlType t : {tq::GgmlType::Q5_0, tq::GgmlType::Q5_1, tq::GgmlType::Q4_K, tq::GgmlType::Q5_K,
+                         tq::GgmlType::Q6_K}) {
+    EXPECT_FALSE(tq::ggml_has_quantizer(t));
+    const size_t n = 512, rb = tq::ggml_row_bytes(t, n);
+    std::vector<uint8_t> raw(rb * 2);
+    for (size_t i = 0; i < raw.size(); ++i) raw[i] = static_cast<uint8_t>(i * 37 + 11);
+    std::vector<float> x(n * 2, 0.5f);
+    tq::GgufWriter w;
+    EXPECT_THROW(w.add_tensor("q", {n, 2}, t, x.data()), tq::Error) << tq::ggml_type_name(t);
+    EXPECT_THROW(w.add_tensor_raw("q", {n, 2}, t, raw.data(), raw.size() - 1), tq::Error);
+    w.add_tensor_raw("q", {n, 2}, t, raw.data(), raw.size());
+    const auto bytes = w.bytes();
+    const auto g = tq::GgufFile::from_bytes(bytes.data(), bytes.size());
+    const auto& q = g.tensor("q");
+    EXPECT_EQ(q.type, t);
+    EXPECT_EQ(q.n_bytes, raw.size());
+    EXPECT_EQ(0, std::memcmp(q.data, raw.data(), raw.size()));
+  }
+  std::vector<float> x(256);
+  std::vector<uint8_t> out(1024);
+  try {
+    tq::quantize_row(tq::GgmlType::Q4_K, x.data(), out.data(), 256);
+    FAIL() << "no error";
+  } catch (const tq::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no quantizer for Q4_K"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(tq::ggml_block_size(tq::GgmlType::Q6_K), 256);
+  EXPECT_EQ(tq::ggml_block_bytes(tq::GgmlType::Q6_K), 210);
+  EXPECT_EQ(tq::ggml_row_bytes(tq::GgmlType::Q4_K, 512), 288u);
+  EXPECT_THROW(tq::ggml_row_bytes(tq::GgmlType::Q5_K, 640), tq::Error);  // 640 is not a multiple of 256
 }

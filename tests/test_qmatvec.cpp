@@ -1,5 +1,6 @@
-// QMatvec.*: the GGUF block matvec kernels (src/llm/qmatvec.h) for F32, F16, Q4_0, Q4_1 and
-// Q8_0 weights, at every SIMD level of the host and in the scalar reference, against the
+// QMatvec.*: the GGUF block matvec kernels (src/llm/qmatvec.h) for every weight type (F32, F16,
+// BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; the types without a quantizer here as
+// random blocks), at every SIMD level of the host and in the scalar reference, against the
 // weights dequantized to f32 (tq::dequantize_row) and a double-precision dot product; bad
 // input; and LlamaModel's decode through the block kernels against its f32 (OpenBLAS) path.
 // QGemm.*: the many-row product (panels of dequantized rows times OpenBLAS sgemm) against the
@@ -11,8 +12,10 @@
 // one horizontal sum of at most 16 lanes). Every product and partial sum passes through at
 // most 32 + 3 + nb + 4 float roundings, so with u = 2^-24 the error of each result against the
 // exact value is at most (39 + nb) u S to first order, where S = sum_j (|d q_j| + |m|) |x_j|
-// is the sum of the magnitudes of the terms actually added (m = 0 for Q8_0 / F16 / F32, where
-// S = sum |w_j x_j|; m = -8 d for Q4_0). For in = 1536 (nb = 48): 87 u = 5.2e-6. The
+// is the sum of the magnitudes of the terms actually added (m = 0 for Q8_0 / Q6_K and the
+// float types, where S = sum |w_j x_j|; m = -8 d for Q4_0, -16 d for Q5_0, -dmin mn for the
+// Q4_K / Q5_K sub-blocks, whose d is d sc). Q6_K sums 16-value groups: at most 16 + 3 +
+// in / 16 + 4 roundings. For in = 1536 (nb = 48): 87 u = 5.2e-6 (Q6_K: 119 u = 7.1e-6). The
 // dequantized-to-f32 value d q + m adds 2 roundings of its own. kRelTol = 1e-5 of S covers
 // kernel vs exact; kernel vs reference is bounded by the sum of two such errors, also < 1e-5 S
 // since neither reaches the first-order worst case (checked with kRelTol for both).
@@ -38,7 +41,14 @@ constexpr double kRelTol = 1e-5;
 
 using tq::GgmlType;
 
-const GgmlType kTypes[] = {GgmlType::F32, GgmlType::F16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0};
+const GgmlType kTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0,
+                           GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
+                           GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+
+bool is_kquant(GgmlType t) { return tq::ggml_block_size(t) == tq::kQK; }
+// A row length of the sweeps for t: `in` itself, or for the K-quants (256-value blocks) the
+// multiple of 256 nearest above.
+int len_for(GgmlType t, int in) { return is_kquant(t) ? (in + 255) / 256 * 256 : in; }
 
 uint16_t rd16(const uint8_t* p) {
   uint16_t v;
@@ -52,7 +62,16 @@ float offset_of(GgmlType t, const uint8_t* row, int j) {
   switch (t) {
     case GgmlType::Q4_1: return tq::fp16_to_fp32(rd16(row + static_cast<size_t>(b) * sizeof(tq::BlockQ4_1) + 2));
     case GgmlType::Q4_0: return -8.0f * tq::fp16_to_fp32(rd16(row + static_cast<size_t>(b) * sizeof(tq::BlockQ4_0)));
-    default: return 0.0f;
+    case GgmlType::Q5_1: return tq::fp16_to_fp32(rd16(row + static_cast<size_t>(b) * sizeof(tq::BlockQ5_1) + 2));
+    case GgmlType::Q5_0: return -16.0f * tq::fp16_to_fp32(rd16(row + static_cast<size_t>(b) * sizeof(tq::BlockQ5_0)));
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K: {  // -dmin * mn of the sub-block
+      const uint8_t* blk = row + static_cast<size_t>(j / 256) * tq::ggml_block_bytes(t);
+      int sc, mn;
+      tq::kquant_scale_min(blk + 4, (j % 256) / 32, sc, mn);
+      return -tq::fp16_to_fp32(rd16(blk + 2)) * static_cast<float>(mn);
+    }
+    default: return 0.0f;  // Q8_0, Q6_K (signed codes), float types
   }
 }
 
@@ -76,7 +95,14 @@ Case make_case(GgmlType t, int in, int out, int n, uint64_t seed) {
           o == 3 ? 0.0f : static_cast<float>(r.normal() * 0.1 + (o % 3 - 1) * 0.07);
   const size_t rb = tq::ggml_row_bytes(t, in);
   c.w.resize(rb * out);
-  for (int o = 0; o < out; ++o) tq::quantize_row(t, wf.data() + static_cast<size_t>(o) * in, c.w.data() + o * rb, in);
+  for (int o = 0; o < out; ++o) {
+    if (tq::ggml_has_quantizer(t)) {
+      tq::quantize_row(t, wf.data() + static_cast<size_t>(o) * in, c.w.data() + o * rb, in);
+    } else {  // random codes and scales (row 3 all zero); values within about +-0.2
+      const auto b = tq_test::random_blocks(t, static_cast<size_t>(in), r, o == 3 ? 0.0f : 0.1f);
+      std::memcpy(c.w.data() + o * rb, b.data(), rb);
+    }
+  }
   c.x.resize(static_cast<size_t>(n) * in);
   for (auto& v : c.x) v = static_cast<float>(r.normal() + 0.3);
   std::vector<float> deq(in);
@@ -129,7 +155,8 @@ TEST(QMatvec, MatchesDequantizedAtEveryLevel) {
   int checked = 0;
   for (GgmlType t : kTypes) {
     std::vector<int> ins = {32, 64, 576, 1536};
-    if (t == GgmlType::F32 || t == GgmlType::F16) {  // block size 1: any length
+    if (is_kquant(t)) ins = {256, 512, 1536};
+    if (tq::ggml_block_size(t) == 1) {  // block size 1: any length
       ins.push_back(7);
       ins.push_back(100);
     }
@@ -167,7 +194,7 @@ TEST(QMatvec, SameBitsForAnyThreadCountAndRowGrouping) {
   for (const auto& level : tq::simd::available_levels()) {
     tq::simd::ScopedLevel sl(level);
     for (GgmlType t : kTypes) {
-      const Case c = make_case(t, 576, 200, 7, 42);
+      const Case c = make_case(t, len_for(t, 576), 200, 7, 42);
       std::vector<float> all(static_cast<size_t>(c.n) * c.out), one(c.out), par(all.size());
       tq::llm::qmatvec(t, c.w.data(), c.in, c.out, c.x.data(), c.n, all.data(), c.out, 1);
       tq::llm::qmatvec(t, c.w.data(), c.in, c.out, c.x.data(), c.n, par.data(), c.out, 2);
@@ -196,13 +223,25 @@ TEST(QMatvec, RejectsBadInput) {
   } catch (const tq::Error& e) {
     EXPECT_NE(std::string(e.what()).find("multiple of the Q4_1 block size 32"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(tq::llm::qmatvec(GgmlType::BF16, w.data(), 32, 2, x.data(), 1, y.data(), 2, 1), tq::Error);
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K})  // 256-value super-blocks
+    for (int in : {32, 128, 288}) {
+      EXPECT_THROW(tq::llm::qmatvec(t, w.data(), in, 2, x.data(), 1, y.data(), 2, 1), tq::Error) << in;
+      EXPECT_THROW(tq::llm::qgemm(t, w.data(), in, 2, x.data(), 9, y.data(), 2, 1), tq::Error) << in;
+    }
+  // A ggml type tq does not read (Q2_K = 10): an error naming it and the supported ones.
+  try {
+    tq::llm::qmatvec(static_cast<GgmlType>(10), w.data(), 32, 2, x.data(), 1, y.data(), 2, 1);
+    FAIL() << "no error";
+  } catch (const tq::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Q4_K(12)"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(tq::llm::qmatvec_supported(static_cast<GgmlType>(10)));
   EXPECT_THROW(tq::llm::qmatvec(GgmlType::F32, w.data(), 32, 4, x.data(), 1, y.data(), 3, 1), tq::Error);  // ldy
   EXPECT_THROW(tq::llm::qmatvec(GgmlType::F32, w.data(), 32, -1, x.data(), 1, y.data(), 3, 1), tq::Error);
   EXPECT_THROW(tq::llm::qmatvec(GgmlType::F32, nullptr, 32, 2, x.data(), 1, y.data(), 2, 1), tq::Error);
   // Nothing to do is fine, with any pointers.
   EXPECT_NO_THROW(tq::llm::qmatvec(GgmlType::Q4_1, nullptr, 32, 0, nullptr, 1, nullptr, 0, 1));
-  EXPECT_FALSE(tq::llm::qmatvec_supported(GgmlType::BF16));
+  for (GgmlType t : kTypes) EXPECT_TRUE(tq::llm::qmatvec_supported(t)) << tq::ggml_type_name(t);
 }
 
 // Tiny random-weight models: greedy decode (one token per forward, the block kernels) and 3-
@@ -270,7 +309,8 @@ TEST(QMatvec, ModelDecodeMatchesF32Path) {
 TEST(QGemm, MatchesDequantizedForAnyPanelHeight) {
   int checked = 0;
   for (GgmlType t : kTypes) {
-    for (int in : {32, 576}) {
+    for (int in0 : {32, 576}) {
+      const int in = len_for(t, in0);
       for (int out : {1, 67, 131}) {
         for (int n : {9, 33}) {
           const Case c = make_case(t, in, out, n, 500 + in + out * 3 + n);

@@ -26,29 +26,84 @@ enum class GgufValueType : uint32_t {
 const char* gguf_value_type_name(GgufValueType t);
 
 // Tensor element types we can read (ggml numbering). Other ggml types are rejected with a
-// clear error naming the tensor and the type number.
-enum class GgmlType : uint32_t { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, BF16 = 30 };
+// clear error naming the tensor and the type (number and ggml name).
+enum class GgmlType : uint32_t {
+  F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8,
+  Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30,
+};
+// Every type above, in enum order (tests and tables iterate it).
+inline constexpr GgmlType kGgmlTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::Q4_0, GgmlType::Q4_1,
+                                          GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q4_K,
+                                          GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::BF16};
 const char* ggml_type_name(GgmlType t);
+// The ggml name of any ggml type number ("Q2_K", "IQ4_XS", ...; "?" if ggml has none).
+const char* ggml_type_number_name(uint32_t t);
 bool ggml_type_known(uint32_t t);
-int ggml_block_size(GgmlType t);    // values per block (1 for float types)
+// "F32(0) F16(1) ...": the supported types, for error messages.
+const char* ggml_supported_types();
+int ggml_block_size(GgmlType t);    // values per block (1 for float types, 32, or 256 for K-quants)
 int ggml_block_bytes(GgmlType t);   // bytes per block
 
-// Block layouts (ggml): 32 values per block, fp16 scale(s) first.
-//   Q4_0: f16 d; u8 qs[16]           x[j] = (nib(j) - 8) * d        4.5 bits/value
-//   Q4_1: f16 d; f16 m; u8 qs[16]    x[j] = nib(j) * d + m          5.0 bits/value
-//   Q8_0: f16 d; i8 qs[32]           x[j] = qs[j] * d               8.5 bits/value
-// where nib(j) is the low nibble of qs[j] for j < 16 and the high nibble of qs[j-16] above.
+// Block layouts (ggml's, little-endian, fp16 scales). 32 values per block:
+//   Q4_0: f16 d; u8 qs[16]                  x[j] = (nib(j) - 8) * d          4.5 bits/value
+//   Q4_1: f16 d; f16 m; u8 qs[16]           x[j] = nib(j) * d + m            5.0 bits/value
+//   Q5_0: f16 d; u8 qh[4]; u8 qs[16]        x[j] = (q5(j) - 16) * d          5.5 bits/value
+//   Q5_1: f16 d; f16 m; u8 qh[4]; u8 qs[16] x[j] = q5(j) * d + m             6.0 bits/value
+//   Q8_0: f16 d; i8 qs[32]                  x[j] = qs[j] * d                 8.5 bits/value
+// where nib(j) is the low nibble of qs[j] for j < 16 and the high nibble of qs[j-16] above,
+// and q5(j) = nib(j) | (bit j of the little-endian u32 qh) << 4.
 struct BlockQ4_0 { uint16_t d; uint8_t qs[16]; };
 struct BlockQ4_1 { uint16_t d; uint16_t m; uint8_t qs[16]; };
+struct BlockQ5_0 { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; };
+struct BlockQ5_1 { uint16_t d; uint16_t m; uint8_t qh[4]; uint8_t qs[16]; };
 struct BlockQ8_0 { uint16_t d; int8_t qs[32]; };
 static_assert(sizeof(BlockQ4_0) == 18, "Q4_0 block is 18 bytes");
 static_assert(sizeof(BlockQ4_1) == 20, "Q4_1 block is 20 bytes");
+static_assert(sizeof(BlockQ5_0) == 22, "Q5_0 block is 22 bytes");
+static_assert(sizeof(BlockQ5_1) == 24, "Q5_1 block is 24 bytes");
 static_assert(sizeof(BlockQ8_0) == 34, "Q8_0 block is 34 bytes");
+
+// K-quants: super-blocks of 256 values (kQK). Q4_K / Q5_K: 8 sub-blocks of 32 values, each
+// with a 6-bit scale sc[s] and a 6-bit min mn[s] packed in scales[12]:
+//   s < 4:  sc = scales[s] & 63,                           mn = scales[s + 4] & 63
+//   s >= 4: sc = (scales[s + 4] & 15) | (scales[s - 4] >> 6) << 4,
+//           mn = (scales[s + 4] >> 4) | (scales[s] >> 6) << 4
+//   x[32 s + l] = (d * sc) * q - (dmin * mn), with, for s = 2c + h (c = 0..3, h = 0/1),
+//   Q4_K: q = (qs[32 c + l] >> 4 h) & 15                                    4.5 bits/value
+//   Q5_K: q = that | ((qh[l] >> s) & 1) << 4                                 5.5 bits/value
+// Q6_K: 16 sub-blocks of 16 values with an int8 scale each; for value i = 128 h + 32 g + l
+// (h = 0/1, g = 0..3, l < 32):
+//   q = ((ql[64 h + 32 (g & 1) + l] >> 4 (g >> 1)) & 15) | ((qh[32 h + l] >> 2 g) & 3) << 4
+//   x[i] = (d * scales[i / 16]) * (q - 32)                                  6.5625 bits/value
+// Every product here is exact in float (at most 11 + 7 + 5 significant bits), so the one
+// rounding of a value is the final add / subtract of the min (or none).
+constexpr int kQK = 256;
+struct BlockQ4_K { uint16_t d; uint16_t dmin; uint8_t scales[12]; uint8_t qs[128]; };
+struct BlockQ5_K { uint16_t d; uint16_t dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; };
+struct BlockQ6_K { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; };
+static_assert(sizeof(BlockQ4_K) == 144, "Q4_K block is 144 bytes");
+static_assert(sizeof(BlockQ5_K) == 176, "Q5_K block is 176 bytes");
+static_assert(sizeof(BlockQ6_K) == 210, "Q6_K block is 210 bytes");
+// The 6-bit scale and min of sub-block s (0..7) of a Q4_K / Q5_K super-block.
+inline void kquant_scale_min(const uint8_t* scales, int s, int& sc, int& mn) noexcept {
+  if (s < 4) {
+    sc = scales[s] & 63;
+    mn = scales[s + 4] & 63;
+  } else {
+    sc = (scales[s + 4] & 15) | ((scales[s - 4] >> 6) << 4);
+    mn = (scales[s + 4] >> 4) | ((scales[s] >> 6) << 4);
+  }
+}
 
 // Decode n values (n a multiple of the block size) of type t into floats.
 void dequantize_row(GgmlType t, const void* src, float* dst, size_t n);
-// Encode (reference quantizers, used by tests and the writer): n floats into type t.
+// The scalar reference of dequantize_row (what `--simd scalar` runs; the SIMD kernels give
+// its bits).
+void dequantize_row_ref(GgmlType t, const void* src, float* dst, size_t n);
+// Encode (reference quantizers, used by tests and the writer): n floats into type t. Only
+// F32, F16, BF16, Q4_0, Q4_1 and Q8_0 have one (ggml_has_quantizer); others: tq::Error.
 void quantize_row(GgmlType t, const float* src, void* dst, size_t n);
+bool ggml_has_quantizer(GgmlType t) noexcept;
 // Bytes for n values of type t (n a multiple of the block size, else tq::Error).
 size_t ggml_row_bytes(GgmlType t, size_t n);
 
@@ -146,6 +201,10 @@ class GgufWriter {
   // ne in ggml order (ne[0] contiguous); data: n_elements floats, encoded as `type`.
   void add_tensor(const std::string& name, const std::vector<uint64_t>& ne, GgmlType type,
                   const float* data);
+  // The same with the tensor's bytes given as stored (ggml_row_bytes(type, n_elements) of
+  // them), for types without a quantizer here (K-quants, Q5_*) and for exact fixtures.
+  void add_tensor_raw(const std::string& name, const std::vector<uint64_t>& ne, GgmlType type,
+                      const void* bytes, size_t n_bytes);
   std::vector<uint8_t> bytes() const;
   void write(const std::string& path) const;  // atomic (temp file + rename)
 

@@ -1,6 +1,8 @@
-// GGUF reader/writer and the ggml weight block codecs (F32, F16, BF16, Q4_0, Q4_1, Q8_0).
-// Scalar code only: the model dequantizes its weights once at load for prefill; decode reads
-// the blocks with the kernels of src/llm/qmatvec_simd.cpp (see docs/design.md).
+// GGUF reader/writer and the ggml weight block codecs: scalar dequantizers for F32, F16, BF16,
+// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K (the reference of the SIMD kernels in
+// src/llm/qmatvec_simd.cpp) and quantizers for F32, F16, BF16, Q4_0, Q4_1, Q8_0. Prefill
+// dequantizes panels of weight rows; decode reads the blocks with the kernels of
+// src/llm/qmatvec_simd.cpp (see docs/design.md).
 #include "tq/gguf.h"
 
 #include <fcntl.h>
@@ -40,25 +42,36 @@ const char* gguf_value_type_name(GgufValueType t) {
   return "?";
 }
 
+const char* ggml_type_number_name(uint32_t t) {
+  // ggml's numbering (ggml.h enum ggml_type); gaps are removed types.
+  static const char* const kNames[] = {
+      "F32",  "F16",  "Q4_0",  "Q4_1",   "?",     "?",     "Q5_0", "Q5_1",  "Q8_0",  "Q8_1",
+      "Q2_K", "Q3_K", "Q4_K",  "Q5_K",   "Q6_K",  "Q8_K",  "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S",
+      "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "I8", "I16", "I32", "I64", "F64", "IQ1_M",
+      "BF16", "?",   "?",     "?",      "TQ1_0", "TQ2_0", "?",    "?",     "?",     "MXFP4"};
+  return t < sizeof(kNames) / sizeof(kNames[0]) ? kNames[t] : "?";
+}
+
 const char* ggml_type_name(GgmlType t) {
-  switch (t) {
-    case GgmlType::F32: return "F32";
-    case GgmlType::F16: return "F16";
-    case GgmlType::Q4_0: return "Q4_0";
-    case GgmlType::Q4_1: return "Q4_1";
-    case GgmlType::Q8_0: return "Q8_0";
-    case GgmlType::BF16: return "BF16";
-  }
-  return "?";
+  return ggml_type_known(static_cast<uint32_t>(t)) ? ggml_type_number_name(static_cast<uint32_t>(t)) : "?";
 }
 
 bool ggml_type_known(uint32_t t) {
-  return t == 0 || t == 1 || t == 2 || t == 3 || t == 8 || t == 30;
+  for (GgmlType k : kGgmlTypes)
+    if (static_cast<uint32_t>(k) == t) return true;
+  return false;
+}
+
+const char* ggml_supported_types() {
+  return "F32(0) F16(1) Q4_0(2) Q4_1(3) Q5_0(6) Q5_1(7) Q8_0(8) Q4_K(12) Q5_K(13) Q6_K(14) BF16(30)";
 }
 
 int ggml_block_size(GgmlType t) {
   switch (t) {
-    case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q8_0: return 32;
+    case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1: case GgmlType::Q8_0:
+      return 32;
+    case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K:
+      return kQK;
     default: return 1;
   }
 }
@@ -69,7 +82,12 @@ int ggml_block_bytes(GgmlType t) {
     case GgmlType::F16: case GgmlType::BF16: return 2;
     case GgmlType::Q4_0: return sizeof(BlockQ4_0);
     case GgmlType::Q4_1: return sizeof(BlockQ4_1);
+    case GgmlType::Q5_0: return sizeof(BlockQ5_0);
+    case GgmlType::Q5_1: return sizeof(BlockQ5_1);
     case GgmlType::Q8_0: return sizeof(BlockQ8_0);
+    case GgmlType::Q4_K: return sizeof(BlockQ4_K);
+    case GgmlType::Q5_K: return sizeof(BlockQ5_K);
+    case GgmlType::Q6_K: return sizeof(BlockQ6_K);
   }
   return 0;
 }
@@ -103,9 +121,17 @@ uint16_t f32_to_bf16(float f) {
 }  // namespace
 
 void dequantize_row(GgmlType t, const void* src, float* dst, size_t n) {
-  // SIMD kernels for the block types (the same float operations, so the same bits); the
-  // code below is their reference (`--simd scalar`).
+  // SIMD kernels for the block types (the same float operations, so the same bits);
+  // dequantize_row_ref is their reference (`--simd scalar`).
   if (!simd::use_scalar() && llm::detail::dequantize_row_simd(t, src, dst, n)) return;
+  dequantize_row_ref(t, src, dst, n);
+}
+
+// The float operations are those of the `gguf` package's numpy dequantizers (the test
+// oracle, tests/gguf_dequant_oracle.py): integer code to float, times the (exact) float
+// scale, then one add / subtract of the min. Every product is exact (see tq/gguf.h), so a
+// compiler's fused multiply-add would round the same.
+void dequantize_row_ref(GgmlType t, const void* src, float* dst, size_t n) {
   const uint8_t* p = static_cast<const uint8_t*>(src);
   switch (t) {
     case GgmlType::F32:
@@ -148,11 +174,89 @@ void dequantize_row(GgmlType t, const void* src, float* dst, size_t n) {
         for (int j = 0; j < 32; ++j) y[j] = qs[j] * d;
       }
       return;
+    case GgmlType::Q5_0:
+    case GgmlType::Q5_1: {
+      const bool q51 = t == GgmlType::Q5_1;
+      const size_t bb = q51 ? sizeof(BlockQ5_1) : sizeof(BlockQ5_0);
+      for (size_t b = 0; b < n / 32; ++b, p += bb) {
+        const float d = fp16_to_fp32(rd16(p));
+        const float m = q51 ? fp16_to_fp32(rd16(p + 2)) : 0.0f;
+        uint32_t qh;
+        std::memcpy(&qh, p + (q51 ? 4 : 2), 4);
+        const uint8_t* qs = p + (q51 ? 8 : 6);
+        float* y = dst + b * 32;
+        for (int j = 0; j < 16; ++j) {
+          const int lo = (qs[j] & 0xf) | static_cast<int>(((qh >> j) & 1) << 4);
+          const int hi = (qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1) << 4);
+          if (q51) {
+            y[j] = d * static_cast<float>(lo) + m;
+            y[j + 16] = d * static_cast<float>(hi) + m;
+          } else {
+            y[j] = d * static_cast<float>(lo - 16);
+            y[j + 16] = d * static_cast<float>(hi - 16);
+          }
+        }
+      }
+      return;
+    }
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K: {
+      const bool q5 = t == GgmlType::Q5_K;
+      const size_t bb = q5 ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K);
+      for (size_t b = 0; b < n / kQK; ++b, p += bb) {
+        const float d = fp16_to_fp32(rd16(p));
+        const float dmin = fp16_to_fp32(rd16(p + 2));
+        const uint8_t* scales = p + 4;
+        const uint8_t* qh = p + 16;  // Q5_K only
+        const uint8_t* qs = p + (q5 ? 48 : 16);
+        float* y = dst + b * kQK;
+        for (int s = 0; s < 8; ++s) {
+          int sc, mn;
+          kquant_scale_min(scales, s, sc, mn);
+          const float ds = d * static_cast<float>(sc), dm = dmin * static_cast<float>(mn);
+          const uint8_t* q = qs + 32 * (s / 2);
+          const int shift = 4 * (s % 2);
+          for (int l = 0; l < 32; ++l) {
+            int v = (q[l] >> shift) & 0xf;
+            if (q5) v |= ((qh[l] >> s) & 1) << 4;
+            y[32 * s + l] = ds * static_cast<float>(v) - dm;
+          }
+        }
+      }
+      return;
+    }
+    case GgmlType::Q6_K:
+      for (size_t b = 0; b < n / kQK; ++b, p += sizeof(BlockQ6_K)) {
+        const uint8_t* ql = p;
+        const uint8_t* qh = p + 128;
+        const int8_t* sc = reinterpret_cast<const int8_t*>(p + 192);
+        const float d = fp16_to_fp32(rd16(p + 208));
+        float* y = dst + b * kQK;
+        for (int i = 0; i < kQK; ++i) {
+          const int h = i / 128, g = (i / 32) % 4, l = i % 32;
+          const int q = ((ql[64 * h + 32 * (g & 1) + l] >> (4 * (g >> 1))) & 0xf) |
+                        (((qh[32 * h + l] >> (2 * g)) & 3) << 4);
+          y[i] = (d * static_cast<float>(sc[i / 16])) * static_cast<float>(q - 32);
+        }
+      }
+      return;
   }
   TQ_ASSERT(false);
 }
 
+bool ggml_has_quantizer(GgmlType t) noexcept {
+  switch (t) {
+    case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: case GgmlType::Q4_0: case GgmlType::Q4_1:
+    case GgmlType::Q8_0:
+      return true;
+    default:
+      return false;
+  }
+}
+
 void quantize_row(GgmlType t, const float* x, void* dst, size_t n) {
+  TQ_CHECK(ggml_has_quantizer(t), "quantize_row: no quantizer for %s (F32, F16, BF16, Q4_0, Q4_1, Q8_0 have one)",
+           ggml_type_name(t));
   uint8_t* p = static_cast<uint8_t*>(dst);
   switch (t) {
     case GgmlType::F32:
@@ -217,6 +321,8 @@ void quantize_row(GgmlType t, const float* x, void* dst, size_t n) {
           p[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::lround(v[j] * id)));
       }
       return;
+    default:
+      break;
   }
   TQ_ASSERT(false);
 }
@@ -465,9 +571,8 @@ void GgufFile::parse() {
       n_el = checked_mul(n_el, static_cast<size_t>(ne), "tensor element count");
     }
     const uint32_t ty = c.get<uint32_t>("tensor type");
-    TQ_CHECK(ggml_type_known(ty),
-             "%s: tensor '%s' has ggml type %u; supported: F32(0) F16(1) Q4_0(2) Q4_1(3) Q8_0(8) BF16(30)",
-             path_.c_str(), t.name.c_str(), ty);
+    TQ_CHECK(ggml_type_known(ty), "%s: tensor '%s' has ggml type %u (%s), which is not supported; supported: %s",
+             path_.c_str(), t.name.c_str(), ty, ggml_type_number_name(ty), ggml_supported_types());
     t.type = static_cast<GgmlType>(ty);
     TQ_CHECK(t.ne[0] % ggml_block_size(t.type) == 0,
              "%s: tensor '%s': row length %llu is not a multiple of the %s block size %d",
@@ -645,6 +750,17 @@ void GgufWriter::add_tensor(const std::string& name, const std::vector<uint64_t>
   T t{name, ne, type, std::vector<uint8_t>(ggml_row_bytes(type, n))};
   quantize_row(type, data, t.data.data(), n);
   tensors_.push_back(std::move(t));
+}
+
+void GgufWriter::add_tensor_raw(const std::string& name, const std::vector<uint64_t>& ne, GgmlType type,
+                                const void* bytes, size_t n_bytes) {
+  size_t n = 1;
+  for (auto d : ne) n = checked_mul(n, d, "tensor size");
+  const size_t want = ggml_row_bytes(type, n);
+  TQ_CHECK(n_bytes == want, "add_tensor_raw '%s': %zu bytes given, a %s tensor of %zu values has %zu", name.c_str(),
+           n_bytes, ggml_type_name(type), n, want);
+  const uint8_t* b = static_cast<const uint8_t*>(bytes);
+  tensors_.push_back(T{name, ne, type, std::vector<uint8_t>(b, b + n_bytes)});
 }
 
 std::vector<uint8_t> GgufWriter::bytes() const {

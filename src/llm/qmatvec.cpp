@@ -14,9 +14,21 @@
 
 namespace tq::llm {
 
+bool qmatvec_needs_block_sums(GgmlType t) noexcept {
+  switch (t) {
+    case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1: case GgmlType::Q4_K:
+    case GgmlType::Q5_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
 bool qmatvec_supported(GgmlType t) noexcept {
   switch (t) {
-    case GgmlType::F32: case GgmlType::F16: case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q8_0:
+    case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: case GgmlType::Q4_0: case GgmlType::Q4_1:
+    case GgmlType::Q5_0: case GgmlType::Q5_1: case GgmlType::Q8_0: case GgmlType::Q4_K: case GgmlType::Q5_K:
+    case GgmlType::Q6_K:
       return true;
     default:
       return false;
@@ -77,16 +89,87 @@ float row_dot_ref(GgmlType t, const uint8_t* row, int in, const float* x, const 
         acc += d * s;
       }
       return acc;
+    case GgmlType::Q5_0:
+    case GgmlType::Q5_1: {
+      const bool q51 = t == GgmlType::Q5_1;
+      const size_t bb = q51 ? sizeof(BlockQ5_1) : sizeof(BlockQ5_0);
+      for (int b = 0; b < nb; ++b, row += bb) {
+        const float d = fp16_to_fp32(rd16(row));
+        const float m = q51 ? fp16_to_fp32(rd16(row + 2)) : -16.0f * d;
+        uint32_t qh;
+        std::memcpy(&qh, row + (q51 ? 4 : 2), 4);
+        const uint8_t* qs = row + (q51 ? 8 : 6);
+        const float* xb = x + static_cast<size_t>(b) * 32;
+        float s = 0;
+        for (int j = 0; j < 16; ++j)
+          s += static_cast<float>((qs[j] & 0xf) | (((qh >> j) & 1) << 4)) * xb[j];
+        for (int j = 0; j < 16; ++j)
+          s += static_cast<float>((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) * xb[16 + j];
+        acc += d * s + m * xs[b];
+      }
+      return acc;
+    }
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K: {  // per 32-value sub-block: (d sc) sum q x - (dmin mn) sum x
+      const bool q5 = t == GgmlType::Q5_K;
+      const size_t bb = q5 ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K);
+      for (int b = 0; b < in / kQK; ++b, row += bb) {
+        const float d = fp16_to_fp32(rd16(row));
+        const float dmin = fp16_to_fp32(rd16(row + 2));
+        const uint8_t* qh = row + 16;
+        const uint8_t* qs = row + (q5 ? 48 : 16);
+        for (int sb = 0; sb < 8; ++sb) {
+          int sc, mn;
+          kquant_scale_min(row + 4, sb, sc, mn);
+          const uint8_t* q = qs + 32 * (sb / 2);
+          const int shift = 4 * (sb % 2);
+          const float* xb = x + static_cast<size_t>(b) * kQK + 32 * sb;
+          float s = 0;
+          for (int l = 0; l < 32; ++l) {
+            int v = (q[l] >> shift) & 0xf;
+            if (q5) v |= ((qh[l] >> sb) & 1) << 4;
+            s += static_cast<float>(v) * xb[l];
+          }
+          acc += (d * static_cast<float>(sc)) * s - (dmin * static_cast<float>(mn)) * xs[b * 8 + sb];
+        }
+      }
+      return acc;
+    }
+    case GgmlType::Q6_K:  // per 16-value group: (d sc) sum (q - 32) x
+      for (int b = 0; b < in / kQK; ++b, row += sizeof(BlockQ6_K)) {
+        const uint8_t* ql = row;
+        const uint8_t* qh = row + 128;
+        const int8_t* sc = reinterpret_cast<const int8_t*>(row + 192);
+        const float d = fp16_to_fp32(rd16(row + 208));
+        const float* xb = x + static_cast<size_t>(b) * kQK;
+        for (int grp = 0; grp < 16; ++grp) {
+          float s = 0;
+          for (int i = 16 * grp; i < 16 * grp + 16; ++i) {
+            const int h = i / 128, g = (i / 32) % 4, l = i % 32;
+            const int q = ((ql[64 * h + 32 * (g & 1) + l] >> (4 * (g >> 1))) & 0xf) |
+                          (((qh[32 * h + l] >> (2 * g)) & 3) << 4);
+            s += static_cast<float>(q - 32) * xb[i];
+          }
+          acc += (d * static_cast<float>(sc[grp])) * s;
+        }
+      }
+      return acc;
     case GgmlType::F16:
+    case GgmlType::BF16:
     case GgmlType::F32: {
-      const bool f16 = t == GgmlType::F16;
       for (int i0 = 0; i0 < in; i0 += 32) {
         const int i1 = std::min(in, i0 + 32);
         float s = 0;
         for (int i = i0; i < i1; ++i) {
           float wv;
-          if (f16) wv = fp16_to_fp32(rd16(row + 2 * static_cast<size_t>(i)));
-          else std::memcpy(&wv, row + 4 * static_cast<size_t>(i), 4);
+          if (t == GgmlType::F16) {
+            wv = fp16_to_fp32(rd16(row + 2 * static_cast<size_t>(i)));
+          } else if (t == GgmlType::BF16) {
+            const uint32_t u = static_cast<uint32_t>(rd16(row + 2 * static_cast<size_t>(i))) << 16;
+            std::memcpy(&wv, &u, 4);
+          } else {
+            std::memcpy(&wv, row + 4 * static_cast<size_t>(i), 4);
+          }
           s += wv * x[i];
         }
         acc += s;
@@ -116,13 +199,12 @@ void qmv_rows_ref(GgmlType t, const uint8_t* w, int in, const float* x, const fl
 
 namespace {
 
-bool qgemm_supported(GgmlType t) noexcept { return qmatvec_supported(t) || t == GgmlType::BF16; }
+bool qgemm_supported(GgmlType t) noexcept { return qmatvec_supported(t); }
 
 void check_args(GgmlType t, const void* w, int in, int out, const float* x, int n, const float* y, int ldy,
                 bool gemm = false) {
   TQ_CHECK(gemm ? qgemm_supported(t) : qmatvec_supported(t),
-           "qmatvec: weight type %s is not supported (F32, F16, Q4_0, Q4_1, Q8_0%s)", ggml_type_name(t),
-           gemm ? ", BF16" : "");
+           "qmatvec: weight type %s is not supported (%s)", ggml_type_name(t), ggml_supported_types());
   const int bs = ggml_block_size(t);
   TQ_CHECK(in > 0 && in % bs == 0, "qmatvec: input length %d is not a positive multiple of the %s block size %d", in,
            ggml_type_name(t), bs);
@@ -137,7 +219,7 @@ void run(GgmlType t, const void* w, int in, int out, const float* x, int n, floa
   if (out == 0 || n == 0) return;
   const int nb = in / 32;
   std::vector<float> xs;
-  if (t == GgmlType::Q4_0 || t == GgmlType::Q4_1) {
+  if (qmatvec_needs_block_sums(t)) {
     xs.resize(static_cast<size_t>(n) * nb);
     detail::qmv_block_sums(x, n, in, xs.data());
   }

@@ -3,14 +3,17 @@
 //
 //   y[r * ldy + o] = sum_i W[o, i] x[r * in + i]      o < out, r < n (a few rows of x)
 //
-// W is `out` rows of `in` values stored as ggml type t (F32, F16, Q4_0, Q4_1 or Q8_0; the
-// block layouts are in tq/gguf.h), row o at w + o * ggml_row_bytes(t, in). Block types use
+// W is `out` rows of `in` values stored as ggml type t (every type of tq/gguf.h: F32, F16,
+// BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; the block layouts are there), row o at
+// w + o * ggml_row_bytes(t, in). Block types use, per block or sub-block of 32 values,
 //   sum_j (d q_j + m) x_j = d * sum_j q_j x_j + m * sum_j x_j
-// (Q4_1: m from the block; Q4_0: q = nibble, m = -8 d; Q8_0: m = 0) with the per-block sums
-// of x computed once per call. Float arithmetic throughout (x is not quantized); each block
-// (32 values; 32-value chunks for F32/F16) is summed on its own and the block results are
-// accumulated, so the rounding error is at most ~(32 + in/32 + 8) ulps of sum |terms| at every
-// SIMD level and in the scalar reference (see tests/test_qmatvec.cpp for the bound).
+// (Q4_1 / Q5_1: m from the block; Q4_0 / Q5_0: q unsigned, m = -8 d / -16 d; Q4_K / Q5_K:
+// d = d sc, m = -dmin mn of the sub-block; Q8_0: m = 0) with the per-32 sums of x computed
+// once per call; Q6_K sums each 16-value group of (q - 32) x and scales it by d sc. Float
+// arithmetic throughout (x is not quantized); each block (32 values, 16 for Q6_K; 32-value
+// chunks for the float types) is summed on its own and the block results are accumulated, so
+// the rounding error is at most ~(32 + groups + 8) ulps of sum |terms| at every SIMD level and
+// in the scalar reference (see tests/test_qmatvec.cpp for the bound).
 //
 // The SIMD kernels (qmatvec_simd.cpp, Highway dynamic dispatch) read up to 4 rows of x per
 // pass over W; simd::use_scalar() selects the plain scalar reference qmatvec_ref.
@@ -40,8 +43,10 @@ void parallel_rows(int out, int n_threads, F&& f) {
 // Rows of x handled per pass over the weights by one kernel call (more rows: several passes).
 constexpr int kQMatvecMaxRows = 4;
 
-// True for the types the kernels read (F32, F16, Q4_0, Q4_1, Q8_0).
+// True for the types the kernels read (every GgmlType).
 bool qmatvec_supported(GgmlType t) noexcept;
+// True for the types whose kernels take the per-32 sums of x (an offset term m).
+bool qmatvec_needs_block_sums(GgmlType t) noexcept;
 
 // The whole product, parallel over output rows (n_threads OpenMP threads, at most one per 64
 // rows). Checks: supported type, in > 0 and a multiple of the block size, out >= 0, n >= 0,
@@ -56,7 +61,7 @@ void qmatvec_ref(GgmlType t, const void* w, int in, int out, const float* x, int
 // rows at a time (tq::dequantize_row) into its own f32 buffer and multiplies the panel with
 // single-threaded OpenBLAS sgemm, so the weights stay in their GGUF blocks and no f32 copy of
 // the model is needed. Parallel over output rows like qmatvec (n_threads OpenMP threads, at
-// most one per 64 rows). Any type dequantize_row reads (F32, F16, BF16, Q4_0, Q4_1, Q8_0);
+// most one per 64 rows). Any type dequantize_row reads (every GgmlType);
 // panel_rows <= 0 picks qgemm_panel_rows(in). Same checks as qmatvec; tq::Error otherwise.
 void qgemm(GgmlType t, const void* w, int in, int out, const float* x, int n, float* y, int ldy, int n_threads,
            int panel_rows = 0);
@@ -68,15 +73,16 @@ constexpr int kQGemmPanelFloats = 1 << 18;
 int qgemm_panel_rows(int in) noexcept;
 
 namespace detail {
-// Per-block (32-value) sums of n rows of x: xs[r * (in / 32) + b]. Needed by Q4_0 / Q4_1.
+// Per-block (32-value) sums of n rows of x: xs[r * (in / 32) + b]. Needed by the types of
+// qmatvec_needs_block_sums (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K).
 void qmv_block_sums(const float* x, int n, int in, float* xs) noexcept;
 // Kernel entry points on output rows [o0, o1); no checks. xs from qmv_block_sums (Q4 types).
 void qmv_rows_ref(GgmlType t, const uint8_t* w, int in, const float* x, const float* xs, int n, int o0,
                   int o1, float* y, int ldy) noexcept;
 void qmv_rows_simd(GgmlType t, const uint8_t* w, int in, const float* x, const float* xs, int n, int o0,
                    int o1, float* y, int ldy) noexcept;
-// tq::dequantize_row's SIMD kernels (qmatvec_simd.cpp) for Q4_0, Q4_1, Q8_0 and F16: the
-// reference's bits; false for another type. No checks.
+// tq::dequantize_row's SIMD kernels (qmatvec_simd.cpp) for every block type, F16 and BF16:
+// the reference's bits; false for another type (F32). No checks.
 bool dequantize_row_simd(GgmlType t, const void* src, float* dst, size_t n) noexcept;
 }  // namespace detail
 

@@ -1,10 +1,12 @@
 // Highway kernels of qmatvec (see qmatvec.h): one output row at a time, up to 4 rows of x
-// per pass over the weight row. Per 32-value block: the integer codes are widened to int32
-// lanes and converted to float, multiplied into a per-block partial vector (lane-wise FMAs,
-// no horizontal sum), then scaled by the block's d into the row accumulator; the Q4 offset
-// term m * sum(x of the block) is a scalar FMA on the precomputed block sums. One horizontal
-// sum per output row. Same grouping as the scalar reference (qmv_rows_ref). Also the
-// kernels of tq::dequantize_row (DequantRow, at the end).
+// per pass over the weight row. Per 32-value block or sub-block (16 for Q6_K): the integer
+// codes (Q5: plus the fifth bit from qh; Q6_K: minus 32) are widened to int32 lanes and
+// converted to float, multiplied into a per-block partial vector (lane-wise FMAs, no
+// horizontal sum), then scaled by the block's d (K-quants: d * sub-block scale) into the row
+// accumulator; the offset term m * sum(x of the block) (Q4_0/1, Q5_0/1, Q4_K, Q5_K) is a
+// scalar FMA on the precomputed block sums. One horizontal sum per output row. Same grouping
+// as the scalar reference (qmv_rows_ref). Also the kernels of tq::dequantize_row
+// (DequantRow, at the end), which give the reference's bits.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "llm/qmatvec_simd.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -119,12 +121,16 @@ void RowsQ8(const uint8_t* w, int in, const float* x, int o0, int o1, float* y, 
 
 // F16 / F32 rows: 32-value chunks summed on their own, then added (as the reference); a
 // chunk shorter than 32 at the end (in % 32 != 0) is done in scalar code.
-template <int NR, bool kF16>
+// kKind: 0 F32, 1 F16, 2 BF16 (the 16 bits shifted into the top of a float).
+template <int NR, int kKind>
 void RowsFloat(const uint8_t* w, int in, const float* x, int o0, int o1, float* y, int ldy) {
   const DF df;
   const hn::Rebind<hwy::float16_t, DF> dh;
+  const hn::Rebind<uint16_t, DF> du16;
+  const hn::Rebind<uint32_t, DF> du32;
   const size_t N = hn::Lanes(df);
-  const size_t es = kF16 ? 2 : 4;
+  constexpr bool kF16 = kKind == 1;
+  const size_t es = kKind == 0 ? 4 : 2;
   const int full = in / 32 * 32;
   for (int o = o0; o < o1; ++o) {
     const uint8_t* row = w + static_cast<size_t>(o) * in * es;
@@ -135,8 +141,14 @@ void RowsFloat(const uint8_t* w, int in, const float* x, int o0, int o1, float* 
       for (int r = 0; r < NR; ++r) part[r] = hn::Zero(df);
       for (size_t j = 0; j < 32; j += N) {
         VF wv;
-        if constexpr (kF16) wv = hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(row) + i0 + j));
-        else wv = hn::LoadU(df, reinterpret_cast<const float*>(row) + i0 + j);
+        if constexpr (kF16) {
+          wv = hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(row) + i0 + j));
+        } else if constexpr (kKind == 2) {
+          wv = hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(
+                                   du32, hn::LoadU(du16, reinterpret_cast<const uint16_t*>(row) + i0 + j))));
+        } else {
+          wv = hn::LoadU(df, reinterpret_cast<const float*>(row) + i0 + j);
+        }
         for (int r = 0; r < NR; ++r) part[r] = hn::MulAdd(wv, hn::LoadU(df, x + static_cast<size_t>(r) * in + i0 + j), part[r]);
       }
       for (int r = 0; r < NR; ++r) acc[r] = hn::Add(acc[r], part[r]);
@@ -152,6 +164,11 @@ void RowsFloat(const uint8_t* w, int in, const float* x, int o0, int o1, float* 
             uint16_t h;
             std::memcpy(&h, row + 2 * static_cast<size_t>(i), 2);
             wv = tq::fp16_to_fp32(h);
+          } else if constexpr (kKind == 2) {
+            uint16_t h;
+            std::memcpy(&h, row + 2 * static_cast<size_t>(i), 2);
+            const uint32_t u = static_cast<uint32_t>(h) << 16;
+            std::memcpy(&wv, &u, 4);
           } else {
             std::memcpy(&wv, row + 4 * static_cast<size_t>(i), 4);
           }
@@ -164,6 +181,174 @@ void RowsFloat(const uint8_t* w, int in, const float* x, int o0, int o1, float* 
   }
 }
 
+// Q5_0 / Q5_1: the Q4 scheme with a fifth bit per value from the block's u32 qh (bit j of it
+// for value j), shifted into place lane by lane; m = -16 d for Q5_0.
+template <int NR, bool kQ51>
+void RowsQ5(const uint8_t* w, int in, const float* x, const float* xs, int o0, int o1, float* y, int ldy) {
+  const DF df;
+  const hn::Rebind<int32_t, DF> di;
+  const hn::Rebind<uint32_t, DF> du;
+  const hn::Rebind<uint8_t, DF> du8;
+  const size_t N = hn::Lanes(df);
+  const int nb = in / 32;
+  constexpr size_t kBB = kQ51 ? sizeof(BlockQ5_1) : sizeof(BlockQ5_0);
+  const size_t rb = kBB * static_cast<size_t>(nb);
+  const auto m15 = hn::Set(di, 15);
+  const auto one = hn::Set(du, 1u);
+  for (int o = o0; o < o1; ++o) {
+    const uint8_t* blk = w + static_cast<size_t>(o) * rb;
+    VF acc[NR];
+    float macc[NR];
+    for (int r = 0; r < NR; ++r) {
+      acc[r] = hn::Zero(df);
+      macc[r] = 0.0f;
+    }
+    for (int b = 0; b < nb; ++b, blk += kBB) {
+      float d, m;
+      Scales2(blk, d, m);  // Q5_0: m is the first qh bytes, replaced below
+      if (!kQ51) m = -16.0f * d;
+      uint32_t qh32;
+      std::memcpy(&qh32, blk + (kQ51 ? 4 : 2), 4);
+      const auto vqh = hn::Set(du, qh32);
+      const uint8_t* qs = blk + (kQ51 ? 8 : 6);
+      const float* xb = x + static_cast<size_t>(b) * 32;
+      VF part[NR];
+      for (int r = 0; r < NR; ++r) part[r] = hn::Zero(df);
+      for (size_t j = 0; j < 16; j += N) {
+        const auto q = hn::PromoteTo(di, hn::LoadU(du8, qs + j));
+        const auto hl = hn::BitCast(di, hn::ShiftLeft<4>(hn::And(hn::Shr(vqh, hn::Iota(du, static_cast<uint32_t>(j))), one)));
+        const auto hh =
+            hn::BitCast(di, hn::ShiftLeft<4>(hn::And(hn::Shr(vqh, hn::Iota(du, static_cast<uint32_t>(j + 16))), one)));
+        const VF lo = hn::ConvertTo(df, hn::Or(hn::And(q, m15), hl));
+        const VF hi = hn::ConvertTo(df, hn::Or(hn::ShiftRight<4>(q), hh));
+        for (int r = 0; r < NR; ++r) {
+          const float* xr = xb + static_cast<size_t>(r) * in;
+          part[r] = hn::MulAdd(lo, hn::LoadU(df, xr + j), part[r]);
+          part[r] = hn::MulAdd(hi, hn::LoadU(df, xr + 16 + j), part[r]);
+        }
+      }
+      const VF vd = hn::Set(df, d);
+      for (int r = 0; r < NR; ++r) {
+        acc[r] = hn::MulAdd(vd, part[r], acc[r]);
+        macc[r] += m * xs[static_cast<size_t>(r) * nb + b];
+      }
+    }
+    for (int r = 0; r < NR; ++r)
+      y[static_cast<size_t>(r) * ldy + o] = hn::GetLane(hn::SumOfLanes(df, acc[r])) + macc[r];
+  }
+}
+
+// Q4_K / Q5_K: per super-block, the four 32-byte code chunks each hold two sub-blocks (low and
+// high nibbles; Q5_K: bits 2c and 2c + 1 of qh[l] on top); per sub-block the partial vector is
+// scaled by d sc into the accumulator and the min term -dmin mn * sum(x) is a scalar FMA.
+template <int NR, bool kQ5>
+void RowsKQ(const uint8_t* w, int in, const float* x, const float* xs, int o0, int o1, float* y, int ldy) {
+  const DF df;
+  const hn::Rebind<int32_t, DF> di;
+  const hn::Rebind<uint8_t, DF> du8;
+  const size_t N = hn::Lanes(df);
+  const int nsb = in / kQK, nb = in / 32;
+  constexpr size_t kBB = kQ5 ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K);
+  const size_t rb = kBB * static_cast<size_t>(nsb);
+  const auto m15 = hn::Set(di, 15), one = hn::Set(di, 1);
+  for (int o = o0; o < o1; ++o) {
+    const uint8_t* blk = w + static_cast<size_t>(o) * rb;
+    VF acc[NR];
+    float macc[NR];
+    for (int r = 0; r < NR; ++r) {
+      acc[r] = hn::Zero(df);
+      macc[r] = 0.0f;
+    }
+    for (int b = 0; b < nsb; ++b, blk += kBB) {
+      float d, dmin;
+      Scales2(blk, d, dmin);
+      const uint8_t* qh = blk + 16;
+      const uint8_t* qs = blk + (kQ5 ? 48 : 16);
+      for (int c = 0; c < 4; ++c) {
+        VF plo[NR], phi[NR];
+        for (int r = 0; r < NR; ++r) plo[r] = phi[r] = hn::Zero(df);
+        const float* xb = x + static_cast<size_t>(b) * kQK + 64 * c;
+        for (size_t l = 0; l < 32; l += N) {
+          const auto q = hn::PromoteTo(di, hn::LoadU(du8, qs + 32 * c + l));
+          auto lo = hn::And(q, m15), hi = hn::ShiftRight<4>(q);
+          if constexpr (kQ5) {
+            const auto h = hn::PromoteTo(di, hn::LoadU(du8, qh + l));
+            lo = hn::Or(lo, hn::ShiftLeft<4>(hn::And(hn::ShiftRightSame(h, 2 * c), one)));
+            hi = hn::Or(hi, hn::ShiftLeft<4>(hn::And(hn::ShiftRightSame(h, 2 * c + 1), one)));
+          }
+          const VF flo = hn::ConvertTo(df, lo), fhi = hn::ConvertTo(df, hi);
+          for (int r = 0; r < NR; ++r) {
+            const float* xr = xb + static_cast<size_t>(r) * in;
+            plo[r] = hn::MulAdd(flo, hn::LoadU(df, xr + l), plo[r]);
+            phi[r] = hn::MulAdd(fhi, hn::LoadU(df, xr + 32 + l), phi[r]);
+          }
+        }
+        int sc0, mn0, sc1, mn1;
+        kquant_scale_min(blk + 4, 2 * c, sc0, mn0);
+        kquant_scale_min(blk + 4, 2 * c + 1, sc1, mn1);
+        const VF vd0 = hn::Set(df, d * static_cast<float>(sc0)), vd1 = hn::Set(df, d * static_cast<float>(sc1));
+        const float m0 = dmin * static_cast<float>(mn0), m1 = dmin * static_cast<float>(mn1);
+        for (int r = 0; r < NR; ++r) {
+          const float* xsr = xs + static_cast<size_t>(r) * nb + b * 8 + 2 * c;
+          acc[r] = hn::MulAdd(vd0, plo[r], acc[r]);
+          macc[r] -= m0 * xsr[0];
+          acc[r] = hn::MulAdd(vd1, phi[r], acc[r]);
+          macc[r] -= m1 * xsr[1];
+        }
+      }
+    }
+    for (int r = 0; r < NR; ++r)
+      y[static_cast<size_t>(r) * ldy + o] = hn::GetLane(hn::SumOfLanes(df, acc[r])) + macc[r];
+  }
+}
+
+// Q6_K: for each half h, quarter g and 16-value group (the scale's span), the signed codes
+// q - 32 (4 bits from ql, 2 from qh) times x, scaled by d sc of the group.
+template <int NR>
+void RowsQ6K(const uint8_t* w, int in, const float* x, int o0, int o1, float* y, int ldy) {
+  const DF df;
+  const hn::Rebind<int32_t, DF> di;
+  const hn::Rebind<uint8_t, DF> du8;
+  const size_t N = hn::Lanes(df);
+  const int nsb = in / kQK;
+  const size_t rb = sizeof(BlockQ6_K) * static_cast<size_t>(nsb);
+  const auto m15 = hn::Set(di, 15), m3 = hn::Set(di, 3), k32 = hn::Set(di, 32);
+  for (int o = o0; o < o1; ++o) {
+    const uint8_t* blk = w + static_cast<size_t>(o) * rb;
+    VF acc[NR];
+    for (int r = 0; r < NR; ++r) acc[r] = hn::Zero(df);
+    for (int b = 0; b < nsb; ++b, blk += sizeof(BlockQ6_K)) {
+      uint16_t dh;
+      std::memcpy(&dh, blk + 208, 2);
+      const float d = tq::fp16_to_fp32(dh);
+      const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+      for (int h = 0; h < 2; ++h) {
+        for (int g = 0; g < 4; ++g) {
+          const uint8_t* ql = blk + 64 * h + 32 * (g & 1);
+          const uint8_t* qh = blk + 128 + 32 * h;
+          const int qshift = 4 * (g >> 1), hshift = 2 * g;
+          for (int l0 = 0; l0 < 32; l0 += 16) {
+            VF part[NR];
+            for (int r = 0; r < NR; ++r) part[r] = hn::Zero(df);
+            const float* xb = x + static_cast<size_t>(b) * kQK + 128 * h + 32 * g + l0;
+            for (size_t l = 0; l < 16; l += N) {
+              const auto lq = hn::And(hn::ShiftRightSame(hn::PromoteTo(di, hn::LoadU(du8, ql + l0 + l)), qshift), m15);
+              const auto hq = hn::And(hn::ShiftRightSame(hn::PromoteTo(di, hn::LoadU(du8, qh + l0 + l)), hshift), m3);
+              const VF q = hn::ConvertTo(df, hn::Sub(hn::Or(lq, hn::ShiftLeft<4>(hq)), k32));
+              for (int r = 0; r < NR; ++r)
+                part[r] = hn::MulAdd(q, hn::LoadU(df, xb + static_cast<size_t>(r) * in + l), part[r]);
+            }
+            const VF vd = hn::Set(df, d * static_cast<float>(sc[(128 * h + 32 * g + l0) / 16]));
+            for (int r = 0; r < NR; ++r) acc[r] = hn::MulAdd(vd, part[r], acc[r]);
+          }
+        }
+      }
+    }
+    for (int r = 0; r < NR; ++r) y[static_cast<size_t>(r) * ldy + o] = hn::GetLane(hn::SumOfLanes(df, acc[r]));
+  }
+}
+
+
 template <int NR>
 void RowsNR(GgmlType t, const uint8_t* w, int in, const float* x, const float* xs, int o0, int o1, float* y,
             int ldy) {
@@ -171,8 +356,14 @@ void RowsNR(GgmlType t, const uint8_t* w, int in, const float* x, const float* x
     case GgmlType::Q4_1: return RowsQ4<NR, true>(w, in, x, xs, o0, o1, y, ldy);
     case GgmlType::Q4_0: return RowsQ4<NR, false>(w, in, x, xs, o0, o1, y, ldy);
     case GgmlType::Q8_0: return RowsQ8<NR>(w, in, x, o0, o1, y, ldy);
-    case GgmlType::F16: return RowsFloat<NR, true>(w, in, x, o0, o1, y, ldy);
-    case GgmlType::F32: return RowsFloat<NR, false>(w, in, x, o0, o1, y, ldy);
+    case GgmlType::Q5_1: return RowsQ5<NR, true>(w, in, x, xs, o0, o1, y, ldy);
+    case GgmlType::Q5_0: return RowsQ5<NR, false>(w, in, x, xs, o0, o1, y, ldy);
+    case GgmlType::Q4_K: return RowsKQ<NR, false>(w, in, x, xs, o0, o1, y, ldy);
+    case GgmlType::Q5_K: return RowsKQ<NR, true>(w, in, x, xs, o0, o1, y, ldy);
+    case GgmlType::Q6_K: return RowsQ6K<NR>(w, in, x, o0, o1, y, ldy);
+    case GgmlType::F16: return RowsFloat<NR, 1>(w, in, x, o0, o1, y, ldy);
+    case GgmlType::BF16: return RowsFloat<NR, 2>(w, in, x, o0, o1, y, ldy);
+    case GgmlType::F32: return RowsFloat<NR, 0>(w, in, x, o0, o1, y, ldy);
     default: return;
   }
 }
@@ -191,11 +382,12 @@ bool QmvRows(GgmlType t, const uint8_t* w, int in, const float* x, const float* 
   }
 }
 
-// tq::dequantize_row for the block types prefill dequantizes into its GEMM panels (Q4_0,
-// Q4_1, Q8_0) and F16: the same float operations as the scalar reference in gguf.cpp, value
-// for value (code to float, times d, plus m), hence the same bits at every level. (A code
-// times an fp16 scale, at most 8 + 11 significant bits, is exact in float, so even a fused
-// multiply-add would round the same.)
+// tq::dequantize_row for the block types prefill dequantizes into its GEMM panels (every
+// block type), F16 and BF16: the same float operations as the scalar reference in gguf.cpp,
+// value for value (code to float, times d, plus m), hence the same bits at every level. (A
+// code times its fp16 scale (times a K-quant sub-block scale) has at most 23 significant bits
+// for every type (see tq/gguf.h), so it is exact in float and even a fused multiply-add
+// would round the same.)
 
 // At most 16 lanes: a Q4 block's 16 code bytes fill one vector of each half.
 using DF16 = hn::CappedTag<float, 16>;
@@ -257,13 +449,138 @@ void RowF16(const uint8_t* p, float* dst, size_t n) {
   }
 }
 
+template <bool kQ51>
+void BlocksQ5(const uint8_t* p, float* dst, size_t nb) {
+  const DF16 df;
+  const hn::Rebind<int32_t, DF16> di;
+  const hn::Rebind<uint32_t, DF16> du;
+  const hn::Rebind<uint8_t, DF16> du8;
+  const size_t N = hn::Lanes(df);
+  constexpr size_t kBB = kQ51 ? sizeof(BlockQ5_1) : sizeof(BlockQ5_0);
+  const auto m15 = hn::Set(di, 15), k16 = hn::Set(di, 16);
+  const auto one = hn::Set(du, 1u);
+  for (size_t b = 0; b < nb; ++b, p += kBB) {
+    float d, m;
+    Scales2(p, d, m);  // Q5_0: m is the first qh bytes, unused
+    const auto vd = hn::Set(df, d), vm = hn::Set(df, m);
+    uint32_t qh32;
+    std::memcpy(&qh32, p + (kQ51 ? 4 : 2), 4);
+    const auto vqh = hn::Set(du, qh32);
+    const uint8_t* qs = p + (kQ51 ? 8 : 6);
+    float* y = dst + b * 32;
+    for (size_t j = 0; j < 16; j += N) {
+      const auto q = hn::PromoteTo(di, hn::LoadU(du8, qs + j));
+      const auto hl = hn::BitCast(di, hn::ShiftLeft<4>(hn::And(hn::Shr(vqh, hn::Iota(du, static_cast<uint32_t>(j))), one)));
+      const auto hh =
+          hn::BitCast(di, hn::ShiftLeft<4>(hn::And(hn::Shr(vqh, hn::Iota(du, static_cast<uint32_t>(j + 16))), one)));
+      const auto lo = hn::Or(hn::And(q, m15), hl), hi = hn::Or(hn::ShiftRight<4>(q), hh);
+      if (kQ51) {  // d * q + m
+        hn::StoreU(hn::Add(hn::Mul(vd, hn::ConvertTo(df, lo)), vm), df, y + j);
+        hn::StoreU(hn::Add(hn::Mul(vd, hn::ConvertTo(df, hi)), vm), df, y + 16 + j);
+      } else {  // d * (q - 16)
+        hn::StoreU(hn::Mul(vd, hn::ConvertTo(df, hn::Sub(lo, k16))), df, y + j);
+        hn::StoreU(hn::Mul(vd, hn::ConvertTo(df, hn::Sub(hi, k16))), df, y + 16 + j);
+      }
+    }
+  }
+}
+
+// Q4_K / Q5_K: (d sc) * q - (dmin mn) per 32-value sub-block, as the reference.
+template <bool kQ5>
+void BlocksKQ(const uint8_t* p, float* dst, size_t nsb) {
+  const DF16 df;
+  const hn::Rebind<int32_t, DF16> di;
+  const hn::Rebind<uint8_t, DF16> du8;
+  const size_t N = hn::Lanes(df);
+  constexpr size_t kBB = kQ5 ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K);
+  const auto m15 = hn::Set(di, 15), one = hn::Set(di, 1);
+  for (size_t b = 0; b < nsb; ++b, p += kBB) {
+    float d, dmin;
+    Scales2(p, d, dmin);
+    const uint8_t* qh = p + 16;
+    const uint8_t* qs = p + (kQ5 ? 48 : 16);
+    float* y = dst + b * kQK;
+    for (int c = 0; c < 4; ++c) {
+      int sc0, mn0, sc1, mn1;
+      kquant_scale_min(p + 4, 2 * c, sc0, mn0);
+      kquant_scale_min(p + 4, 2 * c + 1, sc1, mn1);
+      const auto vd0 = hn::Set(df, d * static_cast<float>(sc0)), vm0 = hn::Set(df, dmin * static_cast<float>(mn0));
+      const auto vd1 = hn::Set(df, d * static_cast<float>(sc1)), vm1 = hn::Set(df, dmin * static_cast<float>(mn1));
+      for (size_t l = 0; l < 32; l += N) {
+        const auto q = hn::PromoteTo(di, hn::LoadU(du8, qs + 32 * c + l));
+        auto lo = hn::And(q, m15), hi = hn::ShiftRight<4>(q);
+        if constexpr (kQ5) {
+          const auto h = hn::PromoteTo(di, hn::LoadU(du8, qh + l));
+          lo = hn::Or(lo, hn::ShiftLeft<4>(hn::And(hn::ShiftRightSame(h, 2 * c), one)));
+          hi = hn::Or(hi, hn::ShiftLeft<4>(hn::And(hn::ShiftRightSame(h, 2 * c + 1), one)));
+        }
+        hn::StoreU(hn::Sub(hn::Mul(vd0, hn::ConvertTo(df, lo)), vm0), df, y + 64 * c + l);
+        hn::StoreU(hn::Sub(hn::Mul(vd1, hn::ConvertTo(df, hi)), vm1), df, y + 64 * c + 32 + l);
+      }
+    }
+  }
+}
+
+// Q6_K: (d sc) * (q - 32) per 16-value group, as the reference.
+void BlocksQ6K(const uint8_t* p, float* dst, size_t nsb) {
+  const DF16 df;
+  const hn::Rebind<int32_t, DF16> di;
+  const hn::Rebind<uint8_t, DF16> du8;
+  const size_t N = hn::Lanes(df);
+  const auto m15 = hn::Set(di, 15), m3 = hn::Set(di, 3), k32 = hn::Set(di, 32);
+  for (size_t b = 0; b < nsb; ++b, p += sizeof(BlockQ6_K)) {
+    uint16_t dh;
+    std::memcpy(&dh, p + 208, 2);
+    const float d = tq::fp16_to_fp32(dh);
+    const int8_t* sc = reinterpret_cast<const int8_t*>(p + 192);
+    float* y = dst + b * kQK;
+    for (int h = 0; h < 2; ++h) {
+      for (int g = 0; g < 4; ++g) {
+        const uint8_t* ql = p + 64 * h + 32 * (g & 1);
+        const uint8_t* qh = p + 128 + 32 * h;
+        const int qshift = 4 * (g >> 1), hshift = 2 * g;
+        for (size_t l = 0; l < 32; l += N) {
+          const int i = 128 * h + 32 * g + static_cast<int>(l);
+          const auto lq = hn::And(hn::ShiftRightSame(hn::PromoteTo(di, hn::LoadU(du8, ql + l)), qshift), m15);
+          const auto hq = hn::And(hn::ShiftRightSame(hn::PromoteTo(di, hn::LoadU(du8, qh + l)), hshift), m3);
+          const auto q = hn::ConvertTo(df, hn::Sub(hn::Or(lq, hn::ShiftLeft<4>(hq)), k32));
+          hn::StoreU(hn::Mul(hn::Set(df, d * static_cast<float>(sc[i / 16])), q), df, y + i);
+        }
+      }
+    }
+  }
+}
+
+void RowBF16(const uint8_t* p, float* dst, size_t n) {
+  const DF16 df;
+  const hn::Rebind<uint16_t, DF16> du16;
+  const hn::Rebind<uint32_t, DF16> du32;
+  const size_t N = hn::Lanes(df);
+  size_t i = 0;
+  for (; i + N <= n; i += N)
+    hn::StoreU(hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, reinterpret_cast<const uint16_t*>(p) + i)))),
+               df, dst + i);
+  for (; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, p + 2 * i, 2);
+    const uint32_t u = static_cast<uint32_t>(h) << 16;
+    std::memcpy(dst + i, &u, 4);
+  }
+}
+
 // False for a type these kernels do not read (the caller uses the reference).
 bool DequantRow(GgmlType t, const uint8_t* p, float* dst, size_t n) {
   switch (t) {
     case GgmlType::Q4_0: BlocksQ4<false>(p, dst, n / 32); return true;
     case GgmlType::Q4_1: BlocksQ4<true>(p, dst, n / 32); return true;
     case GgmlType::Q8_0: BlocksQ8(p, dst, n / 32); return true;
+    case GgmlType::Q5_0: BlocksQ5<false>(p, dst, n / 32); return true;
+    case GgmlType::Q5_1: BlocksQ5<true>(p, dst, n / 32); return true;
+    case GgmlType::Q4_K: BlocksKQ<false>(p, dst, n / kQK); return true;
+    case GgmlType::Q5_K: BlocksKQ<true>(p, dst, n / kQK); return true;
+    case GgmlType::Q6_K: BlocksQ6K(p, dst, n / kQK); return true;
     case GgmlType::F16: RowF16(p, dst, n); return true;
+    case GgmlType::BF16: RowBF16(p, dst, n); return true;
     default: return false;
   }
 }
