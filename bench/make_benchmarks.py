@@ -19,6 +19,12 @@ repository root:
     {{attention_table FILE...}} `tq bench attention --json` runs side by side, one column per run
     {{value FILE PATH [FORMAT]}} one number or string of a JSON file, formatted with a Python
                                 format spec (`+.2f`, `.4f`; `%.2f` multiplies by 100 first)
+    {{values FORMAT PATH FILE...}} PATH of each file, formatted, joined by " / "
+    {{mean FORMAT PATH FILE...}}   the mean of PATH over the files (e.g. over rotation seeds)
+    {{range FORMAT PATH FILE...}}  "min-max" of PATH over the files (one value if they print alike)
+
+FILE arguments of values / mean / range may be globs (each expanded in sorted order), and
+`FILE#PATH` reads that file at its own PATH (a file of another layout in the same row).
 
 PATH is dot-separated keys and list indices; a `[key.sub=VALUE]` segment picks the first list
 element whose `key.sub` equals VALUE, e.g. `results[kv.label=q4_0h].ppl_delta_pct`.
@@ -82,9 +88,12 @@ def _lookup(obj, path):
 def _format(v, spec):
     if spec is None:
         return str(v)
-    if spec.startswith("%"):
-        return format(100 * v, spec[1:])
-    return format(v, spec)
+    try:
+        if spec.startswith("%"):
+            return format(100 * v, spec[1:])
+        return format(v, spec)
+    except (TypeError, ValueError) as e:
+        raise TemplateError(f"cannot format {v!r} as {spec!r}: {e}")
 
 
 def attention_table(root, files):
@@ -157,6 +166,31 @@ def render_placeholder(root, text, sources):
         except json.JSONDecodeError as e:
             raise TemplateError(f"{args[0]}: {e}")
         return _format(_lookup(j, args[1]), args[2] if len(args) == 3 else None)
+    if name in ("values", "mean", "range"):
+        if len(args) < 3:
+            raise TemplateError(f"{name} FORMAT PATH FILE...")
+        spec, path, files = args[0], args[1], []
+        for arg in args[2:]:
+            f, _, own = arg.partition("#")
+            hits = sorted(glob.glob(os.path.join(root, f))) if any(c in f for c in "*?[") else [f]
+            if not hits:
+                raise TemplateError(f"no file matches {f}")
+            files += [(os.path.relpath(h, root), own or path) for h in hits]
+        sources.extend(f for f, _ in files)
+        xs = []
+        for f, fpath in files:
+            try:
+                xs.append(_lookup(json.load(open(_path(root, f))), fpath))
+            except json.JSONDecodeError as e:
+                raise TemplateError(f"{f}: {e}")
+            except TemplateError as e:
+                raise TemplateError(f"{f}: {e}")
+        if name == "values":
+            return " / ".join(_format(x, spec) for x in xs)
+        if name == "mean":
+            return _format(sum(xs) / len(xs), spec)
+        lo, hi = _format(min(xs), spec), _format(max(xs), spec)
+        return lo if lo == hi else f"{lo}-{hi}"
     raise TemplateError(f"unknown placeholder {name!r}")
 
 
