@@ -172,10 +172,13 @@ def render_placeholder(root, text, sources):
         spec, path, files = args[0], args[1], []
         for arg in args[2:]:
             f, _, own = arg.partition("#")
-            hits = sorted(glob.glob(os.path.join(root, f))) if any(c in f for c in "*?[") else [f]
-            if not hits:
-                raise TemplateError(f"no file matches {f}")
-            files += [(os.path.relpath(h, root), own or path) for h in hits]
+            if any(c in f for c in "*?["):
+                hits = [os.path.relpath(h, root) for h in sorted(glob.glob(os.path.join(root, f)))]
+                if not hits:
+                    raise TemplateError(f"no file matches {f}")
+            else:
+                hits = [f]
+            files += [(h, own or path) for h in hits]
         sources.extend(f for f, _ in files)
         xs = []
         for f, fpath in files:

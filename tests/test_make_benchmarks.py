@@ -13,7 +13,8 @@ failures = []
 
 
 def run(*args):
-    return subprocess.run([sys.executable, TOOL, *args], capture_output=True, text=True)
+    # From another directory: paths are the repository root's, not the caller's.
+    return subprocess.run([sys.executable, TOOL, *args], capture_output=True, text=True, cwd=tempfile.gettempdir())
 
 
 def check(cond, what):
