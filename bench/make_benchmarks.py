@@ -18,7 +18,8 @@ repository root:
     {{niah_table GLOB}}         one row per `tq niah --json` file matching GLOB (bench/llm_tables.py)
     {{attention_table FILE...}} `tq bench attention --json` runs side by side, one column per run
     {{value FILE PATH [FORMAT]}} one number or string of a JSON file, formatted with a Python
-                                format spec (`+.2f`, `.4f`; `%.2f` multiplies by 100 first)
+                                format spec (`+.2f`, `.4f`; `%.2f` multiplies by 100 first,
+                                `MiB.2f` divides by 2^20)
     {{values FORMAT PATH FILE...}} PATH of each file, formatted, joined by " / "
     {{mean FORMAT PATH FILE...}}   the mean of PATH over the files (e.g. over rotation seeds)
     {{range FORMAT PATH FILE...}}  "min-max" of PATH over the files (one value if they print alike)
@@ -91,6 +92,8 @@ def _format(v, spec):
     try:
         if spec.startswith("%"):
             return format(100 * v, spec[1:])
+        if spec.startswith("MiB"):
+            return format(v / 2**20, spec[3:])
         return format(v, spec)
     except (TypeError, ValueError) as e:
         raise TemplateError(f"cannot format {v!r} as {spec!r}: {e}")
