@@ -23,8 +23,9 @@ repository root:
     {{values FORMAT PATH FILE...}} PATH of each file, formatted, joined by " / "
     {{mean FORMAT PATH FILE...}}   the mean of PATH over the files (e.g. over rotation seeds)
     {{range FORMAT PATH FILE...}}  "min-max" of PATH over the files (one value if they print alike)
+    {{sum FORMAT PATH FILE...}}    the sum of PATH over the files (e.g. needles passed over seeds)
 
-FILE arguments of values / mean / range may be globs (each expanded in sorted order), and
+FILE arguments of values / mean / range / sum may be globs (each expanded in sorted order), and
 `FILE#PATH` reads that file at its own PATH (a file of another layout in the same row).
 
 PATH is dot-separated keys and list indices; a `[key.sub=VALUE]` segment picks the first list
@@ -169,7 +170,7 @@ def render_placeholder(root, text, sources):
         except json.JSONDecodeError as e:
             raise TemplateError(f"{args[0]}: {e}")
         return _format(_lookup(j, args[1]), args[2] if len(args) == 3 else None)
-    if name in ("values", "mean", "range"):
+    if name in ("values", "mean", "range", "sum"):
         if len(args) < 3:
             raise TemplateError(f"{name} FORMAT PATH FILE...")
         spec, path, files = args[0], args[1], []
@@ -195,6 +196,8 @@ def render_placeholder(root, text, sources):
             return " / ".join(_format(x, spec) for x in xs)
         if name == "mean":
             return _format(sum(xs) / len(xs), spec)
+        if name == "sum":
+            return _format(sum(xs), spec)
         lo, hi = _format(min(xs), spec), _format(max(xs), spec)
         return lo if lo == hi else f"{lo}-{hi}"
     raise TemplateError(f"unknown placeholder {name!r}")
