@@ -17,6 +17,7 @@ repository root:
     {{speed_table FILE}}        the table of a `tq bench model --json` file (bench/llm_tables.py)
     {{niah_table GLOB}}         one row per `tq niah --json` file matching GLOB (bench/llm_tables.py)
     {{attention_table FILE...}} `tq bench attention --json` runs side by side, one column per run
+    {{attention_types_table FILE}} one `tq bench attention --json` run of many types, one row each
     {{value FILE PATH [FORMAT]}} one number or string of a JSON file, formatted with a Python
                                 format spec (`+.2f`, `.4f`; `%.2f` multiplies by 100 first,
                                 `MiB.2f` divides by 2^20)
@@ -120,6 +121,18 @@ def attention_table(root, files):
     return "\n".join(out)
 
 
+def attention_types_table(root, f):
+    run = json.load(open(_path(root, f)))
+    out = [f"| kv (K:V) | kernel | ms/step (median of {run['steps']}) | vs f16 | K / V bytes per head vector | "
+           "rel_err vs exact f32 | fused vs attention_ref | append 1 token (us) |",
+           "|---|---|---:|---:|---|---:|---:|---:|"]
+    for r in run["results"]:
+        out.append(f"| {r['kv']} | {r['kernel']} | {r['ms_per_step']:.1f} | {r['speedup_vs_f16']:.2f}x | "
+                   f"{r['k_bytes_per_head']} / {r['v_bytes_per_head']} | {r['rel_err']:.3g} | "
+                   f"{r['rel_err_fused_vs_ref']:.2g} | {r['append_us_per_token']:.1f} |")
+    return "\n".join(out)
+
+
 def render_placeholder(root, text, sources):
     try:
         args = shlex.split(text)
@@ -161,6 +174,11 @@ def render_placeholder(root, text, sources):
             raise TemplateError("attention_table FILE...")
         sources.extend(args)
         return attention_table(root, args)
+    if name == "attention_types_table":
+        if len(args) != 1:
+            raise TemplateError("attention_types_table FILE")
+        sources.append(args[0])
+        return attention_types_table(root, args[0])
     if name == "value":
         if len(args) not in (2, 3):
             raise TemplateError("value FILE PATH [FORMAT]")
