@@ -6,7 +6,11 @@
     python3 bench/make_benchmarks.py --sources  # which results each template reads ("prose" if none)
 
 Templates are markdown files, `bench/benchmarks/*.md`, joined in file-name order with one blank
-line between them. A template with no placeholder is copied as it is, so a section of plain
+line between them. To add a section, write `bench/benchmarks/NN-name.md` (NN places it: the
+sections today are 00-intro .. 90-hardening), save its results under `bench/results/`, put each
+figure's command beside it, run this script and commit the template, the results and
+BENCHMARKS.md together. Text pasted into BENCHMARKS.md itself fails the check: move it into a
+template. A template with no placeholder is copied as it is, so a section of plain
 prose is a template already. A placeholder `{{NAME ARG ...}}` (arguments split like a shell
 line, so quote one that holds spaces) is replaced by what it renders from files under the
 repository root:
