@@ -23,7 +23,7 @@ noise the size of float32 rounding (REL = 6e-8) that any change of summation ord
 --against REPORT (another report of this script) it measures how stable a computation's top-1
 choices are: the exact pass keeps all of them, the ggml-rounded pass does not.
 Usage: python bench/forward_ref64.py --model M.gguf --tq build/tq --corpus text --ctx 512 --chunks 8 \
-           --compare results/llama_cpp_reference_c512.json --out results/ref64_c512.json
+           --compare bench/results/llama_cpp_reference_c512.json --out bench/results/ref64_c512.json
 """
 import argparse
 import json

@@ -2,12 +2,12 @@
 """Top-1 agreement of tq with llama.cpp on the rows where llama.cpp agrees with itself.
 
 Reads the JSON that `scripts/llama_cpp_reference.sh ... --self-ubatch 32[,1]` writes (e.g.
-results/llama_cpp_reference_c512_self.json): llama.cpp's top-1 token per scored row from its
+bench/results/llama_cpp_reference_c512_self.json): llama.cpp's top-1 token per scored row from its
 one-batch run and from each micro-batch size, and tq's. A row is stable when every llama.cpp run
 picks the same token there; prints one JSON object per file with the stable share and tq's
 agreement with llama.cpp on the stable rows and on all rows.
 
-  python3 bench/llama_cpp_stable_rows.py results/llama_cpp_reference_c512_self.json
+  python3 bench/llama_cpp_stable_rows.py bench/results/llama_cpp_reference_c512_self.json
 """
 import json
 import sys

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Markdown tables for BENCHMARKS.md from the JSON written by `tq perplexity --sweep
---json`, `tq niah --json` and `tq bench model --json` (files under results/)."""
+--json`, `tq niah --json` and `tq bench model --json` (files under bench/results/)."""
 import glob
 import json
 import sys
@@ -56,7 +56,7 @@ def speed_table(path):
 
 
 if __name__ == "__main__":
-    d = sys.argv[1] if len(sys.argv) > 1 else "results"
+    d = sys.argv[1] if len(sys.argv) > 1 else "bench/results"
     for p in sorted(glob.glob(f"{d}/ppl_c*.json")):
         try:
             print(f"### {p}\n\n{ppl_table(p)}\n")

@@ -59,8 +59,8 @@ if ! "$VENV/bin/python" -c "import llama_cpp, numpy, tokenizers, gguf, sys; sys.
       numpy tokenizers gguf==0.19.0
   echo "$LLAMA_CPP_PYTHON_VERSION $CMAKE_ARGS_REF" > "$STAMP"
 fi
-mkdir -p results
+mkdir -p bench/results
 "$VENV/bin/python" bench/llama_cpp_reference.py --tq "$TQ" --model models/SmolLM2-135M-Instruct.Q4_1.gguf \
   --corpus data/debian-reference.en.txt --ctx "$CTX" --chunks "$CHUNKS" --threads "$THREADS" \
   --speed-threads "$SPEED_THREADS" --speed-contexts "$SPEED_CONTEXTS" \
-  --out "${TQ_REF_OUT:-results/llama_cpp_reference_c${CTX}.json}" "$@"
+  --out "${TQ_REF_OUT:-bench/results/llama_cpp_reference_c${CTX}.json}" "$@"

@@ -4,8 +4,14 @@
 // non-zero exit, exactly one line `tq: error: ...` on stderr that names the problem, nothing
 // on stdout, and leave no output file (or temporary) behind.
 //
-// With TQ_BAD_INPUT_TABLE=<file> the cases and the errors they produced are written there
-// as a Markdown table (RELIABILITY.md quotes it).
+// The cases are data: tests/cli_bad_input_cases.json holds each one's arguments, the words
+// its error must contain (any one of them), and the exit status and error line it gives,
+// which the tests check too; scripts/reliability_table.py renders the file into
+// RELIABILITY.md's bad-input table (ctest Docs.ReliabilityTable fails when it is stale).
+// Paths in the file: $TMP/ is the test's temp directory of fixtures, $SRC/ the source tree;
+// $PID stands for the process id in a temporary file's name.
+// With TQ_BAD_INPUT_RECORD=<file> every case run is written there with what it gave (the
+// same layout: after an intended change of a message, record, review, copy over the file).
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <strings.h>
@@ -16,6 +22,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -60,37 +67,60 @@ struct TempDir {
   }
 };
 
-// Rows for the optional Markdown table.
-std::vector<std::string>& table_rows() {
-  static std::vector<std::string> rows;
-  return rows;
+// Every case run, with what it gave, for TQ_BAD_INPUT_RECORD (the layout of the case file).
+nlohmann::json& recorded() {
+  static nlohmann::json cases = nlohmann::json::array();
+  return cases;
 }
-void write_table() {
-  const char* path = std::getenv("TQ_BAD_INPUT_TABLE");
-  if (!path || !*path) return;
-  std::ofstream f(path);
-  f << "| entry point | bad input | exit | error printed | contract met |\n|---|---|---|---|---|\n";
-  for (auto& r : table_rows()) f << r << "\n";
-}
-struct TableWriter : ::testing::Environment {
-  void TearDown() override { write_table(); }
-};
-[[maybe_unused]] auto* const g_table_env = ::testing::AddGlobalTestEnvironment(new TableWriter);
-
-std::string md_escape(std::string s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '|') o += "\\|";
-    else if (c == '\n') o += ' ';
-    else o += c;
+struct Recorder : ::testing::Environment {
+  void TearDown() override {
+    const char* path = std::getenv("TQ_BAD_INPUT_RECORD");
+    if (!path || !*path) return;
+    std::ofstream f(path);  // one case a line, as the case file
+    f << "{\"cases\": [\n";
+    for (size_t i = 0; i < recorded().size(); ++i) f << recorded()[i].dump() << (i + 1 < recorded().size() ? ",\n" : "\n");
+    f << "]}\n";
   }
-  return o;
+};
+[[maybe_unused]] auto* const g_recorder = ::testing::AddGlobalTestEnvironment(new Recorder);
+
+const std::string kCaseFile = std::string(TQ_SOURCE_DIR) + "/tests/cli_bad_input_cases.json";
+
+// tests/cli_bad_input_cases.json: {"cases": [{"group", "entry", "what", "args", "expect", "exit",
+// "error"[, "error_varies_after"]}]}; group names the TEST that runs the case.
+const nlohmann::json& case_file() {
+  static const nlohmann::json j = [] {
+    std::ifstream f(kCaseFile);
+    if (!f) return nlohmann::json::object();
+    return nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+  }();
+  return j;
+}
+
+void replace_all(std::string& s, const std::string& from, const std::string& to) {
+  for (size_t p = 0; (p = s.find(from, p)) != std::string::npos; p += to.size()) s.replace(p, from.size(), to);
+}
+
+// The temp dir and the source tree as $TMP/ and $SRC/, as the case file writes them, and the
+// process id in an atomic write's temporary name (FILE.tmp.PID.N) as $PID.
+std::string symbolic(std::string s, const TempDir* dir) {
+  if (dir) replace_all(s, dir->dir.string() + "/", "$TMP/");
+  replace_all(s, std::string(TQ_SOURCE_DIR) + "/", "$SRC/");
+  static const std::regex pid(R"(\.tmp\.[0-9]+\.)");
+  return std::regex_replace(s, pid, ".tmp.$$PID.");
+}
+std::string concrete(std::string s, const TempDir* dir) {
+  if (dir) replace_all(s, "$TMP/", dir->dir.string() + "/");
+  replace_all(s, "$SRC/", std::string(TQ_SOURCE_DIR) + "/");
+  return s;
 }
 
 // Runs one bad-input case and checks the contract. `expect` are substrings (any one of
-// them) that must appear in the error line: the thing that is wrong.
+// them) that must appear in the error line: the thing that is wrong. `want`, the case's entry
+// in the case file, also fixes the exit status and the error line (what RELIABILITY.md shows).
 void expect_clean_error(const std::string& entry, const std::string& what, const std::vector<std::string>& args,
-                        const std::vector<std::string>& expect, const TempDir* dir = nullptr) {
+                        const std::vector<std::string>& expect, const TempDir* dir = nullptr,
+                        const nlohmann::json* want = nullptr) {
   SCOPED_TRACE("tq " + join(args));
   const auto before = dir ? dir->listing() : std::set<std::string>{};
   const RunResult r = run_tq(args);
@@ -102,28 +132,50 @@ void expect_clean_error(const std::string& entry, const std::string& what, const
   bool named = expect.empty();
   for (auto& e : expect) named = named || r.err.find(e) != std::string::npos;
   EXPECT_TRUE(named) << "error does not name the problem (" << join(expect) << "): " << r.err;
-  const bool clean_dir = !dir || dir->listing() == before;
-  if (dir) EXPECT_TRUE(clean_dir) << "files left behind";
-  std::string verdict = "yes";
-  if (r.status == 0) verdict = "NO: exit 0";
-  else if (r.status >= 128) verdict = "NO: signal";
-  else if (!r.out.empty()) verdict = "NO: stdout";
-  else if (!one_line) verdict = "NO: not one error line";
-  else if (!named) verdict = "NO: does not name it";
-  else if (!clean_dir) verdict = "NO: file left";
-  std::string line = r.err.substr(0, r.err.find('\n'));
-  if (dir) {  // print paths relative to the temp dir
-    const std::string d = dir->dir.string() + "/";
-    for (size_t p; (p = line.find(d)) != std::string::npos;) line.replace(p, d.size(), "$TMP/");
+  if (dir) EXPECT_TRUE(dir->listing() == before) << "files left behind";
+  const std::string line = symbolic(r.err.substr(0, r.err.find('\n')), dir);
+  if (want) {
+    const std::string stale = " (RELIABILITY.md shows it: update " + kCaseFile +
+                              ", e.g. from a TQ_BAD_INPUT_RECORD=FILE run, then python3 scripts/reliability_table.py)";
+    EXPECT_EQ(r.status, want->value("exit", -1)) << "exit status" << stale;
+    const std::string error = want->value("error", "");
+    const std::string varies = want->value("error_varies_after", "");
+    if (varies.empty()) {
+      EXPECT_EQ(line, error) << "error line" << stale;
+    } else {  // the part after the marker depends on the machine (e.g. its SIMD levels)
+      const size_t p = error.find(varies);
+      EXPECT_NE(p, std::string::npos) << "error_varies_after not in error";
+      EXPECT_EQ(line.substr(0, p + varies.size()), error.substr(0, p + varies.size())) << "error line" << stale;
+    }
   }
-  std::string a = join(args);
-  if (dir) {
-    const std::string d = dir->dir.string() + "/";
-    for (size_t p; (p = a.find(d)) != std::string::npos;) a.replace(p, d.size(), "$TMP/");
+  nlohmann::json c = {{"group", ::testing::UnitTest::GetInstance()->current_test_info()->name()},
+                      {"entry", entry}, {"what", what}, {"args", nlohmann::json::array()}, {"expect", expect},
+                      {"exit", r.status}, {"error", line}};
+  if (want && want->contains("error_varies_after")) c["error_varies_after"] = (*want)["error_varies_after"];
+  for (const auto& x : args) c["args"].push_back(symbolic(x, dir));
+  recorded().push_back(c);
+}
+
+// Runs every case of `group` (the calling TEST's name) from the case file.
+void run_cases(const std::string& group, const TempDir* dir = nullptr) {
+  ASSERT_TRUE(case_file().is_object() && case_file().contains("cases")) << "cannot read " << kCaseFile;
+  int n = 0;
+  for (const auto& c : case_file()["cases"]) {
+    if (c.value("group", "") != group) continue;
+    ++n;
+    std::vector<std::string> args;
+    for (const auto& a : c.at("args")) args.push_back(concrete(a.get<std::string>(), dir));
+    expect_clean_error(c.at("entry").get<std::string>(), c.at("what").get<std::string>(), args, c.at("expect").get<std::vector<std::string>>(), dir, &c);
   }
-  table_rows().push_back("| " + md_escape(entry) + " | " + md_escape(what) + ": `tq " + md_escape(a) + "` | " +
-                         std::to_string(r.status) + " | " + (line.empty() ? std::string("(none)") : "`" + md_escape(line) + "`") +
-                         " | " + verdict + " |");
+  EXPECT_GT(n, 0) << "no cases of group " << group << " in " << kCaseFile;
+}
+
+// The case of `args` in the case file, or nullptr.
+const nlohmann::json* find_case(const std::string& group, const std::vector<std::string>& args) {
+  if (!case_file().contains("cases")) return nullptr;
+  for (const auto& c : case_file()["cases"])
+    if (c.value("group", "") == group && c.at("args").get<std::vector<std::string>>() == args) return &c;
+  return nullptr;
 }
 
 // Leaf subcommands listed by `tq [group] --help` (CLI11's "Subcommands:" section).
@@ -178,69 +230,52 @@ TEST(CliBadInput, BinaryRuns) {
 TEST(CliBadInput, EveryCommandRejectsUnknownOptions) {
   const auto cmds = list_commands();
   ASSERT_GE(cmds.size(), 3u) << "expected at least codebook, distortion, bench codec";
+  const std::string group = "EveryCommandRejectsUnknownOptions";
   // Commands with required options may report the missing one first: also a clean error.
+  // A subcommand the case file lacks (a new one) is run too, and fails until the file has it.
+  const std::vector<std::pair<std::string, std::string>> kinds = {{"unknown option", "--no-such-option"},
+                                                                  {"stray argument", "stray-positional-arg"}};
+  std::set<std::vector<std::string>> generic;
   for (const auto& c : cmds) {
-    expect_clean_error("tq " + join(c), "unknown option", with(c, {"--no-such-option"}),
-                       {"--no-such-option", "is required"});
-    expect_clean_error("tq " + join(c), "stray argument", with(c, {"stray-positional-arg"}),
-                       {"stray-positional-arg", "is required"});
+    for (const auto& [what, arg] : kinds) {
+      const auto args = with(c, {arg});
+      generic.insert(args);
+      const nlohmann::json* want = find_case(group, args);
+      EXPECT_NE(want, nullptr) << "tq " << join(args) << " is not in " << kCaseFile
+                               << " (RELIABILITY.md's table lists every subcommand)";
+      expect_clean_error("tq " + join(c), what, args, {arg, "is required"}, nullptr, want);
+    }
   }
-  expect_clean_error("tq", "no subcommand", {}, {"subcommand"});
-  expect_clean_error("tq", "unknown subcommand", {"no-such-command"}, {"no-such-command", "subcommand"});
-  expect_clean_error("tq", "unknown SIMD level", {"--simd", "avx9000", "codebook"}, {"avx9000"});
+  // The group's other cases (no subcommand, unknown subcommand, unknown SIMD level); a
+  // generic case for a subcommand `tq --help` no longer lists is stale.
+  int others = 0;
+  for (const auto& c : case_file().value("cases", nlohmann::json::array())) {
+    if (c.value("group", "") != group) continue;
+    const auto args = c.at("args").get<std::vector<std::string>>();
+    if (generic.count(args)) continue;
+    EXPECT_FALSE(!args.empty() && (args.back() == "--no-such-option" || args.back() == "stray-positional-arg"))
+        << "tq " << join(args) << ": a case for a subcommand tq --help does not list";
+    ++others;
+    expect_clean_error(c.at("entry").get<std::string>(), c.at("what").get<std::string>(), args, c.at("expect").get<std::vector<std::string>>(), nullptr, &c);
+  }
+  EXPECT_GE(others, 3);
 }
 
 TEST(CliBadInput, Codebook) {
-  const std::string e = "tq codebook";
-  expect_clean_error(e, "non-numeric dimension", {"codebook", "--dim", "abc"}, {"--dim"});
-  expect_clean_error(e, "trailing junk in a number", {"codebook", "--dim", "12x"}, {"--dim"});
-  expect_clean_error(e, "empty number", {"codebook", "--bits", ""}, {"--bits", "bits"});
-  expect_clean_error(e, "dimension too small", {"codebook", "--dim", "1"}, {"dimension"});
-  expect_clean_error(e, "negative dimension", {"codebook", "--dim", "-5"}, {"dimension", "--dim"});
-  expect_clean_error(e, "dimension beyond int", {"codebook", "--dim", "99999999999"}, {"--dim"});
-  expect_clean_error(e, "dimension too large", {"codebook", "--dim", "2000000000"}, {"dimension"});
-  expect_clean_error(e, "bits 0", {"codebook", "--bits", "0"}, {"bits"});
-  expect_clean_error(e, "bits 9", {"codebook", "--bits", "9"}, {"bits"});
-  expect_clean_error(e, "non-numeric bits", {"codebook", "--bits", "four"}, {"--bits"});
-  expect_clean_error(e, "unknown law", {"codebook", "--law", "cauchy"}, {"cauchy"});
-  expect_clean_error(e, "missing option value", {"codebook", "--dim"}, {"--dim"});
+  run_cases("Codebook");
 }
 
 TEST(CliBadInput, Distortion) {
-  const std::string e = "tq distortion";
-  expect_clean_error(e, "unknown rotation", {"distortion", "--rotation", "fourier"}, {"fourier"});
-  expect_clean_error(e, "unknown quantizer", {"distortion", "--quantizer", "pq"}, {"'pq'"});
-  expect_clean_error(e, "unknown law", {"distortion", "--law", "uniform"}, {"uniform"});
-  expect_clean_error(e, "unknown norm format", {"distortion", "--norm", "f8"}, {"f8"});
-  expect_clean_error(e, "zero vectors", {"distortion", "-n", "0"}, {"--n"});
-  expect_clean_error(e, "negative count", {"distortion", "-n", "-1"}, {"--n"});
-  expect_clean_error(e, "count above the limit", {"distortion", "-n", "100000000000"}, {"--n"});
-  expect_clean_error(e, "non-numeric count", {"distortion", "-n", "many"}, {"--n"});
-  expect_clean_error(e, "non-numeric seed", {"distortion", "--seed", "abc"}, {"--seed"});
-  expect_clean_error(e, "dimension too large", {"distortion", "-d", "100000000"}, {"dimension"});
-  expect_clean_error(e, "dimension too small", {"distortion", "-d", "1"}, {"dimension"});
-  expect_clean_error(e, "prod with 1 bit", {"distortion", "-b", "1", "-q", "prod"}, {"bits"});
-  expect_clean_error(e, "prod dimension above its limit", {"distortion", "-d", "20000", "-q", "prod"}, {"16384"});
-  expect_clean_error(e, "bits 9", {"distortion", "-b", "9"}, {"bits"});
+  run_cases("Distortion");
 }
 
 // `--seed -1` used to be accepted by CLI11 as 2^64 - 1 for a uint64_t option; regression test.
 TEST(CliBadInput, DistortionNegativeSeed) {
-  expect_clean_error("tq distortion", "negative seed", {"distortion", "--seed", "-1", "-n", "10"}, {"--seed"});
+  run_cases("DistortionNegativeSeed");
 }
 
 TEST(CliBadInput, BenchCodec) {
-  const std::string e = "tq bench codec";
-  expect_clean_error(e, "zero threads", {"bench", "codec", "--threads", "0"}, {"--threads"});
-  expect_clean_error(e, "too many threads", {"bench", "codec", "--threads", "100000"}, {"--threads"});
-  expect_clean_error(e, "non-numeric threads", {"bench", "codec", "--threads", "two"}, {"--threads"});
-  expect_clean_error(e, "zero vectors", {"bench", "codec", "-n", "0"}, {"--n"});
-  expect_clean_error(e, "zero reps", {"bench", "codec", "--reps", "0"}, {"--reps"});
-  expect_clean_error(e, "unknown rotation", {"bench", "codec", "--rotation", "dct"}, {"dct"});
-  expect_clean_error(e, "unknown quantizer", {"bench", "codec", "--quantizer", "opq"}, {"opq"});
-  expect_clean_error(e, "dimension too small", {"bench", "codec", "-d", "1"}, {"dimension"});
-  expect_clean_error(e, "bits 0", {"bench", "codec", "-b", "0", "-n", "10"}, {"bits"});
-  expect_clean_error(e, "missing subcommand", {"bench"}, {"subcommand"});
+  run_cases("BenchCodec");
 }
 
 namespace {
@@ -495,193 +530,19 @@ TEST(CliBadInput, TqKeysProtectedByDefault) {
 }
 TEST(CliBadInput, ModelCommands) {
   Fixtures fx;
-  const std::string missing = fx.dir.path("no_such_model.gguf");
-  struct Cmd {
-    std::vector<std::string> args;  // without -m
-  };
-  const std::vector<Cmd> cmds = {
-      {{"generate", "-p", "hi", "-n", "2"}},
-      {{"perplexity", "-f", fx.text, "-c", "64", "--chunks", "1"}},
-      {{"niah", "-f", fx.text, "-c", "128", "--trials", "1", "--depths", "0.5"}},
-      {{"tokenize", "-p", "hi"}},
-      {{"bench", "model", "-f", fx.text, "--contexts", "64", "--decode", "2"}},
-  };
-  for (const auto& c : cmds) {
-    const std::string e = "tq " + c.args[0] + (c.args[0] == "bench" ? " model" : "");
-    auto with_model = [&](const std::string& m) {
-      std::vector<std::string> a = c.args;
-      a.insert(a.begin() + (c.args[0] == "bench" ? 2 : 1), {"-m", m});
-      return a;
-    };
-    expect_clean_error(e, "missing model file", with_model(missing), {"no_such_model.gguf"}, &fx.dir);
-    expect_clean_error(e, "empty model file", with_model(fx.empty), {"empty.bin"}, &fx.dir);
-    expect_clean_error(e, "directory as model", with_model(fx.folder), {"a_directory"}, &fx.dir);
-    expect_clean_error(e, "truncated model", with_model(fx.truncated_model), {"truncated"}, &fx.dir);
-    expect_clean_error(e, "vector file as model", with_model(fx.base), {"GGUF", "base.fvecs"}, &fx.dir);
-  }
-  // Cache types and numbers, with a model that loads.
-  const std::string m = fx.model;
-  expect_clean_error("tq perplexity", "unknown K cache type",
-                     {"perplexity", "-m", m, "-f", fx.text, "-c", "64", "-ctk", "tq9"}, {"tq9"}, &fx.dir);
-  expect_clean_error("tq perplexity", "unknown V cache type",
-                     {"perplexity", "-m", m, "-f", fx.text, "-c", "64", "-ctv", "int4"}, {"int4"}, &fx.dir);
-  expect_clean_error("tq generate", "unknown boundary cache type",
-                     {"generate", "-m", m, "-p", "hi", "--kv-boundary-layers", "1", "--kv-boundary-type", "fp8"},
-                     {"fp8"}, &fx.dir);
-  expect_clean_error("tq perplexity", "per-layer type on a layer the model lacks",
-                     {"perplexity", "-m", m, "-f", fx.text, "-c", "64", "--kv-layer-type", "999:tq4"},
-                     {"999", "out of range"}, &fx.dir);
-  expect_clean_error("tq niah", "unknown per-layer cache type",
-                     {"niah", "-m", m, "-f", fx.text, "--context", "256", "--kv-layer-type", "0:fp8"}, {"fp8"},
-                     &fx.dir);
-  expect_clean_error("tq perplexity", "malformed per-layer spec",
-                     {"perplexity", "-m", m, "-f", fx.text, "-c", "64", "--kv-layer-type", "tq4"},
-                     {"LAYERS:K[/V]"}, &fx.dir);
-  expect_clean_error("tq bench model", "malformed cache label",
-                     {"bench", "model", "-m", m, "-f", fx.text, "--contexts", "64", "--caches", "f16,tq3 s1 zz"},
-                     {"tq3 s1 zz", "zz"}, &fx.dir);
-  expect_clean_error("tq perplexity", "negative sink (would read as 'not given')",
-                     {"perplexity", "-m", m, "-f", fx.text, "-c", "64", "-ctk", "tq3", "--kv-sink", "-1"},
-                     {"--kv-sink", ">= 0"}, &fx.dir);
-  expect_clean_error("tq niah", "negative K mean segment",
-                     {"niah", "-m", m, "-f", fx.text, "--context", "256", "-ctk", "tq3", "--kv-center-segment", "-256"},
-                     {"--kv-center-segment", ">= 0"}, &fx.dir);
-  expect_clean_error("tq perplexity", "RoPE-rotating K means without K centring",
-                     {"perplexity", "-m", m, "-f", fx.text, "-c", "64", "-ctk", "tq3", "--kv-plain", "--kv-center-rope"},
-                     {"--kv-center-rope", "centring"}, &fx.dir);
-  expect_clean_error("tq perplexity", "cr label token without K centring",
-                     {"perplexity", "-m", m, "-f", fx.text, "-c", "64", "--sweep", "tq3;tq3 s1 cv cr"},
-                     {"--kv-center-rope", "centring"}, &fx.dir);
-  expect_clean_error("tq perplexity", "unknown sweep token next to plain",
-                     {"perplexity", "-m", m, "-f", fx.text, "-c", "64", "--sweep", "tq3 plain;tq3 plane"},
-                     {"plane"}, &fx.dir);
-  const std::string comments_only = fx.dir.path("comments.kv"), bad_label = fx.dir.path("bad.kv");
-  Fixtures::write(comments_only, "# nothing but a comment\n");
-  Fixtures::write(bad_label, "tq3/tq4\nL0.1:tq4 zz\n");
-  expect_clean_error("tq perplexity", "missing cache config file",
-                     {"perplexity", "-m", m, "-f", fx.text, "-c", "64", "--kv-config", fx.dir.path("no.kv")},
-                     {"no.kv", "cache config"}, &fx.dir);
-  expect_clean_error("tq generate", "cache config file without a label",
-                     {"generate", "-m", m, "-p", "hi", "--kv-config", comments_only}, {"comments.kv", "no cache label"},
-                     &fx.dir);
-  expect_clean_error("tq niah", "malformed label in a cache config file",
-                     {"niah", "-m", m, "-f", fx.text, "--context", "256", "--kv-config", bad_label}, {"bad.kv", "zz"},
-                     &fx.dir);
-  expect_clean_error("tq bench model", "malformed label in an @FILE cache entry",
-                     {"bench", "model", "-m", m, "-f", fx.text, "--contexts", "64", "--caches", "f16,@" + bad_label},
-                     {"bad.kv", "zz"}, &fx.dir);
-  expect_clean_error("tq perplexity", "cache config of a bigger model (head out of range)",
-                     {"perplexity", "-m", m, "-f", fx.text, "-c", "64", "--kv-config",
-                      std::string(TQ_SOURCE_DIR) + "/configs/smollm2-135m-kv4.25.kv"},
-                     {"out of range"}, &fx.dir);
-  expect_clean_error("tq bench model", "empty cache list",
-                     {"bench", "model", "-m", m, "-f", fx.text, "--contexts", "64", "--caches", " ; "},
-                     {"--caches"}, &fx.dir);
-  expect_clean_error("tq perplexity", "non-numeric context", {"perplexity", "-m", m, "-f", fx.text, "-c", "lots"},
-                     {"--ctx-size", "-c"}, &fx.dir);
-  expect_clean_error("tq perplexity", "zero context", {"perplexity", "-m", m, "-f", fx.text, "-c", "0"},
-                     {"context", "ctx"}, &fx.dir);
-  expect_clean_error("tq perplexity", "negative context", {"perplexity", "-m", m, "-f", fx.text, "-c", "-64"},
-                     {"context", "ctx"}, &fx.dir);
-  expect_clean_error("tq perplexity", "missing text file",
-                     {"perplexity", "-m", m, "-f", fx.dir.path("no_such.txt"), "-c", "64"}, {"no_such.txt"}, &fx.dir);
-  expect_clean_error("tq perplexity", "empty text file", {"perplexity", "-m", m, "-f", fx.empty, "-c", "64"},
-                     {"empty.bin", "tokens", "empty"}, &fx.dir);
-  expect_clean_error("tq generate", "non-numeric token count", {"generate", "-m", m, "-p", "hi", "-n", "few"},
-                     {"--n-predict", "-n"}, &fx.dir);
-  expect_clean_error("tq generate", "missing prompt", {"generate", "-m", m}, {"--prompt"}, &fx.dir);
-  expect_clean_error("tq generate", "non-numeric temperature", {"generate", "-m", m, "-p", "hi", "--temp", "warm"},
-                     {"--temp"}, &fx.dir);
-  expect_clean_error("tq tokenize", "missing text file", {"tokenize", "-m", m, "-f", fx.dir.path("nope.txt")},
-                     {"nope.txt"}, &fx.dir);
-  expect_clean_error("tq niah", "non-numeric depth", {"niah", "-m", m, "-f", fx.text, "--depths", "middle"},
-                     {"--depths"}, &fx.dir);
+  // Cache config files the cases name.
+  Fixtures::write(fx.dir.path("comments.kv"), "# nothing but a comment\n");
+  Fixtures::write(fx.dir.path("bad.kv"), "tq3/tq4\nL0.1:tq4 zz\n");
+  run_cases("ModelCommands", &fx.dir);
 }
 
 TEST(CliBadInput, IndexCommands) {
   Fixtures fx;
-  const std::string out = fx.dir.path("out.tqi");
-  const std::string missing = fx.dir.path("no_such.fvecs");
-  // index build: bad inputs, bad parameters; never an output file (or temp) left behind.
-  const std::string eb = "tq index build";
-  expect_clean_error(eb, "missing input", {"index", "build", "-i", missing, "-o", out}, {"no_such.fvecs"}, &fx.dir);
-  expect_clean_error(eb, "empty input", {"index", "build", "-i", fx.empty, "-o", out}, {"empty.bin"}, &fx.dir);
-  expect_clean_error(eb, "directory as input", {"index", "build", "-i", fx.folder, "-o", out}, {"a_directory"},
-                     &fx.dir);
-  expect_clean_error(eb, "truncated .fvecs", {"index", "build", "-i", fx.truncated_fvecs, "-o", out},
-                     {"truncated.fvecs"}, &fx.dir);
-  expect_clean_error(eb, "NaN in the vectors", {"index", "build", "-i", fx.nan_fvecs, "-o", out}, {"NaN"}, &fx.dir);
-  expect_clean_error(eb, "GGUF file as input", {"index", "build", "-i", fx.model, "-o", out}, {"tiny.gguf"},
-                     &fx.dir);
-  expect_clean_error(eb, "unknown metric", {"index", "build", "-i", fx.base, "-o", out, "-m", "hamming"},
-                     {"hamming"}, &fx.dir);
-  expect_clean_error(eb, "unknown codec", {"index", "build", "-i", fx.base, "-o", out, "--codec", "pq"}, {"pq"},
-                     &fx.dir);
-  expect_clean_error(eb, "unknown scale mode", {"index", "build", "-i", fx.base, "-o", out, "--scale", "max"},
-                     {"max"}, &fx.dir);
-  expect_clean_error(eb, "unknown rotation", {"index", "build", "-i", fx.base, "-o", out, "--rotation", "dct"},
-                     {"dct"}, &fx.dir);
-  expect_clean_error(eb, "unknown norm format", {"index", "build", "-i", fx.base, "-o", out, "--norm", "bf16"},
-                     {"bf16"}, &fx.dir);
-  expect_clean_error(eb, "bits 0", {"index", "build", "-i", fx.base, "-o", out, "-b", "0"}, {"bits"}, &fx.dir);
-  expect_clean_error(eb, "bits 9", {"index", "build", "-i", fx.base, "-o", out, "-b", "9"}, {"bits"}, &fx.dir);
-  expect_clean_error(eb, "bits 2.25", {"index", "build", "-i", fx.base, "-o", out, "-b", "2.25"}, {"bits"}, &fx.dir);
-  expect_clean_error(eb, "bits NaN", {"index", "build", "-i", fx.base, "-o", out, "-b", "nan"}, {"bits"}, &fx.dir);
-  expect_clean_error(eb, "non-numeric bits", {"index", "build", "-i", fx.base, "-o", out, "-b", "four"}, {"--bits"},
-                     &fx.dir);
-  expect_clean_error(eb, "negative thread count", {"index", "build", "-i", fx.base, "-o", out, "-t", "-2"},
-                     {"--threads"}, &fx.dir);
-  expect_clean_error(eb, "output in a missing directory",
-                     {"index", "build", "-i", fx.base, "-o", fx.dir.path("no/such/dir/out.tqi")}, {"no/such/dir"},
-                     &fx.dir);
-  expect_clean_error(eb, "output is a directory", {"index", "build", "-i", fx.base, "-o", fx.folder},
-                     {"a_directory"}, &fx.dir);
-  // index search
-  const std::string es = "tq index search";
-  expect_clean_error(es, "missing index", {"index", "search", "--index", fx.dir.path("none.tqi"), "-q", fx.queries},
-                     {"none.tqi"}, &fx.dir);
-  expect_clean_error(es, "empty index", {"index", "search", "--index", fx.empty, "-q", fx.queries}, {"empty.bin"},
-                     &fx.dir);
-  expect_clean_error(es, "directory as index", {"index", "search", "--index", fx.folder, "-q", fx.queries},
-                     {"a_directory"}, &fx.dir);
-  expect_clean_error(es, "corrupted index", {"index", "search", "--index", fx.corrupt_index, "-q", fx.queries},
-                     {"checksum"}, &fx.dir);
-  expect_clean_error(es, "vector file as index", {"index", "search", "--index", fx.base, "-q", fx.queries},
-                     {"magic", "tq index"}, &fx.dir);
-  expect_clean_error(es, "queries of the wrong dimension",
-                     {"index", "search", "--index", fx.index, "-q", fx.queries_d5}, {"dim", "5"}, &fx.dir);
-  expect_clean_error(es, "missing queries", {"index", "search", "--index", fx.index, "-q", missing},
-                     {"no_such.fvecs"}, &fx.dir);
-  expect_clean_error(es, "k = 0", {"index", "search", "--index", fx.index, "-q", fx.queries, "-k", "0"}, {"-k"},
-                     &fx.dir);
-  expect_clean_error(es, "non-numeric k", {"index", "search", "--index", fx.index, "-q", fx.queries, "-k", "ten"},
-                     {"-k"}, &fx.dir);
-  // index eval
-  const std::string ee = "tq index eval";
-  expect_clean_error(ee, "ground truth ids past the base",
-                     {"index", "eval", "--base", fx.base, "-q", fx.queries, "--gt", fx.gt_bad, "--k-max", "10"},
-                     {"gt_bad.ivecs", "ground"}, &fx.dir);
-  expect_clean_error(ee, "ground truth is a float file",
-                     {"index", "eval", "--base", fx.base, "-q", fx.queries, "--gt", fx.empty}, {"empty.bin"}, &fx.dir);
-  expect_clean_error(ee, "queries of the wrong dimension",
-                     {"index", "eval", "--base", fx.base, "-q", fx.queries_d5, "--gt", fx.gt}, {"dim", "5"}, &fx.dir);
-  expect_clean_error(ee, "k-max 0", {"index", "eval", "--base", fx.base, "-q", fx.queries, "--gt", fx.gt, "--k-max", "0"},
-                     {"--k-max"}, &fx.dir);
+  run_cases("IndexCommands", &fx.dir);
 }
 
 TEST(CliBadInput, BenchAttention) {
-  const std::string e = "tq bench attention";
-  const std::vector<std::string> small = {"--context", "64", "--steps", "1", "--n-heads", "4", "--n-kv-heads", "2",
-                                          "--head-dim", "64"};
-  expect_clean_error(e, "unknown cache type", with({"bench", "attention", "--kv", "f16,tq9"}, small), {"tq9"});
-  expect_clean_error(e, "heads not a multiple of kv heads",
-                     {"bench", "attention", "--context", "64", "--n-heads", "6", "--n-kv-heads", "4"},
-                     {"multiple", "heads"});
-  expect_clean_error(e, "zero head dimension", with({"bench", "attention"}, with(small, {"--head-dim", "0"})),
-                     {"head", "dim"});
-  expect_clean_error(e, "negative context", with({"bench", "attention"}, with(small, {"--context", "-5"})),
-                     {"context"});
-  expect_clean_error(e, "non-numeric steps", with({"bench", "attention", "--steps", "x"}, small), {"--steps"});
+  run_cases("BenchAttention");
 }
 
 // Regression tests for bugs these tests found:
@@ -689,16 +550,34 @@ TEST(CliBadInput, BenchAttention) {
 //    `tq perplexity -f <dir>` said "the text has 0 tokens" instead of naming the directory.
 TEST(CliBadInput, PerplexityTextFileIsDirectory) {
   Fixtures fx;
-  expect_clean_error("tq perplexity", "directory as text file",
-                     {"perplexity", "-m", fx.model, "-f", fx.folder, "-c", "64"}, {"a_directory"}, &fx.dir);
+  run_cases("PerplexityTextFileIsDirectory", &fx.dir);
 }
 //  - tools/tq/cmd_bench_attention.cpp: --threads was split and parsed with std::stoi, unchecked:
 //    "1,two" printed "tq: error: stoi" and "-1" ran with -1 threads.
 TEST(CliBadInput, BenchAttentionThreadList) {
-  const std::vector<std::string> small = {"--context", "64", "--steps", "1", "--n-heads", "4", "--n-kv-heads", "2",
-                                          "--head-dim", "64"};
-  expect_clean_error("tq bench attention", "non-numeric thread list",
-                     with({"bench", "attention", "--threads", "1,two"}, small), {"two", "--threads"});
-  expect_clean_error("tq bench attention", "negative thread count",
-                     with({"bench", "attention", "--threads", "-1"}, small), {"-1", "--threads"});
+  run_cases("BenchAttentionThreadList");
+}
+
+// The case file: every case complete, run by a TEST of this file (its group), and listed once.
+TEST(CliBadInput, CaseFileIsWellFormed) {
+  ASSERT_TRUE(case_file().is_object() && case_file().contains("cases") && case_file()["cases"].is_array())
+      << "cannot read " << kCaseFile;
+  const std::set<std::string> groups = {"EveryCommandRejectsUnknownOptions", "Codebook", "Distortion",
+                                        "DistortionNegativeSeed", "BenchCodec", "ModelCommands", "IndexCommands",
+                                        "BenchAttention", "PerplexityTextFileIsDirectory", "BenchAttentionThreadList"};
+  std::set<std::pair<std::string, std::vector<std::string>>> seen;
+  for (const auto& c : case_file()["cases"]) {
+    ASSERT_TRUE(c.is_object()) << c.dump();
+    EXPECT_TRUE(c.contains("group") && c["group"].is_string() && groups.count(c["group"].get<std::string>()))
+        << "no TEST runs this case: " << c.dump();
+    for (const char* k : {"entry", "what", "error"}) EXPECT_TRUE(c.contains(k) && c[k].is_string()) << k << ": " << c.dump();
+    EXPECT_TRUE(c.contains("exit") && c["exit"].is_number_integer() && c["exit"].get<int>() != 0) << c.dump();
+    bool strings = c.contains("args") && c["args"].is_array() && c.contains("expect") && c["expect"].is_array();
+    for (const char* k : {"args", "expect"})
+      if (strings)
+        for (const auto& x : c[k]) strings = strings && x.is_string();
+    ASSERT_TRUE(strings) << "args and expect are lists of strings: " << c.dump();
+    EXPECT_TRUE(seen.insert({c["group"].get<std::string>(), c["args"].get<std::vector<std::string>>()}).second)
+        << "listed twice: " << c.dump();
+  }
 }

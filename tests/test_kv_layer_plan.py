@@ -40,7 +40,7 @@ check(r.stdout.strip().split(";") == ["f16 s1 ck cs512 cr L0:tq3h6/f16", "f16 s1
                                       "f16 L2:f16/tq4n8"], "sweep string: " + r.stdout)
 
 # 2. The plan published in BENCHMARKS.md from the published sensitivity sweep.
-sens = os.path.join(ROOT, "results", "kv_layer_sens_c2048_calib.json")
+sens = os.path.join(ROOT, "bench", "results", "kv_layer_sens_c2048_calib.json")
 plan = ["plan", sens, "--base", "tq3h6n8/tq4n8", "--up-k", "tq4h6n8", "--up-v", "tq5n8", "--cost-k", "18",
         "--cost-v", "24"]
 r = run(*plan, "--budget", "174")

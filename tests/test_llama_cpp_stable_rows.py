@@ -56,7 +56,7 @@ with tempfile.TemporaryDirectory() as td:
 
 # The published files (BENCHMARKS.md, "Outside reference"): 99.35% / 99.07% on the stable rows.
 for ctx, stable, want in ((512, 2007, 0.9935), (2048, 7942, 0.9907)):
-    r = run(os.path.join(ROOT, "results", f"llama_cpp_reference_c{ctx}_self.json"))
+    r = run(os.path.join(ROOT, "bench", "results", f"llama_cpp_reference_c{ctx}_self.json"))
     out = json.loads(r.stdout) if r.returncode == 0 else {}
     check(out.get("stable_rows") == stable and round(out.get("top1_tq_vs_llama_cpp_stable_rows", 0), 4) == want,
           f"published ctx {ctx}: {out} {r.stderr!r}")
