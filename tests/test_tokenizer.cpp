@@ -388,3 +388,146 @@ TEST(Tokenizer, GemmaChatTemplate) {
     EXPECT_NE(std::string(e.what()).find("not supported"), std::string::npos) << e.what();
   }
 }
+
+// ---- Against llama.cpp: ids saved by bench/llama_cpp_tokenizer_reference.py ----
+
+namespace {
+
+const nlohmann::json* llama_cpp_reference() {
+  static const nlohmann::json ref = [] {
+    std::ifstream f(tq_test::source_path("bench/results/tokenizer_reference.json"));
+    if (!f) return nlohmann::json();
+    return nlohmann::json::parse(f);
+  }();
+  return ref.is_null() ? nullptr : &ref;
+}
+
+// The metadata of a GGUF file without its tensors (the tokenizer needs only the metadata, and
+// this reads files whose weight types tq does not know): the head of the file with the tensor
+// count set to 0.
+tq::GgufFile gguf_metadata_only(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::vector<char> buf(64u << 20);
+  f.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+  buf.resize(static_cast<size_t>(f.gcount()));
+  if (buf.size() >= 24) std::fill(buf.begin() + 8, buf.begin() + 16, 0);
+  return tq::GgufFile::from_bytes(buf.data(), buf.size());
+}
+
+// bench/make_tokenizer_vocabs.py's BPE test vocabulary, rebuilt from SmolLM2's: its tokens and
+// types, then "00".."99" and "000".."999", then "Ġzqxj"; its merges, then "a b" and "ab c".
+std::vector<uint8_t> bpe_test_vocab(const tq::GgufFile& smol, const std::string& pre, std::string& digest) {
+  std::vector<std::string> toks = smol.get_str_array("tokenizer.ggml.tokens");
+  std::vector<int32_t> types(smol.get_int_array("tokenizer.ggml.token_type").begin(),
+                             smol.get_int_array("tokenizer.ggml.token_type").end());
+  std::vector<std::string> merges = smol.get_str_array("tokenizer.ggml.merges");
+  const std::string d = "0123456789";
+  for (char a : d)
+    for (char b : d) {
+      toks.push_back({a, b});
+      types.push_back(1);
+      merges.push_back(std::string{a} + " " + b);
+    }
+  for (char a : d)
+    for (char b : d)
+      for (char c : d) {
+        toks.push_back({a, b, c});
+        types.push_back(1);
+        merges.push_back(std::string{a, b} + " " + c);
+      }
+  toks.push_back("\xC4\xA0zqxj");  // Ġzqxj
+  types.push_back(1);
+  tq_test::Sha256 h;
+  for (auto& t : toks) h.update(t + "\n");
+  for (auto& m : merges) h.update(m + "\n");
+  digest = h.hex();
+  tq::GgufWriter w;
+  w.set_string("tokenizer.ggml.model", "gpt2");
+  w.set_string("tokenizer.ggml.pre", pre);
+  w.set_str_array("tokenizer.ggml.tokens", toks);
+  w.set_i32_array("tokenizer.ggml.token_type", types);
+  w.set_str_array("tokenizer.ggml.merges", merges);
+  for (const char* k : {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.unknown_token_id",
+                        "tokenizer.ggml.padding_token_id"})
+    if (smol.has(k)) w.set_u32(k, static_cast<uint32_t>(smol.get_uint(k)));
+  return w.bytes();
+}
+
+// tq's ids for every fixed string and the whole corpus against llama.cpp's.
+void expect_llama_cpp_ids(const nlohmann::json& ref, const std::string& name, const tq::Tokenizer& tok) {
+  ASSERT_TRUE(ref["tokenizers"].contains(name)) << name;
+  const auto& t = ref["tokenizers"][name];
+  EXPECT_EQ(tok.n_vocab(), t["n_vocab"].get<int>()) << name;
+  EXPECT_EQ(tok.add_bos(), t["llama_cpp_add_bos"].get<bool>()) << name;
+  EXPECT_EQ(tok.add_eos(), t["llama_cpp_add_eos"].get<bool>()) << name;
+  const auto& strings = ref["strings"];
+  ASSERT_EQ(strings.size(), t["ids"].size());
+  int agree = 0;
+  for (size_t i = 0; i < strings.size(); ++i) {
+    const std::string text = strings[i]["text"].get<std::string>();
+    const bool special = strings[i]["parse_special"].get<bool>();
+    const auto want = t["ids"][i].get<std::vector<int32_t>>();
+    const auto got = tok.encode(text, special);
+    EXPECT_EQ(got, want) << name << ": string " << i << " '" << text << "' (parse_special " << special << ")";
+    agree += got == want;
+  }
+  std::printf("[ %s ] %d of %zu fixed strings identical to llama.cpp\n", name.c_str(), agree, strings.size());
+  const std::string cpath = tq_test::corpus_path();
+  if (!tq_test::file_exists(cpath)) return;
+  const std::string text = tq::read_text_file(cpath);
+  tq_test::Sha256 h;
+  h.update(text);
+  if (h.hex() != ref["corpus_sha256"].get<std::string>()) {
+    ADD_FAILURE() << cpath << " is not the corpus the reference was made on";
+    return;
+  }
+  const auto ids = tok.encode(text);
+  EXPECT_EQ(ids.size(), t["corpus"]["n_tokens"].get<size_t>()) << name;
+  EXPECT_EQ(tq_test::ids_sha256(ids), t["corpus"]["sha256"].get<std::string>()) << name << ": corpus ids differ";
+  EXPECT_EQ(tok.decode(ids), text) << name << ": corpus decode round trip";
+}
+
+}  // namespace
+
+TEST(TokenizerLlamaCpp, SmolLM2) {
+  const auto* ref = llama_cpp_reference();
+  if (!ref) GTEST_SKIP() << "bench/results/tokenizer_reference.json missing: scripts/llama_cpp_tokenizer_reference.sh";
+  const std::string path = tq_test::real_model_path();
+  if (!tq_test::file_exists(path)) GTEST_SKIP() << path << " missing: run scripts/fetch-model.sh";
+  auto g = tq::GgufFile::open(path);
+  tq::Tokenizer tok(g);
+  expect_llama_cpp_ids(*ref, "smollm2", tok);
+}
+
+TEST(TokenizerLlamaCpp, Gemma3) {
+  const auto* ref = llama_cpp_reference();
+  if (!ref) GTEST_SKIP() << "bench/results/tokenizer_reference.json missing: scripts/llama_cpp_tokenizer_reference.sh";
+  const std::string path = tq_test::source_path("models/gemma-3-270m-q4_k_m.gguf");
+  if (!tq_test::file_exists(path)) GTEST_SKIP() << path << " missing: run scripts/fetch-model.sh gemma3-270m";
+  auto g = gguf_metadata_only(path);
+  tq::Tokenizer tok(g);
+  EXPECT_EQ(tok.model_type(), "llama");
+  EXPECT_EQ(tok.n_vocab(), 262144);
+  EXPECT_EQ(tok.chat_format(), "gemma");
+  expect_llama_cpp_ids(*ref, "gemma3", tok);
+}
+
+void bpe_pre_reference(const std::string& name, const std::string& pre) {
+  const auto* ref = llama_cpp_reference();
+  if (!ref) GTEST_SKIP() << "bench/results/tokenizer_reference.json missing: scripts/llama_cpp_tokenizer_reference.sh";
+  const std::string path = tq_test::real_model_path();
+  if (!tq_test::file_exists(path)) GTEST_SKIP() << path << " missing: run scripts/fetch-model.sh";
+  auto smol = tq::GgufFile::open(path);
+  std::string digest;
+  const auto bytes = bpe_test_vocab(smol, pre, digest);
+  // The same vocabulary llama.cpp ran (bench/make_tokenizer_vocabs.py), so only the
+  // pre-tokenizer is under test.
+  EXPECT_EQ(digest, (*ref)["tokenizers"][name]["vocab_sha256"].get<std::string>());
+  EXPECT_EQ(pre, (*ref)["tokenizers"][name]["pre"].get<std::string>());
+  auto g = tq::GgufFile::from_bytes(bytes.data(), bytes.size());
+  tq::Tokenizer tok(g);
+  expect_llama_cpp_ids(*ref, name, tok);
+}
+
+TEST(TokenizerLlamaCpp, Qwen2PreTokenizer) { bpe_pre_reference("qwen2", "qwen2"); }
+TEST(TokenizerLlamaCpp, Llama3PreTokenizer) { bpe_pre_reference("llama3", "llama-bpe"); }
