@@ -209,7 +209,6 @@ struct Tokenizer::Impl {
   };
   std::vector<TrieNode> trie;
   std::vector<int32_t> special_rank;  // by id; -1 for ordinary tokens
-  size_t n_special = 0;
   std::string pre_type;
   int32_t bos = -1, eos = -1, unk = -1;
   bool add_bos = false, add_eos = false;
@@ -322,7 +321,6 @@ Tokenizer::Tokenizer(const GgufFile& g) : impl_(std::make_unique<Impl>()) {
   std::sort(sp.begin(), sp.end(),
             [&](int32_t a, int32_t b) { return I.tokens[a].size() > I.tokens[b].size(); });
   I.special_rank.assign(n, -1);
-  I.n_special = sp.size();
   I.trie.assign(1, {});
   for (size_t r = 0; r < sp.size(); ++r) {
     const int32_t id = sp[r];
@@ -537,41 +535,66 @@ void Tokenizer::Impl::encode_fragment(const std::string& text, size_t b, size_t 
 // with parse_special; user-defined ones always.
 std::vector<std::pair<size_t, int32_t>> Tokenizer::Impl::split_specials(const std::string& text,
                                                                         bool parse_special) const {
-  struct Hit { int32_t rank; size_t pos; int32_t id; };
-  std::vector<Hit> hits;
-  if (trie.size() > 1) {
-    for (size_t p = 0; p < text.size(); ++p) {
-      int32_t node = 0;
-      for (size_t q = p; q < text.size(); ++q) {
-        const unsigned char c = static_cast<unsigned char>(text[q]);
-        int32_t nx = -1;
-        for (auto& [ch, child] : trie[node].next)
-          if (ch == c) { nx = child; break; }
-        if (nx < 0) break;
-        node = nx;
-        const int32_t id = trie[node].id;
-        if (id >= 0 && (parse_special || types[id] == kTokUser)) hits.push_back({special_rank[id], p, id});
+  // The trie finds which special tokens occur, in groups of occurrences chained by overlaps
+  // (an occurrence decides nothing outside its group). Each group is then resolved exactly as
+  // llama.cpp does it: its tokens in rank order, each one's occurrences left to right, taken
+  // where no byte is taken yet. Memory: the group's distinct tokens and one byte per byte of it.
+  std::vector<std::pair<size_t, int32_t>> taken;
+  if (trie.size() <= 1) return taken;
+  std::vector<int32_t> group;               // distinct tokens of the current group
+  std::vector<uint8_t> in_group(tokens.size(), 0);
+  std::vector<uint8_t> used;
+  size_t group_begin = 0, group_end = 0;
+  const std::string_view all(text);
+  auto resolve = [&] {
+    if (group.empty()) return;
+    std::sort(group.begin(), group.end(), [&](int32_t x, int32_t y) { return special_rank[x] < special_rank[y]; });
+    used.assign(group_end - group_begin, 0);
+    const std::string_view span = all.substr(0, group_end);
+    const size_t first = taken.size();
+    for (const int32_t id : group) {
+      in_group[id] = 0;
+      const std::string& t = tokens[id];
+      for (size_t cur = group_begin;;) {
+        const size_t f = span.find(t, cur);
+        if (f == std::string_view::npos) break;
+        const size_t b = f - group_begin, e = b + t.size();
+        bool free = true;
+        for (size_t k = b; k < e && free; ++k) free = !used[k];
+        if (!free) {
+          cur = f + 1;
+          continue;
+        }
+        std::fill(used.begin() + b, used.begin() + e, 1);
+        taken.emplace_back(f, id);
+        cur = f + t.size();
+      }
+    }
+    std::sort(taken.begin() + first, taken.end());
+    group.clear();
+  };
+  for (size_t p = 0; p < text.size(); ++p) {
+    if (!group.empty() && p >= group_end) resolve();
+    int32_t node = 0;
+    for (size_t q = p; q < text.size(); ++q) {
+      const unsigned char c = static_cast<unsigned char>(text[q]);
+      int32_t nx = -1;
+      for (auto& [ch, child] : trie[node].next)
+        if (ch == c) { nx = child; break; }
+      if (nx < 0) break;
+      node = nx;
+      const int32_t id = trie[node].id;
+      if (id >= 0 && (parse_special || types[id] == kTokUser)) {
+        if (group.empty()) group_begin = group_end = p;
+        if (!in_group[id]) {
+          in_group[id] = 1;
+          group.push_back(id);
+        }
+        group_end = std::max(group_end, q + 1);
       }
     }
   }
-  std::vector<std::pair<size_t, int32_t>> taken;
-  if (hits.empty()) return taken;
-  // Order by (rank, position): hits come in position order, so a counting sort by rank.
-  std::vector<uint32_t> start(n_special + 1, 0);
-  for (const Hit& h : hits) ++start[h.rank + 1];
-  for (size_t r = 0; r < n_special; ++r) start[r + 1] += start[r];
-  std::vector<Hit> ordered(hits.size());
-  for (const Hit& h : hits) ordered[start[h.rank]++] = h;
-  std::vector<uint8_t> used(text.size(), 0);
-  for (const Hit& h : ordered) {
-    const size_t len = tokens[h.id].size();
-    bool free = true;
-    for (size_t k = h.pos; k < h.pos + len && free; ++k) free = !used[k];
-    if (!free) continue;
-    std::fill(used.begin() + h.pos, used.begin() + h.pos + len, 1);
-    taken.emplace_back(h.pos, h.id);
-  }
-  std::sort(taken.begin(), taken.end());
+  resolve();
   return taken;
 }
 
