@@ -93,7 +93,7 @@ def main():
         import llama_cpp
     except ImportError as e:
         sys.exit(f"llama_cpp_tokenizer_reference.py: llama-cpp-python is not importable ({e}); "
-                 "run scripts/llama_cpp_tokenizer_reference.sh, which installs it")
+                 "run it with a venv that has it (scripts/llama_cpp_reference.sh makes .venv-ref)")
     text = open(a.corpus, encoding="utf-8").read()
     # The test vocabularies: those bench/make_tokenizer_vocabs.py wrote into --vocab-dir (the shell
     # script runs it with the test venv), else made here (needs the `gguf` package).

@@ -6,8 +6,8 @@
 # needs llama.cpp). With a tq binary, also compares tq's corpus ids and times both (1 thread).
 #
 # Usage: bash scripts/llama_cpp_tokenizer_reference.sh [build/tq] [extra args for the .py]
-# Uses the llama.cpp venv of scripts/llama_cpp_reference.sh (TQ_REF_VENV, default .venv-ref),
-# and makes it with that script's pinned llama-cpp-python when it is missing.
+# Uses the llama.cpp venv of scripts/llama_cpp_reference.sh (TQ_REF_VENV, default .venv-ref);
+# says so and stops when it is missing.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -18,8 +18,8 @@ bash scripts/fetch-model.sh
 bash scripts/fetch-corpus.sh
 [[ -f models/gemma-3-270m-q4_k_m.gguf ]] || bash scripts/fetch-model.sh gemma3-270m
 if ! "$VENV/bin/python" -c "import llama_cpp" 2>/dev/null; then
-  echo "llama_cpp_tokenizer_reference.sh: no llama-cpp-python in $VENV; installing it with scripts/llama_cpp_reference.sh's recipe is" \
-       "done by running that script once (it compiles llama.cpp, 20-40 minutes)" >&2
+  echo "llama_cpp_tokenizer_reference.sh: no llama-cpp-python in $VENV: run scripts/llama_cpp_reference.sh once" \
+       "(it makes that venv, compiling llama.cpp: 20-40 minutes), or set TQ_REF_VENV" >&2
   exit 1
 fi
 # The test vocabularies, with the test venv's gguf (the llama.cpp venv may not have it).
