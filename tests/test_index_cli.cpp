@@ -90,9 +90,10 @@ TEST(IndexCli, EvalReportsTheKAskedBothByteCountsAndTheSearchUsed) {
   EXPECT_EQ(e["k_max"], 64);
   // Recall@10 cannot come from a k = 3 search: it comes from the k-max search, and says so.
   EXPECT_EQ(e["recall_10_at_10_search_k"], 64);
-  // Disk: 128-byte header + per vector (codes + f16 scale) + 8-byte id + 4 d float kept vector.
+  // Disk: 128-byte header + the mean (centred by default: d floats) + per vector (codes +
+  // f16 scale) + 8-byte id + 4 d float kept vector.
   const double code = e["bytes_per_vector"].get<double>();
-  EXPECT_DOUBLE_EQ(e["disk_bytes_per_vector"].get<double>(), (128.0 + D.n * (code + 8 + 4.0 * D.d)) / D.n);
+  EXPECT_DOUBLE_EQ(e["disk_bytes_per_vector"].get<double>(), (128.0 + 4.0 * D.d + D.n * (code + 8 + 4.0 * D.d)) / D.n);
   // Memory: 4-bit block layout (16 channels = 8 B), float scale, id, the kept floats.
   EXPECT_DOUBLE_EQ(e["memory_bytes_per_vector"].get<double>(), 8.0 + 4 + 8 + 4.0 * D.d);
   EXPECT_NE(e["index"].get<std::string>().find("fast-scan"), std::string::npos);
@@ -133,4 +134,26 @@ TEST(IndexCli, IvfBadInputIsOneCleanError) {
     EXPECT_TRUE(tq_test::failed_cleanly(r)) << f << ": " << r.err;
     EXPECT_NE(r.err.find(f), std::string::npos) << r.err;
   }
+}
+
+// Defaults: a flat index is centred and scale-fitted unless told otherwise; IVF is neither.
+TEST(IndexCli, FlatDefaultsAreCenterAndFitScale) {
+  Data D;
+  auto desc = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = {"index", "build", "-i", D.base, "-o", D.path("d.tqi"), "--json"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return json_of(tq_test::run_tq(a))["index"].get<std::string>();
+  };
+  EXPECT_NE(desc({}).find("+fit+center"), std::string::npos) << desc({});
+  const std::string plain = desc({"--no-center", "--no-fit-scale"});
+  EXPECT_EQ(plain.find("+fit"), std::string::npos) << plain;
+  EXPECT_EQ(plain.find("+center"), std::string::npos) << plain;
+  EXPECT_NE(desc({"--no-center"}).find("+fit"), std::string::npos);
+  const std::string ivf = desc({"--ivf", "4"});
+  EXPECT_EQ(ivf.find("+fit"), std::string::npos) << ivf;
+  EXPECT_EQ(ivf.find("+center"), std::string::npos) << ivf;
+  EXPECT_NE(desc({"--ivf", "4", "--fit-scale"}).find("+fit"), std::string::npos);
+  auto r = tq_test::run_tq({"index", "build", "-i", D.base, "-o", D.path("x.tqi"), "--center", "--no-center"});
+  EXPECT_TRUE(tq_test::failed_cleanly(r)) << r.err;
+  EXPECT_NE(r.err.find("contradict"), std::string::npos) << r.err;
 }

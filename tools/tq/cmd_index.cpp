@@ -41,6 +41,7 @@ struct BuildOpts {
               rotation = "hadamard", law = "beta";
   uint64_t seed = 0x5eed;
   bool keep_vectors = false, fit_scale = false, center = false, ivf_list_mean = false;
+  bool no_fit_scale = false, no_center = false;
   int threads = 0, ivf = 0, kmeans_iters = 10;
 };
 
@@ -56,11 +57,17 @@ void add_build_options(CLI::App* sub, BuildOpts& o) {
   sub->add_option("--law", o.law, "codebook law: beta | gauss")->capture_default_str();
   sub->add_option("--seed", o.seed, "rotation seed")->capture_default_str();
   sub->add_flag("--keep-vectors", o.keep_vectors, "also store the float vectors (for --rerank-full)");
+  // Defaults (docs/design.md "Defaults"): a flat index is built with --center --fit-scale,
+  // which raised recall on GloVe-100 and Fashion-MNIST at 2 and 4 bits at no search cost;
+  // an IVF index with neither (centring does not apply to residuals; fit-scale unmeasured).
   sub->add_flag("--fit-scale", o.fit_scale,
                 "per-vector grid fit: try 9 grid scales 0.80..1.20 per vector, keep the codes with the\n"
-                "best cosine to the vector (slower build, same bytes)");
+                "best cosine to the vector (slower build, same bytes). Default for a flat index");
+  sub->add_flag("--no-fit-scale", o.no_fit_scale, "flat index: nearest-centroid codes only (faster build)");
   sub->add_flag("--center", o.center,
-                "subtract the mean of the first added batch before quantizing (dim floats per index)");
+                "subtract the mean of the first added batch before quantizing (dim floats per index).\n"
+                "Default for a flat index");
+  sub->add_flag("--no-center", o.no_center, "flat index: do not subtract the mean");
   sub->add_option("--threads,-t", o.threads, "threads (0: OpenMP default)")->capture_default_str()
       ->check(CLI::Range(0, 1024));
   sub->add_option("--ivf", o.ivf,
@@ -85,8 +92,11 @@ tq::IndexConfig config_of(const BuildOpts& o, int dim) {
   c.law = tq::parse_law(o.law);
   c.seed = o.seed;
   c.keep_vectors = o.keep_vectors;
-  c.fit_scale = o.fit_scale;
-  c.center = o.center;
+  TQ_CHECK(!(o.center && o.no_center), "index: --center and --no-center contradict each other");
+  TQ_CHECK(!(o.fit_scale && o.no_fit_scale), "index: --fit-scale and --no-fit-scale contradict each other");
+  const bool mse = c.codec == tq::QuantizerKind::mse;
+  c.fit_scale = o.fit_scale || (mse && o.ivf == 0 && !o.no_fit_scale);
+  c.center = o.center || (mse && o.ivf == 0 && !o.no_center);
   c.nlist = o.ivf;
   c.kmeans_iters = o.kmeans_iters;
   c.ivf_list_mean = o.ivf_list_mean;
