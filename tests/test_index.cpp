@@ -829,9 +829,9 @@ TEST(Index, DescriptionAndBytesSayWhatIsUsed) {
     tq::Index idx(cfg_of(d, bits, tq::Metric::cosine));
     idx.add(200, x.data());
     const bool has_fast = bits <= 4;  // widths above 4 bits per channel: float LUTs only
-    EXPECT_EQ(idx.describe(fast).find("fast-scan") != std::string::npos, has_fast) << idx.describe(fast);
-    EXPECT_EQ(idx.describe(slow).find("fast-scan"), std::string::npos) << idx.describe(slow);
-    EXPECT_NE(idx.describe(slow).find("float-lut"), std::string::npos) << idx.describe(slow);
+    EXPECT_EQ(idx.describe_search(fast).find("fast-scan") != std::string::npos, has_fast) << idx.describe_search(fast);
+    EXPECT_EQ(idx.describe_search(slow).find("fast-scan"), std::string::npos) << idx.describe_search(slow);
+    EXPECT_NE(idx.describe_search(slow).find("float-lut"), std::string::npos) << idx.describe_search(slow);
     EXPECT_EQ(idx.file_bytes(), 128 + 200 * (idx.code_bytes() + 8));
   }
   // 3-bit channels take a nibble each in the fast-scan layout (the same memory as 4 bits)
@@ -857,5 +857,5 @@ TEST(Index, DescriptionAndBytesSayWhatIsUsed) {
   const double per_slot = 16 + 4 + 8;  // 32 channels * 4 bits, float scale, id
   EXPECT_NEAR(iv.memory_bytes_per_vector(), (per_slot * slots + 4 * d * 8.0 + 4 * 4 + 9 * 8) / 200, 1e-9);
   EXPECT_EQ(iv.file_bytes(), 128 + 16 + 4 * d * 4 + 4 * 8 + 200 * (iv.code_bytes() + 8));
-  EXPECT_NE(iv.describe(fast).find("nprobe 1"), std::string::npos);
+  EXPECT_NE(iv.describe_search(fast).find("nprobe 1"), std::string::npos);
 }

@@ -1,5 +1,7 @@
-// tq::Index: a flat (exhaustive) nearest-neighbour index whose database is TurboQuant codes,
-// scored directly on the codes (no decoding), persisted in a checksummed versioned file.
+// tq::Index: a nearest-neighbour index whose database is TurboQuant codes, scored directly on
+// the codes (no decoding), persisted in a checksummed versioned file. Flat (exhaustive scan)
+// by default; IVF (IndexConfig::nlist > 0: coarse k-means lists of residual codes, nprobe
+// lists scanned per query) as an option, see docs/design.md "IVF".
 //
 // Encoding (codec mse, the default): for each vector x (normalised first for cosine),
 //   y = Pi x / ||x||   (Pi: seeded rotation, randomized Hadamard by default)
@@ -124,7 +126,7 @@ class Index {
   std::string describe() const;
   // The description of a search with p: "fast-scan" only when p uses the uint8 SIMD scan
   // (the layout allows it and p.fast_scan), "float-lut" otherwise; IVF adds "nprobe N".
-  std::string describe(const SearchParams& p) const;
+  std::string describe_search(const SearchParams& p) const;
 
   // Persistence (see docs/design.md "File format"): atomic save; load validates
   // every field and the xxHash checksum before building anything.

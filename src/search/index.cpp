@@ -289,7 +289,7 @@ std::string Index::describe() const {
                    I.fast_ok ? " fast-scan" : "");
 }
 
-std::string Index::describe(const SearchParams& p) const {
+std::string Index::describe_search(const SearchParams& p) const {
   const Impl& I = *impl_;
   std::string s = describe();
   const std::string fs = " fast-scan";

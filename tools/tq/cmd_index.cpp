@@ -233,7 +233,7 @@ void setup(CLI::App& app) {
           for (size_t j = 0; j < k; ++j) row.push_back(std::isfinite(s[i * k + j]) ? nlohmann::json(s[i * k + j]) : nlohmann::json());
           js.push_back(row);
         }
-        tq::cli::print_json({{"index", idx.describe(params_of(o->s, o->s.k, o->s.threads))}, {"k", k}, {"nq", q.n},
+        tq::cli::print_json({{"index", idx.describe_search(params_of(o->s, o->s.k, o->s.threads))}, {"k", k}, {"nq", q.n},
                              {"nprobe", o->s.nprobe},
                              {"load_s", load_s}, {"search_s", t}, {"ids", jid}, {"scores", js}});
         return;
@@ -367,7 +367,7 @@ void setup(CLI::App& app) {
           r10 = r10_of(idsK, kk);
           r10_k = K;
         }
-        sweep.push_back({{"nprobe", np}, {"k", k}, {"search", idx->describe(p)}, {"qps", q.n / ts}, {"search_s", ts},
+        sweep.push_back({{"nprobe", np}, {"k", k}, {"search", idx->describe_search(p)}, {"qps", q.n / ts}, {"search_s", ts},
                          {"recall_10_at_10", r10}, {"recall_10_at_10_search_k", r10_k},
                          {"recall_1_at_k", r1}});
       }
