@@ -8,7 +8,8 @@
 // A malformed file must be a tq::Error. When a file loads:
 //   - a k-NN search (fast scan or float LUTs, with and without re-ranking; k from the mode
 //     byte) runs on two seeded queries, and every returned id is -1 or an id of the file;
-//   - the index reports the dimension and size of its header.
+//   - the index reports the dimension and size of its header;
+//   - IVF files (version 2): the search probes 1 + (mode >> 4) % nlist lists.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -73,6 +74,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     const char* rotation;
     bool keep, center;
     size_t n;
+    int nlist;
   };
   const Cfg cfgs[] = {
       {8, "cosine", 4, tq::QuantizerKind::mse, "corrected", tq::NormFormat::f16, "hadamard", false, false, 5},
@@ -82,6 +84,11 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
       {33, "cosine", 8, tq::QuantizerKind::mse, "lsq", tq::NormFormat::f32, "haar", true, true, 2},
       {4, "ip", 1.5, tq::QuantizerKind::mse, "corrected", tq::NormFormat::f16, "identity", false, false, 40},
       {64, "cosine", 4, tq::QuantizerKind::mse, "corrected", tq::NormFormat::f16, "hadamard", false, false, 0},
+      // IVF (version 2 files): lists, centroids, list sizes.
+      {8, "cosine", 4, tq::QuantizerKind::mse, "corrected", tq::NormFormat::f16, "hadamard", false, false, 40, 3},
+      {17, "l2", 2.5, tq::QuantizerKind::mse, "plain", tq::NormFormat::f32, "block32", true, false, 20, 4},
+      {8, "ip", 8, tq::QuantizerKind::mse, "lsq", tq::NormFormat::f16, "haar", false, false, 9, 2},
+      {16, "cosine", 3, tq::QuantizerKind::mse, "corrected", tq::NormFormat::f16, "hadamard", false, false, 0, 5},
   };
   int k = 0;
   for (const Cfg& c : cfgs) {
@@ -95,6 +102,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     ic.rotation = tq::parse_rotation(c.rotation);
     ic.keep_vectors = c.keep;
     ic.center = c.center;
+    ic.nlist = c.nlist;
     tq::Index index(ic);
     std::vector<float> x(c.n * c.dim);
     tq::random_unit_vectors(c.n, c.dim, 10 + k, x.data());
@@ -137,6 +145,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     p.fast_scan = (mode & 2) == 0;
     p.rerank = (mode & 4) ? 0 : -1;
     p.rerank_full = (mode & 8) && index.config().keep_vectors ? p.k + 3 : 0;
+    if (index.nlist() > 0) p.nprobe = 1 + (mode >> 4) % index.nlist();
     std::vector<float> scores(2 * p.k);
     std::vector<int64_t> ids(2 * p.k);
     index.search(2, q.data(), p, scores.data(), ids.data());

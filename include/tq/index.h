@@ -1,5 +1,7 @@
-// tq::Index: a flat (exhaustive) nearest-neighbour index whose database is TurboQuant codes,
-// scored directly on the codes (no decoding), persisted in a checksummed versioned file.
+// tq::Index: a nearest-neighbour index whose database is TurboQuant codes, scored directly on
+// the codes (no decoding), persisted in a checksummed versioned file. Flat (exhaustive scan)
+// by default; IVF (IndexConfig::nlist > 0: coarse k-means lists of residual codes, nprobe
+// lists scanned per query) as an option, see docs/design.md "IVF".
 //
 // Encoding (codec mse, the default): for each vector x (normalised first for cosine),
 //   y = Pi x / ||x||   (Pi: seeded rotation, randomized Hadamard by default)
@@ -67,6 +69,17 @@ struct IndexConfig {
   // x - mean. Scores add <q, mean> back (ip/cosine); l2 is translation invariant.
   // Costs dim floats per index, nothing per vector.
   bool center = false;
+  // IVF (inverted file): nlist > 0 clusters the first added batch with a seeded k-means
+  // (kmeans_iters Lloyd iterations on at most 256 * nlist sampled vectors, BLAS GEMM
+  // assignments; deterministic for a seed and a thread count), stores each vector in the
+  // list of its nearest centroid and quantizes its residual x - c (after normalisation for
+  // cosine); search scans the nprobe lists whose centroids are nearest to the query.
+  // Not with codec prod or center (the list centroid replaces the global mean).
+  int nlist = 0;
+  int kmeans_iters = 10;
+  // Residual reference: false: the k-means centroid; true: the mean of the vectors of the
+  // first batch actually assigned to the list (measured in docs/design.md).
+  bool ivf_list_mean = false;
 };
 
 struct SearchParams {
@@ -76,6 +89,7 @@ struct SearchParams {
   int rerank = -1;      // fast-scan candidates re-scored with exact float LUTs; -1: auto
                         // (k + 16); 0: return the uint8-LUT scores
   int rerank_full = 0;  // candidates re-scored with the kept float vectors (0: off)
+  int nprobe = 1;       // IVF: lists scanned per query, 1..nlist (ignored by a flat index)
 };
 
 class Index {
@@ -100,10 +114,19 @@ class Index {
 
   // Bytes per vector as stored in the file: codes + scale (+ norm for l2), without the id.
   size_t code_bytes() const noexcept;
-  // Bytes held in memory per vector (fast-scan layout, floats, id, kept vectors).
+  // Bytes of the file save() writes (header, centroids, records, ids, kept vectors).
+  uint64_t file_bytes() const;
+  // Bytes held in memory per vector (fast-scan layout, floats, id, kept vectors; IVF: list
+  // padding and centroid tables spread over the vectors).
   double memory_bytes_per_vector() const noexcept;
+  // IVF: lists (0 for a flat index) and the number of vectors in list l.
+  int nlist() const noexcept;
+  size_t list_size(int l) const;
   // Human-readable description, e.g. "mse 4 bits hadamard corrected f16 cosine".
   std::string describe() const;
+  // The description of a search with p: "fast-scan" only when p uses the uint8 SIMD scan
+  // (the layout allows it and p.fast_scan), "float-lut" otherwise; IVF adds "nprobe N".
+  std::string describe_search(const SearchParams& p) const;
 
   // Persistence (see docs/design.md "File format"): atomic save; load validates
   // every field and the xxHash checksum before building anything.

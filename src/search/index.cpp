@@ -2,6 +2,7 @@
 // Layouts and the file format are documented in docs/design.md.
 #include "tq/index.h"
 
+#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -68,6 +69,15 @@ Index::Impl::Impl(const IndexConfig& c) : cfg(c) {
   TQ_CHECK(cfg.norm == NormFormat::f16 || cfg.norm == NormFormat::f32, "index: bad norm format");
   norm_bytes = cfg.norm == NormFormat::f16 ? 2 : 4;
   has_norm = cfg.metric == Metric::l2;
+  TQ_CHECK(cfg.nlist >= 0 && cfg.nlist <= (1 << 20), "index: nlist %d outside [0, 2^20]", cfg.nlist);
+  if (cfg.nlist > 0) {
+    TQ_CHECK(cfg.codec == QuantizerKind::mse, "index: IVF (nlist > 0) needs codec mse");
+    TQ_CHECK(!cfg.center, "index: IVF quantizes residuals to the list centroids; center does not apply");
+    TQ_CHECK(cfg.kmeans_iters >= 1 && cfg.kmeans_iters <= 1000, "index: kmeans_iters %d outside [1, 1000]",
+             cfg.kmeans_iters);
+    list_begin.assign(static_cast<size_t>(cfg.nlist) + 1, 0);
+    list_size.assign(static_cast<size_t>(cfg.nlist), 0);
+  }
   if (cfg.codec == QuantizerKind::prod) {
     TQ_CHECK(!cfg.center && !cfg.fit_scale, "index: center and fit_scale apply to codec mse only");
     TQ_CHECK(bits_x2 % 2 == 0 && bits_x2 >= 4,
@@ -146,6 +156,88 @@ void Index::Impl::resize(size_t n_new) {
   }
   ids.resize(n_new, 0);
   if (cfg.keep_vectors) vectors.resize(checked_mul(n_new, static_cast<size_t>(d), "kept vectors"), 0.f);
+  slots = n_new;
+}
+
+size_t Index::Impl::list_of(size_t s) const noexcept {
+  // list_begin is non-decreasing; the list of s is the last l with list_begin[l] <= s.
+  const auto it = std::upper_bound(list_begin.begin(), list_begin.end(), s);
+  return static_cast<size_t>(it - list_begin.begin()) - 1;
+}
+
+void Index::Impl::set_centroids(std::vector<float> c) {
+  const size_t L = static_cast<size_t>(cfg.nlist), dd = static_cast<size_t>(d);
+  TQ_ASSERT(c.size() == L * dd);
+  centroids = std::move(c);
+  cnorm2.assign(L, 0.f);
+  for (size_t l = 0; l < L; ++l) {
+    double s2 = 0;
+    for (size_t j = 0; j < dd; ++j) s2 += static_cast<double>(centroids[l * dd + j]) * centroids[l * dd + j];
+    cnorm2[l] = static_cast<float>(s2);
+  }
+  rcentroids.resize(L * dd);
+  rot->forward(L, centroids.data(), rcentroids.data());
+}
+
+void Index::Impl::relayout(size_t old_slots, size_t n_new, const uint32_t* assign) {
+  const size_t L = static_cast<size_t>(cfg.nlist), dd = static_cast<size_t>(d);
+  std::vector<size_t> new_size(list_size), new_begin(L + 1, 0);
+  for (size_t j = 0; j < n_new; ++j) ++new_size[assign[j]];
+  for (size_t l = 0; l < L; ++l) {
+    const size_t padded = (new_size[l] + kBlock - 1) / kBlock * kBlock;
+    new_begin[l + 1] = checked_add(new_begin[l], padded, "IVF slots");
+  }
+  TQ_CHECK(new_begin[L] < (size_t{1} << 32), "index add: %zu IVF slots is more than 2^32 - 1", new_begin[L]);
+  // Destination slot of every source slot (old layout, then staged).
+  std::vector<size_t> dst(old_slots + n_new, SIZE_MAX);
+  for (size_t l = 0; l < L; ++l)
+    for (size_t r = 0; r < list_size[l]; ++r) dst[list_begin[l] + r] = new_begin[l] + r;
+  std::vector<size_t> fill(list_size);
+  for (size_t j = 0; j < n_new; ++j) {
+    const size_t l = assign[j];
+    dst[old_slots + j] = new_begin[l] + fill[l]++;
+  }
+  // The new storage: swap it in, fill it from the old one (kept in `old`).
+  const size_t ns = old_slots + n_new;
+  std::vector<uint8_t> old_blocks, old_gcodes;
+  std::vector<float> old_scale, old_norm, old_vectors;
+  std::vector<int64_t> old_ids;
+  old_blocks.swap(blocks);
+  old_gcodes.swap(gcodes);
+  old_scale.swap(scale);
+  old_norm.swap(norm);
+  old_ids.swap(ids);
+  old_vectors.swap(vectors);
+  scale.clear();
+  norm.clear();
+  resize(new_begin[L]);
+  std::fill(ids.begin(), ids.end(), int64_t{-1});
+  // Inverse map, destination -> source, so each destination block is written by one thread.
+  std::vector<size_t> src(new_begin[L], SIZE_MAX);
+  for (size_t s = 0; s < ns; ++s)
+    if (dst[s] != SIZE_MAX) src[dst[s]] = s;
+  auto old_code = [&](size_t i, size_t g) -> uint8_t {
+    if (fast_ok) {
+      const uint8_t bb = old_blocks[(i / kBlock) * mp * 16 + g * 16 + (i % 16)];
+      return (i % kBlock) < 16 ? (bb & 15) : (bb >> 4);
+    }
+    return old_gcodes[i * m + g];
+  };
+  const size_t nb = new_begin[L] / kBlock;
+#pragma omp parallel for schedule(static)
+  for (size_t b = 0; b < nb; ++b) {
+    for (size_t t = b * kBlock; t < (b + 1) * kBlock; ++t) {
+      const size_t s = src[t];
+      if (s == SIZE_MAX) continue;
+      for (size_t g = 0; g < m; ++g) set_group_code(t, g, old_code(s, g));
+      scale[t] = old_scale[s];
+      if (has_norm) norm[t] = old_norm[s];
+      ids[t] = old_ids[s];
+      if (cfg.keep_vectors) std::memcpy(vectors.data() + t * dd, old_vectors.data() + s * dd, dd * sizeof(float));
+    }
+  }
+  list_begin.swap(new_begin);
+  list_size.swap(new_size);
 }
 
 float Index::Impl::round_norm(float v) const noexcept {
@@ -165,6 +257,12 @@ int Index::dim() const noexcept { return impl_->d; }
 size_t Index::size() const noexcept { return impl_->n; }
 size_t Index::code_bytes() const noexcept { return impl_->code_bytes; }
 
+int Index::nlist() const noexcept { return impl_->cfg.nlist; }
+size_t Index::list_size(int l) const {
+  TQ_CHECK(impl_->ivf() && l >= 0 && l < impl_->cfg.nlist, "index: list %d outside [0, %d)", l, impl_->cfg.nlist);
+  return impl_->list_size[static_cast<size_t>(l)];
+}
+
 double Index::memory_bytes_per_vector() const noexcept {
   const Impl& I = *impl_;
   double b = 0;
@@ -173,17 +271,33 @@ double Index::memory_bytes_per_vector() const noexcept {
   else b += static_cast<double>(I.m);
   b += 4.0 + (I.has_norm ? 4.0 : 0.0) + 8.0;  // scale, norm, id
   if (I.cfg.keep_vectors) b += 4.0 * I.d;
-  return b;
+  if (!I.ivf() || I.n == 0) return b;
+  // IVF: per slot (lists padded to whole blocks) plus the centroid tables, per vector.
+  const double L = I.cfg.nlist;
+  const double tables = L * I.d * 8.0 + L * 4.0 + (2 * L + 1) * 8.0;  // centroids, rotated, norms, lists
+  return (b * static_cast<double>(I.slots) + tables) / static_cast<double>(I.n);
 }
 
 std::string Index::describe() const {
   const Impl& I = *impl_;
-  return strprintf("%s %g bits %s %s%s%s %s %s%s", quantizer_kind_name(I.cfg.codec), I.bits_x2 / 2.0,
+  return strprintf("%s%s %g bits %s %s%s%s %s %s%s", I.ivf() ? strprintf("ivf%d ", I.cfg.nlist).c_str() : "",
+                   quantizer_kind_name(I.cfg.codec), I.bits_x2 / 2.0,
                    rotation_name(I.cfg.rotation).c_str(),
                    I.quant ? "-" : scale_mode_name(I.cfg.scale), I.cfg.fit_scale ? "+fit" : "",
                    I.cfg.center ? "+center" : "",
                    I.cfg.norm == NormFormat::f16 ? "f16" : "f32", metric_name(I.cfg.metric),
                    I.fast_ok ? " fast-scan" : "");
+}
+
+std::string Index::describe_search(const SearchParams& p) const {
+  const Impl& I = *impl_;
+  std::string s = describe();
+  const std::string fs = " fast-scan";
+  if (I.fast_ok && s.size() >= fs.size() && s.compare(s.size() - fs.size(), fs.size(), fs) == 0)
+    s.resize(s.size() - fs.size());
+  s += I.fast_ok && p.fast_scan && !I.quant ? fs : std::string(I.quant ? "" : " float-lut");
+  if (I.ivf()) s += strprintf(" nprobe %d", p.nprobe);
+  return s;
 }
 
 namespace {
@@ -225,9 +339,53 @@ void Index::add(size_t n, const float* x, const int64_t* ids) {
     norms[i] = static_cast<float>(std::sqrt(s2));
   }
   if (bad) check_rows_finite(n, I.d, x, "index add");  // throws, naming the vector
-  const size_t n0 = I.n;
+  // Encoding goes to the storage slots [n0, n1); a flat index has slots == n, an IVF index
+  // stages the new vectors after its lists and moves them into their lists at the end.
+  const size_t n0 = I.slots;
   const size_t n1 = checked_add(n0, n, "index size");
   const bool cosine_m = I.cfg.metric == Metric::cosine;
+  std::vector<uint32_t> assign;  // IVF: list of each new vector
+  const bool trained_here = I.ivf() && I.centroids.empty();
+  if (I.ivf()) {
+    // Vectors as clustered: unit vectors for cosine, raw otherwise.
+    std::vector<float> xc;
+    const float* xa = x;
+    if (cosine_m) {
+      xc.resize(checked_mul(n, static_cast<size_t>(I.d), "IVF add"));
+#pragma omp parallel for schedule(static)
+      for (size_t i = 0; i < n; ++i) {
+        const float inv = norms[i] > 0 ? 1.f / norms[i] : 0.f;
+        for (int j = 0; j < I.d; ++j) xc[i * I.d + j] = x[i * I.d + j] * inv;
+      }
+      xa = xc.data();
+    }
+    if (trained_here) {
+      std::vector<float> c = kmeans(n, I.d, xa, I.cfg.nlist, I.cfg.kmeans_iters, I.cfg.seed);
+      if (I.cfg.ivf_list_mean) {
+        // Reference = mean of the members actually assigned (empty lists keep the centroid).
+        std::vector<float> cn2(static_cast<size_t>(I.cfg.nlist));
+        for (int l = 0; l < I.cfg.nlist; ++l) {
+          double s2 = 0;
+          for (int j = 0; j < I.d; ++j) s2 += static_cast<double>(c[l * I.d + j]) * c[l * I.d + j];
+          cn2[l] = static_cast<float>(s2);
+        }
+        std::vector<uint32_t> a(n);
+        nearest_centroids(n, I.d, xa, I.cfg.nlist, c.data(), cn2.data(), a.data(), nullptr);
+        std::vector<double> sum(c.size(), 0.0);
+        std::vector<size_t> cnt(static_cast<size_t>(I.cfg.nlist), 0);
+        for (size_t i = 0; i < n; ++i) {
+          ++cnt[a[i]];
+          for (int j = 0; j < I.d; ++j) sum[a[i] * I.d + j] += xa[i * I.d + j];
+        }
+        for (int l = 0; l < I.cfg.nlist; ++l)
+          if (cnt[l] > 0)
+            for (int j = 0; j < I.d; ++j) c[l * I.d + j] = static_cast<float>(sum[l * I.d + j] / cnt[l]);
+      }
+      I.set_centroids(std::move(c));
+    }
+    assign.resize(n);
+    nearest_centroids(n, I.d, xa, I.cfg.nlist, I.centroids.data(), I.cnorm2.data(), assign.data(), nullptr);
+  }
   if (I.cfg.center && I.center.empty()) {
     std::vector<double> mean(static_cast<size_t>(I.d), 0.0);
     for (size_t i = 0; i < n; ++i) {
@@ -269,11 +427,13 @@ void Index::add(size_t n, const float* x, const int64_t* ids) {
         }
         // Length carried by the scale: ||x|| (ip, l2), 1 or 0 (cosine), ||w - mean|| centred.
         lens[r] = cosine ? (s > 0 ? 1.f : 0.f) : static_cast<float>(s);
-        if (!I.center.empty()) {
+        const float* cen = I.ivf() ? I.centroids.data() + assign[i0 + r - n0] * d
+                                   : (I.center.empty() ? nullptr : I.center.data());
+        if (cen) {
           float* ur = u.data() + r * d;
           double l2s = 0;
           for (size_t j = 0; j < d; ++j) {
-            const float w = (cosine ? ur[j] : xr[j]) - I.center[j];
+            const float w = (cosine ? ur[j] : xr[j]) - cen[j];
             ur[j] = w;
             l2s += static_cast<double>(w) * w;
           }
@@ -394,10 +554,16 @@ void Index::add(size_t n, const float* x, const int64_t* ids) {
   if (overflow) {
     I.resize(n0);
     if (n0 == 0) I.center.clear();
+    if (trained_here) {
+      I.centroids.clear();
+      I.rcentroids.clear();
+      I.cnorm2.clear();
+    }
     TQ_CHECK(false, "index add: a vector norm overflows the f16 norm format; use norm f32");
   }
-  for (size_t r = 0; r < n; ++r) I.ids[n0 + r] = ids ? ids[r] : static_cast<int64_t>(n0 + r);
-  I.n = n1;
+  for (size_t r = 0; r < n; ++r) I.ids[n0 + r] = ids ? ids[r] : static_cast<int64_t>(I.n + r);
+  if (I.ivf()) I.relayout(n0, n, assign.data());
+  I.n += n;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -440,6 +606,245 @@ struct TopR {
     return v;
   }
 };
+
+
+// Float LUTs of a rotated query y: lut[g][code] = sum_t y[dim0 + t] * cent[(code >> t bpd) & mask]
+// (m * lut_stride floats). q8 != nullptr (fast layout): also the uint8 LUTs (mp * 16 bytes),
+// per-group minimum as bias, one step for all groups: dot ~= *bias + *delta * sum q8.
+void build_luts(const Index::Impl& I, const float* y, float* lut, uint8_t* q8, float* bias, float* delta) {
+  size_t g = 0;
+  for (const Segment& s : I.segs) {
+    const auto& cent = s.cb->centroids;
+    for (; g < I.m && I.groups[g].dim0 < s.begin + s.len; ++g) {
+      const Group& gr = I.groups[g];
+      const size_t entries = size_t{1} << gr.gbits();
+      const unsigned mask = (1u << gr.bpd) - 1;
+      float* t = lut + g * I.lut_stride;
+      for (size_t c = 0; c < I.lut_stride; ++c) t[c] = 0.f;
+      for (size_t c = 0; c < entries; ++c) {
+        float v = 0;
+        for (int j = 0; j < gr.ndims; ++j) v += y[gr.dim0 + j] * cent[(c >> (j * gr.bpd)) & mask];
+        t[c] = v;
+      }
+      // Unused entries (3-bit channels, short last group) repeat entry 0: never read.
+      for (size_t c = entries; c < I.lut_stride; ++c) t[c] = t[0];
+    }
+  }
+  if (q8 == nullptr) return;
+  float maxrange = 0, bsum = 0;
+  for (size_t gi = 0; gi < I.m; ++gi) {
+    const float* t = lut + gi * 16;
+    const float mn = *std::min_element(t, t + 16), mx = *std::max_element(t, t + 16);
+    maxrange = std::max(maxrange, mx - mn);
+    bsum += mn;
+  }
+  const float step = maxrange > 0 ? maxrange / 255.f : 1.f;
+  const float inv = 1.f / step;
+  std::memset(q8, 0, I.mp * 16);
+  for (size_t gi = 0; gi < I.m; ++gi) {
+    const float* t = lut + gi * 16;
+    const float mn = *std::min_element(t, t + 16);
+    for (int c = 0; c < 16; ++c) {
+      const float v = std::nearbyint((t[c] - mn) * inv);
+      q8[gi * 16 + c] = static_cast<uint8_t>(std::clamp(v, 0.f, 255.f));
+    }
+  }
+  *bias = bsum;
+  *delta = step;
+}
+
+
+// IVF search: coarse GEMM against the centroids, the nprobe best lists per query, fast scan
+// (or float LUTs) within each list, a per-list additive offset making scores comparable
+// across lists, then the same re-ranking stages as the flat index.
+// Scores inside (higher is better): ip/cosine: <q, c_l> + scale <Pi q, code>;
+// l2: -(||q - c_l||^2 - 2 scale <Pi (q - c_l), code> + ||x - c_l||^2), returned negated.
+// qn: nq * d prepared queries (normalised for cosine), qr = Pi qn, qsq: ||q||^2.
+void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn, const float* qr,
+                const float* qsq, const SearchParams& p, float* scores, int64_t* out_ids) {
+  const int L = I.cfg.nlist;
+  TQ_CHECK(p.nprobe >= 1 && p.nprobe <= L, "index search: nprobe %d outside [1, nlist = %d]", p.nprobe, L);
+  const size_t d = static_cast<size_t>(I.d), k = static_cast<size_t>(p.k);
+  const size_t np = static_cast<size_t>(p.nprobe), LL = static_cast<size_t>(L);
+  const bool l2 = I.cfg.metric == Metric::l2, cosine = I.cfg.metric == Metric::cosine;
+  const bool ip = I.cfg.metric == Metric::ip;
+  const float worst = l2 ? std::numeric_limits<float>::infinity() : -std::numeric_limits<float>::infinity();
+  if (I.n == 0 || I.centroids.empty()) {
+    for (size_t i = 0; i < nq * k; ++i) {
+      scores[i] = worst;
+      out_ids[i] = -1;
+    }
+    return;
+  }
+  const bool fast = I.fast_ok && p.fast_scan;
+  const size_t rerank = p.rerank < 0 ? k + 16 : static_cast<size_t>(p.rerank);
+  const size_t r2 = std::max(k, static_cast<size_t>(p.rerank_full));
+  const size_t r1 = fast && rerank > 0 ? std::max(r2, rerank) : r2;
+  const int threads = p.n_threads > 0 ? p.n_threads : omp_get_max_threads();
+
+  // Coarse step, in batches of queries: probes[q][0..np) best first and their offsets.
+  std::vector<uint32_t> probes(checked_mul(nq, np, "IVF probes"));
+  std::vector<float> poff(nq * np);
+  {
+    const size_t qb = std::max<size_t>(16, std::min<size_t>(1024, (size_t{1} << 22) / LL));
+    std::vector<float> cs(qb * LL);
+    for (size_t q0 = 0; q0 < nq; q0 += qb) {
+      const size_t m = std::min(qb, nq - q0);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), L, I.d, 1.0f, qn + q0 * d, I.d,
+                  I.centroids.data(), I.d, 0.0f, cs.data(), L);
+#pragma omp parallel num_threads(threads)
+      {
+        std::vector<std::pair<float, uint32_t>> rank(LL);
+#pragma omp for schedule(static)
+        for (size_t i = 0; i < m; ++i) {
+          const float* si = cs.data() + i * LL;
+          for (size_t l = 0; l < LL; ++l)
+            rank[l] = {ip ? si[l] : 2.f * si[l] - I.cnorm2[l], static_cast<uint32_t>(l)};
+          std::partial_sort(rank.begin(), rank.begin() + static_cast<std::ptrdiff_t>(np), rank.end(),
+                            [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+          for (size_t j = 0; j < np; ++j) {
+            const uint32_t l = rank[j].second;
+            probes[(q0 + i) * np + j] = l;
+            // ip/cosine: <q, c_l>; l2: -||q - c_l||^2 = 2 <q, c> - ||c||^2 - ||q||^2.
+            poff[(q0 + i) * np + j] = l2 ? 2.f * si[l] - I.cnorm2[l] - qsq[q0 + i] : si[l];
+          }
+        }
+      }
+    }
+  }
+
+  const size_t kChunkBlocks = 64;
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> flut(I.m * I.lut_stride), yl(d), sc(kChunkBlocks * kBlock), bmax(kChunkBlocks);
+    std::vector<uint8_t> qlut(I.mp * 16), idx(d);
+    std::vector<uint32_t> acc(kChunkBlocks * kBlock);
+    std::vector<float> list_off(LL, 0.f);  // offset of each probed list of the current query
+    TopR top;
+    float bias = 0, delta = 1;
+    auto internal = [&](size_t i, float dot) {
+      const float s = I.scale[i] * dot;
+      return l2 ? 2.f * s - I.norm[i] * I.norm[i] : s;
+    };
+    auto exact_lut_dot = [&](const float* lut, size_t i) {
+      float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      const size_t m = I.m, st = I.lut_stride;
+      size_t g = 0;
+      if (I.fast_ok) {
+        const uint8_t* pp = I.blocks.data() + (i / kBlock) * I.mp * 16 + (i % 16);
+        const int sh = (i % kBlock) < 16 ? 0 : 4;
+        for (; g + 4 <= m; g += 4) {
+          s0 += lut[g * 16 + ((pp[g * 16] >> sh) & 15)];
+          s1 += lut[(g + 1) * 16 + ((pp[(g + 1) * 16] >> sh) & 15)];
+          s2 += lut[(g + 2) * 16 + ((pp[(g + 2) * 16] >> sh) & 15)];
+          s3 += lut[(g + 3) * 16 + ((pp[(g + 3) * 16] >> sh) & 15)];
+        }
+        for (; g < m; ++g) s0 += lut[g * 16 + ((pp[g * 16] >> sh) & 15)];
+      } else {
+        const uint8_t* c = I.gcodes.data() + i * m;
+        for (; g + 4 <= m; g += 4) {
+          s0 += lut[g * st + c[g]];
+          s1 += lut[(g + 1) * st + c[g + 1]];
+          s2 += lut[(g + 2) * st + c[g + 2]];
+          s3 += lut[(g + 3) * st + c[g + 3]];
+        }
+        for (; g < m; ++g) s0 += lut[g * st + c[g]];
+      }
+      return (s0 + s1) + (s2 + s3);
+    };
+    // Rotated query of list l: Pi q (ip, cosine: one LUT for every list) or Pi (q - c_l).
+    auto list_query = [&](const float* y, size_t l) {
+      if (!l2) return y;
+      const float* rc = I.rcentroids.data() + l * d;
+      for (size_t j = 0; j < d; ++j) yl[j] = y[j] - rc[j];
+      return static_cast<const float*>(yl.data());
+    };
+    // Exact score from the codes of slot s in list l (any width): decoded dot product.
+    auto exact_decoded = [&](const float* y, size_t s, size_t l, float off) {
+      I.get_indices(s, idx.data());
+      const float* yy = list_query(y, l);
+      float dot = 0;
+      for (const Segment& sg : I.segs) {
+        const float* cent = sg.cb->centroids.data();
+        for (int j = sg.begin; j < sg.begin + sg.len; ++j) dot += yy[j] * cent[idx[j]];
+      }
+      return internal(s, dot) + off;
+    };
+
+#pragma omp for schedule(dynamic, 4)
+    for (size_t qi = 0; qi < nq; ++qi) {
+      const float* y = qr + qi * d;
+      top.reset(r1);
+      for (size_t j = 0; j < np; ++j) list_off[probes[qi * np + j]] = poff[qi * np + j];
+      if (!l2) build_luts(I, y, flut.data(), fast ? qlut.data() : nullptr, &bias, &delta);
+      for (size_t j = 0; j < np; ++j) {
+        const size_t l = probes[qi * np + j];
+        const float off = poff[qi * np + j];
+        const size_t lb = I.list_begin[l], ls = I.list_size[l];
+        if (ls == 0) continue;
+        if (l2) build_luts(I, list_query(y, l), flut.data(), fast ? qlut.data() : nullptr, &bias, &delta);
+        if (fast) {
+          const size_t b0 = lb / kBlock, b1 = (lb + ls + kBlock - 1) / kBlock;
+          for (size_t cb = b0; cb < b1; cb += kChunkBlocks) {
+            const size_t nb = std::min(kChunkBlocks, b1 - cb);
+            const size_t v0 = cb * kBlock, v1 = std::min(lb + ls, (cb + nb) * kBlock);
+            fast_scan_u8(nb, I.mp, I.blocks.data() + cb * I.mp * 16, qlut.data(), acc.data());
+            fast_scan_scores(nb * kBlock, acc.data(), I.scale.data() + v0, l2 ? I.norm.data() + v0 : nullptr,
+                             bias, delta, sc.data(), bmax.data());
+            const size_t cnt = v1 - v0;
+            for (size_t bi = 0; bi < nb; ++bi) {
+              if (bmax[bi] + off <= top.threshold && top.h.size() >= top.cap) continue;
+              const size_t e0 = bi * kBlock, e1 = std::min(cnt, e0 + kBlock);
+              for (size_t r = e0; r < e1; ++r) {
+                const float v = sc[r] + off;
+                if (v > top.threshold || top.h.size() < top.cap) top.push(v, static_cast<uint32_t>(v0 + r));
+              }
+            }
+          }
+        } else {
+          for (size_t s = lb; s < lb + ls; ++s) top.push(internal(s, exact_lut_dot(flut.data(), s)) + off, static_cast<uint32_t>(s));
+        }
+      }
+      auto cand = top.sorted();
+      if (fast && rerank > 0) {
+        for (auto& c : cand) {
+          const size_t l = I.list_of(c.second);
+          const float off = list_off[l];
+          if (l2) c.first = exact_decoded(y, c.second, l, off);
+          else c.first = internal(c.second, exact_lut_dot(flut.data(), c.second)) + off;
+        }
+        std::sort(cand.begin(), cand.end(), TopR::cmp);
+        if (cand.size() > r2) cand.resize(r2);
+      }
+      if (p.rerank_full > 0) {
+        const float* qv = (cosine ? qn : q) + qi * d;
+        for (auto& c : cand) {
+          const float* xv = I.vectors.data() + static_cast<size_t>(c.second) * d;
+          double s = 0;
+          if (l2) {
+            for (size_t j = 0; j < d; ++j) s += static_cast<double>(qv[j] - xv[j]) * (qv[j] - xv[j]);
+            s = -s;
+          } else {
+            for (size_t j = 0; j < d; ++j) s += static_cast<double>(qv[j]) * xv[j];
+          }
+          c.first = static_cast<float>(s);
+        }
+        std::sort(cand.begin(), cand.end(), TopR::cmp);
+      }
+      float* so = scores + qi * k;
+      int64_t* io = out_ids + qi * k;
+      for (size_t r = 0; r < k; ++r) {
+        if (r < cand.size()) {
+          so[r] = l2 ? -cand[r].first : cand[r].first;
+          io[r] = I.ids[cand[r].second];
+        } else {
+          so[r] = worst;
+          io[r] = -1;
+        }
+      }
+    }
+  }
+}
 
 }  // namespace
 
@@ -498,6 +903,10 @@ void Index::search(size_t nq, const float* q, const SearchParams& p, float* scor
     }
   }
 
+  if (I.ivf()) {
+    search_ivf(I, nq, q, qn.data(), qr.data(), qsq.data(), p, scores, out_ids);
+    return;
+  }
   const size_t n = I.n;
   const size_t nblocks = (n + kBlock - 1) / kBlock;
   const size_t kQueryBatch = 8;
@@ -553,55 +962,10 @@ void Index::search(size_t nq, const float* q, const SearchParams& p, float* scor
     for (size_t qb = 0; qb < n_qb; ++qb) {
       const size_t q0 = qb * kQueryBatch, q1 = std::min(nq, q0 + kQueryBatch);
       const size_t bq = q1 - q0;
-      // Float LUTs: lut[g][code] = sum_t qr[dim0 + t] * cent[(code >> t bpd) & mask].
-      if (!I.quant) {
-        for (size_t b = 0; b < bq; ++b) {
-          const float* y = qr.data() + (q0 + b) * d;
-          float* lut = flut.data() + b * I.m * I.lut_stride;
-          size_t g = 0;
-          for (const Segment& s : I.segs) {
-            const auto& cent = s.cb->centroids;
-            for (; g < I.m && I.groups[g].dim0 < s.begin + s.len; ++g) {
-              const Group& gr = I.groups[g];
-              const size_t entries = size_t{1} << gr.gbits();
-              const unsigned mask = (1u << gr.bpd) - 1;
-              float* t = lut + g * I.lut_stride;
-              for (size_t c = 0; c < I.lut_stride; ++c) t[c] = 0.f;
-              for (size_t c = 0; c < entries; ++c) {
-                float v = 0;
-                for (int j = 0; j < gr.ndims; ++j) v += y[gr.dim0 + j] * cent[(c >> (j * gr.bpd)) & mask];
-                t[c] = v;
-              }
-              // Unused entries (3-bit channels, short last group) repeat entry 0: never read.
-              for (size_t c = entries; c < I.lut_stride; ++c) t[c] = t[0];
-            }
-          }
-          if (fast) {
-            // uint8 LUT: per-group minimum as bias, one step for all groups.
-            float maxrange = 0, bsum = 0;
-            for (size_t gi = 0; gi < I.m; ++gi) {
-              const float* t = lut + gi * 16;
-              const float mn = *std::min_element(t, t + 16), mx = *std::max_element(t, t + 16);
-              maxrange = std::max(maxrange, mx - mn);
-              bsum += mn;
-            }
-            const float step = maxrange > 0 ? maxrange / 255.f : 1.f;
-            const float inv = 1.f / step;
-            uint8_t* q8 = qlut.data() + b * I.mp * 16;
-            std::memset(q8, 0, I.mp * 16);
-            for (size_t gi = 0; gi < I.m; ++gi) {
-              const float* t = lut + gi * 16;
-              const float mn = *std::min_element(t, t + 16);
-              for (int c = 0; c < 16; ++c) {
-                const float v = std::nearbyint((t[c] - mn) * inv);
-                q8[gi * 16 + c] = static_cast<uint8_t>(std::clamp(v, 0.f, 255.f));
-              }
-            }
-            bias[b] = bsum;
-            delta[b] = step;
-          }
-        }
-      }
+      if (!I.quant)
+        for (size_t b = 0; b < bq; ++b)
+          build_luts(I, qr.data() + (q0 + b) * d, flut.data() + b * I.m * I.lut_stride,
+                     fast ? qlut.data() + b * I.mp * 16 : nullptr, &bias[b], &delta[b]);
       for (size_t b = 0; b < bq; ++b) top[b].reset(r1);
 
       if (fast) {

@@ -27,7 +27,16 @@ struct Group {
 };
 
 constexpr size_t kBlock = 32;         // vectors per fast-scan block
-constexpr uint32_t kFileVersion = 1;  // io.cpp
+constexpr uint32_t kFileVersion = 1;     // io.cpp: flat index files
+constexpr uint32_t kFileVersionIvf = 2;  // io.cpp: IVF index files
+
+// IVF coarse quantizer (kmeans.cpp). nearest_centroids: out[i] = argmin_j ||x_i - c_j||^2
+// (ties: lowest j) for x: n * dim, c: k * dim, cn2: k squared norms; best_out (optional):
+// 2 <x_i, c> - ||c||^2 of the winner. kmeans: k centroids (k * dim floats) of the rows of x
+// (n >= k) after `iters` Lloyd iterations on a seeded sample of at most 256 k rows.
+void nearest_centroids(size_t n, int dim, const float* x, int k, const float* c, const float* cn2,
+                       uint32_t* out, float* best_out);
+std::vector<float> kmeans(size_t n, int dim, const float* x, int k, int iters, uint64_t seed);
 
 struct Index::Impl {
   IndexConfig cfg;
@@ -53,6 +62,19 @@ struct Index::Impl {
   std::vector<int64_t> ids;     // n
   std::vector<float> vectors;   // n * d when keep_vectors (normalised for cosine)
   std::vector<float> center;    // d floats once the first batch is added (cfg.center), else empty
+  // IVF (cfg.nlist > 0). Storage slots are grouped by list: list l holds slots
+  // [list_begin[l], list_begin[l] + list_size[l]), list_begin[l] a multiple of 32 (whole
+  // fast-scan blocks); the padding slots up to list_begin[l + 1] have scale 0 and id -1.
+  // A flat index has slots == n.
+  size_t slots = 0;
+  std::vector<float> centroids;   // nlist * d (cosine: in the space of unit vectors); empty until trained
+  std::vector<float> rcentroids;  // nlist * d: the rotated centroids Pi c (l2 LUTs)
+  std::vector<float> cnorm2;      // nlist: ||c||^2
+  std::vector<size_t> list_begin;  // nlist + 1
+  std::vector<size_t> list_size;   // nlist
+  bool ivf() const noexcept { return cfg.nlist > 0; }
+  // List of slot s (IVF).
+  size_t list_of(size_t s) const noexcept;
   // codec prod
   std::unique_ptr<Quantizer> quant;
   std::vector<uint8_t> pcodes;  // n * quant->code_bytes()
@@ -78,8 +100,13 @@ struct Index::Impl {
   // Per-channel indices of vector i (d bytes) <-> group codes.
   void get_indices(size_t i, uint8_t* idx) const noexcept;
   void set_indices(size_t i, const uint8_t* idx) noexcept;
-  // Grow storage to n_new vectors (zero-filled).
+  // Grow storage to n_new slots (zero-filled).
   void resize(size_t n_new);
+  // IVF: set the centroids (nlist * d) and derived tables.
+  void set_centroids(std::vector<float> c);
+  // IVF: move every slot s of the first `old_slots` (list layout) and of the staged slots
+  // [old_slots, old_slots + n_new) (list of staged slot j: assign[j]) into a fresh list layout.
+  void relayout(size_t old_slots, size_t n_new, const uint32_t* assign);
   // Rounds through the persisted norm format (so a loaded index scores identically).
   float round_norm(float v) const noexcept;
 };

@@ -1,13 +1,19 @@
 // Index persistence: one versioned, checksummed, little-endian file, written atomically.
 //
 // File layout (all integers little-endian):
-//   [IndexFileHeader: 128 bytes]
+//   [IndexFileHeader: 128 bytes]  version 1: flat index; version 2: IVF (flags & 8)
 //   [center: dim * 4]             float32 mean, only when flags & 4 and count > 0
+//   [ivf: 16 (+ nlist * dim * 4 + nlist * 8 when count > 0)], version 2 only:
+//     u32 nlist (1..2^20), u32 kmeans_iters (1..1000), u32 trained (count > 0), u32 0,
+//     float32 centroids nlist * dim, u64 list sizes nlist (summing to count);
+//     the records, ids and vectors below are then in list order (list 0 first)
 //   [codes: count * code_bytes]   per vector, see record layout below
 //   [ids:   count * 8]            int64
 //   [vectors: count * dim * 4]    float32, only when flags & 1 (keep_vectors)
 // (flags bit 1 records fit_scale, which only changes how later add() calls encode;
-// flags bit 2 records center)
+// flags bit 2 records center; bit 3 IVF; bit 4 ivf_list_mean, informational like fit_scale)
+// Flat indexes are still written as version 1, so files of earlier builds and of this one
+// load in both.
 // Per-vector record, codec mse: [scale: f16|f32] [norm ||x||: f16|f32, l2 only]
 //   [segment codes: bitpack.h stream of the segment's channel indices, one per segment]
 // codec prod: [tq::Quantizer prod code] [norm, l2 only].
@@ -15,6 +21,13 @@
 // version, header size, header checksum, every enum/parameter, count <= 2^32 - 1, each
 // section's offset and size recomputed from the parameters with overflow checks, total
 // size == file size, payload checksum; then every stored float is checked to be finite.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -47,12 +60,12 @@ struct IndexFileHeader {
   uint8_t rotation_kind;    //  24 RotationKind
   uint8_t law;              //  25 Law
   uint8_t bits_x2;          //  26 2 * bits, 2..16
-  uint8_t flags;            //  27 bit 0: keep_vectors, bit 1: fit_scale, bit 2: center
+  uint8_t flags;            //  27 bit 0: keep_vectors, bit 1: fit_scale, bit 2: center, 3: ivf, 4: list mean
   uint32_t rotation_block;  //  28 block width for RotationKind::block, else 0
   uint64_t seed;            //  32 rotation seed (the rotation is rebuilt from it)
   uint64_t count;           //  40 vectors
   uint64_t code_bytes;      //  48 bytes per vector record
-  uint64_t codes_offset;    //  56 = 128 + center bytes (dim * 4 when centred and count > 0)
+  uint64_t codes_offset;    //  56 = 128 + center bytes (dim * 4 when centred and count > 0) + ivf bytes
   uint64_t codes_size;      //  64 = count * code_bytes
   uint64_t ids_offset;      //  72 = codes_offset + codes_size
   uint64_t ids_size;        //  80 = count * 8
@@ -122,12 +135,21 @@ IndexFileHeader parse_header(const uint8_t* p) {
 
 }  // namespace
 
+uint64_t Index::file_bytes() const {
+  const Impl& I = *impl_;
+  const uint64_t n = I.n, d = static_cast<uint64_t>(I.d), L = I.ivf() ? static_cast<uint64_t>(I.cfg.nlist) : 0;
+  uint64_t b = 128 + (I.cfg.center && n > 0 ? 4 * d : 0);
+  if (I.ivf()) b += 16 + (n > 0 ? L * d * 4 + L * 8 : 0);
+  b += n * I.code_bytes + n * 8 + (I.cfg.keep_vectors ? n * d * 4 : 0);
+  return b;
+}
+
 void Index::save(const std::string& path) const {
   const Impl& I = *impl_;
   const size_t n = I.n, d = static_cast<size_t>(I.d);
   IndexFileHeader h{};
   std::memcpy(h.magic, kMagic, 8);
-  h.version = kFileVersion;
+  h.version = I.ivf() ? kFileVersionIvf : kFileVersion;
   h.header_bytes = 128;
   h.dim = static_cast<uint32_t>(I.d);
   h.metric = static_cast<uint8_t>(I.cfg.metric);
@@ -138,13 +160,16 @@ void Index::save(const std::string& path) const {
   h.law = static_cast<uint8_t>(I.cfg.law);
   h.bits_x2 = static_cast<uint8_t>(I.bits_x2);
   h.flags = static_cast<uint8_t>((I.cfg.keep_vectors ? 1 : 0) | (I.cfg.fit_scale ? 2 : 0) |
-                                 (I.cfg.center ? 4 : 0));
+                                 (I.cfg.center ? 4 : 0) | (I.ivf() ? 8 : 0) |
+                                 (I.ivf() && I.cfg.ivf_list_mean ? 16 : 0));
   h.rotation_block = static_cast<uint32_t>(I.cfg.rotation.kind == RotationKind::block ? I.cfg.rotation.block : 0);
   h.seed = I.cfg.seed;
   h.count = n;
   h.code_bytes = I.code_bytes;
   const size_t center_bytes = I.cfg.center && n > 0 ? 4 * d : 0;
-  h.codes_offset = 128 + center_bytes;
+  const size_t L = I.ivf() ? static_cast<size_t>(I.cfg.nlist) : 0;
+  const size_t ivf_bytes = I.ivf() ? 16 + (n > 0 ? checked_add(checked_mul(checked_mul(L, d, "ivf"), 4, "ivf"), L * 8, "ivf") : 0) : 0;
+  h.codes_offset = 128 + center_bytes + ivf_bytes;
   h.codes_size = checked_mul(n, I.code_bytes, "index codes");
   h.ids_offset = h.codes_offset + h.codes_size;
   h.ids_size = checked_mul(n, 8, "index ids");
@@ -152,39 +177,67 @@ void Index::save(const std::string& path) const {
   h.vectors_size = I.cfg.keep_vectors ? checked_mul(checked_mul(n, d, "vectors"), 4, "vectors") : 0;
   h.file_size = h.vectors_offset + h.vectors_size;
 
+  // Record order: storage slots of the real vectors (flat: 0..n-1; IVF: list by list).
+  std::vector<size_t> order(n);
+  if (I.ivf()) {
+    size_t r = 0;
+    for (size_t l = 0; l < L; ++l)
+      for (size_t t = 0; t < I.list_size[l]; ++t) order[r++] = I.list_begin[l] + t;
+    TQ_ASSERT(r == n);
+  } else {
+    for (size_t i = 0; i < n; ++i) order[i] = i;
+  }
+
   std::vector<uint8_t> buf(h.file_size);
   for (size_t j = 0; j < center_bytes / 4; ++j) st32(buf.data() + 128 + 4 * j, f2u(I.center[j]));
+  if (I.ivf()) {
+    uint8_t* v = buf.data() + 128 + center_bytes;
+    st32(v, static_cast<uint32_t>(L));
+    st32(v + 4, static_cast<uint32_t>(I.cfg.kmeans_iters));
+    st32(v + 8, n > 0 ? 1u : 0u);
+    st32(v + 12, 0);
+    if (n > 0) {
+      for (size_t j = 0; j < L * d; ++j) st32(v + 16 + 4 * j, f2u(I.centroids[j]));
+      uint8_t* sz = v + 16 + L * d * 4;
+      for (size_t l = 0; l < L; ++l) {
+        st32(sz + 8 * l, static_cast<uint32_t>(I.list_size[l]));
+        st32(sz + 8 * l + 4, static_cast<uint32_t>(static_cast<uint64_t>(I.list_size[l]) >> 32));
+      }
+    }
+  }
   uint8_t* codes = buf.data() + h.codes_offset;
   std::vector<uint8_t> idx(d);
-  for (size_t i = 0; i < n; ++i) {
-    uint8_t* r = codes + i * I.code_bytes;
+  for (size_t r = 0; r < n; ++r) {
+    const size_t i = order[r];
+    uint8_t* rec = codes + r * I.code_bytes;
     if (I.quant) {
       const size_t qb = I.quant->code_bytes();
-      std::memcpy(r, I.pcodes.data() + i * qb, qb);
-      if (I.has_norm) put_norm(r + qb, I.norm[i], I.cfg.norm);
+      std::memcpy(rec, I.pcodes.data() + i * qb, qb);
+      if (I.has_norm) put_norm(rec + qb, I.norm[i], I.cfg.norm);
       continue;
     }
-    put_norm(r, I.scale[i], I.cfg.norm);
-    r += I.norm_bytes;
+    put_norm(rec, I.scale[i], I.cfg.norm);
+    rec += I.norm_bytes;
     if (I.has_norm) {
-      put_norm(r, I.norm[i], I.cfg.norm);
-      r += I.norm_bytes;
+      put_norm(rec, I.norm[i], I.cfg.norm);
+      rec += I.norm_bytes;
     }
     I.get_indices(i, idx.data());
     for (const Segment& s : I.segs) {
-      pack_bits(static_cast<size_t>(s.len), s.bits, idx.data() + s.begin, r);
-      r += packed_bytes(static_cast<size_t>(s.len), s.bits);
+      pack_bits(static_cast<size_t>(s.len), s.bits, idx.data() + s.begin, rec);
+      rec += packed_bytes(static_cast<size_t>(s.len), s.bits);
     }
   }
   uint8_t* idp = buf.data() + h.ids_offset;
-  for (size_t i = 0; i < n; ++i) {
-    const uint64_t v = static_cast<uint64_t>(I.ids[i]);
-    st32(idp + 8 * i, static_cast<uint32_t>(v));
-    st32(idp + 8 * i + 4, static_cast<uint32_t>(v >> 32));
+  for (size_t r = 0; r < n; ++r) {
+    const uint64_t v = static_cast<uint64_t>(I.ids[order[r]]);
+    st32(idp + 8 * r, static_cast<uint32_t>(v));
+    st32(idp + 8 * r + 4, static_cast<uint32_t>(v >> 32));
   }
   if (I.cfg.keep_vectors) {
     uint8_t* vp = buf.data() + h.vectors_offset;
-    for (size_t i = 0; i < n * d; ++i) st32(vp + 4 * i, f2u(I.vectors[i]));
+    for (size_t r = 0; r < n; ++r)
+      for (size_t j = 0; j < d; ++j) st32(vp + 4 * (r * d + j), f2u(I.vectors[order[r] * d + j]));
   }
   h.payload_xxh3 = checksum64(buf.data() + 128, buf.size() - 128);
   serialize_header(h, buf.data());
@@ -193,9 +246,32 @@ void Index::save(const std::string& path) const {
   atomic_write_file(path, buf.data(), buf.size());
 }
 
+// The file is memory-mapped read-only (no copy of it in the heap; pages are read as the
+// checksum and the decoding reach them), validated and decoded into the index's in-memory
+// layout, then unmapped. Files that cannot be mapped (pipes, ...) are read instead.
 Index Index::load(const std::string& path) {
-  const auto bytes = read_file_bytes(path);
-  return from_bytes(bytes.data(), bytes.size(), path);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  TQ_CHECK(fd >= 0, "cannot open index '%s': %s", path.c_str(), std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0) {
+    ::close(fd);
+    const auto bytes = read_file_bytes(path);
+    return from_bytes(bytes.data(), bytes.size(), path);
+  }
+  const size_t size = static_cast<size_t>(st.st_size);
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (map == MAP_FAILED) {
+    const auto bytes = read_file_bytes(path);
+    return from_bytes(bytes.data(), bytes.size(), path);
+  }
+  ::madvise(map, size, MADV_SEQUENTIAL);
+  struct Unmap {
+    void* p;
+    size_t n;
+    ~Unmap() { ::munmap(p, n); }
+  } guard{map, size};
+  return from_bytes(static_cast<const uint8_t*>(map), size, path);
 }
 
 Index Index::from_bytes(const uint8_t* data, size_t size, const std::string& name) {
@@ -204,8 +280,9 @@ Index Index::from_bytes(const uint8_t* data, size_t size, const std::string& nam
   TQ_CHECK(size >= 128, "%s: %zu bytes, too short for the 128-byte tq index header (truncated?)", nm, size);
   const IndexFileHeader h = parse_header(data);
   TQ_CHECK(std::memcmp(h.magic, kMagic, 8) == 0, "%s: bad magic, not a tq index file", nm);
-  TQ_CHECK(h.version == kFileVersion, "%s: tq index file version %u, this build reads version %u", nm,
-           h.version, kFileVersion);
+  TQ_CHECK(h.version == kFileVersion || h.version == kFileVersionIvf,
+           "%s: tq index file version %u, this build reads versions %u (flat) and %u (IVF)", nm, h.version,
+           kFileVersion, kFileVersionIvf);
   TQ_CHECK(h.header_bytes == 128, "%s: header size %u, expected 128", nm, h.header_bytes);
   TQ_CHECK(checksum64(data, 120) == h.header_xxh3, "%s: header checksum mismatch (corrupted header)", nm);
   TQ_CHECK(h.dim >= 2 && h.dim <= 65536, "%s: dim %u outside [2, 65536]", nm, h.dim);
@@ -216,7 +293,9 @@ Index Index::from_bytes(const uint8_t* data, size_t size, const std::string& nam
   TQ_CHECK(h.rotation_kind <= 5, "%s: unknown rotation kind %u", nm, h.rotation_kind);
   TQ_CHECK(h.law <= 1, "%s: unknown codebook law %u", nm, h.law);
   TQ_CHECK(h.bits_x2 >= 2 && h.bits_x2 <= 16, "%s: bits*2 = %u outside [2, 16]", nm, h.bits_x2);
-  TQ_CHECK(h.flags <= 7, "%s: unknown flags 0x%x", nm, h.flags);
+  const bool ivf = h.version == kFileVersionIvf;
+  if (ivf) TQ_CHECK(h.flags <= 31 && (h.flags & 8) != 0, "%s: flags 0x%x invalid for a version 2 (IVF) file", nm, h.flags);
+  else TQ_CHECK(h.flags <= 7, "%s: unknown flags 0x%x", nm, h.flags);
   const auto rk = static_cast<RotationKind>(h.rotation_kind);
   if (rk == RotationKind::block)
     TQ_CHECK(h.rotation_block == 32 || h.rotation_block == 64 || h.rotation_block == 128,
@@ -240,6 +319,7 @@ Index Index::from_bytes(const uint8_t* data, size_t size, const std::string& nam
   cfg.keep_vectors = (h.flags & 1) != 0;
   cfg.fit_scale = (h.flags & 2) != 0;
   cfg.center = (h.flags & 4) != 0;
+  cfg.ivf_list_mean = (h.flags & 16) != 0;
   const size_t n = static_cast<size_t>(h.count), d = h.dim;
   // Record size implied by the parameters (before anything is built from them).
   const size_t nb = cfg.norm == NormFormat::f16 ? 2 : 4;
@@ -263,7 +343,24 @@ Index Index::from_bytes(const uint8_t* data, size_t size, const std::string& nam
   const uint64_t vec_size = cfg.keep_vectors ? checked_mul(checked_mul(n, d, "vectors"), 4, "vectors") : 0;
   const uint64_t center_bytes = cfg.center && n > 0 ? 4 * static_cast<uint64_t>(d) : 0;
   TQ_CHECK(!(cfg.center && cfg.codec == QuantizerKind::prod), "%s: center with codec prod", nm);
-  TQ_CHECK(h.codes_offset == 128 + center_bytes && h.codes_size == codes_size, "%s: codes section [%llu, +%llu) inconsistent",
+  uint64_t ivf_bytes = 0;
+  const uint64_t ivf_offset = 128 + center_bytes;
+  if (ivf) {
+    TQ_CHECK(!cfg.center && cfg.codec == QuantizerKind::mse, "%s: IVF file with center or codec prod", nm);
+    TQ_CHECK(size >= ivf_offset + 16, "%s: %zu bytes, too short for the IVF section (truncated?)", nm, size);
+    const uint32_t nl = ld32(data + ivf_offset), it = ld32(data + ivf_offset + 4);
+    const uint32_t trained = ld32(data + ivf_offset + 8), reserved = ld32(data + ivf_offset + 12);
+    TQ_CHECK(nl >= 1 && nl <= (1u << 20), "%s: IVF nlist %u outside [1, 2^20]", nm, nl);
+    TQ_CHECK(it >= 1 && it <= 1000, "%s: IVF kmeans_iters %u outside [1, 1000]", nm, it);
+    TQ_CHECK(trained == (n > 0 ? 1u : 0u) && reserved == 0, "%s: IVF section flags inconsistent", nm);
+    cfg.nlist = static_cast<int>(nl);
+    cfg.kmeans_iters = static_cast<int>(it);
+    ivf_bytes = 16;
+    if (n > 0)
+      ivf_bytes = checked_add(ivf_bytes, checked_add(checked_mul(checked_mul(nl, d, "ivf"), 4, "ivf"),
+                                                     static_cast<uint64_t>(nl) * 8, "ivf"), "ivf");
+  }
+  TQ_CHECK(h.codes_offset == 128 + center_bytes + ivf_bytes && h.codes_size == codes_size, "%s: codes section [%llu, +%llu) inconsistent",
            nm, static_cast<unsigned long long>(h.codes_offset), static_cast<unsigned long long>(h.codes_size));
   TQ_CHECK(h.ids_offset == h.codes_offset + codes_size && h.ids_size == ids_size,
            "%s: ids section inconsistent", nm);
@@ -281,7 +378,39 @@ Index Index::from_bytes(const uint8_t* data, size_t size, const std::string& nam
   Index index(cfg);
   Impl& I = *index.impl_;
   TQ_CHECK(I.code_bytes == code_bytes, "%s: record size mismatch with this build", nm);
-  I.resize(n);
+  // Storage slot of record r: r (flat) or its place in its list (IVF, lists block-padded).
+  std::vector<size_t> order(n);
+  if (ivf && n > 0) {
+    const size_t L = static_cast<size_t>(cfg.nlist);
+    const uint8_t* cp = data + ivf_offset + 16;
+    std::vector<float> cent(L * d);
+    for (size_t j = 0; j < L * d; ++j) {
+      cent[j] = u2f(ld32(cp + 4 * j));
+      TQ_CHECK(std::isfinite(cent[j]), "%s: IVF centroid %zu, component %zu is not finite", nm, j / d, j % d);
+    }
+    const uint8_t* sp = cp + L * d * 4;
+    uint64_t total_n = 0;
+    for (size_t l = 0; l < L; ++l) {
+      const uint64_t ls = ld64(sp + 8 * l);
+      TQ_CHECK(ls <= n - total_n, "%s: IVF list sizes add up to more than the %zu vectors", nm, n);
+      total_n += ls;
+      I.list_size[l] = static_cast<size_t>(ls);
+    }
+    TQ_CHECK(total_n == n, "%s: IVF list sizes add up to %llu, the file has %zu vectors", nm,
+             static_cast<unsigned long long>(total_n), n);
+    for (size_t l = 0; l < L; ++l)
+      I.list_begin[l + 1] = I.list_begin[l] + (I.list_size[l] + kBlock - 1) / kBlock * kBlock;
+    TQ_CHECK(I.list_begin[L] < (size_t{1} << 32), "%s: IVF lists need too many slots", nm);
+    I.set_centroids(std::move(cent));
+    size_t r = 0;
+    for (size_t l = 0; l < L; ++l)
+      for (size_t t = 0; t < I.list_size[l]; ++t) order[r++] = I.list_begin[l] + t;
+    I.resize(I.list_begin[L]);
+    std::fill(I.ids.begin(), I.ids.end(), int64_t{-1});
+  } else {
+    for (size_t i = 0; i < n; ++i) order[i] = i;
+    I.resize(n);
+  }
   if (center_bytes > 0) {
     I.center.resize(d);
     for (size_t j = 0; j < d; ++j) {
@@ -290,8 +419,9 @@ Index Index::from_bytes(const uint8_t* data, size_t size, const std::string& nam
     }
   }
   std::vector<uint8_t> idx(d);
-  for (size_t i = 0; i < n; ++i) {
-    const uint8_t* r = data + h.codes_offset + i * I.code_bytes;
+  for (size_t ri = 0; ri < n; ++ri) {
+    const size_t i = order[ri];
+    const uint8_t* r = data + h.codes_offset + ri * I.code_bytes;
     if (I.quant) {
       const size_t qb = I.quant->code_bytes();
       std::memcpy(I.pcodes.data() + i * qb, r, qb);
@@ -314,13 +444,15 @@ Index Index::from_bytes(const uint8_t* data, size_t size, const std::string& nam
     if (I.has_norm) TQ_CHECK(std::isfinite(I.norm[i]) && I.norm[i] >= 0, "%s: vector %zu has a bad norm", nm, i);
   }
   const uint8_t* idp = data + h.ids_offset;
-  for (size_t i = 0; i < n; ++i) I.ids[i] = static_cast<int64_t>(ld64(idp + 8 * i));
+  for (size_t r = 0; r < n; ++r) I.ids[order[r]] = static_cast<int64_t>(ld64(idp + 8 * r));
   if (cfg.keep_vectors) {
     const uint8_t* vp = data + h.vectors_offset;
-    for (size_t i = 0; i < n * d; ++i) {
-      I.vectors[i] = u2f(ld32(vp + 4 * i));
-      TQ_CHECK(std::isfinite(I.vectors[i]), "%s: kept vector %zu is not finite", nm, i / d);
-    }
+    for (size_t r = 0; r < n; ++r)
+      for (size_t j = 0; j < d; ++j) {
+        float& v = I.vectors[order[r] * d + j];
+        v = u2f(ld32(vp + 4 * (r * d + j)));
+        TQ_CHECK(std::isfinite(v), "%s: kept vector %zu is not finite", nm, r);
+      }
   }
   I.n = n;
   return index;

@@ -1,0 +1,159 @@
+// IndexCli.*: `tq index build --ivf`, `search --nprobe`, `eval` (nprobe sweep, qps at the k
+// asked, bytes on disk and in memory, the search description) through the built binary.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_test_util.h"
+#include "tq/common.h"
+#include "tq/fileio.h"
+#include "tq/index.h"
+#include "tq/vecs.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Data {
+  fs::path dir;
+  std::string base, queries, gt, queries_d5;
+  size_t n = 3000, nq = 20;
+  int d = 16;
+  Data() {
+    dir = fs::temp_directory_path() / ("tq_index_cli_" + std::to_string(::getpid()));
+    fs::create_directories(dir);
+    tq::Rng r(11);
+    std::vector<float> c(8 * d), x(n * d), q(nq * d), q5(nq * 5);
+    for (auto& v : c) v = static_cast<float>(r.normal());
+    for (size_t i = 0; i < n; ++i) {
+      const size_t ci = r.below(8);
+      for (int j = 0; j < d; ++j) x[i * d + j] = c[ci * d + j] + 0.3f * static_cast<float>(r.normal());
+    }
+    for (size_t i = 0; i < nq; ++i)
+      for (int j = 0; j < d; ++j) q[i * d + j] = x[i * 7 * d + j] + 0.05f * static_cast<float>(r.normal());
+    for (auto& v : q5) v = static_cast<float>(r.normal());
+    base = (dir / "base.fvecs").string();
+    queries = (dir / "q.fvecs").string();
+    queries_d5 = (dir / "q5.fvecs").string();
+    gt = (dir / "gt.ivecs").string();
+    tq::write_fvecs(base, n, d, x.data());
+    tq::write_fvecs(queries, nq, d, q.data());
+    tq::write_fvecs(queries_d5, nq, 5, q5.data());
+    std::vector<float> s(nq * 10);
+    std::vector<int64_t> ids(nq * 10);
+    tq::exact_search(tq::Metric::cosine, n, d, x.data(), nq, q.data(), 10, s.data(), ids.data());
+    std::vector<int32_t> g(ids.begin(), ids.end());
+    tq::write_ivecs(gt, nq, 10, g.data());
+  }
+  ~Data() { fs::remove_all(dir); }
+  std::string path(const std::string& f) const { return (dir / f).string(); }
+};
+
+nlohmann::json json_of(const tq_test::RunResult& r) {
+  EXPECT_EQ(r.status, 0) << r.err;
+  return nlohmann::json::parse(r.out);
+}
+
+}  // namespace
+
+TEST(IndexCli, IvfBuildSearchAndEvalSweep) {
+  Data D;
+  const std::string idx = D.path("ivf.tqi");
+  auto b = json_of(tq_test::run_tq({"index", "build", "-i", D.base, "-o", idx, "--ivf", "8", "--bits", "4", "--json"}));
+  EXPECT_EQ(b["nlist"], 8);
+  EXPECT_EQ(b["file_bytes"].get<uint64_t>(), tq::file_size(idx));
+  EXPECT_DOUBLE_EQ(b["disk_bytes_per_vector"].get<double>(), static_cast<double>(tq::file_size(idx)) / D.n);
+  auto s = json_of(tq_test::run_tq({"index", "search", "--index", idx, "-q", D.queries, "-k", "5", "--nprobe", "8", "--json"}));
+  EXPECT_EQ(s["ids"].size(), D.nq);
+  EXPECT_EQ(s["ids"][0].size(), 5u);
+  EXPECT_NE(s["index"].get<std::string>().find("nprobe 8"), std::string::npos);
+  auto e = json_of(tq_test::run_tq({"index", "eval", "--base", D.base, "-q", D.queries, "--gt", D.gt, "--ivf", "8",
+                                    "--nprobe", "1,2,8", "--reps", "1", "-k", "10", "--json"}));
+  ASSERT_EQ(e["sweep"].size(), 3u);
+  EXPECT_EQ(e["sweep"][2]["nprobe"], 8);
+  // Probing every list is at least as good as probing one (the same codes, more of them).
+  EXPECT_GE(e["sweep"][2]["recall_10_at_10"].get<double>(), e["sweep"][0]["recall_10_at_10"].get<double>());
+  EXPECT_EQ(e["sweep"][0]["k"], 10);
+  EXPECT_EQ(e["sweep"][0]["recall_10_at_10_search_k"], 10);
+}
+
+TEST(IndexCli, EvalReportsTheKAskedBothByteCountsAndTheSearchUsed) {
+  Data D;
+  auto e = json_of(tq_test::run_tq({"index", "eval", "--base", D.base, "-q", D.queries, "--gt", D.gt, "-k", "3",
+                                    "--reps", "1", "--keep-vectors", "--json"}));
+  EXPECT_EQ(e["k"], 3);
+  EXPECT_EQ(e["k_max"], 64);
+  // Recall@10 cannot come from a k = 3 search: it comes from the k-max search, and says so.
+  EXPECT_EQ(e["recall_10_at_10_search_k"], 64);
+  // Disk: 128-byte header + the mean (centred by default: d floats) + per vector (codes +
+  // f16 scale) + 8-byte id + 4 d float kept vector.
+  const double code = e["bytes_per_vector"].get<double>();
+  EXPECT_DOUBLE_EQ(e["disk_bytes_per_vector"].get<double>(), (128.0 + 4.0 * D.d + D.n * (code + 8 + 4.0 * D.d)) / D.n);
+  // Memory: 4-bit block layout (16 channels = 8 B), float scale, id, the kept floats.
+  EXPECT_DOUBLE_EQ(e["memory_bytes_per_vector"].get<double>(), 8.0 + 4 + 8 + 4.0 * D.d);
+  EXPECT_NE(e["index"].get<std::string>().find("fast-scan"), std::string::npos);
+  auto f = json_of(tq_test::run_tq({"index", "eval", "--base", D.base, "-q", D.queries, "--gt", D.gt, "--reps", "1",
+                                    "--no-fast-scan", "--json"}));
+  EXPECT_EQ(f["index"].get<std::string>().find("fast-scan"), std::string::npos) << f["index"];
+  EXPECT_NE(f["index"].get<std::string>().find("float-lut"), std::string::npos) << f["index"];
+}
+
+TEST(IndexCli, IvfBadInputIsOneCleanError) {
+  Data D;
+  const std::string idx = D.path("ivf.tqi"), flat = D.path("flat.tqi");
+  ASSERT_EQ(tq_test::run_tq({"index", "build", "-i", D.base, "-o", idx, "--ivf", "8"}).status, 0);
+  ASSERT_EQ(tq_test::run_tq({"index", "build", "-i", D.base, "-o", flat}).status, 0);
+  struct Case { std::vector<std::string> args; std::string needle; };
+  const std::vector<Case> cases = {
+      {{"index", "search", "--index", idx, "-q", D.queries, "--nprobe", "9"}, "nprobe"},
+      {{"index", "search", "--index", idx, "-q", D.queries, "--nprobe", "0"}, "nprobe"},
+      {{"index", "search", "--index", flat, "-q", D.queries, "--nprobe", "4"}, "IVF"},
+      {{"index", "search", "--index", idx, "-q", D.queries_d5}, "dim"},
+      {{"index", "build", "-i", D.base, "-o", D.path("x.tqi"), "--ivf", "5000"}, "at least 5000"},
+      {{"index", "build", "-i", D.base, "-o", D.path("x.tqi"), "--ivf", "8", "--center"}, "center"},
+      {{"index", "eval", "--base", D.base, "-q", D.queries, "--gt", D.gt, "--ivf", "4", "--nprobe", "1,5"}, "nprobe 5"},
+      {{"index", "eval", "--base", D.base, "-q", D.queries, "--gt", D.gt, "--nprobe", "2"}, "flat"},
+  };
+  for (const auto& c : cases) {
+    auto r = tq_test::run_tq(c.args);
+    EXPECT_TRUE(tq_test::failed_cleanly(r)) << c.needle << ": status " << r.status << " err " << r.err;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << r.err;
+  }
+  // A truncated and a corrupted IVF file.
+  auto bytes = tq::read_file_bytes(idx);
+  tq::atomic_write_file(D.path("trunc.tqi"), bytes.data(), bytes.size() - 100);
+  bytes[bytes.size() / 2] ^= 0x20;
+  tq::atomic_write_file(D.path("flip.tqi"), bytes.data(), bytes.size());
+  for (const char* f : {"trunc.tqi", "flip.tqi"}) {
+    auto r = tq_test::run_tq({"index", "search", "--index", D.path(f), "-q", D.queries});
+    EXPECT_TRUE(tq_test::failed_cleanly(r)) << f << ": " << r.err;
+    EXPECT_NE(r.err.find(f), std::string::npos) << r.err;
+  }
+}
+
+// Defaults: a flat index is centred and scale-fitted unless told otherwise; IVF is neither.
+TEST(IndexCli, FlatDefaultsAreCenterAndFitScale) {
+  Data D;
+  auto desc = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = {"index", "build", "-i", D.base, "-o", D.path("d.tqi"), "--json"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return json_of(tq_test::run_tq(a))["index"].get<std::string>();
+  };
+  EXPECT_NE(desc({}).find("+fit+center"), std::string::npos) << desc({});
+  const std::string plain = desc({"--no-center", "--no-fit-scale"});
+  EXPECT_EQ(plain.find("+fit"), std::string::npos) << plain;
+  EXPECT_EQ(plain.find("+center"), std::string::npos) << plain;
+  EXPECT_NE(desc({"--no-center"}).find("+fit"), std::string::npos);
+  const std::string ivf = desc({"--ivf", "4"});
+  EXPECT_EQ(ivf.find("+fit"), std::string::npos) << ivf;
+  EXPECT_EQ(ivf.find("+center"), std::string::npos) << ivf;
+  EXPECT_NE(desc({"--ivf", "4", "--fit-scale"}).find("+fit"), std::string::npos);
+  auto r = tq_test::run_tq({"index", "build", "-i", D.base, "-o", D.path("x.tqi"), "--center", "--no-center"});
+  EXPECT_TRUE(tq_test::failed_cleanly(r)) << r.err;
+  EXPECT_NE(r.err.find("contradict"), std::string::npos) << r.err;
+}
