@@ -210,6 +210,17 @@ inline std::unique_ptr<Loaded> load_model(ModelOpts& o) {
   ensure_runtime_env();
   o.kv.boundary_type_v = o.kv.boundary_type_k;
   auto g = GgufFile::open(resolve_model(o.model));
+  // The cache types against the model's head_dim before anything large is read.
+  const LlamaConfig mc = LlamaModel::read_config(g);
+  for (const std::string* t : {&o.kv.type_k, &o.kv.type_v, &o.kv.boundary_type_k})
+    if (t != &o.kv.boundary_type_k || o.kv.boundary_layers > 0) {
+      try {
+        kv_type_bytes(parse_kv_type(*t), mc.head_dim);
+      } catch (const Error& e) {
+        throw Error(std::string(e.what()) + " (the model " + g.path() + " has head_dim " +
+                    std::to_string(mc.head_dim) + ")");
+      }
+    }
   Tokenizer tok(g);
   LlamaModel m = LlamaModel::load(g);
   m.set_threads(o.threads);
