@@ -86,6 +86,9 @@ struct LlamaConfig {
   float layer_rope_scale(int l) const noexcept { return layer_is_swa(l) ? 1.0f : rope_freq_scale; }
 };
 
+// A cache config with this model shape (layers, kv heads, head_dim, RoPE) and max_tokens.
+KvCacheConfig kv_config_for(const LlamaConfig& c, int max_tokens);
+
 enum class AttentionImpl { Fused, Reference };  // tq::attention vs tq::attention_ref
 
 class LlamaModel {

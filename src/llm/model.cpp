@@ -320,16 +320,18 @@ size_t LlamaModel::block_weight_bytes() const noexcept {
   return n;
 }
 
-KvCacheConfig LlamaModel::kv_config(int max_tokens) const {
+KvCacheConfig kv_config_for(const LlamaConfig& c, int max_tokens) {
   KvCacheConfig k;
-  k.n_layers = impl_->cfg.n_layers;
-  k.n_kv_heads = impl_->cfg.n_kv_heads;
-  k.head_dim = impl_->cfg.head_dim;
+  k.n_layers = c.n_layers;
+  k.n_kv_heads = c.n_kv_heads;
+  k.head_dim = c.head_dim;
   k.max_tokens = max_tokens;
-  k.rope_base = impl_->cfg.rope_base;
-  k.rope_dim = impl_->cfg.rope_dim;
+  k.rope_base = c.rope_base;
+  k.rope_dim = c.rope_dim;
   return k;
 }
+
+KvCacheConfig LlamaModel::kv_config(int max_tokens) const { return kv_config_for(impl_->cfg, max_tokens); }
 
 void LlamaModel::set_threads(int n) {
   impl_->n_threads = n > 0 ? n : omp_get_num_procs();
