@@ -7,6 +7,7 @@
 #include <cmath>
 #include <vector>
 
+#include "cli_test_util.h"
 #include "llm_test_util.h"
 #include "tq/error.h"
 #include "tq/gguf.h"
@@ -268,4 +269,58 @@ TEST(Model, SamplerGreedyAndTopP) {
   tq::log_softmax(lg.data(), 4, lp.data());
   for (int i = 0; i < 4; ++i) EXPECT_NEAR(cnt[i] / double(N), std::exp(lp[i]), 0.015) << i;
   EXPECT_THROW(tq::Sampler({1.0f, 0.0f, 0, 1}), tq::Error);
+}
+
+TEST(Model, UnsupportedArchitectureNamesTheSupportedOnes) {
+  tq::GgufWriter w(3);
+  w.set_string("general.architecture", "gpt2");
+  auto b = w.bytes();
+  auto g = tq::GgufFile::from_bytes(b.data(), b.size());
+  try {
+    tq::LlamaModel::load(g);
+    FAIL() << "gpt2 loaded";
+  } catch (const tq::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'gpt2' is not supported (supported: llama, qwen2, qwen3, gemma3)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Model, ReadConfigTakesHeadDimAndWindowFromMetadata) {
+  // Metadata and the embedding only: read_config reads no other tensor.
+  tq::GgufWriter w(3);
+  w.set_string("general.architecture", "gemma3");
+  w.set_u32("gemma3.block_count", 12);
+  w.set_u32("gemma3.embedding_length", 64);
+  w.set_u32("gemma3.feed_forward_length", 96);
+  w.set_u32("gemma3.attention.head_count", 4);
+  w.set_u32("gemma3.attention.head_count_kv", 1);
+  w.set_u32("gemma3.attention.key_length", 80);
+  w.set_u32("gemma3.attention.value_length", 80);
+  w.set_u32("gemma3.attention.sliding_window", 16);
+  w.set_f32("gemma3.rope.freq_base", 1e6f);
+  std::vector<float> emb(64 * 10, 0.1f);
+  w.add_tensor("token_embd.weight", {64, 10}, tq::GgmlType::F32, emb.data());
+  auto b = w.bytes();
+  auto g = tq::GgufFile::from_bytes(b.data(), b.size());
+  const tq::LlamaConfig c = tq::LlamaModel::read_config(g);
+  EXPECT_EQ(c.head_dim, 80);
+  EXPECT_EQ(c.q_dim(), 320);
+  EXPECT_EQ(c.sliding_window, 16);
+  EXPECT_TRUE(c.traits.rope_neox);
+  EXPECT_FLOAT_EQ(c.embd_scale, 8.0f);
+  for (int l = 0; l < 12; ++l) {
+    EXPECT_EQ(c.layer_is_swa(l), l != 5 && l != 11) << l;
+    EXPECT_FLOAT_EQ(c.layer_rope_base(l), c.layer_is_swa(l) ? 10000.0f : 1e6f) << l;
+  }
+  EXPECT_THROW(tq::LlamaModel::load(g), tq::Error);  // the layer tensors are missing
+  // The CLI checks the cache type against head_dim 80 before any weight is read (tq2.5 needs a
+  // multiple of 64): the error is about head_dim, not about a missing tensor.
+  const std::string path = std::string(::testing::TempDir()) + "/tq_head_dim_80.gguf";
+  w.write(path);
+  const auto r = tq_test::run_tq({"logits", "-m", path, "--ids", "1", "-ctk", "tq2.5", "-ctv", "f16"});
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("head_dim 80"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("tensor"), std::string::npos) << r.err;
+  std::remove(path.c_str());
 }

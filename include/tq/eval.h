@@ -61,6 +61,8 @@ std::string short_label(const std::string& label, size_t max = 48);
 // model, configs/*.kv). Throws on an unreadable file or one that holds no label.
 std::string read_kv_label_file(const std::string& path);
 KvCacheConfig make_kv_config(const LlamaModel& m, const KvOptions& kv, int max_tokens);
+// The same from the model's config alone (LlamaModel::read_config: before the weights load).
+KvCacheConfig make_kv_config(const LlamaConfig& mc, const KvOptions& kv, int max_tokens);
 // Expands --kv-layer-type specs ("LAYERS:K[/V]", LAYERS e.g. "0,3,10-12,5.1") onto
 // cfg.layer_type_k / layer_type_v (cfg.n_layers entries) and, for LAYER.HEAD items (one KV
 // head), cfg.head_type_k / head_type_v (n_layers * n_kv_heads; they win over whole-layer

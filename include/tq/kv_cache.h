@@ -139,10 +139,15 @@ struct AttentionParams {
   // them for every call.
   bool lut8 = false;
   bool exact = false;
+  // > 0: sliding-window attention (gemma3's local layers): the query at position p sees only
+  // the cache tokens max(0, p - sliding_window + 1) .. p (sinks included: outside the window
+  // they are not seen). 0: every token up to p.
+  int sliding_window = 0;
 };
 
 // Causal attention of n_q queries against one layer of the cache: query i (at absolute
-// position pos0 + i) attends to cache tokens 0..pos0+i. q, out: n_q * n_heads * head_dim.
+// position pos0 + i) attends to cache tokens 0..pos0+i (with p.sliding_window = W > 0:
+// max(0, pos0+i-W+1)..pos0+i). q, out: n_q * n_heads * head_dim.
 void attention(const KvCache& cache, int layer, int n_q, const float* q, float* out,
                const AttentionParams& p);
 // The decode kernel attention() runs over the quantized tokens of this layer with these

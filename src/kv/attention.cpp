@@ -147,8 +147,11 @@ Prepared prepare(const KvCache& cache, int layer, int n_q, const float* q, const
 }  // namespace
 
 // ------------------------------------------------------------------ driver
+// start: the first absolute position every query of the call sees (sliding windows; 0: all).
+// Tokens before it are skipped; a quantized block it cuts runs on the generic float path from
+// `start`, the fused kernels take the blocks after it.
 void run_attention(const KvCache& cache, int layer, int n_q, const float* q, float* out,
-                   const AttentionParams& p, bool lut8) {
+                   const AttentionParams& p, bool lut8, int start) {
   Prepared P = prepare(cache, layer, n_q, q, out, p);
   if (n_q == 0) return;
   const Shape& sh = P.sh;
@@ -178,6 +181,7 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
   // Causal limits of the queries in stream coordinates of the quantized blocks.
   std::vector<int> qlimits(n_q);
   for (int i = 0; i < n_q; ++i) qlimits[i] = std::clamp(P.limits[i] - q0, 0, nq_tok);
+  const int qstart = std::clamp(start - q0, 0, nq_tok);  // the window's start in stream coordinates
   const int n_tasks = KVH * tasks_per_head;
   const size_t per_task = (size_t)n_q * G * state_floats;
   std::vector<float> states(std::max<size_t>(1, (size_t)n_tasks * per_task));
@@ -219,7 +223,9 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
     const Stream& sv = L.v[h];
     const int kseg = sk.center ? std::max(sk.mu_segment, 0) : -1;  // -1 not centred, 0 one mean
     if (c < n_chunks) {
-      const int a = c * chunk, b = std::min(nq_tok, a + chunk);
+      const int a0 = c * chunk, b = std::min(nq_tok, a0 + chunk);
+      if (b <= qstart) continue;
+      const int a = std::max(a0, qstart);
       const float* qd = &qk[(size_t)h * n_q * G * D];
       const bool prod = sk.fmt->kind == Kind::tq_prod;
       const float* qf = prod ? &pqk[(size_t)h * n_q * G * 2 * D] : qd;  // prod: [Pi q, S Pi q]
@@ -235,6 +241,11 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
       if (i0 == n_q) continue;
       // Tokens [lo, hi) (one K mean) into the states, fused kernel or rows.
       auto run_range = [&](int lo, int hi) {
+        if (lo % kBlock != 0) {  // a block cut by the window's start: rows from `start`
+          const int e = std::min(hi, (lo / kBlock + 1) * kBlock);
+          generic_task(sh, qd, qlimits.data(), lo, e, fetch, st, prod ? &sk : nullptr, prod ? qf : nullptr);
+          if ((lo = e) >= hi) return;
+        }
         int j0 = i0;
         while (j0 < n_q && qlimits[j0] <= lo) ++j0;
         if (j0 == n_q) return;
@@ -272,13 +283,20 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
         if (j0 == n_q) break;
         const float* mu = sk.mu_of(lo);
         if (sk.rope_mu) {
+          int flo = lo;
+          if (flo % kBlock != 0) {  // a block cut by the window's start: rows from `start`
+            flo = std::min(hi, (lo / kBlock + 1) * kBlock);
+            generic_task(sh, qh, qlimits.data(), lo, flo, fetch_orig, st);
+            while (j0 < n_q && qlimits[j0] <= flo) ++j0;
+            if (flo >= hi || j0 == n_q) continue;
+          }
           for (int i = j0; i < n_q; ++i) rope_mean_coefs(sk, G, qh + (size_t)i * G * D, mu, &coef[(size_t)i * G * mst]);
           Shape shr = sh;
           shr.rope_mc = &coef[(size_t)j0 * G * mst];
           const bool fused = !scalar && fused_decode(shr, sk, sv, n_q - j0, qf + (size_t)j0 * G * sh.qstride,
-                                                     &qlimits[j0], lo, hi,
+                                                     &qlimits[j0], flo, hi,
                                                      States{st.base + (size_t)j0 * G * st.stride(), D}, lut8);
-          if (!fused) generic_task(sh, qh, qlimits.data(), lo, hi, fetch_orig, st);
+          if (!fused) generic_task(sh, qh, qlimits.data(), flo, hi, fetch_orig, st);
           continue;
         }
         for (int k = j0 * G; k < n_q * G; ++k) {
@@ -299,7 +317,7 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
           f16_to_f32(D, sv.ring.get() + (size_t)(t % W) * D, vb + (size_t)r * D);
         }
       };
-      generic_task(sh, qd, P.limits.data(), q0 + nq_tok, sh.n_tokens, fetch, st);
+      generic_task(sh, qd, P.limits.data(), std::max(q0 + nq_tok, start), sh.n_tokens, fetch, st);
     } else {
       TQ_ASSERT(c == task_sink);
       const float* qd = &qo[(size_t)h * n_q * G * D];
@@ -307,7 +325,7 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
         f16_to_f32(n * D, sk.sink_rows.get() + (size_t)t0 * D, kb);
         f16_to_f32(n * D, sv.sink_rows.get() + (size_t)t0 * D, vb);
       };
-      generic_task(sh, qd, P.limits.data(), 0, n_sink, fetch, st);
+      generic_task(sh, qd, P.limits.data(), std::min(start, n_sink), n_sink, fetch, st);
     }
   }
 
@@ -364,7 +382,30 @@ void attention(const KvCache& cache, int layer, int n_q, const float* q, float* 
   // programs, e.g. perplexity); exact wins.
   static const bool force_lut8 = env_flag("TQ_KV_LUT8"), force_exact = env_flag("TQ_KV_EXACT");
   const bool exact = p.exact || force_exact;
-  kv::run_attention(cache, layer, n_q, q, out, p, !exact && (p.lut8 || force_lut8));
+  const bool lut8 = !exact && (p.lut8 || force_lut8);
+  const int W = p.sliding_window;
+  TQ_CHECK(W >= 0, "attention: negative sliding window %d", W);
+  if (W == 0 || n_q == 0) {
+    kv::run_attention(cache, layer, n_q, q, out, p, lut8, 0);
+    return;
+  }
+  // Sliding window: the queries whose window starts at 0 run together; each later query runs
+  // alone with its own start (pos - W + 1), so the kernels keep one start per call.
+  TQ_CHECK(layer >= 0 && layer < cache.config().n_layers, "attention: layer %d out of range [0, %d)", layer,
+           cache.config().n_layers);
+  const int pos0 = p.pos0 >= 0 ? p.pos0 : cache.n_tokens(layer) - n_q;
+  TQ_CHECK(pos0 >= 0, "attention: %d queries but layer %d holds %d tokens", n_q, layer, cache.n_tokens(layer));
+  const int n_first = std::clamp(W - pos0, 0, n_q);  // queries at positions < W
+  AttentionParams pi = p;
+  if (n_first > 0) {
+    pi.pos0 = pos0;
+    kv::run_attention(cache, layer, n_first, q, out, pi, lut8, 0);
+  }
+  const size_t row = (size_t)p.n_heads * cache.config().head_dim;
+  for (int i = n_first; i < n_q; ++i) {
+    pi.pos0 = pos0 + i;
+    kv::run_attention(cache, layer, 1, q + i * row, out + i * row, pi, lut8, pos0 + i - W + 1);
+  }
 }
 
 std::string attention_kernel(const KvCache& cache, int layer, const AttentionParams& p) {
@@ -433,12 +474,13 @@ void attention_ref(const KvCache& cache, int layer, int n_q, const float* q, flo
     }
     for (int i = 0; i < n_q; ++i) {
       const int lim = P.limits[i];
+      const int t0 = p.sliding_window > 0 ? std::max(0, lim - p.sliding_window) : 0;
       for (int g = 0; g < G; ++g) {
         const float* qv = q + ((size_t)i * sh.H + h * G + g) * D;
         float* ov = out + ((size_t)i * sh.H + h * G + g) * D;
         if (lim == 0) { std::fill(ov, ov + D, 0.f); continue; }
         double mx = -std::numeric_limits<double>::infinity();
-        for (int t = 0; t < lim; ++t) {
+        for (int t = t0; t < lim; ++t) {
           double acc = 0;
           for (int d = 0; d < D; ++d) acc += (double)qv[d] * K[(size_t)t * D + d];
           s[t] = acc * sh.scale;
@@ -446,7 +488,7 @@ void attention_ref(const KvCache& cache, int layer, int n_q, const float* q, flo
         }
         double l = 0;
         std::fill(o.begin(), o.end(), 0.0);
-        for (int t = 0; t < lim; ++t) {
+        for (int t = t0; t < lim; ++t) {
           const double w = std::exp(s[t] - mx);
           l += w;
           for (int d = 0; d < D; ++d) o[d] += w * V[(size_t)t * D + d];

@@ -124,8 +124,12 @@ void apply_layer_types(const std::vector<std::string>& specs, KvCacheConfig& cfg
 }
 
 KvCacheConfig make_kv_config(const LlamaModel& m, const KvOptions& opts, int max_tokens) {
+  return make_kv_config(m.config(), opts, max_tokens);
+}
+
+KvCacheConfig make_kv_config(const LlamaConfig& mc, const KvOptions& opts, int max_tokens) {
   const KvOptions kv = opts.resolved();
-  KvCacheConfig c = m.kv_config(max_tokens);
+  KvCacheConfig c = kv_config_for(mc, max_tokens);
   c.type_k = kv.type_k;
   c.type_v = kv.type_v;
   c.window = kv.window;

@@ -1,4 +1,7 @@
-// Llama forward pass: OpenMP for the element-wise parts, tq::KvCache + tq::attention for
+// The forward pass of every supported architecture (tq/model.h: llama, qwen2, qwen3, gemma3;
+// their differences are the ArchTraits row and the GGUF metadata, not code paths per
+// architecture), as per-layer steps (Impl::layer_qkv, Impl::attn_params, Impl::layer_out_ffn)
+// that forward() strings together and a batched decode can reuse: OpenMP for the element-wise parts, tq::KvCache + tq::attention for
 // attention (quantize on write). The weights stay as stored in the GGUF (Q4_1 / Q8_0 / ...
 // blocks copied out of the file at load; F32 tensors as floats) and each projection (matmul
 // below) takes one of two paths:
@@ -73,15 +76,57 @@ struct Weight {
 
 struct Layer {
   std::vector<float> attn_norm, ffn_norm;
+  std::vector<float> bq, bk, bv;                  // empty: no bias
+  std::vector<float> q_norm, k_norm;              // QK-norm (head_dim each), empty: none
+  std::vector<float> attn_post_norm, ffn_post_norm;  // empty: none
   Weight wq, wk, wv, wo, wg, wu, wd;
 };
 
+// One forward's buffers for up to `rows` tokens.
+struct Scratch {
+  std::vector<float> h, q, k, v, att, tmp, g, u;
+  void reserve(const LlamaConfig& c, int rows) {
+    const size_t n = static_cast<size_t>(rows), E = c.n_embd, QD = c.q_dim(),
+                 KV = static_cast<size_t>(c.n_kv_heads) * c.head_dim, F = c.n_ff;
+    h.resize(n * E);
+    tmp.resize(n * E);
+    q.resize(n * QD);
+    att.resize(n * QD);
+    k.resize(n * KV);
+    v.resize(n * KV);
+    g.resize(n * F);
+    u.resize(n * F);
+  }
+};
+
+// The architecture table (llama.cpp: llama_model_rope_type, load_hparams, the graph builders).
+const ArchTraits kArchs[] = {
+    // name     neox   qk_norm post_norms gelu  embd_sqrt qkv_bias swa_pattern rope_base_swa
+    {"llama",  false, false,  false,     false, false,    false,   0,          0},
+    {"qwen2",  true,  false,  false,     false, false,    true,    0,          0},
+    {"qwen3",  true,  true,   false,     false, false,    false,   0,          0},
+    {"gemma3", true,  true,   true,      true,  true,     false,   6,          10000.0f},
+};
+
 }  // namespace
+
+const ArchTraits* arch_traits(const std::string& arch) {
+  for (const ArchTraits& t : kArchs)
+    if (arch == t.name) return &t;
+  return nullptr;
+}
+
+std::string supported_architectures() {
+  std::string s;
+  for (const ArchTraits& t : kArchs) s += (s.empty() ? "" : ", ") + std::string(t.name);
+  return s;
+}
 
 struct LlamaModel::Impl {
   LlamaConfig cfg;
   Weight tok_embd, output;  // output empty when tied
   std::vector<float> output_norm;
+  std::vector<float> rope_freqs;  // Llama 3 frequency factors (rope_dim / 2), empty: none
   std::vector<Layer> layers;
   int n_threads = 0;
   AttentionImpl attn = AttentionImpl::Fused;
@@ -90,6 +135,13 @@ struct LlamaModel::Impl {
   bool f32_decode = env_flag("TQ_F32_DECODE");
   int ubatch = 512;
   const Weight& out_w() const { return cfg.tied_output ? tok_embd : output; }
+  // The per-layer steps of forward() (rows: tokens at positions pos[0..n)).
+  // x (n * n_embd) -> s.q (after QK-norm and RoPE), s.k (after RoPE), s.v.
+  void layer_qkv(int l, const float* x, int n, const int* pos, Scratch& s) const;
+  // The attention parameters of layer l for queries from position pos0 (window, scale).
+  AttentionParams attn_params(int l, int pos0) const;
+  // s.att (attention output, n * q_dim) -> x += post_norm(Wo att); x += post_norm(FFN(norm(x))).
+  void layer_out_ffn(int l, float* x, int n, Scratch& s) const;
   // f(Weight&) for every matrix (embedding, output head, the seven of each layer).
   template <class Self, class Fn>
   static void each_matrix(Self& I, Fn&& f) {
@@ -107,14 +159,13 @@ LlamaModel::~LlamaModel() = default;
 
 const LlamaConfig& LlamaModel::config() const noexcept { return impl_->cfg; }
 
-LlamaModel LlamaModel::load(const GgufFile& g) {
-  LlamaModel m;
-  Impl& I = *m.impl_;
-  openblas_set_num_threads(1);
-  LlamaConfig& c = I.cfg;
+LlamaConfig LlamaModel::read_config(const GgufFile& g) {
+  LlamaConfig c;
   c.arch = g.get_string("general.architecture");
-  TQ_CHECK(c.arch == "llama", "%s: architecture '%s' is not supported (only 'llama')", g.path().c_str(),
-           c.arch.c_str());
+  const ArchTraits* tr = arch_traits(c.arch);
+  TQ_CHECK(tr != nullptr, "%s: architecture '%s' is not supported (supported: %s)", g.path().c_str(),
+           c.arch.c_str(), supported_architectures().c_str());
+  c.traits = *tr;
   const std::string a = c.arch + ".";
   auto geti = [&](const std::string& k, uint64_t lo, uint64_t hi) {
     const uint64_t v = g.get_uint(a + k);
@@ -128,17 +179,67 @@ LlamaModel LlamaModel::load(const GgufFile& g) {
   c.n_ff = geti("feed_forward_length", 1, 1 << 18);
   c.n_heads = geti("attention.head_count", 1, 1024);
   c.n_kv_heads = g.has(a + "attention.head_count_kv") ? geti("attention.head_count_kv", 1, 1024) : c.n_heads;
-  TQ_CHECK(c.n_embd % c.n_heads == 0, "%s: embedding %d not divisible by %d heads", g.path().c_str(),
-           c.n_embd, c.n_heads);
   TQ_CHECK(c.n_heads % c.n_kv_heads == 0, "%s: %d query heads not a multiple of %d kv heads",
            g.path().c_str(), c.n_heads, c.n_kv_heads);
-  c.head_dim = c.n_embd / c.n_heads;
+  if (g.has(a + "attention.key_length")) {
+    c.head_dim = geti("attention.key_length", 1, 1024);
+    if (g.has(a + "attention.value_length")) {
+      const int dv = geti("attention.value_length", 1, 1024);
+      TQ_CHECK(dv == c.head_dim, "%s: value_length %d differs from key_length %d (not supported)",
+               g.path().c_str(), dv, c.head_dim);
+    }
+  } else {
+    TQ_CHECK(c.n_embd % c.n_heads == 0, "%s: embedding %d not divisible by %d heads", g.path().c_str(),
+             c.n_embd, c.n_heads);
+    c.head_dim = c.n_embd / c.n_heads;
+  }
   c.rope_dim = g.has(a + "rope.dimension_count") ? geti("rope.dimension_count", 2, c.head_dim) : c.head_dim;
-  TQ_CHECK(c.rope_dim % 2 == 0, "%s: odd rope dimension %d", g.path().c_str(), c.rope_dim);
+  TQ_CHECK(c.rope_dim % 2 == 0 && c.rope_dim <= 1024, "%s: rope dimension %d is odd or above 1024",
+           g.path().c_str(), c.rope_dim);
   c.n_ctx_train = g.has(a + "context_length") ? geti("context_length", 1, 1 << 24) : 2048;
   c.rope_base = static_cast<float>(g.get_float_or(a + "rope.freq_base", 10000.0));
   c.rms_eps = static_cast<float>(g.get_float_or(a + "attention.layer_norm_rms_epsilon", 1e-5));
   TQ_CHECK(c.rope_base > 0 && c.rms_eps > 0, "%s: bad rope base or rms epsilon", g.path().c_str());
+  if (c.traits.rope_base_swa > 0)
+    c.traits.rope_base_swa = static_cast<float>(g.get_float_or(a + "rope.freq_base_swa", c.traits.rope_base_swa));
+  // RoPE scaling as llama.cpp reads it: rope.scaling.factor (or the older rope.scale_linear)
+  // scales the positions by 1 / factor; the type defaults to linear; Llama 3's scaling is the
+  // rope_freqs.weight tensor (frequency factors) written by the converter.
+  const double factor = g.get_float_or(a + "rope.scaling.factor", g.get_float_or(a + "rope.scale_linear", 0.0));
+  const std::string scaling = g.get_string_or(a + "rope.scaling.type", "linear");
+  TQ_CHECK(scaling == "linear" || scaling == "none" || factor == 0.0 || factor == 1.0,
+           "%s: rope scaling '%s' is not supported (supported: linear, none and Llama 3 frequency factors)",
+           g.path().c_str(), scaling.c_str());
+  TQ_CHECK(factor >= 0, "%s: negative rope scaling factor", g.path().c_str());
+  // type none: never scaled (llama_context does the same)
+  c.rope_freq_scale = factor == 0.0 || scaling == "none" ? 1.0f : static_cast<float>(1.0 / factor);
+  c.rope_freq_factors = g.find_tensor("rope_freqs.weight") != nullptr;
+  if (c.traits.swa_pattern > 0)
+    c.sliding_window = g.has(a + "attention.sliding_window") ? geti("attention.sliding_window", 0, 1 << 24) : 0;
+  if (c.traits.embd_scale_sqrt) c.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
+  // gemma3: queries scaled by 1/sqrt(head_dim), except the 27B (62 layers): 1/sqrt(n_embd/n_heads).
+  if (c.arch == "gemma3" && c.n_layers == 62) c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.n_embd / c.n_heads));
+  if (c.arch == "gemma3") c.final_softcap = static_cast<float>(g.get_float_or(a + "final_logit_softcapping", 0.0));
+  TQ_CHECK(c.final_softcap >= 0, "%s: negative final_logit_softcapping", g.path().c_str());
+  const GgufTensor* te = g.find_tensor("token_embd.weight");
+  TQ_CHECK(te && te->ne.size() == 2 && te->ne[0] == static_cast<uint64_t>(c.n_embd) && te->ne[1] >= 1 &&
+               te->ne[1] < (1u << 31),
+           "%s: token_embd.weight is missing or has the wrong shape", g.path().c_str());
+  c.n_vocab = static_cast<int>(te->ne[1]);
+  if (g.has(a + "vocab_size")) {
+    TQ_CHECK(g.get_uint(a + "vocab_size") == te->ne[1], "%s: vocab_size disagrees with token_embd",
+             g.path().c_str());
+  }
+  c.tied_output = g.find_tensor("output.weight") == nullptr;
+  return c;
+}
+
+LlamaModel LlamaModel::load(const GgufFile& g) {
+  LlamaModel m;
+  Impl& I = *m.impl_;
+  openblas_set_num_threads(1);
+  LlamaConfig& c = I.cfg;
+  c = read_config(g);
 
   auto tensor = [&](const std::string& name, const std::vector<uint64_t>& ne) -> const GgufTensor& {
     const GgufTensor& t = g.tensor(name);
@@ -148,6 +249,11 @@ LlamaModel LlamaModel::load(const GgufFile& g) {
     return t;
   };
   auto load = [&](const std::string& name, std::vector<uint64_t> ne) { return g.tensor_f32(tensor(name, ne)); };
+  // Optional vector tensors (biases, norms): empty when absent, unless required.
+  auto load_opt = [&](const std::string& name, std::vector<uint64_t> ne, bool required) {
+    if (!required && g.find_tensor(name) == nullptr) return std::vector<float>();
+    return load(name, ne);
+  };
   // A matrix: the GGUF bytes themselves for types with a block kernel (F32 excepted), else an
   // f32 copy.
   auto load_w = [&](const std::string& name, std::vector<uint64_t> ne) {
@@ -161,31 +267,36 @@ LlamaModel LlamaModel::load(const GgufFile& g) {
     else w.f = g.tensor_f32(t);
     return w;
   };
-  const uint64_t E = c.n_embd, F = c.n_ff, KV = static_cast<uint64_t>(c.n_kv_heads) * c.head_dim;
-  const GgufTensor& te = g.tensor("token_embd.weight");
-  TQ_CHECK(te.ne.size() == 2 && te.ne[0] == E, "%s: token_embd.weight has the wrong shape", g.path().c_str());
-  c.n_vocab = static_cast<int>(te.ne[1]);
-  if (g.has(a + "vocab_size")) {
-    TQ_CHECK(g.get_uint(a + "vocab_size") == te.ne[1], "%s: vocab_size disagrees with token_embd",
-             g.path().c_str());
-  }
-  I.tok_embd = load_w("token_embd.weight", {E, te.ne[1]});
+  const ArchTraits& tr = c.traits;
+  const uint64_t E = c.n_embd, F = c.n_ff, D = c.head_dim, QD = c.q_dim(),
+                 KV = static_cast<uint64_t>(c.n_kv_heads) * c.head_dim, V = c.n_vocab;
+  I.tok_embd = load_w("token_embd.weight", {E, V});
   I.output_norm = load("output_norm.weight", {E});
-  c.tied_output = g.find_tensor("output.weight") == nullptr;
-  if (!c.tied_output) I.output = load_w("output.weight", {E, te.ne[1]});
+  if (!c.tied_output) I.output = load_w("output.weight", {E, V});
+  if (c.rope_freq_factors) {
+    I.rope_freqs = load("rope_freqs.weight", {static_cast<uint64_t>(c.rope_dim / 2)});
+    for (float f : I.rope_freqs) TQ_CHECK(f > 0, "%s: rope_freqs.weight holds a factor <= 0", g.path().c_str());
+  }
   I.layers.resize(c.n_layers);
   for (int l = 0; l < c.n_layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     Layer& L = I.layers[l];
     L.attn_norm = load(p + "attn_norm.weight", {E});
-    L.wq = load_w(p + "attn_q.weight", {E, E});
+    L.wq = load_w(p + "attn_q.weight", {E, QD});
     L.wk = load_w(p + "attn_k.weight", {E, KV});
     L.wv = load_w(p + "attn_v.weight", {E, KV});
-    L.wo = load_w(p + "attn_output.weight", {E, E});
+    L.bq = load_opt(p + "attn_q.bias", {QD}, tr.qkv_bias);
+    L.bk = load_opt(p + "attn_k.bias", {KV}, tr.qkv_bias);
+    L.bv = load_opt(p + "attn_v.bias", {KV}, tr.qkv_bias);
+    L.q_norm = load_opt(p + "attn_q_norm.weight", {D}, tr.qk_norm);
+    L.k_norm = load_opt(p + "attn_k_norm.weight", {D}, tr.qk_norm);
+    L.wo = load_w(p + "attn_output.weight", {QD, E});
+    L.attn_post_norm = load_opt(p + "post_attention_norm.weight", {E}, tr.post_norms);
     L.ffn_norm = load(p + "ffn_norm.weight", {E});
     L.wg = load_w(p + "ffn_gate.weight", {E, F});
     L.wu = load_w(p + "ffn_up.weight", {E, F});
     L.wd = load_w(p + "ffn_down.weight", {F, E});
+    L.ffn_post_norm = load_opt(p + "post_ffw_norm.weight", {E}, tr.post_norms);
   }
   if (I.f32_decode) m.set_f32_decode(true);  // TQ_F32_DECODE
   return m;
@@ -194,7 +305,11 @@ LlamaModel LlamaModel::load(const GgufFile& g) {
 size_t LlamaModel::weight_bytes() const noexcept {
   const Impl& I = *impl_;
   size_t n = I.output_norm.size() * sizeof(float);
-  for (auto& L : I.layers) n += (L.attn_norm.size() + L.ffn_norm.size()) * sizeof(float);
+  n += I.rope_freqs.size() * sizeof(float);
+  for (auto& L : I.layers)
+    n += (L.attn_norm.size() + L.ffn_norm.size() + L.bq.size() + L.bk.size() + L.bv.size() + L.q_norm.size() +
+          L.k_norm.size() + L.attn_post_norm.size() + L.ffn_post_norm.size()) *
+         sizeof(float);
   Impl::each_matrix(I, [&](const Weight& w) { n += w.bytes(); });
   return n;
 }
@@ -205,16 +320,18 @@ size_t LlamaModel::block_weight_bytes() const noexcept {
   return n;
 }
 
-KvCacheConfig LlamaModel::kv_config(int max_tokens) const {
+KvCacheConfig kv_config_for(const LlamaConfig& c, int max_tokens) {
   KvCacheConfig k;
-  k.n_layers = impl_->cfg.n_layers;
-  k.n_kv_heads = impl_->cfg.n_kv_heads;
-  k.head_dim = impl_->cfg.head_dim;
+  k.n_layers = c.n_layers;
+  k.n_kv_heads = c.n_kv_heads;
+  k.head_dim = c.head_dim;
   k.max_tokens = max_tokens;
-  k.rope_base = impl_->cfg.rope_base;
-  k.rope_dim = impl_->cfg.rope_dim;
+  k.rope_base = c.rope_base;
+  k.rope_dim = c.rope_dim;
   return k;
 }
+
+KvCacheConfig LlamaModel::kv_config(int max_tokens) const { return kv_config_for(impl_->cfg, max_tokens); }
 
 void LlamaModel::set_threads(int n) {
   impl_->n_threads = n > 0 ? n : omp_get_num_procs();
@@ -271,30 +388,116 @@ void rmsnorm(const float* x, const float* w, float* y, int n, int d, float eps, 
   }
 }
 
-// In-place RoPE, normal (adjacent-pair) mode, on n tokens * n_heads heads of head_dim.
-void rope(float* x, int n, int n_heads, int head_dim, int rope_dim, int pos0, float base, int nt) {
+// In-place RoPE on n tokens * n_heads heads of head_dim, token i at position pos[i]: the first
+// rope_dim dims, pair k (normal mode: dims 2k, 2k+1; neox: k, k + rope_dim/2) turned by
+// pos * base^(-2k/rope_dim) / ff[k] * freq_scale (ff: frequency factors or null), the order of
+// operations of ggml's rope cache.
+void rope(float* x, int n, int n_heads, int head_dim, int rope_dim, const int* pos, float base, float freq_scale,
+          const float* ff, bool neox, int nt) {
   const float theta_scale = std::pow(base, -2.0f / static_cast<float>(rope_dim));
+  const int half = rope_dim / 2;
 #pragma omp parallel for num_threads(nt) schedule(static) if (n > 4)
   for (int i = 0; i < n; ++i) {
     float cs[512], sn[512];
-    float theta = static_cast<float>(pos0 + i);
-    for (int k = 0; k < rope_dim / 2; ++k) {
-      cs[k] = std::cos(theta);
-      sn[k] = std::sin(theta);
+    float theta = static_cast<float>(pos[i]);
+    for (int k = 0; k < half; ++k) {
+      float ang = theta;
+      if (ff) ang /= ff[k];
+      if (freq_scale != 1.0f) ang *= freq_scale;
+      cs[k] = std::cos(ang);
+      sn[k] = std::sin(ang);
       theta *= theta_scale;
     }
     for (int h = 0; h < n_heads; ++h) {
       float* v = x + (static_cast<size_t>(i) * n_heads + h) * head_dim;
-      for (int k = 0; k < rope_dim / 2; ++k) {
-        const float a = v[2 * k], b = v[2 * k + 1];
-        v[2 * k] = a * cs[k] - b * sn[k];
-        v[2 * k + 1] = a * sn[k] + b * cs[k];
+      const int stride = neox ? 1 : 2, off = neox ? half : 1;
+      for (int k = 0; k < half; ++k) {
+        float* p0 = v + k * stride;
+        const float a = p0[0], b = p0[off];
+        p0[0] = a * cs[k] - b * sn[k];
+        p0[off] = a * sn[k] + b * cs[k];
       }
     }
   }
 }
 
+void add_bias(float* y, const std::vector<float>& b, int n) {
+  if (b.empty()) return;
+  const size_t d = b.size();
+  for (int i = 0; i < n; ++i)
+    for (size_t j = 0; j < d; ++j) y[i * d + j] += b[j];
+}
+
+void add_into(float* x, const float* y, size_t ne, int nt) {
+#pragma omp parallel for num_threads(nt) schedule(static) if (ne > 65536)
+  for (size_t j = 0; j < ne; ++j) x[j] += y[j];
+}
+
 }  // namespace
+
+void LlamaModel::Impl::layer_qkv(int l, const float* x, int n, const int* pos, Scratch& s) const {
+  const LlamaConfig& c = cfg;
+  const Layer& L = layers[l];
+  const int nt = n_threads > 0 ? n_threads : omp_get_max_threads();
+  const int E = c.n_embd, D = c.head_dim, QD = c.q_dim(), KV = c.n_kv_heads * D;
+  rmsnorm(x, L.attn_norm.data(), s.h.data(), n, E, c.rms_eps, nt);
+  matmul(s.h.data(), L.wq, s.q.data(), n, E, QD, nt, f32_decode);
+  matmul(s.h.data(), L.wk, s.k.data(), n, E, KV, nt, f32_decode);
+  matmul(s.h.data(), L.wv, s.v.data(), n, E, KV, nt, f32_decode);
+  add_bias(s.q.data(), L.bq, n);
+  add_bias(s.k.data(), L.bk, n);
+  add_bias(s.v.data(), L.bv, n);
+  if (!L.q_norm.empty()) rmsnorm(s.q.data(), L.q_norm.data(), s.q.data(), n * c.n_heads, D, c.rms_eps, nt);
+  if (!L.k_norm.empty()) rmsnorm(s.k.data(), L.k_norm.data(), s.k.data(), n * c.n_kv_heads, D, c.rms_eps, nt);
+  const float base = c.layer_rope_base(l), fs = c.layer_rope_scale(l);
+  const float* ff = rope_freqs.empty() ? nullptr : rope_freqs.data();
+  const bool neox = c.traits.rope_neox;
+  rope(s.q.data(), n, c.n_heads, D, c.rope_dim, pos, base, fs, ff, neox, nt);
+  rope(s.k.data(), n, c.n_kv_heads, D, c.rope_dim, pos, base, fs, ff, neox, nt);
+}
+
+AttentionParams LlamaModel::Impl::attn_params(int l, int pos0) const {
+  AttentionParams ap;
+  ap.n_heads = cfg.n_heads;
+  ap.pos0 = pos0;
+  ap.n_threads = n_threads > 0 ? n_threads : omp_get_max_threads();
+  ap.exact = exact;
+  ap.lut8 = lut8;
+  ap.scale = cfg.attn_scale;
+  ap.sliding_window = cfg.layer_is_swa(l) ? cfg.sliding_window : 0;
+  return ap;
+}
+
+void LlamaModel::Impl::layer_out_ffn(int l, float* x, int n, Scratch& s) const {
+  const LlamaConfig& c = cfg;
+  const Layer& L = layers[l];
+  const int nt = n_threads > 0 ? n_threads : omp_get_max_threads();
+  const int E = c.n_embd, F = c.n_ff, QD = c.q_dim();
+  matmul(s.att.data(), L.wo, s.tmp.data(), n, QD, E, nt, f32_decode);
+  const size_t ne = static_cast<size_t>(n) * E;
+  if (!L.attn_post_norm.empty()) rmsnorm(s.tmp.data(), L.attn_post_norm.data(), s.tmp.data(), n, E, c.rms_eps, nt);
+  add_into(x, s.tmp.data(), ne, nt);
+  rmsnorm(x, L.ffn_norm.data(), s.h.data(), n, E, c.rms_eps, nt);
+  matmul(s.h.data(), L.wg, s.g.data(), n, E, F, nt, f32_decode);
+  matmul(s.h.data(), L.wu, s.u.data(), n, E, F, nt, f32_decode);
+  const size_t nf = static_cast<size_t>(n) * F;
+  float* g = s.g.data();
+  const float* u = s.u.data();
+  if (c.traits.gelu) {
+    // GELU, tanh approximation (ggml_gelu): 0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2))).
+#pragma omp parallel for num_threads(nt) schedule(static) if (nf > 65536)
+    for (size_t j = 0; j < nf; ++j) {
+      const float z = g[j];
+      g[j] = 0.5f * z * (1.0f + std::tanh(0.7978845608028654f * z * (1.0f + 0.044715f * z * z))) * u[j];
+    }
+  } else {
+#pragma omp parallel for num_threads(nt) schedule(static) if (nf > 65536)
+    for (size_t j = 0; j < nf; ++j) g[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
+  }
+  matmul(s.g.data(), L.wd, s.tmp.data(), n, F, E, nt, f32_decode);
+  if (!L.ffn_post_norm.empty()) rmsnorm(s.tmp.data(), L.ffn_post_norm.data(), s.tmp.data(), n, E, c.rms_eps, nt);
+  add_into(x, s.tmp.data(), ne, nt);
+}
 
 void LlamaModel::forward(KvCache& cache, const int32_t* tokens, int n_total, float* hidden_out) const {
   const Impl& I = *impl_;
@@ -307,50 +510,33 @@ void LlamaModel::forward(KvCache& cache, const int32_t* tokens, int n_total, flo
   for (int i = 0; i < n_total; ++i)
     TQ_CHECK(tokens[i] >= 0 && tokens[i] < c.n_vocab, "forward: token id %d outside the vocabulary", tokens[i]);
   const int nt = threads();
-  const int E = c.n_embd, F = c.n_ff, D = c.head_dim, KV = c.n_kv_heads * D;
+  const int E = c.n_embd;
   const int ub = std::min(I.ubatch, std::max(1, n_total));
-  std::vector<float> x(static_cast<size_t>(ub) * E), h(x.size()), q(x.size()), att(x.size()), tmp(x.size());
-  std::vector<float> k(static_cast<size_t>(ub) * KV), v(k.size());
-  std::vector<float> g(static_cast<size_t>(ub) * F), u(g.size());
+  std::vector<float> x(static_cast<size_t>(ub) * E);
+  std::vector<int> pos(ub);
+  Scratch s;
+  s.reserve(c, ub);
 
   for (int b0 = 0; b0 < n_total; b0 += ub) {
     const int n = std::min(ub, n_total - b0);
     const int pos0 = cache.n_tokens(0);
     TQ_CHECK(pos0 + n <= kc.max_tokens, "forward: %d + %d tokens exceed the cache capacity %d", pos0, n,
              kc.max_tokens);
-    for (int i = 0; i < n; ++i)
-      I.tok_embd.row(static_cast<size_t>(tokens[b0 + i]), &x[static_cast<size_t>(i) * E]);
+    for (int i = 0; i < n; ++i) {
+      pos[i] = pos0 + i;
+      float* xi = &x[static_cast<size_t>(i) * E];
+      I.tok_embd.row(static_cast<size_t>(tokens[b0 + i]), xi);
+      if (c.embd_scale != 1.0f)
+        for (int j = 0; j < E; ++j) xi[j] *= c.embd_scale;
+    }
     for (int l = 0; l < c.n_layers; ++l) {
-      const Layer& L = I.layers[l];
-      rmsnorm(x.data(), L.attn_norm.data(), h.data(), n, E, c.rms_eps, nt);
-      matmul(h.data(), L.wq, q.data(), n, E, E, nt, I.f32_decode);
-      matmul(h.data(), L.wk, k.data(), n, E, KV, nt, I.f32_decode);
-      matmul(h.data(), L.wv, v.data(), n, E, KV, nt, I.f32_decode);
-      rope(q.data(), n, c.n_heads, D, c.rope_dim, pos0, c.rope_base, nt);
-      rope(k.data(), n, c.n_kv_heads, D, c.rope_dim, pos0, c.rope_base, nt);
-      cache.observe_queries(l, n, q.data(), c.n_heads);
-      cache.append(l, n, k.data(), v.data(), nt);
-      AttentionParams ap;
-      ap.n_heads = c.n_heads;
-      ap.pos0 = pos0;
-      ap.n_threads = nt;
-      ap.exact = I.exact;
-      ap.lut8 = I.lut8;
-      if (I.attn == AttentionImpl::Fused) attention(cache, l, n, q.data(), att.data(), ap);
-      else attention_ref(cache, l, n, q.data(), att.data(), ap);
-      matmul(att.data(), L.wo, tmp.data(), n, E, E, nt, I.f32_decode);
-      const size_t ne = static_cast<size_t>(n) * E;
-#pragma omp parallel for num_threads(nt) schedule(static) if (ne > 65536)
-      for (size_t j = 0; j < ne; ++j) x[j] += tmp[j];
-      rmsnorm(x.data(), L.ffn_norm.data(), h.data(), n, E, c.rms_eps, nt);
-      matmul(h.data(), L.wg, g.data(), n, E, F, nt, I.f32_decode);
-      matmul(h.data(), L.wu, u.data(), n, E, F, nt, I.f32_decode);
-      const size_t nf = static_cast<size_t>(n) * F;
-#pragma omp parallel for num_threads(nt) schedule(static) if (nf > 65536)
-      for (size_t j = 0; j < nf; ++j) g[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
-      matmul(g.data(), L.wd, tmp.data(), n, F, E, nt, I.f32_decode);
-#pragma omp parallel for num_threads(nt) schedule(static) if (ne > 65536)
-      for (size_t j = 0; j < ne; ++j) x[j] += tmp[j];
+      I.layer_qkv(l, x.data(), n, pos.data(), s);
+      cache.observe_queries(l, n, s.q.data(), c.n_heads);
+      cache.append(l, n, s.k.data(), s.v.data(), nt);
+      const AttentionParams ap = I.attn_params(l, pos0);
+      if (I.attn == AttentionImpl::Fused) attention(cache, l, n, s.q.data(), s.att.data(), ap);
+      else attention_ref(cache, l, n, s.q.data(), s.att.data(), ap);
+      I.layer_out_ffn(l, x.data(), n, s);
     }
     if (hidden_out)
       rmsnorm(x.data(), I.output_norm.data(), hidden_out + static_cast<size_t>(b0) * E, n, E, c.rms_eps, nt);
@@ -360,6 +546,11 @@ void LlamaModel::forward(KvCache& cache, const int32_t* tokens, int n_total, flo
 void LlamaModel::logits(const float* hidden, int n, float* out) const {
   const Impl& I = *impl_;
   matmul(hidden, I.out_w(), out, n, I.cfg.n_embd, I.cfg.n_vocab, threads(), I.f32_decode);
+  if (I.cfg.final_softcap > 0) {
+    const float cap = I.cfg.final_softcap;
+    const size_t ne = static_cast<size_t>(n) * I.cfg.n_vocab;
+    for (size_t j = 0; j < ne; ++j) out[j] = cap * std::tanh(out[j] / cap);
+  }
 }
 
 std::vector<float> LlamaModel::forward_last(KvCache& cache, const std::vector<int32_t>& tokens) const {

@@ -210,6 +210,25 @@ inline std::unique_ptr<Loaded> load_model(ModelOpts& o) {
   ensure_runtime_env();
   o.kv.boundary_type_v = o.kv.boundary_type_k;
   auto g = GgufFile::open(resolve_model(o.model));
+  // The cache config against the model's shape before anything large is read: layer / head
+  // specs in range (make_kv_config), then every type it uses against head_dim.
+  const LlamaConfig mc = LlamaModel::read_config(g);
+  {
+    const KvCacheConfig kc = make_kv_config(mc, o.kv, 1);
+    std::vector<std::string> types = {kc.type_k, kc.type_v};
+    if (kc.boundary_layers > 0) types.insert(types.end(), {kc.boundary_type_k, kc.boundary_type_v});
+    for (const auto* list : {&kc.layer_type_k, &kc.layer_type_v, &kc.head_type_k, &kc.head_type_v})
+      for (const std::string& t : *list)
+        if (!t.empty()) types.push_back(t);
+    for (const std::string& t : types) {
+      try {
+        kv_type_bytes(parse_kv_type(t), mc.head_dim);
+      } catch (const Error& e) {
+        throw Error(std::string(e.what()) + " (the model " + g.path() + " has head_dim " +
+                    std::to_string(mc.head_dim) + ")");
+      }
+    }
+  }
   Tokenizer tok(g);
   LlamaModel m = LlamaModel::load(g);
   m.set_threads(o.threads);

@@ -1,0 +1,183 @@
+// Sliding-window attention (AttentionParams::sliding_window, gemma3's local layers): a query at
+// position p sees exactly the keys max(0, p - W + 1) .. p.
+//  - f32 cache: attention() and attention_ref() against an explicit float64 masked softmax over
+//    the K / V that went in (f32 rows are stored exactly);
+//  - every cache type (f16, q8_0, tq4, tq3 with the automatic protection: sink + RoPE-rotating
+//    K mean per 32-token segment, tq2.5, tq4 with an f16 recent-token window): the fused path
+//    attention() against attention_ref() with the same window on the same cache, prefill (all
+//    queries in one call) and decode (one query per appended token), windows that start inside
+//    a 32-token block and on its edges;
+//  - attention_ref with a window covering the whole context equals it without one, and a short
+//    window changes the result (the mask is not a no-op).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "kv_test_util.h"
+#include "tq/common.h"
+#include "tq/kv_cache.h"
+
+namespace {
+
+constexpr int kD = 64, kKvh = 2, kHeads = 4, kN = 150;
+constexpr double kTolExact = 2e-6;  // f32 cache vs float64 masked softmax (max abs / max |ref|)
+constexpr double kTolFused = 1e-4;  // fused kernels vs attention_ref on the same cache
+
+std::vector<float> randv(size_t n, tq::Rng& r, float scale = 1.0f) {
+  std::vector<float> v(n);
+  for (auto& x : v) x = scale * static_cast<float>(r.normal());
+  return v;
+}
+
+double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0, s = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    m = std::max(m, std::fabs(static_cast<double>(a[i]) - b[i]));
+    s = std::max(s, std::fabs(static_cast<double>(b[i])));
+  }
+  return m / s;
+}
+
+struct Data {
+  std::vector<float> k, v, q;  // kN * kKvh * kD, kN * kKvh * kD, kN * kHeads * kD
+};
+
+Data make_data(uint64_t seed) {
+  tq::Rng r(seed);
+  Data d;
+  d.k = randv(static_cast<size_t>(kN) * kKvh * kD, r);
+  d.v = randv(d.k.size(), r);
+  d.q = randv(static_cast<size_t>(kN) * kHeads * kD, r, 0.5f);
+  // A constant component in K (what centring removes) so the centred paths do work.
+  for (size_t i = 0; i < d.k.size(); ++i) d.k[i] += (i % kD < 8) ? 2.0f : 0.0f;
+  return d;
+}
+
+// Float64 attention of query i (position i) over keys max(0, i - W + 1) .. i (W = 0: all).
+std::vector<float> masked_softmax(const Data& d, int W) {
+  std::vector<float> out(static_cast<size_t>(kN) * kHeads * kD);
+  const int G = kHeads / kKvh;
+  for (int i = 0; i < kN; ++i)
+    for (int h = 0; h < kHeads; ++h) {
+      const int kh = h / G, t0 = W > 0 ? std::max(0, i - W + 1) : 0;
+      const float* q = &d.q[(static_cast<size_t>(i) * kHeads + h) * kD];
+      std::vector<double> s(i + 1, -INFINITY);
+      double mx = -INFINITY;
+      for (int t = t0; t <= i; ++t) {
+        double a = 0;
+        for (int j = 0; j < kD; ++j) a += static_cast<double>(q[j]) * d.k[(static_cast<size_t>(t) * kKvh + kh) * kD + j];
+        s[t] = a / std::sqrt(static_cast<double>(kD));
+        mx = std::max(mx, s[t]);
+      }
+      std::vector<double> o(kD, 0.0);
+      double z = 0;
+      for (int t = t0; t <= i; ++t) {
+        const double w = std::exp(s[t] - mx);
+        z += w;
+        for (int j = 0; j < kD; ++j) o[j] += w * d.v[(static_cast<size_t>(t) * kKvh + kh) * kD + j];
+      }
+      for (int j = 0; j < kD; ++j) out[(static_cast<size_t>(i) * kHeads + h) * kD + j] = static_cast<float>(o[j] / z);
+    }
+  return out;
+}
+
+struct CacheCase {
+  const char* name;
+  tq::KvCacheConfig cfg;
+};
+
+std::vector<CacheCase> cache_cases() {
+  std::vector<CacheCase> cs;
+  auto base = [](const char* tk, const char* tv) { return tq_test::kv_config(1, kKvh, kD, kN, tk, tv); };
+  cs.push_back({"f32", base("f32", "f32")});
+  cs.push_back({"f16", base("f16", "f16")});
+  cs.push_back({"q8_0", base("q8_0", "q8_0")});
+  cs.push_back({"tq4", base("tq4", "tq4")});
+  auto prot = base("tq3", "tq3");  // the CLI's automatic protection, with short segments
+  prot.sink = 1;
+  prot.center_k = true;
+  prot.center_rope = true;
+  prot.center_segment = 32;
+  prot.rope_base = 10000.0f;
+  prot.rope_dim = kD;
+  cs.push_back({"tq3 sink1 ck cr cs32", prot});
+  cs.push_back({"tq2.5/tq3", base("tq2.5", "tq3")});
+  auto win = base("tq4", "tq4");
+  win.window = 16;
+  cs.push_back({"tq4 w16", win});
+  return cs;
+}
+
+// Runs prefill (one append, all queries in one call) or decode (append one token, query it)
+// with attention() or attention_ref().
+std::vector<float> run(const CacheCase& cc, const Data& d, int W, bool prefill, bool fused) {
+  tq::KvCache cache(cc.cfg);
+  std::vector<float> out(d.q.size());
+  tq::AttentionParams p;
+  p.n_heads = kHeads;
+  p.sliding_window = W;
+  p.n_threads = 2;
+  const size_t kr = static_cast<size_t>(kKvh) * kD, qr = static_cast<size_t>(kHeads) * kD;
+  if (prefill) {
+    cache.append(0, kN, d.k.data(), d.v.data(), 2);
+    p.pos0 = 0;
+    if (fused) tq::attention(cache, 0, kN, d.q.data(), out.data(), p);
+    else tq::attention_ref(cache, 0, kN, d.q.data(), out.data(), p);
+  } else {
+    for (int i = 0; i < kN; ++i) {
+      cache.append(0, 1, d.k.data() + i * kr, d.v.data() + i * kr);
+      p.pos0 = -1;
+      if (fused) tq::attention(cache, 0, 1, d.q.data() + i * qr, out.data() + i * qr, p);
+      else tq::attention_ref(cache, 0, 1, d.q.data() + i * qr, out.data() + i * qr, p);
+    }
+  }
+  return out;
+}
+
+const int kWindows[] = {1, 7, 32, 33, 40, 100};
+
+}  // namespace
+
+TEST(SlidingWindow, F32CacheEqualsMaskedSoftmax) {
+  const Data d = make_data(11);
+  const CacheCase cc = cache_cases()[0];
+  for (int W : kWindows) {
+    const auto want = masked_softmax(d, W);
+    for (bool prefill : {true, false})
+      for (bool fused : {true, false}) {
+        const double e = max_rel(run(cc, d, W, prefill, fused), want);
+        EXPECT_LT(e, kTolExact) << "W=" << W << " prefill=" << prefill << " fused=" << fused;
+      }
+  }
+  // The mask matters: W = 7 is far from full attention.
+  EXPECT_GT(max_rel(masked_softmax(d, 7), masked_softmax(d, 0)), 0.1);
+}
+
+TEST(SlidingWindow, FusedEqualsReferenceEveryCacheType) {
+  const Data d = make_data(12);
+  for (const CacheCase& cc : cache_cases()) {
+    // A window covering the context is no window; a short one changes the output.
+    const auto full = run(cc, d, 0, true, false);
+    EXPECT_EQ(run(cc, d, kN, true, false), full) << cc.name;
+    EXPECT_GT(max_rel(run(cc, d, 7, true, false), full), 0.1) << cc.name;
+    for (int W : kWindows)
+      for (bool prefill : {true, false}) {
+        const auto ref = run(cc, d, W, prefill, false);
+        const double e = max_rel(run(cc, d, W, prefill, true), ref);
+        EXPECT_LT(e, kTolFused) << cc.name << " W=" << W << " prefill=" << prefill;
+      }
+  }
+}
+
+TEST(SlidingWindow, RejectsNegativeWindow) {
+  const Data d = make_data(13);
+  tq::KvCache cache(tq_test::kv_config(1, kKvh, kD, kN, "f16", "f16"));
+  cache.append(0, 4, d.k.data(), d.v.data());
+  std::vector<float> out(static_cast<size_t>(kHeads) * kD);
+  tq::AttentionParams p;
+  p.n_heads = kHeads;
+  p.sliding_window = -1;
+  EXPECT_ANY_THROW(tq::attention(cache, 0, 1, d.q.data(), out.data(), p));
+}
