@@ -1043,3 +1043,85 @@ TEST(KvCache, ManyQueryCallEqualsOneQueryCalls) {
     EXPECT_EQ(ran[1], lv == "avx3_dl" ? 5 * ((int)std::size(cases) - 1) : 0) << lv << ": lut8 ran for some cases only";
   }
 }
+
+// The traits table: one row per KvFormat in enum order, bytes and head_dim checks read from it.
+TEST(KvTypes, TableIndexedByEnumAndConsistent) {
+  const auto& t = tq::kv_types();
+  ASSERT_EQ(t.size(), (size_t)tq::KvFormat::count);
+  for (size_t i = 0; i < t.size(); ++i) {
+    const tq::KvTypeTraits& f = t[i];
+    EXPECT_EQ((size_t)f.id, i) << f.name;
+    EXPECT_EQ(tq::kv_type_traits(tq::kv_type(f.id)).name, std::string(f.name));
+    ASSERT_NE(tq::find_kv_type(f.name), nullptr) << f.name;
+    EXPECT_EQ(tq::find_kv_type(f.name)->id, f.id) << f.name;
+    EXPECT_EQ(tq::parse_kv_type(f.name), tq::kv_type(f.id)) << f.name;
+    ASSERT_TRUE(f.n_parts == 1 || f.n_parts == 2) << f.name;
+    int quarters = 0;
+    for (int p = 0; p < f.n_parts; ++p) quarters += f.parts[p].quarters;
+    // Parts cover the head vector once, except tq_prod's two parts (mse, QJL signs) over all of it.
+    EXPECT_EQ(quarters, f.layout == tq::KvLayout::tq_prod ? 8 : 4) << f.name;
+    EXPECT_EQ(f.channels != tq::KvChannels::all, f.layout == tq::KvLayout::tq_split) << f.name;
+    EXPECT_TRUE(f.kernels_k & tq::kKvKernelRows) << f.name;
+    EXPECT_TRUE(f.kernels_v & tq::kKvKernelRows) << f.name;
+    EXPECT_NE(std::string(f.desc), "") << f.name;
+    for (int D : {16, 32, 48, 64, 96, 128, 256, 1024, 1040, 8, 0}) {
+      EXPECT_EQ(f.supports(D), D >= 16 && D <= 1024 && D % 16 == 0 && D % f.dim_multiple == 0) << f.name << " " << D;
+      if (!f.supports(D)) {
+        EXPECT_THROW(tq::kv_type_bytes(tq::kv_type(f.id), D), tq::Error) << f.name << " " << D;
+        continue;
+      }
+      EXPECT_EQ(tq::kv_type_bytes(tq::kv_type(f.id), D), f.row_bytes(D)) << f.name;
+      EXPECT_EQ(f.block_bytes(D), 32 * f.row_bytes(D) + (f.log8_norms() ? 2 * f.n_parts : 0)) << f.name;
+      // What the cache stores per token is what the table says.
+      tq::KvCacheConfig cfg = tq_test::kv_config(1, 1, D, 64, f.name, f.name);
+      tq::KvCache cache(cfg);
+      EXPECT_DOUBLE_EQ(cache.bytes_per_token(), 2.0 * f.block_bytes(D) / 32) << f.name << " " << D;
+    }
+  }
+  EXPECT_EQ(tq::find_kv_type("tq9"), nullptr);
+  EXPECT_TRUE(tq::kv_type_traits(tq::parse_kv_type("tq3p")).turboquant());
+  EXPECT_FALSE(tq::kv_type_traits(tq::parse_kv_type("q4_0h")).turboquant());
+}
+
+namespace {
+// The lines of docs/design.md between `<!-- kv-types:begin -->` and `<!-- kv-types:end -->`.
+std::string design_md_kv_types() {
+  const std::string md = tq_test::slurp_text(std::string(TQ_SOURCE_DIR) + "/docs/design.md");
+  const std::string b = "<!-- kv-types:begin (tq kv-types --markdown) -->\n", e = "<!-- kv-types:end -->";
+  const size_t i = md.find(b), j = md.find(e);
+  if (i == std::string::npos || j == std::string::npos || j < i) return "";
+  return md.substr(i + b.size(), j - i - b.size());
+}
+}  // namespace
+
+// The type lists readers see come from the table: tq kv-types (text, JSON, markdown), the
+// -ctk help, and docs/design.md's table (checked equal to the markdown output).
+TEST(KvTypes, CliHelpAndDesignDocMatchTheTable) {
+  using tq_test::run_tq;
+  const auto md = run_tq({"kv-types", "--markdown"});
+  ASSERT_EQ(md.status, 0) << md.err;
+  EXPECT_EQ(design_md_kv_types(), md.out)
+      << "docs/design.md's format table differs from `tq kv-types --markdown`: paste the new output between the "
+         "kv-types markers";
+  const auto js = run_tq({"kv-types", "--json", "--head-dim", "64"});
+  ASSERT_EQ(js.status, 0) << js.err;
+  const auto j = nlohmann::json::parse(js.out);
+  ASSERT_EQ(j["types"].size(), tq::kv_types().size());
+  for (size_t i = 0; i < tq::kv_types().size(); ++i) {
+    const auto& f = tq::kv_types()[i];
+    EXPECT_EQ(j["types"][i]["name"], f.name);
+    EXPECT_EQ(j["types"][i]["row_bytes"].get<size_t>(), tq::kv_type_bytes(tq::kv_type(f.id), 64));
+    EXPECT_EQ(j["types"][i]["parts"].size(), (size_t)f.n_parts);
+  }
+  const auto txt = run_tq({"kv-types"});
+  ASSERT_EQ(txt.status, 0) << txt.err;
+  const auto help = run_tq({"perplexity", "--help"});
+  ASSERT_EQ(help.status, 0) << help.err;
+  for (const auto& f : tq::kv_types()) {
+    EXPECT_NE(txt.out.find(std::string("\n") + f.name + " "), std::string::npos) << f.name;
+    const bool last = &f == &tq::kv_types().back();
+    EXPECT_NE(help.out.find(std::string(" ") + f.name + (last ? " (" : ",")), std::string::npos) << f.name;  // -ctk help
+    EXPECT_NE(md.out.find(std::string("| ") + f.name + " |"), std::string::npos) << f.name;
+  }
+  EXPECT_TRUE(tq_test::failed_cleanly(run_tq({"kv-types", "--head-dim", "40"})));
+}

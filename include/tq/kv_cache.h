@@ -13,16 +13,94 @@
 
 namespace tq {
 
-// Cache element formats. Names: f32 f16 q8_0 q4_0 q8_0h q4_0h tq1..tq8 tq2.5 tq3.5 tq3p tq4p
-// tq2n8..tq5n8.
+// Cache element formats: one row of the traits table (kv_types()) per format, indexed by
+// KvFormat; `tq kv-types [--json]` prints it.
+enum class KvFormat : uint8_t {
+  f32, f16, q8_0, q4_0, q8_0h, q4_0h,
+  tq1, tq2, tq3, tq4, tq5, tq6, tq7, tq8,
+  tq2_5, tq3_5,
+  tq2h3, tq3h4, tq2h4, tq2h5, tq3h5, tq3h6, tq4h5, tq4h6,
+  tq2h6n8, tq2h4n8, tq2h5n8, tq3h4n8, tq3h5n8, tq3h6n8, tq4h5n8, tq4h6n8,
+  tq3p, tq4p,
+  tq2n8, tq3n8, tq4n8, tq5n8,
+  count
+};
+// How a 32-token block is laid out (kv_internal.h, docs/design.md "Storage layout").
+enum class KvLayout : uint8_t {
+  f32,       // rows of binary32
+  f16,       // binary16: K blocks dim-major, V rows
+  q8_0,      // ggml q8_0 rows (fp16 scale per 32 values)
+  q4_0,      // ggml q4_0 rows
+  tq,        // [32 fp16 norms][bit-plane tiles of one mse part]
+  tq_split,  // two mse parts (D/4 selected channels, 3D/4 others), each its norms and tiles
+  tq_prod,   // TurboQuant prod: mse part + QJL sign part, fp16 norm and gamma
+  tq_n8,     // tq with 8-bit log-coded norms ([int16 exponent][32 codes] per block)
+};
+// The scale stored with a part.
+enum class KvNorm : uint8_t {
+  none,        // f32 / f16 values
+  fp16_per32,  // one fp16 scale per 32 values (ggml blocks)
+  fp16,        // one fp16 norm per token and part
+  log8,        // one 8-bit log-coded norm per token and part + one int16 exponent per block
+};
+// Which channels a split layout's first part takes (frozen at the stream's first quantized token).
+enum class KvChannels : uint8_t {
+  all,             // one part: every channel
+  energy,          // the D/4 channels of largest K energy
+  query_weighted,  // the D/8 RoPE pairs of largest K energy x query energy (observe_queries)
+};
+// Decode kernels that can read a format (bit mask): rows = dequantized rows then float
+// attention (every format), f16 / tq-float / tq-lut8 = the fused kernels (attention_kernel()).
+enum KvKernelBits : uint8_t {
+  kKvKernelRows = 1, kKvKernelF16 = 2, kKvKernelTqFloat = 4, kKvKernelTqLut8 = 8,
+};
+struct KvPart {
+  uint8_t bits = 0;      // bits per value (index bits for codebook parts)
+  uint8_t quarters = 0;  // channels: quarters * head_dim / 4
+  KvNorm norm = KvNorm::none;
+};
+struct KvTypeTraits {
+  KvFormat id;
+  const char* name;
+  KvLayout layout;
+  bool rotated;            // stored in a rotated domain: Q rotated, output inverse-rotated
+  int n_parts;
+  KvPart parts[2];         // tq_split: selected channels, then the rest; tq_prod: mse, then QJL signs
+  KvChannels channels;
+  int dim_multiple;        // head_dim: a multiple of this in [16, 1024]
+  uint8_t kernels_k;       // KvKernelBits reading it as K
+  uint8_t kernels_v;       // ... as V
+  const char* desc;
+
+  // Bytes of one token (norms/scales included), and of a 32-token block (+ its log8 exponents).
+  size_t row_bytes(int head_dim) const noexcept;
+  size_t block_bytes(int head_dim) const noexcept;
+  bool supports(int head_dim) const noexcept;
+  bool log8_norms() const noexcept { return parts[0].norm == KvNorm::log8; }
+  // TurboQuant codes (tq, tq_split, tq_prod, tq_n8): the types the automatic protection is for.
+  bool turboquant() const noexcept { return layout >= KvLayout::tq; }
+  // mse parts on bit-plane tiles (tq, tq_split, tq_n8): K scaling and trellis codes apply.
+  bool mse_tiles() const noexcept { return turboquant() && layout != KvLayout::tq_prod; }
+  // Not kept as floats (centring applies).
+  bool quantized() const noexcept { return layout != KvLayout::f32 && layout != KvLayout::f16; }
+};
 struct KvType {
-  uint8_t id = 0;  // index into the format table
+  uint8_t id = 0;  // index into the format table (== KvFormat)
   bool operator==(const KvType& o) const noexcept { return id == o.id; }
   bool operator!=(const KvType& o) const noexcept { return id != o.id; }
 };
+// The table, in KvFormat order.
+const std::vector<KvTypeTraits>& kv_types();
+const KvTypeTraits& kv_type_traits(KvType t);
+inline KvType kv_type(KvFormat f) { return KvType{(uint8_t)f}; }
 KvType parse_kv_type(const std::string& name);  // unknown: tq::Error listing the valid names
+// The row of a name, or nullptr when no format has it.
+const KvTypeTraits* find_kv_type(const std::string& name) noexcept;
 std::string kv_type_name(KvType t);
 std::vector<std::string> kv_type_names();
+const char* kv_layout_name(KvLayout l);
+const char* kv_norm_name(KvNorm n);
+const char* kv_channels_name(KvChannels c);
 KvType kv_f16();
 // Bytes to store one head vector of head_dim values in format t (norms/scales included);
 // throws tq::Error when the type does not support head_dim.

@@ -129,7 +129,7 @@ Prepared prepare(const KvCache& cache, int layer, int n_q, const float* q, const
   P.sh.n_tokens = L.n_tokens;
   P.sh.n_quant = L.k.empty() ? 0 : L.k[0].n_quant;
   P.sh.scale = p.scale != 0 ? p.scale : 1.0f / std::sqrt((float)cfg.head_dim);
-  P.sh.qstride = (!L.k.empty() && L.k[0].fmt->kind == Kind::tq_prod) ? 2 * cfg.head_dim : cfg.head_dim;
+  P.sh.qstride = (!L.k.empty() && L.k[0].fmt->layout == KvLayout::tq_prod) ? 2 * cfg.head_dim : cfg.head_dim;
   int pos0 = p.pos0;
   if (pos0 < 0) {
     TQ_CHECK(pos0 == -1, "attention: pos0 %d invalid (use -1 or a position >= 0)", pos0);
@@ -198,7 +198,7 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
   }
   // prod K: the quantizer's query states [Pi q, S Pi q] (2 D floats), once per query and head.
   std::vector<float> pqk;
-  if (nq_tok > 0 && L.k[0].fmt->kind == Kind::tq_prod) {
+  if (nq_tok > 0 && L.k[0].fmt->layout == KvLayout::tq_prod) {
     TQ_ASSERT(L.k[0].prod->query_state_floats() == (size_t)2 * D);
     pqk.resize((size_t)KVH * n_q * G * 2 * D);
     for (int h = 0; h < KVH; ++h)
@@ -227,7 +227,7 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
       if (b <= qstart) continue;
       const int a = std::max(a0, qstart);
       const float* qd = &qk[(size_t)h * n_q * G * D];
-      const bool prod = sk.fmt->kind == Kind::tq_prod;
+      const bool prod = sk.fmt->layout == KvLayout::tq_prod;
       const float* qf = prod ? &pqk[(size_t)h * n_q * G * 2 * D] : qd;  // prod: [Pi q, S Pi q]
       // Fused kernels take the queries that see some of the range together (each with its own
       // causal limit); whether one applies depends only on the types. Queries that see none of

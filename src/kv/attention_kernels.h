@@ -164,25 +164,25 @@ struct Part {
   const TrellisCode* tc = nullptr;     // trellis codes (KvCacheConfig::trellis): values lut[window]
 };
 inline int parts_of(const Stream& s, Part* p) {
-  if (s.fmt->kind == Kind::tq_n8) {
+  if (s.fmt->layout == KvLayout::tq_n8) {
     p[0] = Part{0, s.dim, s.cb->bits, s.cb, 0, s.norms_bytes, 0};
     p[0].n8 = true;
     p[0].tc = s.tc;
     return 1;
   }
-  if (s.fmt->kind == Kind::tq) {
+  if (s.fmt->layout == KvLayout::tq) {
     p[0] = Part{0, s.dim, s.cb->bits, s.cb, 0, s.norms_bytes, 0};
     p[0].tc = s.tc;
     return 1;
   }
-  if (s.fmt->kind == Kind::tq_prod) {
+  if (s.fmt->layout == KvLayout::tq_prod) {
     const int D = s.dim;
     p[0] = Part{0, D, s.cb->bits, s.cb, 0, s.norms_bytes, 0};
     p[1] = Part{0, D, 1, nullptr, 0, s.norms_bytes + s.tiles_hi_bytes, D, kBlock * 2,
                 (float)(1.2533141373155003 / D)  /* sqrt(pi/2) / D */};
     return 2;
   }
-  const bool n8 = s.fmt->n8;
+  const bool n8 = s.fmt->log8_norms();
   p[0] = Part{0, s.d_hi, s.cb_hi->bits, s.cb_hi, 0, s.norms_bytes, 0};
   p[1] = Part{s.d_hi, s.d_lo, s.cb->bits, s.cb, n8 ? kN8HeaderBytes : kBlock * 2, s.norms_bytes + s.tiles_hi_bytes, s.d_hi};
   p[0].n8 = p[1].n8 = n8;

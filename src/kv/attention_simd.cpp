@@ -233,17 +233,18 @@ void decode_q4_rows(int D, int n, const uint8_t* rows, float* out) {
 }
 
 namespace {
+// The fused kernels a K / V pair can run (the traits table's kernel masks).
 bool tq_pair(const Stream& sk, const Stream& sv) {
-  const auto is_tq = [](const Stream& s) {
-    return s.fmt->kind == Kind::tq || s.fmt->kind == Kind::tq_split || s.fmt->kind == Kind::tq_n8;
-  };
-  return (is_tq(sk) || sk.fmt->kind == Kind::tq_prod) && is_tq(sv);
+  return (sk.fmt->kernels_k & kKvKernelTqFloat) && (sv.fmt->kernels_v & kKvKernelTqFloat);
+}
+bool f16_pair(const Stream& sk, const Stream& sv) {
+  return (sk.fmt->kernels_k & kKvKernelF16) && (sv.fmt->kernels_v & kKvKernelF16);
 }
 
 // fused_decode for a G with a kernel instance.
 bool fused_group(const Shape& sh, const Stream& sk, const Stream& sv, int nq, const float* qd, const int* limits,
                  int a, int b, const States& st, bool lut8) {
-  if (sk.fmt->kind == Kind::f16 && sv.fmt->kind == Kind::f16)
+  if (f16_pair(sk, sv))
     return each_query(sh, sk, nq, qd, limits, st, [&](const Shape& s, const float* q, int limit, const States& si) {
       return HWY_DYNAMIC_DISPATCH(DecodeF16)(s, sk, sv, q, limit, a, b, si);
     });
@@ -291,7 +292,7 @@ bool fused_decode(const Shape& sh, const Stream& sk, const Stream& sv, int nq, c
 
 const char* fused_kernel_name(const Shape& sh, const Stream& sk, const Stream& sv, bool lut8) {
   if (simd::use_scalar()) return "rows";
-  if (sk.fmt->kind == Kind::f16 && sv.fmt->kind == Kind::f16) {
+  if (f16_pair(sk, sv)) {
     // DecodeF16 runs when the vector length divides D (16 covers every level).
     return sh.D % 16 == 0 ? "f16" : "rows";
   }

@@ -581,15 +581,12 @@ bool host_ok() {
 }  // namespace
 
 bool decode_tq_supported(const Shape& sh, const Stream& sk, const Stream& sv, bool lut8) {
-  const int max_bits = lut8 ? 6 : 8;  // lut8: 64-byte vpermb tables
-  if (sk.fmt->kind == Kind::tq_prod) {
-    if (sk.cb->bits > max_bits || sv.fmt->kind == Kind::tq_prod) return false;
-  }
+  // The traits table says which formats each kernel reads (lut8: parts of <= 6 bits, 64-byte
+  // vpermb tables; float: <= 8 bits; tq_prod as K only).
+  const uint8_t need = lut8 ? kKvKernelTqLut8 : kKvKernelTqFloat;
+  if (!(sk.fmt->kernels_k & need) || !(sv.fmt->kernels_v & need)) return false;
   for (const Stream* s : {&sk, &sv}) {
-    if (s == &sk && s->fmt->kind == Kind::tq_prod) continue;
-    if (s->fmt->kind != Kind::tq && s->fmt->kind != Kind::tq_split && s->fmt->kind != Kind::tq_n8) return false;
-    if (s->cb->bits > max_bits || (s->cb_hi && s->cb_hi->bits > max_bits)) return false;
-    if (s->fmt->kind == Kind::tq_split && !s->split_frozen) return false;
+    if (s->fmt->layout == KvLayout::tq_split && !s->split_frozen) return false;
     // Trellis codes: the float kernel needs 8+ float lanes (a V window reaches up to 7 lanes
     // back); lut8 reads them with 256-entry tables (score_block_t, accum_block_t).
     if (s->trellis_coded() && !lut8 && decode_tq_float_lanes() < 8) return false;

@@ -21,56 +21,87 @@ namespace tq {
 namespace kv {
 
 // ------------------------------------------------------------------ table of formats
-static const Format kFormats[] = {
-    {"f32", Kind::f32, false, 32, 0, "IEEE binary32 rows"},
-    {"f16", Kind::f16, false, 16, 0, "IEEE binary16 rows"},
-    {"q8_0", Kind::q8_0, false, 8, 0, "ggml q8_0: 32 int8 + fp16 scale"},
-    {"q4_0", Kind::q4_0, false, 4, 0, "ggml q4_0: 32 nibbles + fp16 scale"},
-    {"q8_0h", Kind::q8_0, true, 8, 0, "q8_0 of the Hadamard-rotated row"},
-    {"q4_0h", Kind::q4_0, true, 4, 0, "q4_0 of the Hadamard-rotated row"},
-    {"tq1", Kind::tq, true, 1, 0, "TurboQuant mse 1 bit + fp16 corrected norm"},
-    {"tq2", Kind::tq, true, 2, 0, "TurboQuant mse 2 bits + fp16 corrected norm"},
-    {"tq3", Kind::tq, true, 3, 0, "TurboQuant mse 3 bits + fp16 corrected norm"},
-    {"tq4", Kind::tq, true, 4, 0, "TurboQuant mse 4 bits + fp16 corrected norm"},
-    {"tq5", Kind::tq, true, 5, 0, "TurboQuant mse 5 bits + fp16 corrected norm"},
-    {"tq6", Kind::tq, true, 6, 0, "TurboQuant mse 6 bits + fp16 corrected norm"},
-    {"tq7", Kind::tq, true, 7, 0, "TurboQuant mse 7 bits + fp16 corrected norm"},
-    {"tq8", Kind::tq, true, 8, 0, "TurboQuant mse 8 bits + fp16 corrected norm"},
-    {"tq2.5", Kind::tq_split, true, 2, 3, "D/4 outlier channels at 3 bits + rest at 2, 2 fp16 norms"},
-    {"tq3.5", Kind::tq_split, true, 3, 4, "D/4 outlier channels at 4 bits + rest at 3, 2 fp16 norms"},
-    {"tq2h3", Kind::tq_split, true, 2, 3, "tq2.5 with query-weighted channels (D/4 at 3 bits + rest at 2)", true},
-    {"tq3h4", Kind::tq_split, true, 3, 4, "tq3.5 with query-weighted channels (D/4 at 4 bits + rest at 3)", true},
-    {"tq2h4", Kind::tq_split, true, 2, 4, "D/4 query-weighted channels at 4 bits + rest at 2, 2 fp16 norms", true},
-    {"tq2h5", Kind::tq_split, true, 2, 5, "D/4 query-weighted channels at 5 bits + rest at 2, 2 fp16 norms", true},
-    {"tq3h5", Kind::tq_split, true, 3, 5, "D/4 query-weighted channels at 5 bits + rest at 3, 2 fp16 norms", true},
-    {"tq3h6", Kind::tq_split, true, 3, 6, "D/4 query-weighted channels at 6 bits + rest at 3, 2 fp16 norms", true},
-    {"tq4h5", Kind::tq_split, true, 4, 5, "D/4 query-weighted channels at 5 bits + rest at 4, 2 fp16 norms", true},
-    {"tq4h6", Kind::tq_split, true, 4, 6, "D/4 query-weighted channels at 6 bits + rest at 4, 2 fp16 norms", true},
-    {"tq2h6n8", Kind::tq_split, true, 2, 6, "D/4 query-weighted channels at 6 bits + rest at 2, 2 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)", true, true},
-    {"tq2h4n8", Kind::tq_split, true, 2, 4, "tq2h4 with 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)", true, true},
-    {"tq2h5n8", Kind::tq_split, true, 2, 5, "tq2h5 with 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)", true, true},
-    {"tq3h4n8", Kind::tq_split, true, 3, 4, "tq3h4 with 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)", true, true},
-    {"tq3h5n8", Kind::tq_split, true, 3, 5, "tq3h5 with 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)", true, true},
-    {"tq3h6n8", Kind::tq_split, true, 3, 6, "tq3h6 with 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)", true, true},
-    {"tq4h5n8", Kind::tq_split, true, 4, 5, "tq4h5 with 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)", true, true},
-    {"tq4h6n8", Kind::tq_split, true, 4, 6, "tq4h6 with 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)", true, true},
-    {"tq3p", Kind::tq_prod, false, 3, 0, "TurboQuant prod: 2-bit mse + 1-bit QJL, fp16 norm+gamma"},
-    {"tq4p", Kind::tq_prod, false, 4, 0, "TurboQuant prod: 3-bit mse + 1-bit QJL, fp16 norm+gamma"},
-    {"tq2n8", Kind::tq_n8, true, 2, 0, "tq2 with an 8-bit log-coded norm (+ int16 exponent per 32 tokens)", false, true},
-    {"tq3n8", Kind::tq_n8, true, 3, 0, "tq3 with an 8-bit log-coded norm (+ int16 exponent per 32 tokens)", false, true},
-    {"tq4n8", Kind::tq_n8, true, 4, 0, "tq4 with an 8-bit log-coded norm (+ int16 exponent per 32 tokens)", false, true},
-    {"tq5n8", Kind::tq_n8, true, 5, 0, "tq5 with an 8-bit log-coded norm (+ int16 exponent per 32 tokens)", false, true},
+namespace {
+using F = KvFormat;
+constexpr uint8_t kRowsOnly = kKvKernelRows;
+constexpr uint8_t kTqKernels(int max_bits) {  // the fused tq kernels: float <= 8 bits, lut8 <= 6
+  return kKvKernelRows | kKvKernelTqFloat | (max_bits <= 6 ? kKvKernelTqLut8 : 0);
+}
+constexpr KvTypeTraits values(F id, const char* name, KvLayout l, bool rot, uint8_t bits, KvNorm n, int mult,
+                              uint8_t kern, const char* desc) {
+  return {id, name, l, rot, 1, {{bits, 4, n}, {}}, KvChannels::all, mult, kern, kern, desc};
+}
+constexpr KvTypeTraits tq(F id, const char* name, uint8_t bits, KvNorm n, const char* desc) {
+  return {id, name, n == KvNorm::log8 ? KvLayout::tq_n8 : KvLayout::tq, true, 1, {{bits, 4, n}, {}},
+          KvChannels::all, 16, kTqKernels(bits), kTqKernels(bits), desc};
+}
+constexpr KvTypeTraits split(F id, const char* name, uint8_t lo, uint8_t hi, KvChannels ch, KvNorm n,
+                             const char* desc) {
+  return {id, name, KvLayout::tq_split, true, 2, {{hi, 1, n}, {lo, 3, n}}, ch, 64, kTqKernels(hi), kTqKernels(hi),
+          desc};
+}
+constexpr KvTypeTraits prod(F id, const char* name, uint8_t bits, const char* desc) {
+  return {id, name, KvLayout::tq_prod, false, 2, {{(uint8_t)(bits - 1), 4, KvNorm::fp16}, {1, 4, KvNorm::fp16}},
+          KvChannels::all, 16, kTqKernels(bits - 1), kRowsOnly, desc};
+}
+constexpr KvChannels kE = KvChannels::energy, kQ = KvChannels::query_weighted;
+constexpr KvNorm kH = KvNorm::fp16, kL = KvNorm::log8;
+}  // namespace
+
+static constexpr KvTypeTraits kFormats[] = {
+    values(F::f32, "f32", KvLayout::f32, false, 32, KvNorm::none, 16, kRowsOnly, "IEEE binary32 rows"),
+    values(F::f16, "f16", KvLayout::f16, false, 16, KvNorm::none, 16, kKvKernelRows | kKvKernelF16,
+           "IEEE binary16 (K blocks dim-major, V rows)"),
+    values(F::q8_0, "q8_0", KvLayout::q8_0, false, 8, KvNorm::fp16_per32, 32, kRowsOnly, "ggml q8_0: 32 int8 + fp16 scale"),
+    values(F::q4_0, "q4_0", KvLayout::q4_0, false, 4, KvNorm::fp16_per32, 32, kRowsOnly, "ggml q4_0: 32 nibbles + fp16 scale"),
+    values(F::q8_0h, "q8_0h", KvLayout::q8_0, true, 8, KvNorm::fp16_per32, 32, kRowsOnly, "q8_0 of the Hadamard-rotated row"),
+    values(F::q4_0h, "q4_0h", KvLayout::q4_0, true, 4, KvNorm::fp16_per32, 32, kRowsOnly, "q4_0 of the Hadamard-rotated row"),
+    tq(F::tq1, "tq1", 1, kH, "TurboQuant mse 1 bit + fp16 corrected norm"),
+    tq(F::tq2, "tq2", 2, kH, "TurboQuant mse 2 bits + fp16 corrected norm"),
+    tq(F::tq3, "tq3", 3, kH, "TurboQuant mse 3 bits + fp16 corrected norm"),
+    tq(F::tq4, "tq4", 4, kH, "TurboQuant mse 4 bits + fp16 corrected norm"),
+    tq(F::tq5, "tq5", 5, kH, "TurboQuant mse 5 bits + fp16 corrected norm"),
+    tq(F::tq6, "tq6", 6, kH, "TurboQuant mse 6 bits + fp16 corrected norm"),
+    tq(F::tq7, "tq7", 7, kH, "TurboQuant mse 7 bits + fp16 corrected norm"),
+    tq(F::tq8, "tq8", 8, kH, "TurboQuant mse 8 bits + fp16 corrected norm"),
+    split(F::tq2_5, "tq2.5", 2, 3, kE, kH, "D/4 outlier channels at 3 bits + rest at 2, 2 fp16 norms"),
+    split(F::tq3_5, "tq3.5", 3, 4, kE, kH, "D/4 outlier channels at 4 bits + rest at 3, 2 fp16 norms"),
+    split(F::tq2h3, "tq2h3", 2, 3, kQ, kH, "tq2.5 with query-weighted channels (D/4 at 3 bits + rest at 2)"),
+    split(F::tq3h4, "tq3h4", 3, 4, kQ, kH, "tq3.5 with query-weighted channels (D/4 at 4 bits + rest at 3)"),
+    split(F::tq2h4, "tq2h4", 2, 4, kQ, kH, "D/4 query-weighted channels at 4 bits + rest at 2, 2 fp16 norms"),
+    split(F::tq2h5, "tq2h5", 2, 5, kQ, kH, "D/4 query-weighted channels at 5 bits + rest at 2, 2 fp16 norms"),
+    split(F::tq3h5, "tq3h5", 3, 5, kQ, kH, "D/4 query-weighted channels at 5 bits + rest at 3, 2 fp16 norms"),
+    split(F::tq3h6, "tq3h6", 3, 6, kQ, kH, "D/4 query-weighted channels at 6 bits + rest at 3, 2 fp16 norms"),
+    split(F::tq4h5, "tq4h5", 4, 5, kQ, kH, "D/4 query-weighted channels at 5 bits + rest at 4, 2 fp16 norms"),
+    split(F::tq4h6, "tq4h6", 4, 6, kQ, kH, "D/4 query-weighted channels at 6 bits + rest at 4, 2 fp16 norms"),
+    split(F::tq2h6n8, "tq2h6n8", 2, 6, kQ, kL, "D/4 query-weighted channels at 6 bits + rest at 2, 2 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)"),
+    split(F::tq2h4n8, "tq2h4n8", 2, 4, kQ, kL, "tq2h4 with 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)"),
+    split(F::tq2h5n8, "tq2h5n8", 2, 5, kQ, kL, "tq2h5 with 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)"),
+    split(F::tq3h4n8, "tq3h4n8", 3, 4, kQ, kL, "tq3h4 with 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)"),
+    split(F::tq3h5n8, "tq3h5n8", 3, 5, kQ, kL, "tq3h5 with 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)"),
+    split(F::tq3h6n8, "tq3h6n8", 3, 6, kQ, kL, "tq3h6 with 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)"),
+    split(F::tq4h5n8, "tq4h5n8", 4, 5, kQ, kL, "tq4h5 with 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)"),
+    split(F::tq4h6n8, "tq4h6n8", 4, 6, kQ, kL, "tq4h6 with 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)"),
+    prod(F::tq3p, "tq3p", 3, "TurboQuant prod: 2-bit mse + 1-bit QJL, fp16 norm+gamma"),
+    prod(F::tq4p, "tq4p", 4, "TurboQuant prod: 3-bit mse + 1-bit QJL, fp16 norm+gamma"),
+    tq(F::tq2n8, "tq2n8", 2, kL, "tq2 with an 8-bit log-coded norm (+ int16 exponent per 32 tokens)"),
+    tq(F::tq3n8, "tq3n8", 3, kL, "tq3 with an 8-bit log-coded norm (+ int16 exponent per 32 tokens)"),
+    tq(F::tq4n8, "tq4n8", 4, kL, "tq4 with an 8-bit log-coded norm (+ int16 exponent per 32 tokens)"),
+    tq(F::tq5n8, "tq5n8", 5, kL, "tq5 with an 8-bit log-coded norm (+ int16 exponent per 32 tokens)"),
 };
 constexpr int kNumFormats = sizeof(kFormats) / sizeof(kFormats[0]);
+static_assert(kNumFormats == (int)KvFormat::count, "one row per KvFormat");
+constexpr bool rows_in_enum_order() {
+  for (int i = 0; i < kNumFormats; ++i)
+    if ((int)kFormats[i].id != i) return false;
+  return true;
+}
+static_assert(rows_in_enum_order(), "kFormats[i].id == i");
 
 const Format& format(KvType t) {
   TQ_ASSERT(t.id < kNumFormats);
   return kFormats[t.id];
 }
-int num_formats() { return kNumFormats; }
-
-// Whether the implementation of a format is available in this build.
-static bool format_implemented(const Format&) { return true; }
 
 // ------------------------------------------------------------------ bit-plane tiles
 // K tiles: tile (s, k) = s * (D/4) + k; bit 4 i + j: token 16 s + i, dim 4 k + j.
@@ -189,7 +220,7 @@ static void expand_tiles(const uint8_t* tiles, int dim, int bits, bool is_k, uin
 
 // Rebuild the codec's prod code rows (quantizer.h layout) of tokens [t, t + n), one block.
 void prod_rows(const Stream& s, int t, int n, uint8_t* rows) {
-  const int D = s.dim, bm = s.fmt->bits - 1, first = t % kBlock;
+  const int D = s.dim, bm = s.fmt->parts[0].bits, first = t % kBlock;
   TQ_ASSERT(first + n <= kBlock);
   const uint8_t* blk = s.block(t / kBlock);
   const uint16_t* norms = reinterpret_cast<const uint16_t*>(blk);
@@ -251,32 +282,9 @@ static void dequantize_q4_0(int n, const BlockQ4_0* y, float* x) {
   }
 }
 
-static size_t row_bytes_for(const Format& f, int D) {
-  switch (f.kind) {
-    case Kind::f32: return (size_t)D * 4;
-    case Kind::f16: return (size_t)D * 2;
-    case Kind::q8_0: return (size_t)D / 32 * sizeof(BlockQ8_0);
-    case Kind::q4_0: return (size_t)D / 32 * sizeof(BlockQ4_0);
-    case Kind::tq: return (size_t)D * f.bits / 8 + 2;
-    case Kind::tq_n8: return (size_t)D * f.bits / 8 + 1;  // + 2 B per 32-token block (block_bytes)
-    case Kind::tq_split: {
-      const int dh = D / 4, dl = D - dh;
-      return (size_t)(dh * f.bits_hi + dl * f.bits) / 8 + (f.n8 ? 2 : 4);  // n8: + 4 B per block
-    }
-    case Kind::tq_prod:  // [norm f16][gamma f16][idx (bits-1)][signs 1 bit]
-      return 4 + (size_t)(D * (f.bits - 1) + 7) / 8 + (size_t)(D + 7) / 8;
-  }
-  return 0;
-}
-
 static void check_dim(const Format& f, int D) {
-  TQ_CHECK(D >= 16 && D <= kMaxHeadDim && D % 16 == 0,
-           "kv type %s: head_dim %d not supported (need a multiple of 16 in [16, %d])", f.name, D,
-           kMaxHeadDim);
-  if (f.kind == Kind::q8_0 || f.kind == Kind::q4_0)
-    TQ_CHECK(D % 32 == 0, "kv type %s: head_dim %d not supported (need a multiple of 32)", f.name, D);
-  if (f.kind == Kind::tq_split)
-    TQ_CHECK(D % 64 == 0, "kv type %s: head_dim %d not supported (need a multiple of 64)", f.name, D);
+  TQ_CHECK(f.supports(D), "kv type %s: head_dim %d not supported (need a multiple of %d in [16, %d])", f.name, D,
+           f.dim_multiple, kMaxHeadDim);
 }
 
 }  // namespace kv
@@ -284,28 +292,70 @@ static void check_dim(const Format& f, int D) {
 using namespace kv;
 
 // ------------------------------------------------------------------ public format API
+size_t KvTypeTraits::row_bytes(int D) const noexcept {
+  size_t bytes = 0;
+  for (int p = 0; p < n_parts; ++p) {
+    const size_t ch = (size_t)D * parts[p].quarters / 4;
+    bytes += ch * parts[p].bits / 8;
+    switch (parts[p].norm) {
+      case KvNorm::none: break;
+      case KvNorm::fp16_per32: bytes += ch / 32 * 2; break;
+      case KvNorm::fp16: bytes += 2; break;
+      case KvNorm::log8: bytes += 1; break;  // + the block's int16 exponent (block_bytes)
+    }
+  }
+  return bytes;
+}
+size_t KvTypeTraits::block_bytes(int D) const noexcept {
+  return kBlock * row_bytes(D) + (log8_norms() ? 2 * (size_t)n_parts : 0);
+}
+bool KvTypeTraits::supports(int D) const noexcept {
+  return D >= 16 && D <= kMaxHeadDim && D % 16 == 0 && D % dim_multiple == 0;
+}
+
+const std::vector<KvTypeTraits>& kv_types() {
+  static const std::vector<KvTypeTraits> t(std::begin(kFormats), std::end(kFormats));
+  return t;
+}
+const KvTypeTraits& kv_type_traits(KvType t) {
+  TQ_CHECK(t.id < kNumFormats, "invalid kv type id %d", (int)t.id);
+  return kFormats[t.id];
+}
+const KvTypeTraits* find_kv_type(const std::string& name) noexcept {
+  for (const auto& f : kFormats)
+    if (name == f.name) return &f;
+  return nullptr;
+}
 KvType parse_kv_type(const std::string& name) {
-  for (int i = 0; i < kNumFormats; ++i)
-    if (name == kFormats[i].name) return KvType{(uint8_t)i};
+  if (const KvTypeTraits* f = find_kv_type(name)) return kv_type(f->id);
   std::string valid;
   for (int i = 0; i < kNumFormats; ++i) valid += std::string(i ? ", " : "") + kFormats[i].name;
   TQ_CHECK(false, "unknown kv cache type '%s' (valid: %s)", name.c_str(), valid.c_str());
   return {};
 }
-std::string kv_type_name(KvType t) {
-  TQ_CHECK(t.id < kNumFormats, "invalid kv type id %d", (int)t.id);
-  return kFormats[t.id].name;
-}
+std::string kv_type_name(KvType t) { return kv_type_traits(t).name; }
 std::vector<std::string> kv_type_names() {
   std::vector<std::string> r;
-  for (int i = 0; i < kNumFormats; ++i) r.push_back(kFormats[i].name);
+  for (const auto& f : kFormats) r.push_back(f.name);
   return r;
 }
-KvType kv_f16() { return parse_kv_type("f16"); }
+const char* kv_layout_name(KvLayout l) {
+  static const char* const n[] = {"f32", "f16", "q8_0", "q4_0", "tq", "tq_split", "tq_prod", "tq_n8"};
+  return n[(int)l];
+}
+const char* kv_norm_name(KvNorm n) {
+  static const char* const s[] = {"none", "fp16_per32", "fp16", "log8"};
+  return s[(int)n];
+}
+const char* kv_channels_name(KvChannels c) {
+  static const char* const s[] = {"all", "energy", "query_weighted"};
+  return s[(int)c];
+}
+KvType kv_f16() { return kv_type(KvFormat::f16); }
 size_t kv_type_bytes(KvType t, int head_dim) {
-  TQ_CHECK(t.id < kNumFormats, "invalid kv type id %d", (int)t.id);
-  check_dim(kFormats[t.id], head_dim);
-  return row_bytes_for(kFormats[t.id], head_dim);
+  const KvTypeTraits& f = kv_type_traits(t);
+  check_dim(f, head_dim);
+  return f.row_bytes(head_dim);
 }
 
 // ------------------------------------------------------------------ tq parts
@@ -365,7 +415,7 @@ static void set_n8_norm(uint8_t* blk, int slot, double norm) {
 }
 
 float kv::tq_block_norm(const Stream& s, const uint8_t* blk, int part, int slot) noexcept {
-  if (s.fmt->n8) {
+  if (s.fmt->log8_norms()) {
     blk += (size_t)part * kN8HeaderBytes;
     const uint8_t c = blk[2 + slot];
     if (c == 255) return 0.f;
@@ -404,8 +454,8 @@ static void decode_tq_part(const Codebook& cb, const TrellisCode* tc, int dim, i
 // because RoPE rotates each pair by the position and moves energy between its two channels.
 // Position 0 (BOS) is left out of both sums. Without observed queries: K energy alone.
 static void freeze_split(Stream& s) {
-  const int g = s.fmt->qweighted ? 2 : 1;  // channels per unit: RoPE pairs for tqBhH
-  const bool weigh = s.fmt->qweighted && s.q_n > 0;
+  const int g = s.qweighted() ? 2 : 1;  // channels per unit: RoPE pairs for tqBhH
+  const bool weigh = s.qweighted() && s.q_n > 0;
   std::vector<double> w(s.dim / g, 0.0), qw(w.size(), 0.0);
   for (int d = 0; d < s.dim; ++d) {
     w[d / g] += s.chan_energy[d];
@@ -654,7 +704,7 @@ void KvCache::Impl::encode_rows(Stream& s, int side, int n, const float* x, size
   if (n <= 0) return;
   if (s.center && !s.mu_frozen) freeze_mu(s);
   if (s.kscale && !s.kscale_frozen) freeze_kscale(s);
-  if (s.fmt->kind == Kind::tq_split && !s.split_frozen) freeze_split(s);
+  if (s.fmt->layout == KvLayout::tq_split && !s.split_frozen) freeze_split(s);
   std::vector<float> xb((size_t)kBlock * D), yb((size_t)kBlock * D), u((size_t)D);
   std::vector<uint8_t> idx((size_t)D);
   std::vector<uint16_t> h((size_t)D);
@@ -705,9 +755,9 @@ void KvCache::Impl::encode_rows(Stream& s, int side, int n, const float* x, size
       const float* xr = &xb[(size_t)j * D];
       const float* yr = &yb[(size_t)j * D];
       uint8_t* row = blk + (size_t)slot * s.row_bytes;
-      switch (s.fmt->kind) {
-        case Kind::f32: std::memcpy(row, xr, sizeof(float) * D); break;
-        case Kind::f16:
+      switch (s.fmt->layout) {
+        case KvLayout::f32: std::memcpy(row, xr, sizeof(float) * D); break;
+        case KvLayout::f16:
           if (s.side == 0) {  // K: dim-major within the block (32 tokens of one dim contiguous)
             f32_to_f16(D, xr, h.data());
             uint16_t* kb = reinterpret_cast<uint16_t*>(blk);
@@ -716,26 +766,26 @@ void KvCache::Impl::encode_rows(Stream& s, int side, int n, const float* x, size
             f32_to_f16(D, xr, reinterpret_cast<uint16_t*>(row));
           }
           break;
-        case Kind::q8_0:
-        case Kind::q4_0: {
+        case KvLayout::q8_0:
+        case KvLayout::q4_0: {
           const float* src = s.domain == Domain::rot ? yr : xr;
-          if (s.fmt->kind == Kind::q8_0) quantize_q8_0(D, src, reinterpret_cast<BlockQ8_0*>(row));
+          if (s.fmt->layout == KvLayout::q8_0) quantize_q8_0(D, src, reinterpret_cast<BlockQ8_0*>(row));
           else quantize_q4_0(D, src, reinterpret_cast<BlockQ4_0*>(row));
           break;
         }
-        case Kind::tq:
+        case KvLayout::tq:
           encode_tq_part(*s.cb, s.tc, D, s.side, yr, norm2(xr, D), reinterpret_cast<uint16_t*>(blk) + slot,
                          blk + s.norms_bytes, slot, idx.data(), u.data());
           break;
-        case Kind::tq_n8:
+        case KvLayout::tq_n8:
           set_n8_norm(blk, slot, encode_tq_part(*s.cb, s.tc, D, s.side, yr, norm2(xr, D), nullptr,
                                                 blk + s.norms_bytes, slot, idx.data(), u.data()));
           break;
-        case Kind::tq_split: {
+        case KvLayout::tq_split: {
           double e_hi = 0, e_lo = 0;
           for (int i = 0; i < s.d_hi; ++i) e_hi += (double)xr[s.perm[i]] * xr[s.perm[i]];
           for (int i = s.d_hi; i < D; ++i) e_lo += (double)xr[s.perm[i]] * xr[s.perm[i]];
-          const bool n8 = s.fmt->n8;
+          const bool n8 = s.fmt->log8_norms();
           uint16_t* h = reinterpret_cast<uint16_t*>(blk);
           const double n_hi = encode_tq_part(*s.cb_hi, s.tc_hi, s.d_hi, s.side, yr, std::sqrt(e_hi), n8 ? nullptr : h + slot,
                                              blk + s.norms_bytes, slot, idx.data(), u.data());
@@ -748,13 +798,13 @@ void KvCache::Impl::encode_rows(Stream& s, int side, int n, const float* x, size
           }
           break;
         }
-        case Kind::tq_prod: break;
+        case KvLayout::tq_prod: break;
       }
     }
-    if (s.fmt->kind == Kind::tq_prod) {  // codec prod code per row, re-laid out into tiles
+    if (s.fmt->layout == KvLayout::tq_prod) {  // codec prod code per row, re-laid out into tiles
       std::vector<uint8_t> rows((size_t)m * s.row_bytes), sg((size_t)D);
       s.prod->encode((size_t)m, xb.data(), rows.data());
-      const int bm = s.fmt->bits - 1;
+      const int bm = s.fmt->parts[0].bits;
       uint16_t* norms = reinterpret_cast<uint16_t*>(blk);
       for (int j = 0; j < m; ++j) {
         const uint8_t* row = rows.data() + (size_t)j * s.row_bytes;
@@ -779,23 +829,22 @@ void KvCache::Impl::encode_rows(Stream& s, int side, int n, const float* x, size
 
 void KvCache::Impl::decode_domain(const Stream& s, int side, int t0, int n, float* out) const {
   const int D = s.dim;
-  if ((s.fmt->kind == Kind::q8_0 || s.fmt->kind == Kind::q4_0) && !simd::use_scalar()) {
+  if ((s.fmt->layout == KvLayout::q8_0 || s.fmt->layout == KvLayout::q4_0) && !simd::use_scalar()) {
     for (int r = 0; r < n;) {  // rows are contiguous within a block
       const int t = t0 + r, m = std::min(n - r, kBlock - t % kBlock);
       const uint8_t* rows = s.block(t / kBlock) + (size_t)(t % kBlock) * s.row_bytes;
-      if (s.fmt->kind == Kind::q8_0) decode_q8_rows(D, m, rows, out + (size_t)r * D);
+      if (s.fmt->layout == KvLayout::q8_0) decode_q8_rows(D, m, rows, out + (size_t)r * D);
       else decode_q4_rows(D, m, rows, out + (size_t)r * D);
       r += m;
     }
     return;
   }
-  if ((s.fmt->kind == Kind::tq || s.fmt->kind == Kind::tq_split || s.fmt->kind == Kind::tq_n8) &&
-      !simd::use_scalar()) {
+  if (s.fmt->mse_tiles() && !simd::use_scalar()) {
     std::vector<uint8_t> codes((size_t)kBlock * D);
     for (int r = 0; r < n;) {  // whole blocks: expand the tiles once, then emit the rows
       const int t = t0 + r, b = t / kBlock, first = t % kBlock, m = std::min(n - r, kBlock - first);
       const uint8_t* blk = s.block(b);
-      const int nparts = s.fmt->kind == Kind::tq_split ? 2 : 1;
+      const int nparts = s.fmt->n_parts;
       for (int part = 0; part < nparts; ++part) {
         const Codebook& cb = (nparts == 2 && part == 0) ? *s.cb_hi : *s.cb;
         const TrellisCode* tc = (nparts == 2 && part == 0) ? s.tc_hi : s.tc;
@@ -814,7 +863,7 @@ void KvCache::Impl::decode_domain(const Stream& s, int side, int t0, int n, floa
     }
     return;
   }
-  if (s.fmt->kind == Kind::tq_prod && !simd::use_scalar()) {
+  if (s.fmt->layout == KvLayout::tq_prod && !simd::use_scalar()) {
     std::vector<uint8_t> rows((size_t)kBlock * s.row_bytes);
     for (int r = 0; r < n;) {
       const int t = t0 + r, m = std::min(n - r, kBlock - t % kBlock);
@@ -830,9 +879,9 @@ void KvCache::Impl::decode_domain(const Stream& s, int side, int t0, int n, floa
     const uint8_t* blk = s.block(t / kBlock);
     const uint8_t* row = blk + (size_t)(t % kBlock) * s.row_bytes;
     float* o = out + (size_t)r * D;
-    switch (s.fmt->kind) {
-      case Kind::f32: std::memcpy(o, row, sizeof(float) * D); break;
-      case Kind::f16:
+    switch (s.fmt->layout) {
+      case KvLayout::f32: std::memcpy(o, row, sizeof(float) * D); break;
+      case KvLayout::f16:
         if (s.side == 0) {
           const uint16_t* kb = reinterpret_cast<const uint16_t*>(blk);
           for (int d = 0; d < D; ++d) o[d] = fp16_to_fp32(kb[(size_t)d * kBlock + t % kBlock]);
@@ -840,22 +889,22 @@ void KvCache::Impl::decode_domain(const Stream& s, int side, int t0, int n, floa
           f16_to_f32(D, reinterpret_cast<const uint16_t*>(row), o);
         }
         break;
-      case Kind::q8_0: dequantize_q8_0(D, reinterpret_cast<const BlockQ8_0*>(row), o); break;
-      case Kind::q4_0: dequantize_q4_0(D, reinterpret_cast<const BlockQ4_0*>(row), o); break;
-      case Kind::tq:
-      case Kind::tq_n8: {
+      case KvLayout::q8_0: dequantize_q8_0(D, reinterpret_cast<const BlockQ8_0*>(row), o); break;
+      case KvLayout::q4_0: dequantize_q4_0(D, reinterpret_cast<const BlockQ4_0*>(row), o); break;
+      case KvLayout::tq:
+      case KvLayout::tq_n8: {
         const uint8_t* tiles = blk + s.norms_bytes;
         decode_tq_part(*s.cb, s.tc, D, s.side, tiles, t % kBlock, tq_block_norm(s, blk, 0, t % kBlock), idx.data(), o);
         break;
       }
-      case Kind::tq_split: {
+      case KvLayout::tq_split: {
         decode_tq_part(*s.cb_hi, s.tc_hi, s.d_hi, s.side, blk + s.norms_bytes, t % kBlock,
                        tq_block_norm(s, blk, 0, t % kBlock), idx.data(), o);
         decode_tq_part(*s.cb, s.tc, s.d_lo, s.side, blk + s.norms_bytes + s.tiles_hi_bytes, t % kBlock,
                        tq_block_norm(s, blk, 1, t % kBlock), idx.data(), o + s.d_hi);
         break;
       }
-      case Kind::tq_prod: {  // original domain
+      case KvLayout::tq_prod: {  // original domain
         std::vector<uint8_t> rb(s.row_bytes);
         prod_rows(s, t, 1, rb.data());
         s.prod->decode(1, rb.data(), o);
@@ -916,31 +965,29 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
           used.push_back(types[i][side]);
         }
       }
-      TQ_CHECK((format(types[i][0]).kind == Kind::tq_prod) ==
-                   (format(types[(size_t)l * cfg.n_kv_heads][0]).kind == Kind::tq_prod),
+      TQ_CHECK((format(types[i][0]).layout == KvLayout::tq_prod) ==
+                   (format(types[(size_t)l * cfg.n_kv_heads][0]).layout == KvLayout::tq_prod),
                "kv cache: layer %d mixes tq_prod K types (%s) with others (%s) over its KV heads", l,
                format(types[(size_t)l * cfg.n_kv_heads][0]).name, format(types[i][0]).name);
     }
   }
-  for (KvType t : used) {
-    check_dim(format(t), D);
-    TQ_CHECK(format_implemented(format(t)), "kv type %s: not implemented in this build", format(t).name);
-  }
+  for (KvType t : used) check_dim(format(t), D);
   for (KvType t : used) {
     const Format& f = format(t);
-    if (f.rotated && f.kind != Kind::tq_split && !I.rot)
+    if (f.rotated && f.layout != KvLayout::tq_split && !I.rot)
       I.rot = make_rotation(RotationSpec{RotationKind::hadamard}, D, cfg.seed);
-    if (f.kind == Kind::tq_split && !I.rot_hi) {
+    if (f.layout == KvLayout::tq_split && !I.rot_hi) {
       I.rot_hi = make_rotation(RotationSpec{RotationKind::hadamard}, D / 4, cfg.seed + 1);
       I.rot_lo = make_rotation(RotationSpec{RotationKind::hadamard}, D - D / 4, cfg.seed + 2);
     }
-    if (f.kind == Kind::tq_prod && !I.prod_q[f.bits]) {
+    const int prod_bits = f.parts[0].bits + 1;  // tq_prod: mse bits + the QJL sign bit
+    if (f.layout == KvLayout::tq_prod && !I.prod_q[prod_bits]) {
       QuantizerConfig qc;
       qc.dim = D;
-      qc.bits = f.bits;
+      qc.bits = prod_bits;
       qc.seed = cfg.seed + 3;
-      I.prod_q[f.bits] = make_quantizer(QuantizerKind::prod, qc);
-      TQ_ASSERT(I.prod_q[f.bits]->code_bytes() == row_bytes_for(f, D));
+      I.prod_q[prod_bits] = make_quantizer(QuantizerKind::prod, qc);
+      TQ_ASSERT(I.prod_q[prod_bits]->code_bytes() == f.row_bytes(D));
     }
   }
 
@@ -982,38 +1029,35 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
         s.type = t;
         s.fmt = &format(t);
         s.dim = D;
-        s.row_bytes = row_bytes_for(*s.fmt, D);
-        s.block_bytes = s.row_bytes * kBlock;
-        s.domain = s.fmt->rotated ? Domain::rot : Domain::orig;
+        const Format& f = *s.fmt;
+        s.row_bytes = f.row_bytes(D);
+        s.block_bytes = f.block_bytes(D);
+        s.domain = f.rotated ? Domain::rot : Domain::orig;
         s.side = side;
         s.window = cfg.window;
-        const Format& f = *s.fmt;
-        if (f.kind == Kind::tq) {
-          s.cb = &get_codebook(D, f.bits);
-          s.norms_bytes = kBlock * 2;
-          TQ_ASSERT(s.block_bytes == s.norms_bytes + tiles_bytes(D, f.bits));
-        } else if (f.kind == Kind::tq_n8) {
-          s.cb = &get_codebook(D, f.bits);
-          s.norms_bytes = kN8HeaderBytes;
-          s.block_bytes = s.norms_bytes + tiles_bytes(D, f.bits);  // row_bytes * 32 + 2
-        } else if (f.kind == Kind::tq_split) {
-          s.d_hi = D / 4;
-          s.d_lo = D - s.d_hi;
-          s.cb_hi = &get_codebook(s.d_hi, f.bits_hi);
-          s.cb = &get_codebook(s.d_lo, f.bits);
-          s.norms_bytes = f.n8 ? 2 * kN8HeaderBytes : 2 * kBlock * 2;
-          s.tiles_hi_bytes = tiles_bytes(s.d_hi, f.bits_hi);
-          if (f.n8) s.block_bytes += 4;  // the two int16 exponents
-          TQ_ASSERT(s.block_bytes == s.norms_bytes + s.tiles_hi_bytes + tiles_bytes(s.d_lo, f.bits));
-          s.domain = Domain::orig;  // until the outlier channels are frozen
-        } else if (f.kind == Kind::tq_prod) {
-          s.prod = I.prod_q[f.bits].get();
-          s.cb = &get_codebook(D, f.bits - 1);
-          s.norms_bytes = 2 * kBlock * 2;  // norms s, then gamma
-          s.tiles_hi_bytes = tiles_bytes(D, f.bits - 1);
+        const KvPart& p0 = f.parts[0];
+        const size_t part_norms = f.log8_norms() ? kN8HeaderBytes : kBlock * 2;  // one part's per block
+        if (f.mse_tiles()) {  // tq, tq_n8: one part over D; tq_split: selected channels, then the rest
+          s.norms_bytes = f.n_parts * part_norms;
+          if (f.n_parts == 1) {
+            s.cb = &get_codebook(D, p0.bits);
+          } else {
+            s.d_hi = D * p0.quarters / 4;
+            s.d_lo = D - s.d_hi;
+            s.cb_hi = &get_codebook(s.d_hi, p0.bits);
+            s.cb = &get_codebook(s.d_lo, f.parts[1].bits);
+            s.tiles_hi_bytes = tiles_bytes(s.d_hi, p0.bits);
+            s.domain = Domain::orig;  // until the channels are chosen
+          }
+          TQ_ASSERT(s.block_bytes == s.norms_bytes + s.tiles_hi_bytes + tiles_bytes(D - s.d_hi, s.cb->bits));
+        } else if (f.layout == KvLayout::tq_prod) {  // norms s, then gamma
+          s.prod = I.prod_q[p0.bits + 1].get();
+          s.cb = &get_codebook(D, p0.bits);
+          s.norms_bytes = 2 * part_norms;
+          s.tiles_hi_bytes = tiles_bytes(D, p0.bits);
           TQ_ASSERT(s.block_bytes == s.norms_bytes + s.tiles_hi_bytes + tiles_bytes(D, 1));
         }
-        s.rope_mu = side == 0 && cfg.center_k && cfg.center_rope && f.kind != Kind::f32 && f.kind != Kind::f16;
+        s.rope_mu = side == 0 && cfg.center_k && cfg.center_rope && f.quantized();
         if (s.rope_mu) {
           s.pos0 = cfg.sink;
           s.rope_freq = rope_freq;
@@ -1023,20 +1067,18 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
           s.rope_j = I.rope_j.data();
           s.turns = &I.turns;
         }
-        if (cfg.trellis && (f.kind == Kind::tq || f.kind == Kind::tq_n8 || f.kind == Kind::tq_split)) {
+        if (cfg.trellis && f.mse_tiles()) {
           // Parts of 1-4 bits (at 5+ bits the table trains to codes no better than Lloyd-Max).
-          const int dl = f.kind == Kind::tq_split ? s.d_lo : D;
-          if (f.bits <= 4) s.tc = &get_trellis(dl, f.bits);
-          if (f.kind == Kind::tq_split && f.bits_hi <= 4) s.tc_hi = &get_trellis(s.d_hi, f.bits_hi);
+          if (s.cb->bits <= 4) s.tc = &get_trellis(D - s.d_hi, s.cb->bits);
+          if (s.cb_hi && s.cb_hi->bits <= 4) s.tc_hi = &get_trellis(s.d_hi, s.cb_hi->bits);
         }
-        s.kscale = side == 0 && cfg.scale_k &&
-                   (f.kind == Kind::tq || f.kind == Kind::tq_n8 || f.kind == Kind::tq_split);
+        s.kscale = side == 0 && cfg.scale_k && f.mse_tiles();
         s.reset_stats();
         if (cfg.window > 0) s.ring = make_aligned<uint16_t>((size_t)cfg.window * D);
         s.sink = cfg.sink;
         if (cfg.sink > 0) s.sink_rows = make_aligned<uint16_t>((size_t)cfg.sink * D);
         // Centring buys nothing for the float formats: only quantized streams are centred.
-        s.center = (side == 0 ? cfg.center_k : cfg.center_v) && f.kind != Kind::f32 && f.kind != Kind::f16;
+        s.center = (side == 0 ? cfg.center_k : cfg.center_v) && f.quantized();
         if (s.center) {
           s.stat_sum.assign(D, 0.0);
           s.stat_x0.assign(D, 0.f);
@@ -1071,7 +1113,7 @@ void KvCache::clear() {
           s.stat_sum.assign(s.dim, 0.0);
           s.stat_n = 0;
         }
-        if (s.fmt->kind == Kind::tq_split) {
+        if (s.fmt->layout == KvLayout::tq_split) {
           s.split_frozen = false;
           s.domain = Domain::orig;
         }
@@ -1227,12 +1269,12 @@ size_t KvCache::bytes_used() const {
     for (const auto* vec : {&L.k, &L.v})
       for (const auto& s : *vec) {
         total += (size_t)s.n_quant * s.row_bytes;
-        if (s.fmt->n8)  // exponents: one per part and block
-          total += (size_t)(s.n_quant + kBlock - 1) / kBlock * 2 * (s.fmt->kind == Kind::tq_split ? 2 : 1);
+        if (s.fmt->log8_norms())  // exponents: one per part and block
+          total += (size_t)(s.n_quant + kBlock - 1) / kBlock * 2 * s.fmt->n_parts;
         const int n_sink = std::min(L.n_tokens, s.sink);
         total += (size_t)n_sink * s.dim * 2;                                  // f16 sink rows
         total += (size_t)std::min(L.n_tokens - n_sink, s.window) * s.dim * 2;  // f16 window rows
-        if (s.fmt->kind == Kind::tq_split) total += (size_t)(s.dim + 7) / 8;  // channel mask
+        if (s.fmt->layout == KvLayout::tq_split) total += (size_t)(s.dim + 7) / 8;  // channel mask
         if (s.center) total += (size_t)s.n_mu * s.dim * 2;                    // fp16 means
         total += s.kw.size();                                                 // fp16 K scale per pair
       }

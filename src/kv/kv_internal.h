@@ -14,8 +14,8 @@
 //   tqB    [32 fp16 corrected norms] [bit-plane tiles of the B-bit codebook indices]
 //   tqX.5  [32 fp16 norms, outlier part] [32 fp16 norms, regular part]
 //          [tiles of the D/4 outlier channels at B+1 bits] [tiles of the 3D/4 others at B bits]
-//   tqBn8  [int16 exponent][32 uint8 log norms][bit-plane tiles] (see Kind::tq_n8)
-//   tqBhHn8 [n8 header, outlier part][n8 header, regular part][tiles as tqX.5] (Format::n8)
+//   tqBn8  [int16 exponent][32 uint8 log norms][bit-plane tiles] (see kN8Steps)
+//   tqBhHn8 [n8 header, outlier part][n8 header, regular part][tiles as tqX.5] (log8 norms)
 //   tqBp   [32 fp16 norms s][32 fp16 gamma][tiles of the (B-1)-bit mse indices][tiles of the
 //          QJL sign bits] (the codec's prod code re-laid out; prod_rows() rebuilds it)
 //
@@ -50,7 +50,7 @@ constexpr int kBlocksPerChunk = 64; // blocks per allocation chunk (2048 tokens)
 constexpr int kMaxHeadDim = 1024;
 constexpr int kRopeTurnsMax = 1024;  // positions RopeTurns holds (32 B per position and pair)
 constexpr int kRopeExactPairs = 8;  // RoPE-rotating K mean: pairs turned per token (the rest per block)
-// tq_n8 norm codes (see Kind::tq_n8): offsets below the block exponent in 1/kN8Steps octave
+// tq_n8 norm codes (see kN8Steps): offsets below the block exponent in 1/kN8Steps octave
 // units, one code per unit for the first kN8FineCodes, then one per kN8CoarseUnits units.
 constexpr int kN8Steps = 32;
 constexpr int kN8FineCodes = 192;  // 6 octaves at 2^(1/32) (relative step 2.2%)
@@ -65,9 +65,7 @@ inline int n8_code(double off) noexcept {  // offset in units (>= 0) -> nearest 
   return c > 254 ? 254 : (int)c;
 }
 
-enum class Kind : uint8_t { f32, f16, q8_0, q4_0, tq, tq_split, tq_prod, tq_n8 };
-
-// tq_n8 (tqBn8): the tq layout with 8-bit log-coded norms instead of fp16. Block header:
+// tq_n8 norm codes (KvLayout::tq_n8, and tq_split with log8 norms): block header
 // [int16 e][32 uint8 codes], norm = 2^((e - n8_offset(c)) / 32) (c = 255: zero), e = the
 // block's largest norm exponent in 1/32 octaves, rounded up to a multiple of 4. Norms within
 // 6 octaves (64x) of the block's largest have relative steps of 2.2%, smaller ones 9% steps
@@ -76,23 +74,9 @@ enum class Kind : uint8_t { f32, f16, q8_0, q4_0, tq, tq_split, tq_prod, tq_n8 }
 // coarse steps and re-codes the earlier norms: exact, except once for a norm moving from the
 // fine into the coarse range.
 
-// One row of the table of formats (architecture.md point 4).
-struct Format {
-  const char* name;
-  Kind kind;
-  bool rotated;   // stored in a rotated domain (q8_0h, q4_0h, tq*): rotate Q, inverse-rotate out
-  int bits;       // tq: bits per value; tq_split: regular-channel bits; tq_prod: total bits
-  int bits_hi;    // tq_split: outlier-channel bits
-  const char* desc;
-  // tq_split: pick the outlier channels as adjacent pairs (2i, 2i+1: RoPE rotates them
-  // together) by K energy times the query energy seen through observe_queries (tqBhH types)
-  bool qweighted = false;
-  // 8-bit log-coded norms (the tq_n8 code) instead of fp16: every tq_n8 format, and the
-  // tq_split formats with one header per part (tqBhHn8)
-  bool n8 = false;
-};
+// One row of the table of formats (architecture.md point 4): include/tq/kv_cache.h.
+using Format = KvTypeTraits;
 const Format& format(KvType t);
-int num_formats();
 
 // ggml block layouts.
 struct BlockQ8_0 {
@@ -179,11 +163,12 @@ struct Stream {
   std::vector<float> kw;            // D fp16-exact weights, equal within each pair (D / 2 stored);
                                     // empty: identity (none chosen yet, or no queries seen)
   // Channel / query statistics still being gathered (split selection or K scaling pending).
+  bool qweighted() const noexcept { return fmt->channels == KvChannels::query_weighted; }
   bool stats_open() const noexcept {
-    return (fmt->kind == Kind::tq_split && !split_frozen) || (kscale && !kscale_frozen);
+    return (fmt->layout == KvLayout::tq_split && !split_frozen) || (kscale && !kscale_frozen);
   }
-  bool wants_queries() const noexcept { return (fmt->qweighted && !split_frozen) || (kscale && !kscale_frozen); }
-  bool skips_bos() const noexcept { return fmt->qweighted || kscale; }  // position 0 left out of the statistics
+  bool wants_queries() const noexcept { return (qweighted() && !split_frozen) || (kscale && !kscale_frozen); }
+  bool skips_bos() const noexcept { return qweighted() || kscale; }  // position 0 left out of the statistics
   // Empty statistics for a stream that gathers them (construction and clear()).
   void reset_stats() {
     if (!stats_open()) return;

@@ -24,8 +24,12 @@ double now_s() {
 }  // namespace
 
 namespace {
-// The K types the automatic protection is for (and whose bare label needs "plain").
-bool tq_keys(const KvOptions& kv) { return kv.type_k.rfind("tq", 0) == 0; }
+// The K types the automatic protection is for (and whose bare label needs "plain"): the
+// TurboQuant formats of the traits table (an unknown name fails later, listing the valid ones).
+bool tq_keys(const KvOptions& kv) {
+  const KvTypeTraits* f = find_kv_type(kv.type_k);
+  return f && f->turboquant();
+}
 }  // namespace
 
 bool KvOptions::auto_protected() const { return !plain && sink < 0 && !center_set && tq_keys(*this); }

@@ -59,6 +59,13 @@ inline void add_model_opts(CLI::App* s, ModelOpts& o, int default_ctx) {
 
 inline KvOptions label_options(const std::string& label, const KvOptions& global, const std::string& source = "");
 
+// Every KV cache type name from the traits table, comma-separated (the -ctk / -ctv help).
+inline std::string kv_type_list() {
+  std::string s;
+  for (const auto& n : kv_type_names()) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+
 inline void add_kv_opts(CLI::App* s, KvOptions& kv) {
   // -1 means "not given" inside KvOptions, so a negative value must not reach it.
   const auto non_negative = [](const std::string& v) {
@@ -74,7 +81,7 @@ inline void add_kv_opts(CLI::App* s, KvOptions& kv) {
       "cache config file: one cache label in the --sweep syntax over any lines, '#' comments (e.g. "
       "configs/smollm2-135m-kv4.25.kv, a per-head allocation for the default model); other --kv-*/-ctk/-ctv "
       "flags given beside it override it");
-  s->add_option("--cache-type-k", kv.type_k, "-ctk: KV cache type for K (f16, q8_0, q4_0, q4_0h, tq1..tq8, tq2.5, tq3.5, tq3n8, tq3h6, ...; an unknown name lists them all)")
+  s->add_option("--cache-type-k", kv.type_k, "-ctk: KV cache type for K: " + kv_type_list() + " (tq kv-types describes them)")
       ->capture_default_str();
   s->add_option("--cache-type-v", kv.type_v, "-ctv: KV cache type for V")->capture_default_str();
   s->add_option("--kv-window", kv.window, "most recent tokens kept in f16 (quantized when they leave)")
