@@ -271,13 +271,14 @@ void rmsnorm(const float* x, const float* w, float* y, int n, int d, float eps, 
   }
 }
 
-// In-place RoPE, normal (adjacent-pair) mode, on n tokens * n_heads heads of head_dim.
-void rope(float* x, int n, int n_heads, int head_dim, int rope_dim, int pos0, float base, int nt) {
+// In-place RoPE, normal (adjacent-pair) mode, on n tokens * n_heads heads of head_dim; token i
+// at position pos[i].
+void rope(float* x, int n, int n_heads, int head_dim, int rope_dim, const int* pos, float base, int nt) {
   const float theta_scale = std::pow(base, -2.0f / static_cast<float>(rope_dim));
 #pragma omp parallel for num_threads(nt) schedule(static) if (n > 4)
   for (int i = 0; i < n; ++i) {
     float cs[512], sn[512];
-    float theta = static_cast<float>(pos0 + i);
+    float theta = static_cast<float>(pos[i]);
     for (int k = 0; k < rope_dim / 2; ++k) {
       cs[k] = std::cos(theta);
       sn[k] = std::sin(theta);
@@ -296,65 +297,135 @@ void rope(float* x, int n, int n_heads, int head_dim, int rope_dim, int pos0, fl
 
 }  // namespace
 
-void LlamaModel::forward(KvCache& cache, const int32_t* tokens, int n_total, float* hidden_out) const {
-  const Impl& I = *impl_;
+// Scratch of one forward step over up to `rows` token rows.
+namespace {
+
+struct Step {
+  std::vector<float> x, h, q, att, tmp, k, v, g, u;
+  std::vector<int> pos;
+  Step(const LlamaConfig& c, int rows) {
+    const size_t E = c.n_embd, KV = static_cast<size_t>(c.n_kv_heads) * c.head_dim;
+    for (auto* b : {&x, &h, &q, &att, &tmp}) b->resize(rows * E);
+    k.resize(rows * KV);
+    v.resize(rows * KV);
+    g.resize(rows * static_cast<size_t>(c.n_ff));
+    u.resize(g.size());
+    pos.resize(rows);
+  }
+};
+
+// The layers over n token rows in s.x (at positions s.pos), then the final norm into
+// hidden_out. `cache_attn(l)` is the only per-sequence part: it hands the roped q / k / v rows
+// of layer l (s.q, s.k, s.v) to each sequence's cache and attention (into s.att). forward() runs
+// one sequence; forward_batch() one row per sequence, so each weight is read once for all.
+template <class CacheAttn>
+void layers_step(const LlamaModel::Impl& I, int nt, Step& s, int n, float* hidden_out, CacheAttn&& cache_attn) {
   const LlamaConfig& c = I.cfg;
-  TQ_CHECK(n_total >= 0, "forward: negative token count");
+  const int E = c.n_embd, F = c.n_ff, D = c.head_dim, KV = c.n_kv_heads * D;
+  float *x = s.x.data(), *h = s.h.data(), *q = s.q.data(), *k = s.k.data(), *v = s.v.data(), *tmp = s.tmp.data();
+  float *g = s.g.data(), *u = s.u.data();
+  for (int l = 0; l < c.n_layers; ++l) {
+    const Layer& L = I.layers[l];
+    rmsnorm(x, L.attn_norm.data(), h, n, E, c.rms_eps, nt);
+    matmul(h, L.wq, q, n, E, E, nt, I.f32_decode);
+    matmul(h, L.wk, k, n, E, KV, nt, I.f32_decode);
+    matmul(h, L.wv, v, n, E, KV, nt, I.f32_decode);
+    rope(q, n, c.n_heads, D, c.rope_dim, s.pos.data(), c.rope_base, nt);
+    rope(k, n, c.n_kv_heads, D, c.rope_dim, s.pos.data(), c.rope_base, nt);
+    cache_attn(l);
+    matmul(s.att.data(), L.wo, tmp, n, E, E, nt, I.f32_decode);
+    const size_t ne = static_cast<size_t>(n) * E;
+#pragma omp parallel for num_threads(nt) schedule(static) if (ne > 65536)
+    for (size_t j = 0; j < ne; ++j) x[j] += tmp[j];
+    rmsnorm(x, L.ffn_norm.data(), h, n, E, c.rms_eps, nt);
+    matmul(h, L.wg, g, n, E, F, nt, I.f32_decode);
+    matmul(h, L.wu, u, n, E, F, nt, I.f32_decode);
+    const size_t nf = static_cast<size_t>(n) * F;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nf > 65536)
+    for (size_t j = 0; j < nf; ++j) g[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
+    matmul(g, L.wd, tmp, n, F, E, nt, I.f32_decode);
+#pragma omp parallel for num_threads(nt) schedule(static) if (ne > 65536)
+    for (size_t j = 0; j < ne; ++j) x[j] += tmp[j];
+  }
+  if (hidden_out) rmsnorm(x, I.output_norm.data(), hidden_out, n, E, c.rms_eps, nt);
+}
+
+// K/V of rows [r0, r0 + n) (one sequence, first at position pos0) into `cache`, then their
+// attention over it.
+void cache_attention(const LlamaModel::Impl& I, int nt, Step& s, KvCache& cache, int l, int r0, int n, int pos0) {
+  const LlamaConfig& c = I.cfg;
+  const size_t E = c.n_embd, KV = static_cast<size_t>(c.n_kv_heads) * c.head_dim;
+  float* q = s.q.data() + r0 * E;
+  cache.observe_queries(l, n, q, c.n_heads);
+  cache.append(l, n, s.k.data() + r0 * KV, s.v.data() + r0 * KV, nt);
+  AttentionParams ap;
+  ap.n_heads = c.n_heads;
+  ap.pos0 = pos0;
+  ap.n_threads = nt;
+  ap.exact = I.exact;
+  ap.lut8 = I.lut8;
+  float* att = s.att.data() + r0 * E;
+  if (I.attn == AttentionImpl::Fused) attention(cache, l, n, q, att, ap);
+  else attention_ref(cache, l, n, q, att, ap);
+}
+
+void check_cache(const LlamaConfig& c, const KvCache& cache) {
   const KvCacheConfig& kc = cache.config();
   TQ_CHECK(kc.n_layers == c.n_layers && kc.n_kv_heads == c.n_kv_heads && kc.head_dim == c.head_dim,
            "forward: cache shape (%d layers, %d kv heads, dim %d) does not match the model (%d, %d, %d)",
            kc.n_layers, kc.n_kv_heads, kc.head_dim, c.n_layers, c.n_kv_heads, c.head_dim);
+}
+
+}  // namespace
+
+void LlamaModel::forward(KvCache& cache, const int32_t* tokens, int n_total, float* hidden_out) const {
+  const Impl& I = *impl_;
+  const LlamaConfig& c = I.cfg;
+  TQ_CHECK(n_total >= 0, "forward: negative token count");
+  check_cache(c, cache);
+  const KvCacheConfig& kc = cache.config();
   for (int i = 0; i < n_total; ++i)
     TQ_CHECK(tokens[i] >= 0 && tokens[i] < c.n_vocab, "forward: token id %d outside the vocabulary", tokens[i]);
-  const int nt = threads();
-  const int E = c.n_embd, F = c.n_ff, D = c.head_dim, KV = c.n_kv_heads * D;
+  const int E = c.n_embd, nt = threads();
   const int ub = std::min(I.ubatch, std::max(1, n_total));
-  std::vector<float> x(static_cast<size_t>(ub) * E), h(x.size()), q(x.size()), att(x.size()), tmp(x.size());
-  std::vector<float> k(static_cast<size_t>(ub) * KV), v(k.size());
-  std::vector<float> g(static_cast<size_t>(ub) * F), u(g.size());
-
+  Step s(c, ub);
   for (int b0 = 0; b0 < n_total; b0 += ub) {
     const int n = std::min(ub, n_total - b0);
     const int pos0 = cache.n_tokens(0);
     TQ_CHECK(pos0 + n <= kc.max_tokens, "forward: %d + %d tokens exceed the cache capacity %d", pos0, n,
              kc.max_tokens);
-    for (int i = 0; i < n; ++i)
-      I.tok_embd.row(static_cast<size_t>(tokens[b0 + i]), &x[static_cast<size_t>(i) * E]);
-    for (int l = 0; l < c.n_layers; ++l) {
-      const Layer& L = I.layers[l];
-      rmsnorm(x.data(), L.attn_norm.data(), h.data(), n, E, c.rms_eps, nt);
-      matmul(h.data(), L.wq, q.data(), n, E, E, nt, I.f32_decode);
-      matmul(h.data(), L.wk, k.data(), n, E, KV, nt, I.f32_decode);
-      matmul(h.data(), L.wv, v.data(), n, E, KV, nt, I.f32_decode);
-      rope(q.data(), n, c.n_heads, D, c.rope_dim, pos0, c.rope_base, nt);
-      rope(k.data(), n, c.n_kv_heads, D, c.rope_dim, pos0, c.rope_base, nt);
-      cache.observe_queries(l, n, q.data(), c.n_heads);
-      cache.append(l, n, k.data(), v.data(), nt);
-      AttentionParams ap;
-      ap.n_heads = c.n_heads;
-      ap.pos0 = pos0;
-      ap.n_threads = nt;
-      ap.exact = I.exact;
-      ap.lut8 = I.lut8;
-      if (I.attn == AttentionImpl::Fused) attention(cache, l, n, q.data(), att.data(), ap);
-      else attention_ref(cache, l, n, q.data(), att.data(), ap);
-      matmul(att.data(), L.wo, tmp.data(), n, E, E, nt, I.f32_decode);
-      const size_t ne = static_cast<size_t>(n) * E;
-#pragma omp parallel for num_threads(nt) schedule(static) if (ne > 65536)
-      for (size_t j = 0; j < ne; ++j) x[j] += tmp[j];
-      rmsnorm(x.data(), L.ffn_norm.data(), h.data(), n, E, c.rms_eps, nt);
-      matmul(h.data(), L.wg, g.data(), n, E, F, nt, I.f32_decode);
-      matmul(h.data(), L.wu, u.data(), n, E, F, nt, I.f32_decode);
-      const size_t nf = static_cast<size_t>(n) * F;
-#pragma omp parallel for num_threads(nt) schedule(static) if (nf > 65536)
-      for (size_t j = 0; j < nf; ++j) g[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
-      matmul(g.data(), L.wd, tmp.data(), n, F, E, nt, I.f32_decode);
-#pragma omp parallel for num_threads(nt) schedule(static) if (ne > 65536)
-      for (size_t j = 0; j < ne; ++j) x[j] += tmp[j];
+    for (int i = 0; i < n; ++i) {
+      I.tok_embd.row(static_cast<size_t>(tokens[b0 + i]), &s.x[static_cast<size_t>(i) * E]);
+      s.pos[i] = pos0 + i;
     }
-    if (hidden_out)
-      rmsnorm(x.data(), I.output_norm.data(), hidden_out + static_cast<size_t>(b0) * E, n, E, c.rms_eps, nt);
+    layers_step(I, nt, s, n, hidden_out ? hidden_out + static_cast<size_t>(b0) * E : nullptr,
+                [&](int l) { cache_attention(I, nt, s, cache, l, 0, n, pos0); });
   }
+}
+
+void LlamaModel::forward_batch(KvCache* const* caches, const int32_t* tokens, int n_seqs, float* hidden_out) const {
+  const Impl& I = *impl_;
+  const LlamaConfig& c = I.cfg;
+  TQ_CHECK(n_seqs >= 0, "forward_batch: negative sequence count");
+  if (n_seqs == 0) return;
+  for (int i = 0; i < n_seqs; ++i) {
+    TQ_CHECK(caches[i] != nullptr, "forward_batch: null cache %d", i);
+    check_cache(c, *caches[i]);
+    for (int j = 0; j < i; ++j) TQ_CHECK(caches[j] != caches[i], "forward_batch: cache %d given twice", i);
+    TQ_CHECK(tokens[i] >= 0 && tokens[i] < c.n_vocab, "forward_batch: token id %d outside the vocabulary", tokens[i]);
+    TQ_CHECK(caches[i]->n_tokens(0) < caches[i]->config().max_tokens,
+             "forward_batch: cache %d is full (%d tokens)", i, caches[i]->config().max_tokens);
+  }
+  const int E = c.n_embd;
+  Step s(c, n_seqs);
+  for (int i = 0; i < n_seqs; ++i) {
+    I.tok_embd.row(static_cast<size_t>(tokens[i]), &s.x[static_cast<size_t>(i) * E]);
+    s.pos[i] = caches[i]->n_tokens(0);
+  }
+  const int nt = threads();
+  layers_step(I, nt, s, n_seqs, hidden_out, [&](int l) {
+    for (int i = 0; i < n_seqs; ++i) cache_attention(I, nt, s, *caches[i], l, i, 1, s.pos[i]);
+  });
 }
 
 void LlamaModel::logits(const float* hidden, int n, float* out) const {
