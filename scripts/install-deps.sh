@@ -18,6 +18,8 @@ PKGS=(
   clang libclang-rt-14-dev   # libFuzzer and sanitizers
   libomp-dev            # clang's OpenMP runtime (fuzz and TSan builds)
   python3 python3-pip python3-venv unzip ca-certificates ccache
+  libcpp-httplib-dev    # 0.11: HTTP server of `tq serve`
+  chromium              # headless browser for the chat page test of `tq serve`
 )
 
 missing=()

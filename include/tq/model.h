@@ -131,6 +131,11 @@ class LlamaModel {
   // Process n tokens at positions cache.n_tokens(0) ... (appends their K/V to the cache).
   // hidden_out (optional): n * n_embd final-normed hidden states, for logits().
   void forward(KvCache& cache, const int32_t* tokens, int n, float* hidden_out) const;
+  // One decode step of n_seqs sequences at once: token i is appended to caches[i] (at its
+  // position caches[i]->n_tokens(0)); the same per-layer code as forward(), with each weight
+  // matrix read once for all rows. hidden_out (optional): n_seqs * n_embd final-normed hidden
+  // states. The caches must be distinct.
+  void forward_batch(KvCache* const* caches, const int32_t* tokens, int n_seqs, float* hidden_out) const;
   // logits (n * n_vocab) from final hidden states.
   void logits(const float* hidden, int n, float* out) const;
   // forward() then the logits of the last token only.

@@ -499,14 +499,49 @@ void LlamaModel::Impl::layer_out_ffn(int l, float* x, int n, Scratch& s) const {
   add_into(x, s.tmp.data(), ne, nt);
 }
 
-void LlamaModel::forward(KvCache& cache, const int32_t* tokens, int n_total, float* hidden_out) const {
-  const Impl& I = *impl_;
-  const LlamaConfig& c = I.cfg;
-  TQ_CHECK(n_total >= 0, "forward: negative token count");
+namespace {
+
+void check_cache_shape(const LlamaConfig& c, const KvCache& cache) {
   const KvCacheConfig& kc = cache.config();
   TQ_CHECK(kc.n_layers == c.n_layers && kc.n_kv_heads == c.n_kv_heads && kc.head_dim == c.head_dim,
            "forward: cache shape (%d layers, %d kv heads, dim %d) does not match the model (%d, %d, %d)",
            kc.n_layers, kc.n_kv_heads, kc.head_dim, c.n_layers, c.n_kv_heads, c.head_dim);
+}
+
+// Token embeddings of tokens[0..n) into x (n * n_embd), scaled as the architecture asks.
+void embed(const LlamaModel::Impl& I, const int32_t* tokens, int n, float* x) {
+  const LlamaConfig& c = I.cfg;
+  const int E = c.n_embd;
+  for (int i = 0; i < n; ++i) {
+    float* xi = x + static_cast<size_t>(i) * E;
+    I.tok_embd.row(static_cast<size_t>(tokens[i]), xi);
+    if (c.embd_scale != 1.0f)
+      for (int j = 0; j < E; ++j) xi[j] *= c.embd_scale;
+  }
+}
+
+// Rows [r0, r0 + n) of s (one sequence, first at position pos0): their K/V into `cache`, then
+// their attention over it into s.att.
+void cache_attention(const LlamaModel::Impl& I, KvCache& cache, int l, int r0, int n, int pos0, Scratch& s) {
+  const LlamaConfig& c = I.cfg;
+  const size_t QD = c.q_dim(), KV = static_cast<size_t>(c.n_kv_heads) * c.head_dim;
+  float* q = s.q.data() + r0 * QD;
+  float* att = s.att.data() + r0 * QD;
+  const AttentionParams ap = I.attn_params(l, pos0);
+  cache.observe_queries(l, n, q, c.n_heads);
+  cache.append(l, n, s.k.data() + r0 * KV, s.v.data() + r0 * KV, ap.n_threads);
+  if (I.attn == AttentionImpl::Fused) attention(cache, l, n, q, att, ap);
+  else attention_ref(cache, l, n, q, att, ap);
+}
+
+}  // namespace
+
+void LlamaModel::forward(KvCache& cache, const int32_t* tokens, int n_total, float* hidden_out) const {
+  const Impl& I = *impl_;
+  const LlamaConfig& c = I.cfg;
+  TQ_CHECK(n_total >= 0, "forward: negative token count");
+  check_cache_shape(c, cache);
+  const KvCacheConfig& kc = cache.config();
   for (int i = 0; i < n_total; ++i)
     TQ_CHECK(tokens[i] >= 0 && tokens[i] < c.n_vocab, "forward: token id %d outside the vocabulary", tokens[i]);
   const int nt = threads();
@@ -522,25 +557,47 @@ void LlamaModel::forward(KvCache& cache, const int32_t* tokens, int n_total, flo
     const int pos0 = cache.n_tokens(0);
     TQ_CHECK(pos0 + n <= kc.max_tokens, "forward: %d + %d tokens exceed the cache capacity %d", pos0, n,
              kc.max_tokens);
-    for (int i = 0; i < n; ++i) {
-      pos[i] = pos0 + i;
-      float* xi = &x[static_cast<size_t>(i) * E];
-      I.tok_embd.row(static_cast<size_t>(tokens[b0 + i]), xi);
-      if (c.embd_scale != 1.0f)
-        for (int j = 0; j < E; ++j) xi[j] *= c.embd_scale;
-    }
+    for (int i = 0; i < n; ++i) pos[i] = pos0 + i;
+    embed(I, tokens + b0, n, x.data());
     for (int l = 0; l < c.n_layers; ++l) {
       I.layer_qkv(l, x.data(), n, pos.data(), s);
-      cache.observe_queries(l, n, s.q.data(), c.n_heads);
-      cache.append(l, n, s.k.data(), s.v.data(), nt);
-      const AttentionParams ap = I.attn_params(l, pos0);
-      if (I.attn == AttentionImpl::Fused) attention(cache, l, n, s.q.data(), s.att.data(), ap);
-      else attention_ref(cache, l, n, s.q.data(), s.att.data(), ap);
+      cache_attention(I, cache, l, 0, n, pos0, s);
       I.layer_out_ffn(l, x.data(), n, s);
     }
     if (hidden_out)
       rmsnorm(x.data(), I.output_norm.data(), hidden_out + static_cast<size_t>(b0) * E, n, E, c.rms_eps, nt);
   }
+}
+
+// One decode step of n_seqs sequences, token i appended to caches[i]: the same per-layer steps as
+// forward() over n_seqs rows, so each weight is read once for all sequences; only the cache
+// append and attention run per sequence.
+void LlamaModel::forward_batch(KvCache* const* caches, const int32_t* tokens, int n_seqs, float* hidden_out) const {
+  const Impl& I = *impl_;
+  const LlamaConfig& c = I.cfg;
+  TQ_CHECK(n_seqs >= 0, "forward_batch: negative sequence count");
+  if (n_seqs == 0) return;
+  for (int i = 0; i < n_seqs; ++i) {
+    TQ_CHECK(caches[i] != nullptr, "forward_batch: null cache %d", i);
+    check_cache_shape(c, *caches[i]);
+    for (int j = 0; j < i; ++j) TQ_CHECK(caches[j] != caches[i], "forward_batch: cache %d given twice", i);
+    TQ_CHECK(tokens[i] >= 0 && tokens[i] < c.n_vocab, "forward_batch: token id %d outside the vocabulary", tokens[i]);
+    TQ_CHECK(caches[i]->n_tokens(0) < caches[i]->config().max_tokens, "forward_batch: cache %d is full (%d tokens)",
+             i, caches[i]->config().max_tokens);
+  }
+  const int E = c.n_embd, nt = threads();
+  std::vector<float> x(static_cast<size_t>(n_seqs) * E);
+  std::vector<int> pos(n_seqs);
+  for (int i = 0; i < n_seqs; ++i) pos[i] = caches[i]->n_tokens(0);
+  embed(I, tokens, n_seqs, x.data());
+  Scratch s;
+  s.reserve(c, n_seqs);
+  for (int l = 0; l < c.n_layers; ++l) {
+    I.layer_qkv(l, x.data(), n_seqs, pos.data(), s);
+    for (int i = 0; i < n_seqs; ++i) cache_attention(I, *caches[i], l, i, 1, pos[i], s);
+    I.layer_out_ffn(l, x.data(), n_seqs, s);
+  }
+  if (hidden_out) rmsnorm(x.data(), I.output_norm.data(), hidden_out, n_seqs, E, c.rms_eps, nt);
 }
 
 void LlamaModel::logits(const float* hidden, int n, float* out) const {
