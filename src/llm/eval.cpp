@@ -124,8 +124,12 @@ void apply_layer_types(const std::vector<std::string>& specs, KvCacheConfig& cfg
 }
 
 KvCacheConfig make_kv_config(const LlamaModel& m, const KvOptions& opts, int max_tokens) {
+  return make_kv_config(m.kv_config(max_tokens), opts);
+}
+
+KvCacheConfig make_kv_config(const KvCacheConfig& shape, const KvOptions& opts) {
   const KvOptions kv = opts.resolved();
-  KvCacheConfig c = m.kv_config(max_tokens);
+  KvCacheConfig c = shape;
   c.type_k = kv.type_k;
   c.type_v = kv.type_v;
   c.window = kv.window;
