@@ -18,6 +18,7 @@ PKGS=(
   clang libclang-rt-14-dev   # libFuzzer and sanitizers
   libomp-dev            # clang's OpenMP runtime (fuzz and TSan builds)
   python3 python3-pip python3-venv unzip ca-certificates ccache
+  python3-dev           # Python headers: the turboquant extension (pip install ., make wheel)
 )
 
 missing=()
