@@ -130,3 +130,21 @@ def test_index_bad_input(tmp_path):
     clone = tq.Index.__new__(tq.Index)
     with pytest.raises(tq.Error, match="pickle"):
         clone.__setstate__((bytes(bad_state),))
+
+
+def test_concurrent_searches_from_python_threads(rng):
+    """search releases the GIL: several Python threads search one index at once, each
+    result equal to the same search run alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    d = 32
+    x = clustered(rng, 4000, d)
+    q = clustered(rng, 64, d)
+    idx = tq.Index(d, bits=4)
+    idx.add(x)
+    alone = [idx.search(q[i::4].copy(), 5, threads=1) for i in range(4)]
+    with ThreadPoolExecutor(4) as ex:
+        together = list(ex.map(lambda i: idx.search(q[i::4].copy(), 5, threads=1), range(4)))
+    for (s1, i1), (s2, i2) in zip(alone, together):
+        np.testing.assert_array_equal(i1, i2)
+        np.testing.assert_array_equal(s1, s2)
