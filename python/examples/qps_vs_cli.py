@@ -30,18 +30,22 @@ def main():
     ap.add_argument("--k", type=int, default=10, help=">= 10")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--nq", type=int, default=0, help="use only the first NQ queries (0: all; CLI --max-queries)")
     a = ap.parse_args()
     base_f, q_f, gt_f = (a.data / n for n in ("glove100_base.fvecs", "glove100_query.fvecs", "glove100_gt100.ivecs"))
     base = read_vecs(base_f, np.float32)
     queries = read_vecs(q_f, np.float32)
     gt = read_vecs(gt_f, np.int32)
+    if a.nq:
+        queries, gt = np.ascontiguousarray(queries[: a.nq]), np.ascontiguousarray(gt[: a.nq])
     index = tq.Index(base.shape[1], bits=a.bits, metric="cosine")
     index.add(base)
     cli_qps, py_qps = [], []
     for r in range(a.rounds):
         out = subprocess.run([str(a.tq), "index", "eval", "--base", str(base_f), "--queries", str(q_f), "--gt",
                               str(gt_f), "--bits", str(a.bits), "--metric", "cosine", "--threads", str(a.threads),
-                              "--k-max", str(a.k), "--reps", str(a.reps), "--json"],
+                              "--k-max", str(a.k), "--reps", str(a.reps), "--json"]
+                             + (["--max-queries", str(a.nq)] if a.nq else []),
                              capture_output=True, text=True, check=True)
         cli = json.loads(out.stdout)
         times = []
