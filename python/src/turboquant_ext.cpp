@@ -80,8 +80,11 @@ const T* view(const InArray& a, const char* name, size_t min_ndim, size_t max_nd
            min_ndim == max_ndim ? std::to_string(min_ndim).c_str()
                                 : (std::to_string(min_ndim) + " or " + std::to_string(max_ndim)).c_str(),
            shape_str(a).c_str());
+  // Strides only matter when there is data: an empty array may carry any (NumPy >= 2.4 exports
+  // some that are not the C ones).
+  const bool empty = a.size() == 0;
   int64_t expect = 1;
-  for (size_t i = a.ndim(); i-- > 0;) {
+  for (size_t i = a.ndim(); !empty && i-- > 0;) {
     TQ_CHECK(a.shape(i) <= 1 || a.stride(i) == expect,
              "%s must be C-contiguous (row-major, no strides), got strides that are not: use "
              "np.ascontiguousarray(%s)",
