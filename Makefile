@@ -6,7 +6,7 @@ JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 GEN        := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 
-.PHONY: all deps fetch venv build demo test test-sanitize test-tsan fuzz bench clean
+.PHONY: all deps fetch venv build demo test test-sanitize test-tsan fuzz bench clean wheel
 
 all: build
 
@@ -31,8 +31,18 @@ demo: fetch build
 	bash scripts/demo-codec.sh $(BUILD)/tq
 	@if [ -f scripts/demo.sh ]; then bash scripts/demo.sh $(BUILD)/tq; fi
 
+# A build dir configured before the venv had nanobind lacks the Python extension (its
+# TQ_BUILD_PYTHON=AUTO looks once, at configure): configure again so the pytest suite runs.
 test: fetch venv build
+	@if [ ! -d $(BUILD)/python ] && .venv/bin/python -c 'import nanobind' 2>/dev/null; then \
+	  cmake -S . -B $(BUILD) >/dev/null && cmake --build $(BUILD) -j $(JOBS); fi
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
+
+# The Python package as a wheel in dist/ (scikit-build-core over this CMake project, the
+# library compiled into the extension; pyproject.toml pins the build requirements). For users:
+# `pip install .` does the same and installs it.
+wheel: deps venv
+	.venv/bin/python -m pip wheel . --no-deps --disable-pip-version-check -w dist
 
 # ASan + UBSan over the whole suite (sizes shrunk by TQ_TEST_SMALL=1, never the checks).
 # allocator_may_return_null: a refused huge allocation throws std::bad_alloc as it does
@@ -65,4 +75,4 @@ bench: build
 	@echo "see BENCHMARKS.md for the commands behind every figure"
 
 clean:
-	rm -rf $(BUILD) build-asan build-tsan build-fuzz
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz dist

@@ -20,6 +20,7 @@ PKGS=(
   python3 python3-pip python3-venv unzip ca-certificates ccache
   libcpp-httplib-dev    # 0.11: HTTP server of `tq serve`
   chromium              # headless browser for the chat page test of `tq serve`
+  python3-dev           # Python headers: the turboquant extension (pip install ., make wheel)
 )
 
 missing=()

@@ -63,6 +63,10 @@ std::string read_kv_label_file(const std::string& path);
 KvCacheConfig make_kv_config(const LlamaModel& m, const KvOptions& kv, int max_tokens);
 // The same from the model's config alone (LlamaModel::read_config: before the weights load).
 KvCacheConfig make_kv_config(const LlamaConfig& mc, const KvOptions& kv, int max_tokens);
+// The same on a cache of any shape: `shape` gives n_layers, n_kv_heads, head_dim, max_tokens
+// (and rope_base / rope_dim for center_rope); the cache choice comes from `kv` (the C API and
+// the Python bindings build stand-alone caches from a label this way).
+KvCacheConfig make_kv_config(const KvCacheConfig& shape, const KvOptions& kv);
 // Expands --kv-layer-type specs ("LAYERS:K[/V]", LAYERS e.g. "0,3,10-12,5.1") onto
 // cfg.layer_type_k / layer_type_v (cfg.n_layers entries) and, for LAYER.HEAD items (one KV
 // head), cfg.head_type_k / head_type_v (n_layers * n_kv_heads; they win over whole-layer

@@ -132,8 +132,12 @@ KvCacheConfig make_kv_config(const LlamaModel& m, const KvOptions& opts, int max
 }
 
 KvCacheConfig make_kv_config(const LlamaConfig& mc, const KvOptions& opts, int max_tokens) {
+  return make_kv_config(kv_config_for(mc, max_tokens), opts);
+}
+
+KvCacheConfig make_kv_config(const KvCacheConfig& shape, const KvOptions& opts) {
   const KvOptions kv = opts.resolved();
-  KvCacheConfig c = kv_config_for(mc, max_tokens);
+  KvCacheConfig c = shape;
   c.type_k = kv.type_k;
   c.type_v = kv.type_v;
   c.window = kv.window;

@@ -1,0 +1,130 @@
+/* The C API of turboquant: opaque handles, status codes and a thread-local last-error
+ * message. Plain C (C99 and later, and C++); no C++ type crosses it. A thin layer over the
+ * C++ API of include/tq/ (src/capi/): it re-implements nothing.
+ *
+ * Conventions
+ *  - Every function that can fail returns tq_status; TQ_OK (0) is success. On failure,
+ *    tq_last_error() returns the library's message (what and where) for the calling thread,
+ *    valid until that thread's next failing call; out-parameters are left untouched.
+ *  - Objects are created by tq_X_create / tq_X_load into a handle (X**) and released by
+ *    tq_X_free (NULL is a no-op). A handle may be used from several threads for the const
+ *    calls (encode, decode, score, search, attention); mutating calls (add, append, clear)
+ *    need exclusive access.
+ *  - Arrays are row-major float32 / uint8 / int64, sized as each comment says; NaN or Inf in
+ *    inputs is rejected (TQ_ERR_INVALID_ARGUMENT).
+ *  - Names are the CLI's: quantizer kinds "mse" | "prod" | "qjl", metrics "ip" | "l2" |
+ *    "cosine", KV cache labels as `tq perplexity -ctk/-ctv` / --kv-config write them
+ *    ("f16", "tq4/tq3", "tq4/tq3 w128 s4 ckv", ...).
+ */
+#ifndef TQ_TQ_H
+#define TQ_TQ_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum tq_status {
+  TQ_OK = 0,
+  TQ_ERR_INVALID_ARGUMENT = 1, /* bad argument, bad config, wrong shape, NaN/Inf, corrupt file */
+  TQ_ERR_NULL_POINTER = 2,     /* a required pointer argument is NULL */
+  TQ_ERR_OUT_OF_MEMORY = 3,
+  TQ_ERR_INTERNAL = 4          /* any other failure (message in tq_last_error) */
+} tq_status;
+
+/* The message of the calling thread's last failure ("" when none). Never NULL. */
+const char* tq_last_error(void);
+/* A static name for a status code, e.g. "TQ_ERR_INVALID_ARGUMENT". */
+const char* tq_status_name(tq_status s);
+/* The library version, e.g. "0.1.0". */
+const char* tq_version(void);
+
+/* ---- codec: TurboQuant quantizers (tq/quantizer.h) ------------------------------------- */
+
+typedef struct tq_quantizer tq_quantizer;
+
+/* kind: "mse" | "prod" | "qjl"; dim >= 2; bits 1..8 (prod: >= 2); rotation: NULL for the
+ * default randomized Hadamard, else "haar" | "hadamard" | "block32" | ... | "identity". */
+tq_status tq_quantizer_create(const char* kind, int dim, int bits, const char* rotation,
+                              uint64_t seed, tq_quantizer** out);
+void tq_quantizer_free(tq_quantizer* q);
+int tq_quantizer_dim(const tq_quantizer* q);
+size_t tq_quantizer_code_bytes(const tq_quantizer* q); /* bytes per encoded vector */
+/* x: n * dim floats -> codes: n * code_bytes bytes. */
+tq_status tq_quantizer_encode(const tq_quantizer* q, size_t n, const float* x, uint8_t* codes);
+/* codes: n * code_bytes bytes -> x: n * dim floats. */
+tq_status tq_quantizer_decode(const tq_quantizer* q, size_t n, const uint8_t* codes, float* x);
+/* Estimates of <query, x_i> for n coded vectors without decoding them. query: dim floats;
+ * out: n floats. */
+tq_status tq_quantizer_score(const tq_quantizer* q, const float* query, size_t n,
+                             const uint8_t* codes, float* out);
+
+/* ---- search: the compressed flat index (tq/index.h) ------------------------------------ */
+
+typedef struct tq_index tq_index;
+
+/* Build options; tq_index_options_default() fills the library's defaults. Strings are the
+ * CLI's `tq index build` values. */
+typedef struct tq_index_options {
+  double bits;          /* 1..8, or a half-integer 1.5..7.5 (default 4) */
+  const char* metric;   /* "ip" | "l2" | "cosine" (default "cosine") */
+  const char* codec;    /* "mse" | "prod" (default "mse") */
+  const char* scale;    /* "plain" | "corrected" | "eden" | "lsq" (default "corrected") */
+  const char* norm;     /* "f16" | "f32" (default "f16") */
+  const char* rotation; /* default "hadamard" */
+  const char* law;      /* "beta" | "gauss" (default "beta") */
+  uint64_t seed;        /* default 0x5eed */
+  int keep_vectors;     /* also keep the float vectors (for rerank_full); default 0 */
+  int fit_scale;        /* per-vector grid fit at build time; default 0 */
+  int center;           /* subtract the first batch's mean; default 0 */
+} tq_index_options;
+
+tq_index_options tq_index_options_default(void);
+/* opts: NULL for the defaults. */
+tq_status tq_index_create(int dim, const tq_index_options* opts, tq_index** out);
+void tq_index_free(tq_index* idx);
+int tq_index_dim(const tq_index* idx);
+size_t tq_index_size(const tq_index* idx);
+/* x: n * dim floats; ids: n int64 or NULL (size(), size() + 1, ...). */
+tq_status tq_index_add(tq_index* idx, size_t n, const float* x, const int64_t* ids);
+/* q: nq * dim floats; scores, ids: nq * k each (best first; missing results get id -1).
+ * n_threads 0: OpenMP default. Scores: similarity for ip / cosine, squared distance for l2. */
+tq_status tq_index_search(const tq_index* idx, size_t nq, const float* q, int k, int n_threads,
+                          float* scores, int64_t* ids);
+/* Atomic save; load validates every field and the checksum. */
+tq_status tq_index_save(const tq_index* idx, const char* path);
+tq_status tq_index_load(const char* path, tq_index** out);
+
+/* ---- KV cache: quantized cache + fused attention (tq/kv_cache.h) ----------------------- */
+
+typedef struct tq_kv_cache tq_kv_cache;
+
+/* label: a cache label as `tq perplexity --kv-config` takes it, e.g. "f16", "tq4/tq3 plain",
+ * "tq4/tq3 w128 s4 ck" (K type / V type, window, sinks, centring, ...). Shape: n_layers x
+ * n_kv_heads x head_dim, at most max_tokens tokens per layer. rope_base, rope_dim: the keys'
+ * RoPE (normal mode), needed when the K mean rotates with RoPE ("cr", which a tq K type's
+ * automatic protection includes unless the label says "plain" or gives a centring); 0, 0:
+ * none, and such a label is an error. */
+tq_status tq_kv_cache_create(const char* label, int n_layers, int n_kv_heads, int head_dim,
+                             int max_tokens, float rope_base, int rope_dim, tq_kv_cache** out);
+void tq_kv_cache_free(tq_kv_cache* c);
+/* Tokens held by one layer (-1 on a bad layer or a NULL handle, with the message set). */
+int tq_kv_cache_n_tokens(const tq_kv_cache* c, int layer);
+size_t tq_kv_cache_bytes_used(const tq_kv_cache* c);
+/* k, v: n_tokens * n_kv_heads * head_dim floats (token-major, then head). */
+tq_status tq_kv_cache_append(tq_kv_cache* c, int layer, int n_tokens, const float* k,
+                             const float* v);
+/* Causal attention of n_q queries (the last n_q positions of the layer) with n_heads query
+ * heads (a multiple of n_kv_heads; GQA). q, out: n_q * n_heads * head_dim floats. scale 0:
+ * 1/sqrt(head_dim); n_threads 0: OpenMP default. */
+tq_status tq_kv_cache_attention(const tq_kv_cache* c, int layer, int n_q, int n_heads,
+                                const float* q, float scale, int n_threads, float* out);
+void tq_kv_cache_clear(tq_kv_cache* c);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TQ_TQ_H */

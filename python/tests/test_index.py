@@ -1,0 +1,150 @@
+"""turboquant.Index: the same results as the CLI (`tq index build` / `tq index search`) on the
+same data, files shared both ways, pickling, FAISS-like surface, and bad input."""
+import pickle
+
+import numpy as np
+import pytest
+
+import turboquant as tq
+from conftest import run_cli
+
+
+def clustered(rng, n, d, centres=20):
+    c = rng.normal(size=(centres, d))
+    return (c[rng.integers(0, centres, n)] + 0.3 * rng.normal(size=(n, d))).astype(np.float32)
+
+
+@pytest.mark.parametrize("metric,bits", [("cosine", 4), ("ip", 2), ("l2", 3.5), ("cosine", 8)])
+def test_index_equals_cli(tq_cli, tmp_path, rng, metric, bits):
+    d = 48
+    x = clustered(rng, 3000, d)
+    q = clustered(rng, 40, d)
+    np.save(tmp_path / "base.npy", x)
+    np.save(tmp_path / "q.npy", q)
+    run_cli(tq_cli, "index", "build", "--input", tmp_path / "base.npy", "-o", tmp_path / "cli.tqi",
+            "--bits", bits, "--metric", metric, "--threads", 1)
+    cli = run_cli(tq_cli, "index", "search", "--index", tmp_path / "cli.tqi", "--queries",
+                  tmp_path / "q.npy", "-k", 10, "--threads", 1)
+    idx = tq.Index(d, bits=bits, metric=metric)
+    idx.add(x)
+    assert len(idx) == 3000 and idx.ntotal == 3000 and idx.d == d
+    assert idx.describe() == cli["index"]
+    scores, ids = idx.search(q, 10, threads=1)
+    assert scores.dtype == np.float32 and ids.dtype == np.int64 and ids.shape == (40, 10)
+    np.testing.assert_array_equal(ids, np.array(cli["ids"]))
+    np.testing.assert_allclose(scores, np.array(cli["scores"], dtype=np.float64), rtol=1e-6, atol=1e-6)
+    # files go both ways: the CLI's file loaded here, ours searched by the CLI
+    s2, i2 = tq.Index.load(str(tmp_path / "cli.tqi")).search(q, 10)
+    np.testing.assert_array_equal(i2, ids)
+    np.testing.assert_array_equal(s2, scores)
+    idx.save(str(tmp_path / "py.tqi"))
+    cli2 = run_cli(tq_cli, "index", "search", "--index", tmp_path / "py.tqi", "--queries",
+                   tmp_path / "q.npy", "-k", 10)
+    np.testing.assert_array_equal(np.array(cli2["ids"]), ids)
+
+
+def test_index_recall_against_exact(rng):
+    d = 64
+    x = clustered(rng, 5000, d)
+    q = clustered(rng, 100, d)
+    idx = tq.Index(d, bits=4, metric="cosine")
+    idx.add(x)
+    _, ids = idx.search(q, 10)
+    _, gt = tq.exact_search(x, q, 10, metric="cosine")
+    # top-1 of the exact search found among the first 10: 4-bit codes lose little
+    assert np.mean([gt[i, 0] in ids[i] for i in range(len(q))]) >= 0.95
+
+
+def test_ids_pickle_repr_and_threads(rng):
+    d = 32
+    x = clustered(rng, 500, d)
+    idx = tq.Index(d, bits=4, metric="l2", seed=3)
+    idx.add(x[:200], ids=np.arange(1000, 1200, dtype=np.int64))
+    idx.add(x[200:])  # default ids continue from the size: 200, 201, ...
+    s, i = idx.search(x[[5, 300]], 3)
+    assert i[0, 0] == 1005 and i[1, 0] == 300
+    assert np.all(np.diff(s, axis=1) >= 0)  # l2: ascending distances
+    r = repr(idx)
+    assert "Index" in r and "dim=32" in r and "l2" in r and "ntotal=500" in r
+    clone = pickle.loads(pickle.dumps(idx))
+    assert len(clone) == 500 and repr(clone) == r
+    s2, i2 = clone.search(x[[5, 300]], 3)
+    np.testing.assert_array_equal(i2, i)
+    np.testing.assert_array_equal(s2, s)
+    s1, i1 = idx.search(x[:50], 5, threads=1)
+    s3, i3 = idx.search(x[:50], 5, threads=2)
+    np.testing.assert_array_equal(i1, i3)
+    # k > ntotal: the missing results get id -1
+    small = tq.Index(d)
+    small.add(x[:3])
+    _, ik = small.search(x[:1], 5)
+    assert list(ik[0, 3:]) == [-1, -1]
+
+
+def test_index_bad_input(tmp_path):
+    d = 16
+    idx = tq.Index(d)
+    x = np.ones((4, d), np.float32)
+    with pytest.raises(TypeError, match="float32"):
+        idx.add(x.astype(np.float64))
+    with pytest.raises(tq.Error, match="16 columns"):
+        idx.add(np.ones((4, d + 1), np.float32))
+    with pytest.raises(tq.Error, match="2 dimensions"):
+        idx.add(np.ones(d, np.float32))
+    with pytest.raises(tq.Error, match="C-contiguous"):
+        idx.add(np.ones((4, 2 * d), np.float32)[:, ::2])
+    with pytest.raises(tq.Error, match="C-contiguous"):
+        idx.add(np.ones((8, d), np.float32)[::2])
+    bad = x.copy()
+    bad[1, 3] = np.nan
+    with pytest.raises(tq.Error, match="(?i)finite|nan"):
+        idx.add(bad)
+    assert len(idx) == 0  # nothing added by a failed call
+    with pytest.raises(TypeError, match="int64"):
+        idx.add(x, ids=np.arange(4, dtype=np.int32))
+    with pytest.raises(tq.Error, match="ids has 3 entries"):
+        idx.add(x, ids=np.arange(3, dtype=np.int64))
+    idx.add(x)
+    with pytest.raises(tq.Error, match="k = 0"):
+        idx.search(x, 0)
+    with pytest.raises(tq.Error, match="(?i)finite|nan"):
+        idx.search(bad, 1)
+    with pytest.raises(tq.Error, match="16 columns"):
+        idx.search(np.ones((2, 8), np.float32), 1)
+    with pytest.raises(tq.Error, match="euclid"):
+        tq.Index(d, metric="euclid")
+    with pytest.raises(tq.Error):
+        tq.Index(d, bits=9)
+    with pytest.raises(tq.Error, match="nonexistent"):
+        tq.Index.load(str(tmp_path / "nonexistent.tqi"))
+    p = tmp_path / "ok.tqi"
+    idx.save(str(p))
+    data = bytearray(p.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (tmp_path / "corrupt.tqi").write_bytes(bytes(data))
+    with pytest.raises(tq.Error):
+        tq.Index.load(str(tmp_path / "corrupt.tqi"))
+    (state,) = idx.__getstate__()
+    bad_state = bytearray(state)
+    bad_state[len(bad_state) // 2] ^= 0xFF
+    clone = tq.Index.__new__(tq.Index)
+    with pytest.raises(tq.Error, match="pickle"):
+        clone.__setstate__((bytes(bad_state),))
+
+
+def test_concurrent_searches_from_python_threads(rng):
+    """search releases the GIL: several Python threads search one index at once, each
+    result equal to the same search run alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    d = 32
+    x = clustered(rng, 4000, d)
+    q = clustered(rng, 64, d)
+    idx = tq.Index(d, bits=4)
+    idx.add(x)
+    alone = [idx.search(q[i::4].copy(), 5, threads=1) for i in range(4)]
+    with ThreadPoolExecutor(4) as ex:
+        together = list(ex.map(lambda i: idx.search(q[i::4].copy(), 5, threads=1), range(4)))
+    for (s1, i1), (s2, i2) in zip(alone, together):
+        np.testing.assert_array_equal(i1, i2)
+        np.testing.assert_array_equal(s1, s2)

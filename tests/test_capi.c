@@ -1,0 +1,222 @@
+/* The C API (include/tq/tq.h) from C99: every entry point, its error paths (status code +
+ * thread-local message, never a crash) and results checked against plain C references. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tq/tq.h"
+
+static int g_failed = 0, g_passed = 0;
+static const char* g_index_path = "test_capi.tqi"; /* argv[1] when given */
+#define CHECK(cond)                                                      \
+  do {                                                                   \
+    if (cond) {                                                          \
+      ++g_passed;                                                        \
+    } else {                                                             \
+      ++g_failed;                                                        \
+      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__, __LINE__, #cond, \
+              tq_last_error());                                          \
+    }                                                                    \
+  } while (0)
+
+/* Deterministic pseudo-random floats in [-1, 1). */
+static uint64_t g_rng = 88172645463325252ull;
+static float frand(void) {
+  g_rng ^= g_rng << 13;
+  g_rng ^= g_rng >> 7;
+  g_rng ^= g_rng << 17;
+  return (float)((g_rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+}
+
+static void test_errors(void) {
+  tq_quantizer* q = NULL;
+  CHECK(strcmp(tq_version(), "") != 0);
+  CHECK(tq_quantizer_create("nope", 64, 4, NULL, 1, &q) == TQ_ERR_INVALID_ARGUMENT);
+  CHECK(q == NULL);
+  CHECK(strstr(tq_last_error(), "nope") != NULL); /* the library's message names the bad kind */
+  CHECK(tq_quantizer_create("mse", 1, 4, NULL, 1, &q) == TQ_ERR_INVALID_ARGUMENT);
+  CHECK(tq_quantizer_create("mse", 64, 9, NULL, 1, &q) == TQ_ERR_INVALID_ARGUMENT);
+  CHECK(tq_quantizer_create("mse", 64, 4, "bogus-rotation", 1, &q) == TQ_ERR_INVALID_ARGUMENT);
+  CHECK(tq_quantizer_create(NULL, 64, 4, NULL, 1, &q) == TQ_ERR_NULL_POINTER);
+  CHECK(tq_quantizer_create("mse", 64, 4, NULL, 1, NULL) == TQ_ERR_NULL_POINTER);
+  CHECK(strlen(tq_last_error()) > 0);
+  CHECK(tq_index_load("/nonexistent/dir/x.tqi", NULL) == TQ_ERR_NULL_POINTER);
+  {
+    tq_index* idx = NULL;
+    CHECK(tq_index_load("/nonexistent/dir/x.tqi", &idx) == TQ_ERR_INVALID_ARGUMENT);
+    CHECK(idx == NULL);
+    CHECK(strstr(tq_last_error(), "/nonexistent/dir/x.tqi") != NULL);
+  }
+  CHECK(strcmp(tq_status_name(TQ_ERR_OUT_OF_MEMORY), "TQ_ERR_OUT_OF_MEMORY") == 0);
+  tq_quantizer_free(NULL);
+  tq_index_free(NULL);
+  tq_kv_cache_free(NULL);
+}
+
+static void test_codec(void) {
+  enum { D = 64, N = 50 };
+  static float x[N * D], y[N * D], s[N];
+  tq_quantizer* q = NULL;
+  CHECK(tq_quantizer_create("mse", D, 4, NULL, 7, &q) == TQ_OK);
+  if (!q) return;
+  CHECK(tq_quantizer_dim(q) == D);
+  const size_t cb = tq_quantizer_code_bytes(q);
+  CHECK(cb == 2 + D * 4 / 8); /* f16 norm + 4-bit indices */
+  uint8_t* codes = (uint8_t*)malloc(N * cb);
+  for (int i = 0; i < N * D; ++i) x[i] = frand();
+  CHECK(tq_quantizer_encode(q, N, x, codes) == TQ_OK);
+  CHECK(tq_quantizer_decode(q, N, codes, y) == TQ_OK);
+  /* 4-bit TurboQuant_mse: relative squared error about 0.009 per vector; allow 0.03. */
+  double err = 0, norm = 0;
+  for (int i = 0; i < N * D; ++i) {
+    err += (double)(x[i] - y[i]) * (x[i] - y[i]);
+    norm += (double)x[i] * x[i];
+  }
+  CHECK(err / norm < 0.03);
+  /* score on the codes = <query, decoded vector> (mse codes: exact up to float rounding). */
+  CHECK(tq_quantizer_score(q, x, N, codes, s) == TQ_OK);
+  int score_ok = 1;
+  for (int i = 0; i < N; ++i) {
+    double dot = 0;
+    for (int j = 0; j < D; ++j) dot += (double)x[j] * y[i * D + j];
+    if (fabs(dot - s[i]) > 1e-3 * (1 + fabs(dot))) score_ok = 0;
+  }
+  CHECK(score_ok);
+  /* NaN input: an error, nothing written past it matters. */
+  x[5] = NAN;
+  CHECK(tq_quantizer_encode(q, N, x, codes) == TQ_ERR_INVALID_ARGUMENT);
+  CHECK(strlen(tq_last_error()) > 0);
+  CHECK(tq_quantizer_score(q, x, N, codes, s) == TQ_ERR_INVALID_ARGUMENT);
+  CHECK(tq_quantizer_encode(q, N, NULL, codes) == TQ_ERR_NULL_POINTER);
+  free(codes);
+  tq_quantizer_free(q);
+}
+
+static void test_index(void) {
+  enum { D = 32, N = 300, NQ = 5, K = 4 };
+  static float x[N * D], qv[NQ * D], s1[NQ * K], s2[NQ * K];
+  static int64_t i1[NQ * K], i2[NQ * K], ids[N];
+  for (int i = 0; i < N * D; ++i) x[i] = frand();
+  for (int i = 0; i < N; ++i) ids[i] = 1000 + i;
+  /* queries: noisy copies of base vectors 3, 30, ..., so their own id should come first */
+  for (int i = 0; i < NQ; ++i)
+    for (int j = 0; j < D; ++j) qv[i * D + j] = x[(30 * i + 3) * D + j] + 0.01f * frand();
+  tq_index_options o = tq_index_options_default();
+  o.metric = "l2";
+  tq_index* idx = NULL;
+  CHECK(tq_index_create(D, &o, &idx) == TQ_OK);
+  if (!idx) return;
+  CHECK(tq_index_dim(idx) == D);
+  CHECK(tq_index_add(idx, N, x, ids) == TQ_OK);
+  CHECK(tq_index_size(idx) == N);
+  CHECK(tq_index_search(idx, NQ, qv, K, 1, s1, i1) == TQ_OK);
+  for (int i = 0; i < NQ; ++i) {
+    CHECK(i1[i * K] == 1000 + 30 * i + 3);
+    CHECK(s1[i * K] <= s1[i * K + 1]); /* l2: ascending distances */
+  }
+  CHECK(tq_index_search(idx, NQ, qv, 0, 1, s1, i1) == TQ_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(tq_last_error(), "k") != NULL);
+  const char* path = g_index_path;
+  CHECK(tq_index_save(idx, path) == TQ_OK);
+  tq_index* idx2 = NULL;
+  CHECK(tq_index_load(path, &idx2) == TQ_OK);
+  remove(path);
+  if (idx2) {
+    CHECK(tq_index_size(idx2) == N);
+    CHECK(tq_index_search(idx2, NQ, qv, K, 1, s2, i2) == TQ_OK);
+    CHECK(memcmp(i1, i2, sizeof i1) == 0);
+    CHECK(memcmp(s1, s2, sizeof s1) == 0);
+    tq_index_free(idx2);
+  }
+  x[7] = INFINITY;
+  CHECK(tq_index_add(idx, 1, x, NULL) == TQ_ERR_INVALID_ARGUMENT);
+  CHECK(tq_index_size(idx) == N);
+  o.metric = "euclid";
+  tq_index* bad = NULL;
+  CHECK(tq_index_create(D, &o, &bad) == TQ_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(tq_last_error(), "euclid") != NULL);
+  tq_index_free(idx);
+}
+
+/* f16 cache: attention equals softmax(q.k * scale) v over the cached tokens (f16-rounded
+ * K and V, so a 1e-2 tolerance); a tq cache gets close to it. */
+static void test_kv(void) {
+  enum { L = 2, KVH = 2, H = 4, HD = 64, T = 40 };
+  static float k[T * KVH * HD], v[T * KVH * HD], q[H * HD], o16[H * HD], otq[H * HD], ref[H * HD];
+  for (int i = 0; i < T * KVH * HD; ++i) {
+    k[i] = frand();
+    v[i] = frand();
+  }
+  for (int i = 0; i < H * HD; ++i) q[i] = frand();
+  const float scale = 1.0f / sqrtf((float)HD);
+  for (int h = 0; h < H; ++h) {
+    const int g = h / (H / KVH);
+    double w[T], mx = -1e30, sum = 0;
+    for (int t = 0; t < T; ++t) {
+      double d = 0;
+      for (int j = 0; j < HD; ++j) d += (double)q[h * HD + j] * k[(t * KVH + g) * HD + j];
+      w[t] = d * scale;
+      if (w[t] > mx) mx = w[t];
+    }
+    for (int t = 0; t < T; ++t) sum += (w[t] = exp(w[t] - mx));
+    for (int j = 0; j < HD; ++j) {
+      double a = 0;
+      for (int t = 0; t < T; ++t) a += w[t] * v[(t * KVH + g) * HD + j];
+      ref[h * HD + j] = (float)(a / sum);
+    }
+  }
+  const char* labels[2] = {"f16", "tq4/tq4 plain"};
+  float* outs[2] = {o16, otq};
+  for (int c = 0; c < 2; ++c) {
+    tq_kv_cache* kv = NULL;
+    CHECK(tq_kv_cache_create(labels[c], L, KVH, HD, 64, 0.0f, 0, &kv) == TQ_OK);
+    if (!kv) continue;
+    CHECK(tq_kv_cache_append(kv, 1, T, k, v) == TQ_OK);
+    CHECK(tq_kv_cache_n_tokens(kv, 1) == T);
+    CHECK(tq_kv_cache_n_tokens(kv, 0) == 0);
+    CHECK(tq_kv_cache_n_tokens(kv, 2) == -1);
+    CHECK(tq_kv_cache_bytes_used(kv) > 0);
+    CHECK(tq_kv_cache_attention(kv, 1, 1, H, q, 0.0f, 1, outs[c]) == TQ_OK);
+    CHECK(tq_kv_cache_attention(kv, 1, 1, 3, q, 0.0f, 1, outs[c]) == TQ_ERR_INVALID_ARGUMENT);
+    CHECK(tq_kv_cache_append(kv, 1, 100, k, v) == TQ_ERR_INVALID_ARGUMENT); /* past max_tokens */
+    CHECK(tq_kv_cache_n_tokens(kv, 1) == T);
+    tq_kv_cache_clear(kv);
+    CHECK(tq_kv_cache_n_tokens(kv, 1) == 0);
+    tq_kv_cache_free(kv);
+  }
+  double e16 = 0, etq = 0, nr = 0;
+  for (int i = 0; i < H * HD; ++i) {
+    e16 += (double)(o16[i] - ref[i]) * (o16[i] - ref[i]);
+    etq += (double)(otq[i] - ref[i]) * (otq[i] - ref[i]);
+    nr += (double)ref[i] * ref[i];
+  }
+  CHECK(sqrt(e16 / nr) < 1e-2);
+  CHECK(sqrt(etq / nr) < 0.2);
+  tq_kv_cache* kv = NULL;
+  CHECK(tq_kv_cache_create("tq99 plain", L, KVH, HD, 64, 0.0f, 0, &kv) == TQ_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(tq_last_error(), "tq99") != NULL);
+  CHECK(tq_kv_cache_create("f16", 0, KVH, HD, 64, 0.0f, 0, &kv) == TQ_ERR_INVALID_ARGUMENT);
+  /* a tq K type's automatic protection rotates the K mean with RoPE: without the RoPE, an
+   * error that says so; with it, a cache */
+  CHECK(tq_kv_cache_create("tq4/tq3", L, KVH, HD, 64, 0.0f, 0, &kv) == TQ_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(tq_last_error(), "RoPE") != NULL);
+  CHECK(tq_kv_cache_create("tq4/tq3", L, KVH, HD, 64, 10000.0f, HD, &kv) == TQ_OK);
+  if (kv) {
+    CHECK(tq_kv_cache_append(kv, 0, T, k, v) == TQ_OK);
+    CHECK(tq_kv_cache_attention(kv, 0, 1, H, q, 0.0f, 1, otq) == TQ_OK);
+    tq_kv_cache_free(kv);
+    kv = NULL;
+  }
+  CHECK(kv == NULL);
+}
+
+int main(int argc, char** argv) {
+  if (argc > 1) g_index_path = argv[1];
+  test_errors();
+  test_codec();
+  test_index();
+  test_kv();
+  printf("%d passed, %d failed\n", g_passed, g_failed);
+  return g_failed ? 1 : 0;
+}
