@@ -384,7 +384,7 @@ NB_MODULE(_turboquant, m) {
       .def("__init__",
            [](tq::Index* self, int dim, double bits, const std::string& metric, const std::string& codec,
               const std::string& scale, const std::string& norm, const std::string& rotation, const std::string& law,
-              uint64_t seed, bool keep_vectors, bool fit_scale, bool center) {
+              uint64_t seed, bool keep_vectors, std::optional<bool> fit_scale, std::optional<bool> center) {
              tq::IndexConfig c;
              c.dim = dim;
              c.bits = bits;
@@ -397,15 +397,18 @@ NB_MODULE(_turboquant, m) {
              c.law = tq::parse_law(law);
              c.seed = seed;
              c.keep_vectors = keep_vectors;
-             c.fit_scale = fit_scale;
-             c.center = center;
+             // None: the CLI's default (`tq index build`): an mse index fits scales and is centred.
+             const bool mse = c.codec == tq::QuantizerKind::mse;
+             c.fit_scale = fit_scale.value_or(mse);
+             c.center = center.value_or(mse);
              new (self) tq::Index(c);
            },
            "dim"_a, "bits"_a = 4.0, "metric"_a = "cosine", nb::kw_only(), "codec"_a = "mse", "scale"_a = "corrected",
            "norm"_a = "f16", "rotation"_a = "hadamard", "law"_a = "beta", "seed"_a = 0x5eed,
-           "keep_vectors"_a = false, "fit_scale"_a = false, "center"_a = false,
+           "keep_vectors"_a = false, "fit_scale"_a = nb::none(), "center"_a = nb::none(),
            "The options of `tq index build` (same names and defaults): bits 1..8 or a half-integer 1.5..7.5; "
-           "metric 'cosine' | 'ip' | 'l2'.")
+           "metric 'cosine' | 'ip' | 'l2'; fit_scale / center None: on for the mse codec (the CLI's "
+           "--fit-scale --center defaults), off for prod.")
       .def_prop_ro("dim", &tq::Index::dim)
       .def_prop_ro("d", &tq::Index::dim, "FAISS's name for dim.")
       .def_prop_ro("ntotal", &tq::Index::size, "Number of vectors (FAISS's name; also len()).")
@@ -414,6 +417,15 @@ NB_MODULE(_turboquant, m) {
       .def_prop_ro("code_bytes", &tq::Index::code_bytes, "Bytes per vector in the file (codes + scale (+ norm)).")
       .def_prop_ro("memory_bytes_per_vector", &tq::Index::memory_bytes_per_vector)
       .def("describe", &tq::Index::describe)
+      .def(
+          "describe_search",
+          [](const tq::Index& i, bool fast_scan) {
+            tq::SearchParams p;
+            p.fast_scan = fast_scan;
+            return i.describe_search(p);
+          },
+          "fast_scan"_a = true,
+          "describe() with the scoring a search would use (what `tq index search --json` reports as 'index').")
       .def("__len__", &tq::Index::size)
       .def("add",
            [](tq::Index& idx, const InArray& x, std::optional<InArray> ids) {

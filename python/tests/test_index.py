@@ -28,7 +28,7 @@ def test_index_equals_cli(tq_cli, tmp_path, rng, metric, bits):
     idx = tq.Index(d, bits=bits, metric=metric)
     idx.add(x)
     assert len(idx) == 3000 and idx.ntotal == 3000 and idx.d == d
-    assert idx.describe() == cli["index"]
+    assert idx.describe_search() == cli["index"]
     scores, ids = idx.search(q, 10, threads=1)
     assert scores.dtype == np.float32 and ids.dtype == np.int64 and ids.shape == (40, 10)
     np.testing.assert_array_equal(ids, np.array(cli["ids"]))

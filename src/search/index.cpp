@@ -607,6 +607,40 @@ struct TopR {
   }
 };
 
+// Internal score of vector i, higher is better: ip/cosine: scale * dot; l2: 2 scale dot - ||x||^2.
+float internal_score(const Index::Impl& I, bool l2, size_t i, float dot) {
+  const float s = I.scale[i] * dot;
+  return l2 ? 2.f * s - I.norm[i] * I.norm[i] : s;
+}
+
+// Exact float-LUT score of vector i, four partial sums. Fast layout: the vector's codes are one
+// nibble every 16 bytes of its block.
+float exact_lut_score(const Index::Impl& I, const float* lut, size_t i) {
+  float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  const size_t m = I.m, st = I.lut_stride;
+  size_t g = 0;
+  if (I.fast_ok) {
+    const uint8_t* p = I.blocks.data() + (i / kBlock) * I.mp * 16 + (i % 16);
+    const int sh = (i % kBlock) < 16 ? 0 : 4;
+    for (; g + 4 <= m; g += 4) {
+      s0 += lut[g * 16 + ((p[g * 16] >> sh) & 15)];
+      s1 += lut[(g + 1) * 16 + ((p[(g + 1) * 16] >> sh) & 15)];
+      s2 += lut[(g + 2) * 16 + ((p[(g + 2) * 16] >> sh) & 15)];
+      s3 += lut[(g + 3) * 16 + ((p[(g + 3) * 16] >> sh) & 15)];
+    }
+    for (; g < m; ++g) s0 += lut[g * 16 + ((p[g * 16] >> sh) & 15)];
+  } else {
+    const uint8_t* c = I.gcodes.data() + i * m;
+    for (; g + 4 <= m; g += 4) {
+      s0 += lut[g * st + c[g]];
+      s1 += lut[(g + 1) * st + c[g + 1]];
+      s2 += lut[(g + 2) * st + c[g + 2]];
+      s3 += lut[(g + 3) * st + c[g + 3]];
+    }
+    for (; g < m; ++g) s0 += lut[g * st + c[g]];
+  }
+  return (s0 + s1) + (s2 + s3);
+}
 
 // Float LUTs of a rotated query y: lut[g][code] = sum_t y[dim0 + t] * cent[(code >> t bpd) & mask]
 // (m * lut_stride floats). q8 != nullptr (fast layout): also the uint8 LUTs (mp * 16 bytes),
@@ -722,36 +756,8 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
     std::vector<float> list_off(LL, 0.f);  // offset of each probed list of the current query
     TopR top;
     float bias = 0, delta = 1;
-    auto internal = [&](size_t i, float dot) {
-      const float s = I.scale[i] * dot;
-      return l2 ? 2.f * s - I.norm[i] * I.norm[i] : s;
-    };
-    auto exact_lut_dot = [&](const float* lut, size_t i) {
-      float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-      const size_t m = I.m, st = I.lut_stride;
-      size_t g = 0;
-      if (I.fast_ok) {
-        const uint8_t* pp = I.blocks.data() + (i / kBlock) * I.mp * 16 + (i % 16);
-        const int sh = (i % kBlock) < 16 ? 0 : 4;
-        for (; g + 4 <= m; g += 4) {
-          s0 += lut[g * 16 + ((pp[g * 16] >> sh) & 15)];
-          s1 += lut[(g + 1) * 16 + ((pp[(g + 1) * 16] >> sh) & 15)];
-          s2 += lut[(g + 2) * 16 + ((pp[(g + 2) * 16] >> sh) & 15)];
-          s3 += lut[(g + 3) * 16 + ((pp[(g + 3) * 16] >> sh) & 15)];
-        }
-        for (; g < m; ++g) s0 += lut[g * 16 + ((pp[g * 16] >> sh) & 15)];
-      } else {
-        const uint8_t* c = I.gcodes.data() + i * m;
-        for (; g + 4 <= m; g += 4) {
-          s0 += lut[g * st + c[g]];
-          s1 += lut[(g + 1) * st + c[g + 1]];
-          s2 += lut[(g + 2) * st + c[g + 2]];
-          s3 += lut[(g + 3) * st + c[g + 3]];
-        }
-        for (; g < m; ++g) s0 += lut[g * st + c[g]];
-      }
-      return (s0 + s1) + (s2 + s3);
-    };
+    auto internal = [&](size_t i, float dot) { return internal_score(I, l2, i, dot); };
+    auto exact_lut_dot = [&](const float* lut, size_t i) { return exact_lut_score(I, lut, i); };
     // Rotated query of list l: Pi q (ip, cosine: one LUT for every list) or Pi (q - c_l).
     auto list_query = [&](const float* y, size_t l) {
       if (!l2) return y;
@@ -924,39 +930,8 @@ void Index::search(size_t nq, const float* q, const SearchParams& p, float* scor
     std::vector<float> sc(kChunkBlocks * kBlock), bmax(kChunkBlocks);
     std::vector<float> pstate(I.quant ? I.quant->query_state_floats() : 0);
 
-    // Internal score, higher is better: ip/cosine: scale * dot; l2: 2 scale dot - ||x||^2.
-    auto internal = [&](size_t i, float dot) {
-      const float s = I.scale[i] * dot;
-      return l2 ? 2.f * s - I.norm[i] * I.norm[i] : s;
-    };
-    // Exact float-LUT score of vector i, four partial sums. Fast layout: the vector's codes
-    // are one nibble every 16 bytes of its block.
-    auto exact_lut_dot = [&](const float* lut, size_t i) {
-      float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-      const size_t m = I.m, st = I.lut_stride;
-      size_t g = 0;
-      if (I.fast_ok) {
-        const uint8_t* p = I.blocks.data() + (i / kBlock) * I.mp * 16 + (i % 16);
-        const int sh = (i % kBlock) < 16 ? 0 : 4;
-        for (; g + 4 <= m; g += 4) {
-          s0 += lut[g * 16 + ((p[g * 16] >> sh) & 15)];
-          s1 += lut[(g + 1) * 16 + ((p[(g + 1) * 16] >> sh) & 15)];
-          s2 += lut[(g + 2) * 16 + ((p[(g + 2) * 16] >> sh) & 15)];
-          s3 += lut[(g + 3) * 16 + ((p[(g + 3) * 16] >> sh) & 15)];
-        }
-        for (; g < m; ++g) s0 += lut[g * 16 + ((p[g * 16] >> sh) & 15)];
-      } else {
-        const uint8_t* c = I.gcodes.data() + i * m;
-        for (; g + 4 <= m; g += 4) {
-          s0 += lut[g * st + c[g]];
-          s1 += lut[(g + 1) * st + c[g + 1]];
-          s2 += lut[(g + 2) * st + c[g + 2]];
-          s3 += lut[(g + 3) * st + c[g + 3]];
-        }
-        for (; g < m; ++g) s0 += lut[g * st + c[g]];
-      }
-      return (s0 + s1) + (s2 + s3);
-    };
+    auto internal = [&](size_t i, float dot) { return internal_score(I, l2, i, dot); };
+    auto exact_lut_dot = [&](const float* lut, size_t i) { return exact_lut_score(I, lut, i); };
 
 #pragma omp for schedule(dynamic, 1)
     for (size_t qb = 0; qb < n_qb; ++qb) {
