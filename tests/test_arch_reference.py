@@ -40,24 +40,11 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
 import arch_models  # noqa: E402
+from forward_ref64 import load  # noqa: E402  (metadata + float64 tensors, gguf's dequantizers)
 
 K_TOL = 2e-4
 K_TOL_F16 = 1e-3
 N_TOKENS = 40
-
-
-def load(path):
-    import gguf
-    r = gguf.GGUFReader(path)
-    md = {}
-    for f in r.fields.values():
-        if f.types and f.types[0] != gguf.GGUFValueType.ARRAY:
-            md[f.name] = f.contents()
-    W = {}
-    for t in r.tensors:
-        a = gguf.quants.dequantize(t.data, t.tensor_type)
-        W[t.name] = np.asarray(a, dtype=np.float64).reshape([int(x) for x in reversed(t.shape)])
-    return md, W
 
 
 def rms(x, w, eps):
