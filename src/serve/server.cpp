@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <ctime>
 #include <deque>
@@ -133,6 +134,11 @@ class Server {
   Metrics metrics_;
   std::atomic<bool> draining_{false};
   std::atomic<uint64_t> next_id_{1};
+  // Streamed responses not yet released by the HTTP library. Stopping the server cuts every
+  // chunked response still being written, so the drain waits for this to reach zero first.
+  std::mutex streams_mu_;
+  std::condition_variable streams_cv_;
+  int open_streams_ = 0;
   // Prefix reuse across turns: the tokens this server generated for recent answers, by text.
   // A follow-up turn that quotes an answer as an assistant message gets these tokens for it
   // instead of a re-tokenization of the text (which may split it differently), so its prompt
@@ -418,6 +424,10 @@ void Server::completion(const httplib::Request& req, httplib::Response& res, boo
   };
   auto st = std::make_shared<StreamState>();
   st->r = r;
+  {
+    std::lock_guard<std::mutex> lk(streams_mu_);
+    ++open_streams_;
+  }
   const bool include_usage = p.include_usage;
   count(endpoint, 200);
   res.set_header("Cache-Control", "no-cache");
@@ -475,8 +485,11 @@ void Server::completion(const httplib::Request& req, httplib::Response& res, boo
         }
         return true;
       },
-      [st](bool success) {
+      [this, st](bool success) {
         if (!success || !st->done) st->r->cancelled = true;
+        std::lock_guard<std::mutex> lk(streams_mu_);
+        --open_streams_;
+        streams_cv_.notify_all();
       });
 }
 
@@ -588,6 +601,10 @@ int Server::run() {
     std::fprintf(stderr, "tq serve: signal %d, draining\n", static_cast<int>(c));
     draining_ = true;
     sched_.drain();
+    {  // the last events of a finished request may still be on their way to the client
+      std::unique_lock<std::mutex> lk(streams_mu_);
+      streams_cv_.wait(lk, [this] { return open_streams_ == 0; });
+    }
     svr_.stop();
   });
   std::fprintf(stderr, "tq serve: listening on http://%s:%d (model %s, %d slots, ctx %d)\n", so_.host.c_str(), port,
