@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Float64 reference forward pass of the GGUF llama model, in numpy (not part of CI).
+"""Float64 reference forward pass of a GGUF model, in numpy (not part of CI).
 
 Third opinion for the llama.cpp comparison (bench/llama_cpp_reference.py): when tq and llama.cpp
 disagree on a next-token argmax, which one is nearer to the exact computation? Weights are
@@ -7,6 +7,8 @@ dequantized from the GGUF with the `gguf` package (Q4_1 / Q8_0 -> float), everyt
 float64: RMSNorm, normal-mode RoPE (adjacent pairs, as llama.cpp's LLAMA arch), GQA causal
 attention, SwiGLU FFN, tied output. K and V are rounded to float16 as both engines' f16 caches
 do (--exact-kv to keep them in float64). Windows and scored rows follow `tq perplexity`.
+Other architectures (qwen2, qwen3, gemma3) run forward_arch, the pass that
+tests/test_arch_reference.py checks tq against on random-weight models.
 
 With --compare REPORT (the JSON of llama_cpp_reference.py, which holds both engines' top-1
 lists), prints each engine's top-1 agreement with this reference and the perplexities.
@@ -55,6 +57,109 @@ def load(model):
 
 def rmsnorm(x, w, eps):
     return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * w
+
+
+def rope(x, pos, base, dim, neox, scale=1.0, ff=None):
+    """x: n x heads x D (float64), rotated in place of a copy."""
+    x = x.copy()
+    half = dim // 2
+    inv = base ** (-2.0 * np.arange(half) / dim)
+    if ff is not None:
+        inv = inv / ff
+    ang = (pos[:, None] * scale) * inv[None, :]          # n x half
+    c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    if neox:
+        a, b = x[..., :half].copy(), x[..., half:dim].copy()
+        x[..., :half], x[..., half:dim] = a * c - b * s, a * s + b * c
+    else:
+        a, b = x[..., 0:dim:2].copy(), x[..., 1:dim:2].copy()
+        x[..., 0:dim:2], x[..., 1:dim:2] = a * c - b * s, a * s + b * c
+    return x
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def silu(x):
+    return x / (1 + np.exp(-x))
+
+
+def forward_arch(md, W, toks, f16_kv=False, break_rule=None):
+    """Logits (float64) of every position, for every architecture tq runs (llama, qwen2, qwen3,
+    gemma3: the rules in tests/test_arch_reference.py's docstring). f16_kv: K and V rounded to
+    float16 as the engines' f16 caches. break_rule: None, or the name of one rule to get wrong
+    (that test's sensitivity checks)."""
+    arch = md["general.architecture"]
+    g = lambda k, d=None: md.get(f"{arch}.{k}", d)  # noqa: E731
+    n_layers, E = int(g("block_count")), int(g("embedding_length"))
+    H, KH = int(g("attention.head_count")), int(g("attention.head_count_kv", g("attention.head_count")))
+    D = int(g("attention.key_length", E // H))
+    rope_dim = int(g("rope.dimension_count", D))
+    base, eps = float(g("rope.freq_base", 10000.0)), float(g("attention.layer_norm_rms_epsilon"))
+    factor = float(g("rope.scaling.factor", 0.0) or 0.0)
+    scale = 1.0 / factor if factor else 1.0
+    ff = W.get("rope_freqs.weight")
+    neox = arch in ("qwen2", "qwen3", "gemma3")
+    gemma = arch == "gemma3"
+    window = int(g("attention.sliding_window", 0)) if gemma else 0
+    br = break_rule
+    if br == "rope_mode":
+        neox = not neox
+    if br == "rope_base":
+        base = base * 0.1
+    if br == "freq_factors":
+        ff = None
+    if br == "linear_scaling":
+        scale = 1.0
+    if br == "window_off":
+        window = 0
+    if br == "window_plus_one":
+        window += 1
+    n = len(toks)
+    pos = np.arange(n, dtype=np.float64)
+    x = W["token_embd.weight"][toks].copy()
+    if gemma and br != "embd_scale":
+        x *= math.sqrt(E)
+    for l in range(n_layers):
+        p = f"blk.{l}."
+        swa = gemma and window > 0 and l % 6 != 5
+        lbase = 10000.0 if (swa and br != "swa_base") else base
+        lscale = 1.0 if swa else scale
+        h = rmsnorm(x, W[p + "attn_norm.weight"], eps)
+        q, k, v = h @ W[p + "attn_q.weight"].T, h @ W[p + "attn_k.weight"].T, h @ W[p + "attn_v.weight"].T
+        if p + "attn_q.bias" in W and br != "bias":
+            q, k, v = q + W[p + "attn_q.bias"], k + W[p + "attn_k.bias"], v + W[p + "attn_v.bias"]
+        q, k, v = q.reshape(n, H, D), k.reshape(n, KH, D), v.reshape(n, KH, D)
+        if p + "attn_q_norm.weight" in W and br != "qk_norm":
+            q, k = rmsnorm(q, W[p + "attn_q_norm.weight"], eps), rmsnorm(k, W[p + "attn_k_norm.weight"], eps)
+        q, k = rope(q, pos, lbase, rope_dim, neox, lscale, ff), rope(k, pos, lbase, rope_dim, neox, lscale, ff)
+        if f16_kv:
+            k, v = k.astype(np.float16).astype(np.float64), v.astype(np.float16).astype(np.float64)
+        att = np.zeros((n, H, D))
+        for hh in range(H):
+            kh = hh // (H // KH)
+            s = q[:, hh, :] @ k[:, kh, :].T / math.sqrt(D)   # n x n
+            i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+            mask = j > i
+            if swa:
+                mask |= j <= i - window
+            s = np.where(mask, -np.inf, s)
+            s = np.exp(s - s.max(axis=1, keepdims=True))
+            att[:, hh, :] = (s / s.sum(axis=1, keepdims=True)) @ v[:, kh, :]
+        o = att.reshape(n, H * D) @ W[p + "attn_output.weight"].T
+        if p + "post_attention_norm.weight" in W and br != "post_norms":
+            o = rmsnorm(o, W[p + "post_attention_norm.weight"], eps)
+        x = x + o
+        h = rmsnorm(x, W[p + "ffn_norm.weight"], eps)
+        act = gelu_tanh if gemma and br != "gelu" else silu
+        f = (act(h @ W[p + "ffn_gate.weight"].T) * (h @ W[p + "ffn_up.weight"].T)) @ W[p + "ffn_down.weight"].T
+        if p + "post_ffw_norm.weight" in W and br != "post_norms":
+            f = rmsnorm(f, W[p + "post_ffw_norm.weight"], eps)
+        x = x + f
+    x = rmsnorm(x, W["output_norm.weight"], eps)
+    out = W.get("output.weight", W["token_embd.weight"])
+    return x @ out.T
 
 
 def q8_blocks(x):
@@ -173,13 +278,20 @@ def main():
     toks = json.loads(subprocess.run([args.tq, "tokenize", "-m", args.model, "-f", args.corpus, "--json"],
                                      check=True, capture_output=True, text=True).stdout)["ids"]
     md, W = load(args.model)
+    llama = md.get("general.architecture") == "llama"
+    if not llama and (args.ggml_rounding or args.jitter):
+        sys.exit(f"forward_ref64.py: --ggml-rounding and --jitter are for llama models, not "
+                 f"{md.get('general.architecture')}")
     ctx, first = args.ctx, args.ctx // 2
     nll, n, top1, logits_all, chunk_ppl = 0.0, 0, [], [], []
     t0 = time.time()
     for c in range(args.chunks):
         win = toks[c * ctx:(c + 1) * ctx]
-        lg = forward(md, W, win, first, args.exact_kv, ggml_rounding=args.ggml_rounding, jitter=args.jitter,
-                     rng=rng)
+        if llama:
+            lg = forward(md, W, win, first, args.exact_kv, ggml_rounding=args.ggml_rounding, jitter=args.jitter,
+                         rng=rng)
+        else:
+            lg = forward_arch(md, W, win, f16_kv=not args.exact_kv)[first:ctx - 1]
         m = lg.max(axis=1, keepdims=True)
         lp = lg - m - np.log(np.exp(lg - m).sum(axis=1, keepdims=True))
         tgt = np.asarray(win[first + 1:ctx])

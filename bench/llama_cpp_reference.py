@@ -192,14 +192,19 @@ def main():
             with open(args.out, "w") as f:
                 json.dump(report, f, indent=2)
 
+    # `ours`: what `tq perplexity` scores (with the BOS the model asks for, as its add_bos says);
+    # `plain`: the text alone, compared with llama.cpp's and HF's ids.
     ours = tq_json(args, "tokenize", "-m", args.model, "-f", args.corpus)["ids"]
-    report["tokens_tq"] = len(ours)
-    try:
-        hf = hf_tokenizer(args.model).encode(text).ids
-        report["tokens_hf_identical"] = hf == ours
-        print(f"tokenizer: tq {len(ours)} tokens; HF tokenizers identical: {hf == ours}")
-    except ImportError:
-        print("tokenizer: HF tokenizers not installed, skipped")
+    plain = tq_json(args, "tokenize", "-m", args.model, "-f", args.corpus, "--no-bos")["ids"]
+    report["tokens_tq"] = len(plain)
+    report["tq_adds_bos"] = len(ours) == len(plain) + 1
+    if gguf_metadata(args.model).get("tokenizer.ggml.model") == "gpt2":
+        try:
+            hf = hf_tokenizer(args.model).encode(text).ids
+            report["tokens_hf_identical"] = hf == plain
+            print(f"tokenizer: tq {len(plain)} tokens; HF tokenizers identical: {hf == plain}")
+        except ImportError:
+            print("tokenizer: HF tokenizers not installed, skipped")
     if args.hf_tokenizer:
         return
     import llama_cpp
@@ -212,12 +217,12 @@ def main():
     report["llama_cpp_add_bos"] = bool(llama_cpp.llama_vocab_get_add_bos(llama_cpp.llama_model_get_vocab(vocab.model)))
     ref_ids = list(vocab.tokenize(text.encode("utf-8"), add_bos=False, special=False))
     del vocab
-    same = ref_ids == ours
+    same = ref_ids == plain
     report["tokens_llama_cpp"] = len(ref_ids)
     report["tokens_llama_cpp_identical"] = same
     if not same:
-        k = next((i for i, (a, b) in enumerate(zip(ref_ids, ours)) if a != b), min(len(ref_ids), len(ours)))
-        report["tokens_first_mismatch"] = {"index": k, "tq": ours[k:k + 8], "llama_cpp": ref_ids[k:k + 8]}
+        k = next((i for i, (a, b) in enumerate(zip(ref_ids, plain)) if a != b), min(len(ref_ids), len(plain)))
+        report["tokens_first_mismatch"] = {"index": k, "tq": plain[k:k + 8], "llama_cpp": ref_ids[k:k + 8]}
     print(f"tokenizer: llama.cpp {len(ref_ids)} tokens, identical: {same} (llama.cpp add_bos: "
           f"{report['llama_cpp_add_bos']})")
     save()

@@ -13,6 +13,9 @@
 #   defaults: build/tq 512 8 1 2 512 (speed contexts comma-separated; "" for none); extra args
 #   go to bench/llama_cpp_reference.py (e.g. --no-quality, --kv-ppl "", --reps 3, --self-ubatch 32,1:
 #   llama.cpp against its own run with other micro-batch sizes).
+#   TQ_REF_MODEL: the GGUF (default models/SmolLM2-135M-Instruct.Q4_1.gguf; e.g.
+#   models/gemma-3-270m-q4_k_m.gguf); TQ_REF_OUT: the report (default
+#   bench/results/llama_cpp_reference_c<ctx>.json).
 # Then: bench/forward_ref64.py (float64 numpy forward pass) says which engine is nearer the
 # exact result where they differ (see BENCHMARKS.md, "Outside reference").
 set -euo pipefail
@@ -29,6 +32,7 @@ VENV="${TQ_REF_VENV:-$ROOT/.venv-ref}"
 LLAMA_CPP_PYTHON_VERSION=0.3.36
 
 bash scripts/fetch-model.sh
+bash scripts/fetch-model.sh gemma3-270m
 bash scripts/fetch-corpus.sh
 if [[ ! -x "$VENV/bin/python" ]]; then
   python3 -m venv "$VENV"
@@ -60,7 +64,7 @@ if ! "$VENV/bin/python" -c "import llama_cpp, numpy, tokenizers, gguf, sys; sys.
   echo "$LLAMA_CPP_PYTHON_VERSION $CMAKE_ARGS_REF" > "$STAMP"
 fi
 mkdir -p bench/results
-"$VENV/bin/python" bench/llama_cpp_reference.py --tq "$TQ" --model models/SmolLM2-135M-Instruct.Q4_1.gguf \
+"$VENV/bin/python" bench/llama_cpp_reference.py --tq "$TQ" --model "${TQ_REF_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}" \
   --corpus data/debian-reference.en.txt --ctx "$CTX" --chunks "$CHUNKS" --threads "$THREADS" \
   --speed-threads "$SPEED_THREADS" --speed-contexts "$SPEED_CONTEXTS" \
   --out "${TQ_REF_OUT:-bench/results/llama_cpp_reference_c${CTX}.json}" "$@"

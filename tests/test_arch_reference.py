@@ -40,116 +40,11 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
 import arch_models  # noqa: E402
-from forward_ref64 import load  # noqa: E402  (metadata + float64 tensors, gguf's dequantizers)
+from forward_ref64 import forward_arch as reference, load  # noqa: E402  (the float64 pass; gguf's dequantizers)
 
 K_TOL = 2e-4
 K_TOL_F16 = 1e-3
 N_TOKENS = 40
-
-
-def rms(x, w, eps):
-    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * w
-
-
-def rope(x, pos, base, dim, neox, scale=1.0, ff=None):
-    """x: n x heads x D (float64), rotated in place of a copy."""
-    x = x.copy()
-    half = dim // 2
-    inv = base ** (-2.0 * np.arange(half) / dim)
-    if ff is not None:
-        inv = inv / ff
-    ang = (pos[:, None] * scale) * inv[None, :]          # n x half
-    c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
-    if neox:
-        a, b = x[..., :half].copy(), x[..., half:dim].copy()
-        x[..., :half], x[..., half:dim] = a * c - b * s, a * s + b * c
-    else:
-        a, b = x[..., 0:dim:2].copy(), x[..., 1:dim:2].copy()
-        x[..., 0:dim:2], x[..., 1:dim:2] = a * c - b * s, a * s + b * c
-    return x
-
-
-def gelu_tanh(x):
-    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
-
-
-def silu(x):
-    return x / (1 + np.exp(-x))
-
-
-def reference(md, W, toks, f16_kv=False, break_rule=None):
-    """Logits (float64) of every position. break_rule: None, or the name of one rule to get
-    wrong (the sensitivity checks)."""
-    arch = md["general.architecture"]
-    g = lambda k, d=None: md.get(f"{arch}.{k}", d)  # noqa: E731
-    n_layers, E = int(g("block_count")), int(g("embedding_length"))
-    H, KH = int(g("attention.head_count")), int(g("attention.head_count_kv", g("attention.head_count")))
-    D = int(g("attention.key_length", E // H))
-    rope_dim = int(g("rope.dimension_count", D))
-    base, eps = float(g("rope.freq_base", 10000.0)), float(g("attention.layer_norm_rms_epsilon"))
-    factor = float(g("rope.scaling.factor", 0.0) or 0.0)
-    scale = 1.0 / factor if factor else 1.0
-    ff = W.get("rope_freqs.weight")
-    neox = arch in ("qwen2", "qwen3", "gemma3")
-    gemma = arch == "gemma3"
-    window = int(g("attention.sliding_window", 0)) if gemma else 0
-    br = break_rule
-    if br == "rope_mode":
-        neox = not neox
-    if br == "rope_base":
-        base = base * 0.1
-    if br == "freq_factors":
-        ff = None
-    if br == "linear_scaling":
-        scale = 1.0
-    if br == "window_off":
-        window = 0
-    if br == "window_plus_one":
-        window += 1
-    n = len(toks)
-    pos = np.arange(n, dtype=np.float64)
-    x = W["token_embd.weight"][toks].copy()
-    if gemma and br != "embd_scale":
-        x *= math.sqrt(E)
-    for l in range(n_layers):
-        p = f"blk.{l}."
-        swa = gemma and window > 0 and l % 6 != 5
-        lbase = 10000.0 if (swa and br != "swa_base") else base
-        lscale = 1.0 if swa else scale
-        h = rms(x, W[p + "attn_norm.weight"], eps)
-        q, k, v = h @ W[p + "attn_q.weight"].T, h @ W[p + "attn_k.weight"].T, h @ W[p + "attn_v.weight"].T
-        if p + "attn_q.bias" in W and br != "bias":
-            q, k, v = q + W[p + "attn_q.bias"], k + W[p + "attn_k.bias"], v + W[p + "attn_v.bias"]
-        q, k, v = q.reshape(n, H, D), k.reshape(n, KH, D), v.reshape(n, KH, D)
-        if p + "attn_q_norm.weight" in W and br != "qk_norm":
-            q, k = rms(q, W[p + "attn_q_norm.weight"], eps), rms(k, W[p + "attn_k_norm.weight"], eps)
-        q, k = rope(q, pos, lbase, rope_dim, neox, lscale, ff), rope(k, pos, lbase, rope_dim, neox, lscale, ff)
-        if f16_kv:
-            k, v = k.astype(np.float16).astype(np.float64), v.astype(np.float16).astype(np.float64)
-        att = np.zeros((n, H, D))
-        for hh in range(H):
-            kh = hh // (H // KH)
-            s = q[:, hh, :] @ k[:, kh, :].T / math.sqrt(D)   # n x n
-            i, j = np.arange(n)[:, None], np.arange(n)[None, :]
-            mask = j > i
-            if swa:
-                mask |= j <= i - window
-            s = np.where(mask, -np.inf, s)
-            s = np.exp(s - s.max(axis=1, keepdims=True))
-            att[:, hh, :] = (s / s.sum(axis=1, keepdims=True)) @ v[:, kh, :]
-        o = att.reshape(n, H * D) @ W[p + "attn_output.weight"].T
-        if p + "post_attention_norm.weight" in W and br != "post_norms":
-            o = rms(o, W[p + "post_attention_norm.weight"], eps)
-        x = x + o
-        h = rms(x, W[p + "ffn_norm.weight"], eps)
-        act = gelu_tanh if gemma and br != "gelu" else silu
-        f = (act(h @ W[p + "ffn_gate.weight"].T) * (h @ W[p + "ffn_up.weight"].T)) @ W[p + "ffn_down.weight"].T
-        if p + "post_ffw_norm.weight" in W and br != "post_norms":
-            f = rms(f, W[p + "post_ffw_norm.weight"], eps)
-        x = x + f
-    x = rms(x, W["output_norm.weight"], eps)
-    out = W.get("output.weight", W["token_embd.weight"])
-    return x @ out.T
 
 
 # The rules each model exercises (the sensitivity checks break each one).
