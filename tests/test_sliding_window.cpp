@@ -8,7 +8,11 @@
 //    queries in one call) and decode (one query per appended token), windows that start inside
 //    a 32-token block and on its edges;
 //  - attention_ref with a window covering the whole context equals it without one, and a short
-//    window changes the result (the mask is not a no-op).
+//    window changes the result (the mask is not a no-op);
+//  - a cache told the layer's window (KvCacheConfig::layer_window) drops the blocks the window
+//    has left: attention on it gives the same bits as on a cache that keeps everything, it
+//    holds at most a window plus a block plus one append of quantized tokens, bytes_used counts
+//    only those, and a query that would need a dropped token is an error.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,7 +20,9 @@
 #include <vector>
 
 #include "kv_test_util.h"
+#include "../src/kv/kv_internal.h"
 #include "tq/common.h"
+#include "tq/error.h"
 #include "tq/kv_cache.h"
 
 namespace {
@@ -138,6 +144,31 @@ std::vector<float> run(const CacheCase& cc, const Data& d, int W, bool prefill, 
 
 const int kWindows[] = {1, 7, 32, 33, 40, 100};
 
+// Appends in steps of `step` tokens, each step's queries in one call (step 1: decode), with
+// attention() or attention_ref(); `held` gets the quantized tokens held after every step.
+std::vector<float> run_steps(const tq::KvCacheConfig& cfg, const Data& d, int W, int step, bool fused,
+                             std::vector<int>* held = nullptr) {
+  tq::KvCache cache(cfg);
+  std::vector<float> out(d.q.size());
+  tq::AttentionParams p;
+  p.n_heads = kHeads;
+  p.sliding_window = W;
+  p.n_threads = 2;
+  const size_t kr = static_cast<size_t>(kKvh) * kD, qr = static_cast<size_t>(kHeads) * kD;
+  for (int i = 0; i < kN; i += step) {
+    const int n = std::min(step, kN - i);
+    cache.append(0, n, d.k.data() + i * kr, d.v.data() + i * kr, 2);
+    p.pos0 = i;
+    if (fused) tq::attention(cache, 0, n, d.q.data() + i * qr, out.data() + i * qr, p);
+    else tq::attention_ref(cache, 0, n, d.q.data() + i * qr, out.data() + i * qr, p);
+    if (held) {
+      const auto& s = cache.impl().layers[0].k[0];
+      held->push_back(s.n_quant - s.n_dropped);
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 TEST(SlidingWindow, F32CacheEqualsMaskedSoftmax) {
@@ -180,4 +211,72 @@ TEST(SlidingWindow, RejectsNegativeWindow) {
   p.n_heads = kHeads;
   p.sliding_window = -1;
   EXPECT_ANY_THROW(tq::attention(cache, 0, 1, d.q.data(), out.data(), p));
+}
+
+TEST(SlidingWindow, DroppingCacheEqualsKeepingCacheEveryCacheType) {
+  const Data d = make_data(14);
+  for (const CacheCase& cc : cache_cases())
+    for (int W : {1, 7, 32, 33, 40})
+      for (int step : {1, 17}) {
+        tq::KvCacheConfig drop = cc.cfg;
+        drop.layer_window = {W};
+        for (bool fused : {true, false}) {
+          std::vector<int> held;
+          const auto got = run_steps(drop, d, W, step, fused, &held);
+          EXPECT_EQ(got, run_steps(cc.cfg, d, W, step, fused))
+              << cc.name << " W=" << W << " step=" << step << " fused=" << fused;
+          // Held: the window's W - 1 earlier tokens rounded out to whole blocks, plus the append.
+          for (size_t i = 0; i < held.size(); ++i)
+            EXPECT_LE(held[i], W - 1 + 31 + step + 31) << cc.name << " W=" << W << " step " << i;
+        }
+      }
+}
+
+TEST(SlidingWindow, BytesUsedCountsWhatIsHeld) {
+  const Data d = make_data(15);
+  auto cfg = tq_test::kv_config(1, kKvh, kD, kN + 1, "tq4", "q8_0");
+  auto drop = cfg;
+  drop.layer_window = {40};
+  tq::KvCache keep_all(cfg), windowed(drop);
+  keep_all.append(0, kN, d.k.data(), d.v.data());
+  windowed.append(0, kN, d.k.data(), d.v.data());
+  EXPECT_EQ(windowed.bytes_used(), keep_all.bytes_used());  // nothing dropped before an append
+  const size_t kr = static_cast<size_t>(kKvh) * kD;
+  keep_all.append(0, 1, d.k.data(), d.v.data());
+  windowed.append(0, 1, d.k.data() + kr, d.v.data() + kr);
+  // Position 150 sees 111..150: blocks 0-2 (tokens 0..95) are dropped, 96..150 held (55 tokens).
+  const size_t per_token = tq::kv_type_bytes(tq::parse_kv_type("tq4"), kD) + tq::kv_type_bytes(tq::parse_kv_type("q8_0"), kD);
+  EXPECT_EQ(windowed.bytes_used(), 55 * kKvh * per_token);
+  EXPECT_EQ(keep_all.bytes_used(), 151 * kKvh * per_token);
+  // clear() starts over with the buffers kept; the same appends give the same bytes.
+  windowed.clear();
+  windowed.append(0, 3, d.k.data(), d.v.data());
+  EXPECT_EQ(windowed.bytes_used(), 3 * kKvh * per_token);
+}
+
+TEST(SlidingWindow, QueryNeedingDroppedTokensIsAnError) {
+  const Data d = make_data(16);
+  auto cfg = tq_test::kv_config(1, kKvh, kD, kN, "f16", "f16");
+  cfg.layer_window = {8};
+  tq::KvCache cache(cfg);
+  cache.append(0, 100, d.k.data(), d.v.data());
+  const size_t kr = static_cast<size_t>(kKvh) * kD;
+  cache.append(0, 1, d.k.data() + 100 * kr, d.v.data() + 100 * kr);  // drops tokens 0..63
+  std::vector<float> out(static_cast<size_t>(kHeads) * kD);
+  tq::AttentionParams p;
+  p.n_heads = kHeads;
+  p.sliding_window = 8;
+  EXPECT_NO_THROW(tq::attention(cache, 0, 1, d.q.data(), out.data(), p));
+  EXPECT_NO_THROW(tq::attention_ref(cache, 0, 1, d.q.data(), out.data(), p));
+  p.sliding_window = 0;  // all positions: the dropped ones too
+  EXPECT_THROW(tq::attention(cache, 0, 1, d.q.data(), out.data(), p), tq::Error);
+  EXPECT_THROW(tq::attention_ref(cache, 0, 1, d.q.data(), out.data(), p), tq::Error);
+  p.sliding_window = 8;
+  p.pos0 = 30;  // an early position: its window was dropped
+  EXPECT_THROW(tq::attention(cache, 0, 1, d.q.data(), out.data(), p), tq::Error);
+  auto bad = cfg;
+  bad.layer_window = {8, 8};
+  EXPECT_THROW(tq::KvCache cache2(bad), tq::Error);
+  bad.layer_window = {-1};
+  EXPECT_THROW(tq::KvCache cache2(bad), tq::Error);
 }

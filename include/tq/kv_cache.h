@@ -114,6 +114,13 @@ struct KvCacheConfig {
   std::string type_k = "f16";
   std::string type_v = "f16";
   int window = 0;                 // most recent tokens kept in f16, quantized on leaving
+  // Sliding-window layers: empty, or n_layers entries; layer_window[l] > 0 means layer l's
+  // queries see only their last layer_window[l] positions (AttentionParams::sliding_window),
+  // so the cache drops that layer's quantized blocks once no later query can see them: each
+  // append first drops the blocks wholly before (tokens held - layer_window[l] + 1). What is
+  // held stays near the window plus one append (bytes_used counts only that); attention that
+  // would need a dropped token is a tq::Error.
+  std::vector<int> layer_window;
   int sink = 0;                   // first tokens of every stream kept in f16 for good
                                   // (attention sinks); never quantized
   // Per-stream mean centring: quantize x - mu with mu (per layer, kv head, side; D values,

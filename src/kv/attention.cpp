@@ -182,6 +182,11 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
   std::vector<int> qlimits(n_q);
   for (int i = 0; i < n_q; ++i) qlimits[i] = std::clamp(P.limits[i] - q0, 0, nq_tok);
   const int qstart = std::clamp(start - q0, 0, nq_tok);  // the window's start in stream coordinates
+  const int dropped = nq_tok > 0 ? L.k[0].n_dropped : 0;  // the same in every stream of a layer
+  TQ_CHECK(qstart >= dropped,
+           "attention: layer %d keeps tokens from position %d on (sliding window %d); a query that "
+           "sees from position %d needs dropped ones", layer, q0 + dropped,
+           I.cfg.layer_window.empty() ? 0 : I.cfg.layer_window[layer], start);
   const int n_tasks = KVH * tasks_per_head;
   const size_t per_task = (size_t)n_q * G * state_floats;
   std::vector<float> states(std::max<size_t>(1, (size_t)n_tasks * per_task));
@@ -451,15 +456,20 @@ void attention_ref(const KvCache& cache, int layer, int n_q, const float* q, flo
       fp16_to_fp32_n((size_t)D, sk.sink_rows.get() + (size_t)t * D, &K[(size_t)t * D]);
       fp16_to_fp32_n((size_t)D, sv.sink_rows.get() + (size_t)t * D, &V[(size_t)t * D]);
     }
-    if (nq > 0) {
-      float* Kq = &K[(size_t)n_sink * D];
+    const int j0 = sk.n_dropped;  // sliding window: blocks before it are gone
+    for (int i = 0; i < n_q && j0 > 0; ++i)
+      TQ_CHECK(p.sliding_window > 0 && P.limits[i] - p.sliding_window >= n_sink + j0,
+               "attention_ref: layer %d keeps tokens from position %d on; query %d needs earlier ones", layer,
+               n_sink + j0, i);
+    if (nq > j0) {
+      float* Kq = &K[(size_t)n_sink * D];  // row j: stream index j
       float* Vq = &V[(size_t)n_sink * D];
-      I.decode_domain(sk, 0, 0, nq, Kq);
-      I.to_orig(sk, 0, nq, Kq);
-      I.decode_domain(sv, 1, 0, nq, Vq);
-      I.to_orig(sv, 1, nq, Vq);
+      I.decode_domain(sk, 0, j0, nq - j0, Kq + (size_t)j0 * D);
+      I.to_orig(sk, 0, nq - j0, Kq + (size_t)j0 * D);
+      I.decode_domain(sv, 1, j0, nq - j0, Vq + (size_t)j0 * D);
+      I.to_orig(sv, 1, nq - j0, Vq + (size_t)j0 * D);
       std::vector<float> mk((size_t)D);
-      for (int j = 0; j < nq; ++j) {
+      for (int j = j0; j < nq; ++j) {
         if (sk.center) sk.mean_at(j, mk.data());
         for (int d = 0; d < D; ++d) {
           if (sk.center) Kq[(size_t)j * D + d] += mk[d];

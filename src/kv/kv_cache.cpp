@@ -541,6 +541,22 @@ void RopeTurns::cover(const std::vector<double>& freq, int q0, int first, int co
 // A slow pair's offset from its block's centre, in tokens: -15.5 ... 15.5.
 static double rope_block_offset(int j) { return (j % kBlock) - 0.5 * (kBlock - 1); }
 
+void Stream::drop_all() {
+  if (blocks_per_chunk == 1) {  // a sliding-window stream: every chunk back to the spares
+    for (auto& c : chunks)
+      if (c) spare.push_back(std::move(c));
+    chunks.clear();
+  }
+  n_dropped = 0;
+}
+
+void Stream::drop_before(int j) {
+  const int b_end = j / kBlock;  // blocks [0, b_end) are wholly before j
+  for (int c = n_dropped / kBlock / blocks_per_chunk; c < (int)chunks.size() && (c + 1) * blocks_per_chunk <= b_end; ++c)
+    if (chunks[c]) spare.push_back(std::move(chunks[c]));
+  n_dropped = std::max(n_dropped, b_end / blocks_per_chunk * blocks_per_chunk * kBlock);
+}
+
 void Stream::mean_at(int j, float* out) const noexcept {
   if (!rope_mu) {
     std::memcpy(out, mu_of(j), sizeof(float) * dim);
@@ -713,9 +729,15 @@ void KvCache::Impl::encode_rows(Stream& s, int side, int n, const float* x, size
     const int t = s.n_quant;
     const int b = t / kBlock, slot0 = t % kBlock;
     const int m = std::min(n - r, kBlock - slot0);
-    if (b / kBlocksPerChunk >= (int)s.chunks.size()) {
-      const size_t bytes = checked_mul(s.block_bytes, kBlocksPerChunk, "kv chunk bytes");
-      s.chunks.emplace_back(make_aligned<uint8_t>(bytes));
+    const int c = b / s.blocks_per_chunk;
+    if (c >= (int)s.chunks.size()) s.chunks.resize((size_t)c + 1);
+    if (!s.chunks[c]) {
+      if (!s.spare.empty()) {
+        s.chunks[c] = std::move(s.spare.back());
+        s.spare.pop_back();
+      } else {
+        s.chunks[c] = make_aligned<uint8_t>(checked_mul(s.block_bytes, s.blocks_per_chunk, "kv chunk bytes"));
+      }
     }
     uint8_t* blk = s.block(b);
     if (slot0 == 0) std::memset(blk, 0, s.block_bytes);
@@ -829,6 +851,7 @@ void KvCache::Impl::encode_rows(Stream& s, int side, int n, const float* x, size
 
 void KvCache::Impl::decode_domain(const Stream& s, int side, int t0, int n, float* out) const {
   const int D = s.dim;
+  TQ_ASSERT(t0 >= s.n_dropped && t0 + n <= s.n_quant);
   if ((s.fmt->layout == KvLayout::q8_0 || s.fmt->layout == KvLayout::q4_0) && !simd::use_scalar()) {
     for (int r = 0; r < n;) {  // rows are contiguous within a block
       const int t = t0 + r, m = std::min(n - r, kBlock - t % kBlock);
@@ -926,6 +949,10 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
   TQ_CHECK(cfg.sink >= 0 && cfg.sink <= 65536 && cfg.sink <= cfg.max_tokens,
            "kv cache: sink %d out of range [0, min(65536, max_tokens=%d)]", cfg.sink, cfg.max_tokens);
   TQ_CHECK(cfg.center_tokens >= 0, "kv cache: center_tokens %d is negative", cfg.center_tokens);
+  TQ_CHECK(cfg.layer_window.empty() || static_cast<int>(cfg.layer_window.size()) == cfg.n_layers,
+           "kv cache: layer_window has %zu entries for %d layers", cfg.layer_window.size(), cfg.n_layers);
+  for (int w : cfg.layer_window)
+    TQ_CHECK(w >= 0, "kv cache: layer_window entry %d is negative", w);
   TQ_CHECK(!cfg.center_rope || (cfg.center_k && std::isfinite(cfg.rope_base) && cfg.rope_base > 0 &&
                                 cfg.rope_dim >= 2 && cfg.rope_dim % 2 == 0 && cfg.rope_dim <= cfg.head_dim),
            "kv cache: center_rope needs center_k, rope_base > 0 and an even rope_dim in [2, head_dim] "
@@ -1035,6 +1062,9 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
         s.domain = f.rotated ? Domain::rot : Domain::orig;
         s.side = side;
         s.window = cfg.window;
+        // Sliding-window layers hold about a window of blocks: chunks of one block each, so
+        // that dropping is exact to the block.
+        if (!cfg.layer_window.empty() && cfg.layer_window[l] > 0) s.blocks_per_chunk = 1;
         const KvPart& p0 = f.parts[0];
         const size_t part_norms = f.log8_norms() ? kN8HeaderBytes : kBlock * 2;  // one part's per block
         if (f.mse_tiles()) {  // tq, tq_n8: one part over D; tq_split: selected channels, then the rest
@@ -1106,6 +1136,7 @@ void KvCache::clear() {
     for (auto* vec : {&L.k, &L.v})
       for (auto& s : *vec) {
         s.n_quant = 0;
+        s.drop_all();
         if (s.center) {
           s.mu_frozen = false;
           s.n_mu = 0;
@@ -1230,6 +1261,13 @@ void KvCache::append(int layer, int n_tokens, const float* k, const float* v, in
   if (n_tokens == 0) return;
   TQ_CHECK(k && v, "kv cache append: null k or v");
   const int H = cfg.n_kv_heads;
+  if (!cfg.layer_window.empty() && cfg.layer_window[layer] > 0) {
+    // The first query of this append (position L.n_tokens) sees from L.n_tokens - W + 1 on;
+    // every later one from further on. In stream indices (after the sinks):
+    const int keep = L.n_tokens - cfg.layer_window[layer] + 1 - std::min(L.n_tokens, cfg.sink);
+    for (auto* vec : {&L.k, &L.v})
+      for (auto& s : *vec) s.drop_before(std::min(keep, s.n_quant));
+  }
   const size_t stride = (size_t)H * cfg.head_dim;
   TQ_CHECK(all_finite((size_t)n_tokens * stride, k) && all_finite((size_t)n_tokens * stride, v),
            "kv cache append: layer %d: k/v contain NaN or Inf", layer);
@@ -1268,9 +1306,9 @@ size_t KvCache::bytes_used() const {
   for (const auto& L : I.layers)
     for (const auto* vec : {&L.k, &L.v})
       for (const auto& s : *vec) {
-        total += (size_t)s.n_quant * s.row_bytes;
-        if (s.fmt->log8_norms())  // exponents: one per part and block
-          total += (size_t)(s.n_quant + kBlock - 1) / kBlock * 2 * s.fmt->n_parts;
+        total += (size_t)(s.n_quant - s.n_dropped) * s.row_bytes;
+        if (s.fmt->log8_norms())  // exponents: one per part and block held
+          total += (size_t)((s.n_quant + kBlock - 1) / kBlock - s.n_dropped / kBlock) * 2 * s.fmt->n_parts;
         const int n_sink = std::min(L.n_tokens, s.sink);
         total += (size_t)n_sink * s.dim * 2;                                  // f16 sink rows
         total += (size_t)std::min(L.n_tokens - n_sink, s.window) * s.dim * 2;  // f16 window rows

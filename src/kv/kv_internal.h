@@ -134,7 +134,13 @@ struct Stream {
   Domain domain = Domain::orig;
   int side = 0;            // 0: K (K tile layout), 1: V (V tile layout)
   int n_quant = 0;         // tokens in blocks
+  // Blocks live in chunks of blocks_per_chunk; a sliding-window layer (KvCacheConfig::
+  // layer_window) drops its oldest blocks: chunks wholly before block n_dropped / kBlock are
+  // null, their buffers kept in `spare` for the next chunks.
   std::vector<AlignedPtr<uint8_t>> chunks;
+  std::vector<AlignedPtr<uint8_t>> spare;
+  int blocks_per_chunk = kBlocksPerChunk;
+  int n_dropped = 0;       // quantized tokens dropped (whole blocks from the first)
   // tq / tq_split
   const Codebook* cb = nullptr;     // regular (or only) codebook
   const Codebook* cb_hi = nullptr;  // tq_split outlier codebook
@@ -222,11 +228,14 @@ struct Stream {
   int stat_n = 0;                   // tokens seen (position 0 included)
 
   uint8_t* block(int b) noexcept {
-    return chunks[b / kBlocksPerChunk].get() + (size_t)(b % kBlocksPerChunk) * block_bytes;
+    return chunks[b / blocks_per_chunk].get() + (size_t)(b % blocks_per_chunk) * block_bytes;
   }
   const uint8_t* block(int b) const noexcept {
-    return chunks[b / kBlocksPerChunk].get() + (size_t)(b % kBlocksPerChunk) * block_bytes;
+    return chunks[b / blocks_per_chunk].get() + (size_t)(b % blocks_per_chunk) * block_bytes;
   }
+  // Drops the blocks wholly before stream index j (sliding window), keeping their buffers.
+  void drop_before(int j);
+  void drop_all();  // clear(): no blocks held, none dropped (buffers kept)
 };
 
 struct Layer {

@@ -328,6 +328,8 @@ KvCacheConfig kv_config_for(const LlamaConfig& c, int max_tokens) {
   k.max_tokens = max_tokens;
   k.rope_base = c.rope_base;
   k.rope_dim = c.rope_dim;
+  if (c.sliding_window > 0)  // the sliding-window layers drop what their window has left
+    for (int l = 0; l < c.n_layers; ++l) k.layer_window.push_back(c.layer_is_swa(l) ? c.sliding_window : 0);
   return k;
 }
 
