@@ -15,8 +15,9 @@
 // the rounding error is at most ~(32 + groups + 8) ulps of sum |terms| at every SIMD level and
 // in the scalar reference (see tests/test_qmatvec.cpp for the bound).
 //
-// The SIMD kernels (qmatvec_simd.cpp, Highway dynamic dispatch) read up to 4 rows of x per
-// pass over W; simd::use_scalar() selects the plain scalar reference qmatvec_ref.
+// The SIMD kernels (qmatvec_simd.cpp, Highway dynamic dispatch) read up to 8 rows of x per
+// pass over W (4 on targets with 16 vector registers); simd::use_scalar() selects the plain
+// scalar reference qmatvec_ref.
 #pragma once
 
 #include <algorithm>
@@ -40,8 +41,10 @@ void parallel_rows(int out, int n_threads, F&& f) {
       static_cast<int>(static_cast<int64_t>(out) * (c + 1) / chunks));
 }
 
-// Rows of x handled per pass over the weights by one kernel call (more rows: several passes).
-constexpr int kQMatvecMaxRows = 4;
+// Rows of x given to one kernel call (at most; more rows: several calls). The SIMD kernel
+// makes one pass over the weights for up to 8 rows with 32 vector registers (AVX-512), up to
+// 4 with 16.
+constexpr int kQMatvecMaxRows = 8;
 
 // True for the types the kernels read (every GgmlType).
 bool qmatvec_supported(GgmlType t) noexcept;

@@ -1,6 +1,6 @@
-// Highway kernels of qmatvec (see qmatvec.h): one output row at a time, up to 4 rows of x
-// per pass over the weight row. Per 32-value block or sub-block (16 for Q6_K): the integer
-// codes (Q5: plus the fifth bit from qh; Q6_K: minus 32) are widened to int32 lanes and
+// Highway kernels of qmatvec (see qmatvec.h): one output row at a time, up to 8 rows of x
+// (AVX-512; 4 elsewhere) per pass over the weight row. Per 32-value block or sub-block (16
+// for Q6_K): the integer codes (Q5: plus the fifth bit from qh; Q6_K: minus 32) are widened to int32 lanes and
 // converted to float, multiplied into a per-block partial vector (lane-wise FMAs, no
 // horizontal sum), then scaled by the block's d (K-quants: d * sub-block scale) into the row
 // accumulator; the offset term m * sum(x of the block) (Q4_0/1, Q5_0/1, Q4_K, Q5_K) is a
@@ -373,11 +373,28 @@ bool QmvRows(GgmlType t, const uint8_t* w, int in, const float* x, const float* 
              float* y, int ldy) {
   const DF df;
   if (hn::Lanes(df) > 16 || 16 % hn::Lanes(df) != 0) return false;
+#if HWY_MAX_BYTES >= 64
+  constexpr int kPass = 8;  // 32 vector registers (AVX-512): the weights decoded once for 8 rows
+#else
+  constexpr int kPass = 4;  // 16 registers: more rows would spill the accumulators
+#endif
+  if (n > kPass) {  // several passes over the weights; a row's result does not depend on its pass
+    const size_t nb = static_cast<size_t>(in / 32);
+    return QmvRows(t, w, in, x, xs, kPass, o0, o1, y, ldy) &&
+           QmvRows(t, w, in, x + static_cast<size_t>(kPass) * in, xs ? xs + kPass * nb : nullptr, n - kPass, o0,
+                   o1, y + static_cast<size_t>(kPass) * ldy, ldy);
+  }
   switch (n) {
     case 1: RowsNR<1>(t, w, in, x, xs, o0, o1, y, ldy); return true;
     case 2: RowsNR<2>(t, w, in, x, xs, o0, o1, y, ldy); return true;
     case 3: RowsNR<3>(t, w, in, x, xs, o0, o1, y, ldy); return true;
     case 4: RowsNR<4>(t, w, in, x, xs, o0, o1, y, ldy); return true;
+#if HWY_MAX_BYTES >= 64
+    case 5: RowsNR<5>(t, w, in, x, xs, o0, o1, y, ldy); return true;
+    case 6: RowsNR<6>(t, w, in, x, xs, o0, o1, y, ldy); return true;
+    case 7: RowsNR<7>(t, w, in, x, xs, o0, o1, y, ldy); return true;
+    case 8: RowsNR<8>(t, w, in, x, xs, o0, o1, y, ldy); return true;
+#endif
     default: return false;
   }
 }
