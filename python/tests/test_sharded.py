@@ -82,6 +82,7 @@ def test_equals_single_index_on_defaults(ray_cluster, data):
     single, sharded = single_and_sharded(x, 2, [(0, 1500), (1500, n - 1), (n - 1, n)])
     assert len(sharded) == n == sharded.ntotal and sharded.dim == 100
     assert "n_shards=2" in repr(sharded) and "ntotal=4000" in repr(sharded)
+    assert sharded.shard_sizes() == [2000, 2000]
     for k in (1, 10, 100):
         assert_same(single.search(q, k), sharded.search(q, k))
     assert_same(single.search(q, 10, rerank=0), sharded.search(q, 10, rerank=0))
@@ -99,6 +100,7 @@ def test_equals_single_index_other_options(ray_cluster, data):
     # l2, kept vectors, full re-rank; 3 shards (more than the cluster's CPUs); user ids.
     single, sharded = single_and_sharded(x, 3, [(0, 1000), (1000, n)], ids=ids, bits=2, metric="l2",
                                          keep_vectors=True)
+    assert sharded.shard_sizes() == [1334, 1333, 1333]
     for kw in ({}, {"rerank_full": 50}):
         assert_same(single.search(q, 10, **kw), sharded.search(q, 10, **kw))
     sharded.close()

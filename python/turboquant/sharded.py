@@ -154,6 +154,11 @@ class ShardedIndex:
         return (f"turboquant.ShardedIndex(dim={self._dim}, n_shards={self.n_shards}, bits={self._bits:g}, "
                 f"metric='{self.metric}', ntotal={self._ntotal}, '{self._template.describe()}')")
 
+    def shard_sizes(self):
+        """Vectors held by each shard (asks every actor, so it also waits for them to start)."""
+        self._check_usable()
+        return [int(i["ntotal"]) for i in self._get([a.info.remote() for a in self._actors], "ShardedIndex")]
+
     def describe(self):
         return f"{self._template.describe()} sharded {self.n_shards}"
 
