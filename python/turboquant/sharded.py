@@ -82,7 +82,8 @@ class ShardedIndex:
     ``ShardedIndex(dim, n_shards=2, bits=4.0, metric="cosine", **options)``: options are those of
     ``turboquant.Index`` (codec, scale, norm, rotation, law, seed, keep_vectors, fit_scale, center;
     same defaults). ``actor_options``: a dict passed to Ray's ``.options()`` for each shard actor
-    (e.g. ``{"num_cpus": 1}``). Errors: ``turboquant.Error`` (a ValueError), TypeError for a wrong
+    (e.g. ``{"num_cpus": 2}``: Ray then also sets the actor's OMP_NUM_THREADS to 2; without
+    num_cpus Ray runs each actor's OpenMP with 1 thread). Errors: ``turboquant.Error`` (a ValueError), TypeError for a wrong
     dtype, ImportError when Ray is not installed.
     """
 
