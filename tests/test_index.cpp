@@ -859,3 +859,187 @@ TEST(Index, DescriptionAndBytesSayWhatIsUsed) {
   EXPECT_EQ(iv.file_bytes(), 128 + 16 + 4 * d * 4 + 4 * 8 + 200 * (iv.code_bytes() + 8));
   EXPECT_NE(iv.describe_search(fast).find("nprobe 1"), std::string::npos);
 }
+
+// ---------------------------------------------------------------------------------------
+// Shards: train / set_center share one fit; search_candidates of shards merge into exactly
+// the single index's search (the rule of include/tq/index.h, as python/turboquant/sharded.py
+// applies it).
+
+TEST(Index, TrainAndSetCenterShareOneFit) {
+  const int d = 48;
+  auto x = make_data(600, d, 40), q = make_data(20, d, 41);
+  for (auto m : {tq::Metric::cosine, tq::Metric::ip, tq::Metric::l2}) {
+    auto c = cfg_of(d, 4, m);
+    c.center = true;
+    c.fit_scale = true;
+    tq::Index single(c), trained(c), copy(c);
+    single.add(600, x.data());
+    trained.train(400, x.data());  // a different batch than the first add below
+    EXPECT_EQ(trained.size(), 0u);
+    tq::Index ref(c);
+    ref.add(400, x.data());  // the fit of the first add() of the same rows, bit for bit
+    ASSERT_EQ(trained.center().size(), static_cast<size_t>(d));
+    EXPECT_EQ(std::memcmp(trained.center().data(), ref.center().data(), d * sizeof(float)), 0);
+    // train(all rows) + add == add: same codes, same results.
+    tq::Index t2(c);
+    t2.train(600, x.data());
+    copy.set_center(t2.center().data());
+    copy.add(300, x.data());
+    copy.add(300, x.data() + 300 * d);
+    auto a = run(single, q, 10), b = run(copy, q, 10);
+    EXPECT_EQ(a.id, b.id) << tq::metric_name(m);
+    EXPECT_EQ(std::memcmp(a.s.data(), b.s.data(), a.s.size() * sizeof(float)), 0) << tq::metric_name(m);
+    // Errors: a second fit, a non-empty index, no center option, IVF, non-finite center.
+    EXPECT_THROW(t2.train(600, x.data()), tq::Error);
+    EXPECT_THROW(single.train(10, x.data()), tq::Error);
+    EXPECT_THROW(single.set_center(t2.center().data()), tq::Error);
+    EXPECT_THROW(trained.train(0, x.data()), tq::Error);
+    std::vector<float> bad(t2.center());
+    bad[3] = std::numeric_limits<float>::quiet_NaN();
+    tq::Index fresh(c);
+    EXPECT_THROW(fresh.set_center(bad.data()), tq::Error);
+    auto nc = c;
+    nc.center = false;
+    tq::Index plain(nc);
+    EXPECT_THROW(plain.set_center(t2.center().data()), tq::Error);
+    plain.train(100, x.data());  // nothing to fit: a no-op
+    EXPECT_TRUE(plain.center().empty());
+    auto ic = cfg_of(d, 4, m);
+    ic.nlist = 4;
+    tq::Index ivf(ic);
+    EXPECT_THROW(ivf.train(100, x.data()), tq::Error);
+  }
+}
+
+namespace {
+
+// Merge of the shards' candidates (include/tq/index.h): slots map to global positions
+// slot * S + s (rows dealt round-robin). Returns the merged top-k.
+Results merge_shards(const std::vector<tq::Index>& shards, const std::vector<float>& q, int k, tq::SearchParams p) {
+  p.k = k;
+  const size_t S = shards.size(), d = shards[0].dim(), nq = q.size() / d;
+  const size_t r = shards[0].candidates_per_query(p);
+  struct C {
+    float s1, s2, s3, out;
+    int64_t id, pos;
+  };
+  std::vector<std::vector<C>> per(nq);
+  for (size_t s = 0; s < S; ++s) {
+    std::vector<float> s1(nq * r), s2(nq * r), s3(nq * r), out(nq * r);
+    std::vector<int64_t> id(nq * r), slot(nq * r);
+    shards[s].search_candidates(nq, q.data(), p, s1.data(), s2.data(), s3.data(), out.data(), id.data(), slot.data());
+    for (size_t i = 0; i < nq; ++i)
+      for (size_t j = 0; j < r; ++j)
+        if (slot[i * r + j] >= 0)
+          per[i].push_back({s1[i * r + j], s2[i * r + j], s3[i * r + j], out[i * r + j], id[i * r + j],
+                            slot[i * r + j] * static_cast<int64_t>(S) + static_cast<int64_t>(s)});
+  }
+  const size_t r2 = std::max(static_cast<size_t>(k), static_cast<size_t>(p.rerank_full));
+  Results res{std::vector<float>(nq * k), std::vector<int64_t>(nq * k, -1)};
+  for (size_t i = 0; i < nq; ++i) {
+    auto& v = per[i];
+    auto stage = [&](float C::*f, size_t keep) {
+      std::sort(v.begin(), v.end(), [&](const C& a, const C& b) { return a.*f > b.*f || (a.*f == b.*f && a.pos < b.pos); });
+      if (v.size() > keep) v.resize(keep);
+    };
+    stage(&C::s1, r);
+    stage(&C::s2, r2);
+    stage(&C::s3, static_cast<size_t>(k));
+    for (size_t j = 0; j < static_cast<size_t>(k); ++j) {
+      res.s[i * k + j] = j < v.size() ? v[j].out
+                                      : (shards[0].config().metric == tq::Metric::l2 ? std::numeric_limits<float>::infinity()
+                                                                                      : -std::numeric_limits<float>::infinity());
+      if (j < v.size()) res.id[i * k + j] = v[j].id;
+    }
+  }
+  return res;
+}
+
+}  // namespace
+
+TEST(Index, ShardCandidatesMergeIntoTheSingleIndexResult) {
+  const int d = 64;
+  const size_t n = small() ? 900 : 2500, nq = 40;
+  auto x = make_data(n, d, 50), q = make_data(nq, d, 51);
+  // Duplicated rows (exact ties in every stage) and a coarse 1-bit index (many scan ties).
+  for (size_t i = 0; i < 200; ++i) std::memcpy(x.data() + (n - 1 - i) * d, x.data() + (3 * i) * d, d * sizeof(float));
+  struct Case {
+    double bits;
+    tq::Metric m;
+    bool center, fit, keep, prod;
+    tq::SearchParams p;
+  };
+  tq::SearchParams dflt, rr0, nofast, full, wide;
+  rr0.rerank = 0;
+  nofast.fast_scan = false;
+  full.rerank_full = 40;
+  wide.rerank = 100;
+  const std::vector<Case> cases = {
+      {4, tq::Metric::cosine, true, true, false, false, dflt},  {4, tq::Metric::ip, true, true, false, false, dflt},
+      {4, tq::Metric::l2, true, true, false, false, dflt},      {1, tq::Metric::cosine, false, false, false, false, dflt},
+      {3.5, tq::Metric::l2, true, false, false, false, wide},   {2, tq::Metric::cosine, true, true, false, false, rr0},
+      {4, tq::Metric::ip, true, true, false, false, nofast},    {8, tq::Metric::cosine, true, true, false, false, dflt},
+      {4, tq::Metric::l2, true, true, true, false, full},       {2, tq::Metric::cosine, true, true, true, false, full},
+      {4, tq::Metric::cosine, false, false, false, true, dflt},
+  };
+  for (const Case& cs : cases) {
+    auto c = cfg_of(d, cs.bits, cs.m);
+    if (cs.prod) c.codec = tq::QuantizerKind::prod;
+    c.center = cs.center;
+    c.fit_scale = cs.fit;
+    c.keep_vectors = cs.keep;
+    const std::string what = std::string(tq::metric_name(cs.m)) + " bits " + std::to_string(cs.bits);
+    tq::Index single(c);
+    const size_t n1 = 1000;
+    single.add(n1, x.data());
+    single.add(n - n1, x.data() + n1 * d);
+    for (size_t S : {1, 2, 3}) {
+      std::vector<tq::Index> shards;
+      tq::Index tpl(c);
+      tpl.train(n1, x.data());  // the first batch, as the single index fits it
+      for (size_t s = 0; s < S; ++s) {
+        shards.emplace_back(c);
+        if (c.center) shards.back().set_center(tpl.center().data());
+      }
+      // Rows dealt round-robin by global position, ids = positions (as the single index's).
+      for (auto [b0, b1] : {std::pair<size_t, size_t>{0, n1}, {n1, n}})
+        for (size_t s = 0; s < S; ++s) {
+          std::vector<float> xs;
+          std::vector<int64_t> ids;
+          for (size_t g = b0; g < b1; ++g)
+            if (g % S == s) {
+              xs.insert(xs.end(), x.begin() + g * d, x.begin() + (g + 1) * d);
+              ids.push_back(static_cast<int64_t>(g));
+            }
+          shards[s].add(ids.size(), xs.data(), ids.data());
+        }
+      for (int k : {1, 37}) {
+        auto a = run(single, q, k, cs.p);
+        auto b = merge_shards(shards, q, k, cs.p);
+        EXPECT_EQ(a.id, b.id) << what << " S " << S << " k " << k;
+        EXPECT_EQ(std::memcmp(a.s.data(), b.s.data(), a.s.size() * sizeof(float)), 0) << what << " S " << S << " k " << k;
+      }
+    }
+  }
+  // More candidates than vectors: missing rows are marked, the merge still equals.
+  auto c = cfg_of(d, 4, tq::Metric::cosine);
+  tq::Index tiny(c);
+  tiny.add(5, x.data());
+  tq::SearchParams p;
+  p.k = 8;
+  const size_t r = tiny.candidates_per_query(p);
+  EXPECT_EQ(r, 24u);
+  std::vector<float> s1(r), s2(r), s3(r), out(r);
+  std::vector<int64_t> id(r), slot(r);
+  tiny.search_candidates(1, q.data(), p, s1.data(), s2.data(), s3.data(), out.data(), id.data(), slot.data());
+  EXPECT_EQ(slot[4] >= 0, true);
+  EXPECT_EQ(slot[5], -1);
+  EXPECT_EQ(id[5], -1);
+  EXPECT_TRUE(std::isinf(s1[5]) && s1[5] < 0);
+  auto ic = cfg_of(d, 4, tq::Metric::cosine);
+  ic.nlist = 2;
+  tq::Index ivf(ic);
+  ivf.add(100, x.data());
+  EXPECT_THROW(ivf.search_candidates(1, q.data(), p, s1.data(), s2.data(), s3.data(), out.data(), id.data(), slot.data()),
+               tq::Error);
+}

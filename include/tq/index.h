@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tq/codebook.h"
 #include "tq/quantizer.h"
@@ -105,9 +106,36 @@ class Index {
 
   // x: n * dim floats (row-major), finite. ids: n int64 (nullptr: size(), size()+1, ...).
   void add(size_t n, const float* x, const int64_t* ids = nullptr);
+  // Fits what the first add() would fit from its batch (center: the mean of the rows of x,
+  // normalised for cosine, bit for bit the same) without adding them, so that several
+  // indexes can share one fit (set_center). Nothing to fit (center off) is a no-op.
+  // Errors: a non-empty index, a fit already made, IVF (its k-means runs in the first add()).
+  void train(size_t n, const float* x);
+  // The fitted center (dim floats; empty before the fit or without the center option).
+  const std::vector<float>& center() const noexcept;
+  // Sets the center of an empty index built with the center option (dim finite floats),
+  // e.g. another index's center(): the shards of a ShardedIndex all encode with one center.
+  void set_center(const float* mean);
+
   // q: nq * dim finite floats. scores, ids: nq * k each (row per query, best first).
   void search(size_t nq, const float* q, const SearchParams& p, float* scores,
               int64_t* ids) const;
+
+  // Sharded search (docs/design.md "Sharding"; flat indexes only). A search keeps the best
+  // r = candidates_per_query(p) vectors by its scan score, re-ranks them (float LUTs, then
+  // kept vectors when p.rerank_full > 0) and returns the best k. search_candidates returns,
+  // per query and best first by scan score, those r candidates with their score at every
+  // stage (internal scores, higher is better; a stage that does not run repeats the previous
+  // one), the score search() would report for each were it returned, its id and its slot
+  // (insertion position). Indexes that share their parameters (seed, center) and whose slots
+  // interleave into one insertion order merge into exactly search()'s result on one index
+  // holding every vector: best r by (scan, position), of those the best max(k, rerank_full)
+  // by (rerank, position), of those the best k by (full, position). Missing rows: id and
+  // slot -1, stage scores -inf. Each array has nq * r entries.
+  size_t candidates_per_query(const SearchParams& p) const;
+  void search_candidates(size_t nq, const float* q, const SearchParams& p, float* scan,
+                         float* rerank, float* full, float* scores, int64_t* ids,
+                         int64_t* slots) const;
   // The same, checking that the queries have query_dim == dim() components.
   void search(size_t nq, size_t query_dim, const float* q, const SearchParams& p, float* scores,
               int64_t* ids) const;

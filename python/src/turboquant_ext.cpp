@@ -469,6 +469,73 @@ NB_MODULE(_turboquant, m) {
            "fast_scan"_a = true,
            "Top-k of each row of q ((nq, dim) float32): (scores (nq, k) float32, ids (nq, k) int64), best first; "
            "missing results get id -1. threads 0: OpenMP default.")
+      .def("train",
+           [](tq::Index& idx, const InArray& x) {
+             size_t n = 0;
+             const float* xp = view<float>(x, "x", 2, 2, idx.dim(), &n);
+             nb::gil_scoped_release nogil;
+             idx.train(n, xp);
+           },
+           "x"_a,
+           "Fit what the first add() would fit from its batch (center: the mean of the rows of x, normalised "
+           "for cosine) without adding them; a no-op without the center option. For sharing one fit between "
+           "indexes (set_center).")
+      .def_prop_ro(
+          "center",
+          [](const tq::Index& idx) -> std::optional<nb::ndarray<nb::numpy, float>> {
+            const auto& c = idx.center();
+            if (c.empty()) return std::nullopt;
+            float* p = nullptr;
+            auto a = new_array<float>({c.size()}, &p);
+            std::copy(c.begin(), c.end(), p);
+            return a;
+          },
+          nb::rv_policy::move,
+          "The fitted center (dim,) float32 (a new array), None before the fit or without the center option.")
+      .def("set_center",
+           [](tq::Index& idx, const InArray& mean) {
+             size_t one = 0;
+             const float* mp = view<float>(mean, "mean", 1, 1, -1, &one);
+             TQ_CHECK(mean.shape(0) == static_cast<size_t>(idx.dim()), "set_center: mean has %zu components, the index has dim %d",
+                      mean.shape(0), idx.dim());
+             idx.set_center(mp);
+           },
+           "mean"_a,
+           "Set the center of an empty index built with the center option ((dim,) float32, e.g. another "
+           "index's center): indexes with one center encode alike.")
+      .def("search_candidates",
+           [](const tq::Index& idx, const InArray& q, int k, int threads, int rerank, int rerank_full,
+              bool fast_scan) {
+             size_t nq = 0;
+             const float* qp = view<float>(q, "q", 2, 2, idx.dim(), &nq);
+             TQ_CHECK(k >= 1 && k <= (1 << 20), "index search: k = %d outside [1, 2^20]", k);
+             tq::SearchParams p;
+             p.k = k;
+             p.n_threads = threads;
+             p.rerank = rerank;
+             p.rerank_full = rerank_full;
+             p.fast_scan = fast_scan;
+             const size_t r = idx.candidates_per_query(p);
+             float *s1 = nullptr, *s2 = nullptr, *s3 = nullptr, *so = nullptr;
+             int64_t *io = nullptr, *sl = nullptr;
+             auto a1 = new_array<float>({nq, r}, &s1);
+             auto a2 = new_array<float>({nq, r}, &s2);
+             auto a3 = new_array<float>({nq, r}, &s3);
+             auto ao = new_array<float>({nq, r}, &so);
+             auto ai = new_array<int64_t>({nq, r}, &io);
+             auto as = new_array<int64_t>({nq, r}, &sl);
+             {
+               nb::gil_scoped_release nogil;
+               idx.search_candidates(nq, qp, p, s1, s2, s3, so, io, sl);
+             }
+             return nb::make_tuple(a1, a2, a3, ao, ai, as);
+           },
+           "q"_a, "k"_a = 10, nb::kw_only(), "threads"_a = 0, "rerank"_a = -1, "rerank_full"_a = 0,
+           "fast_scan"_a = true,
+           "The candidates a search(q, k, ...) keeps for each query before its cut to k, for merging shards "
+           "(turboquant.ShardedIndex): (scan, rerank, full, scores, ids, slots), each (nq, r): per query, best "
+           "first by scan score, the internal score of each stage (higher is better), the score search() "
+           "would report, the id and the slot (insertion position); missing rows: slot -1, scores -inf.")
       .def("save", [](const tq::Index& idx, const std::string& path) {
              nb::gil_scoped_release nogil;
              idx.save(path);

@@ -148,3 +148,39 @@ def test_concurrent_searches_from_python_threads(rng):
     for (s1, i1), (s2, i2) in zip(alone, together):
         np.testing.assert_array_equal(i1, i2)
         np.testing.assert_array_equal(s1, s2)
+
+
+def test_train_center_and_candidates_merge_without_ray(rng):
+    """The pieces of ShardedIndex without Ray: one center fit (train) shared by set_center, and
+    the candidates of two round-robin shards merged into exactly one index's search."""
+    from turboquant.sharded import merge_candidates
+
+    d = 48
+    x = clustered(rng, 3000, d)
+    q = clustered(rng, 40, d)
+    single = tq.Index(d, bits=2)
+    single.add(x)
+    tpl = tq.Index(d, bits=2)
+    assert tpl.center is None
+    tpl.train(x)
+    assert tpl.center.shape == (d,) and tpl.center.dtype == np.float32 and len(tpl) == 0
+    np.testing.assert_array_equal(tpl.center, single.center)
+    shards = [tq.Index(d, bits=2) for _ in range(2)]
+    for s, sh in enumerate(shards):
+        sh.set_center(tpl.center)
+        sh.add(np.ascontiguousarray(x[s::2]), np.arange(s, len(x), 2, dtype=np.int64))
+    for k, kw in ((10, {}), (10, {"rerank": 10}), (1, {"fast_scan": False})):
+        parts = [sh.search_candidates(q, k, **kw) for sh in shards]
+        assert len(parts[0]) == 6 and parts[0][0].shape[0] == len(q)
+        s_ref, i_ref = single.search(q, k, **kw)
+        s_m, i_m = merge_candidates(parts, k)
+        np.testing.assert_array_equal(i_ref, i_m)
+        assert s_ref.tobytes() == s_m.tobytes()
+    with pytest.raises(tq.Error, match="already trained"):
+        tpl.train(x)
+    with pytest.raises(tq.Error, match="already holds"):
+        single.set_center(tpl.center)
+    with pytest.raises(tq.Error, match="dim 48"):
+        tq.Index(d).set_center(tpl.center[:10].copy())
+    with pytest.raises(tq.Error, match="without the center option"):
+        tq.Index(d, center=False).set_center(tpl.center)

@@ -3,7 +3,9 @@
 Python bindings of the turboquant C++ library (nanobind): the codec (``Codebook``,
 ``Rotation``, ``Quantizer``), a compressed flat vector-search ``Index`` with a FAISS-like
 surface, a quantized ``KVCache`` with fused attention, and a GGUF ``Model`` runner for
-scripted evaluations (perplexity on any cache, generation).
+scripted evaluations (perplexity on any cache, generation). ``ShardedIndex`` splits an Index
+into shards held by Ray actors (``pip install ray``; imported only when one is made) and returns
+exactly the single Index's results.
 
 Arrays go in as C-contiguous NumPy arrays of the documented dtype (float32 vectors, uint8
 codes, int64 ids) and are read in place; a wrong dtype raises ``TypeError``, a wrong shape,
@@ -25,6 +27,7 @@ from ._turboquant import (  # noqa: F401
     kv_types,
     simd_level,
 )
+from .sharded import ShardedIndex  # noqa: F401  (imports Ray only when one is made)
 
 __all__ = [
     "Codebook",
@@ -34,6 +37,7 @@ __all__ = [
     "Model",
     "Quantizer",
     "Rotation",
+    "ShardedIndex",
     "__version__",
     "exact_search",
     "kv_types",

@@ -184,6 +184,27 @@ class Index:
         Top-k of each row of q ((nq, dim) float32): (scores (nq, k) float32, ids (nq, k) int64), best first; missing results get id -1. threads 0: OpenMP default.
         """
 
+    def train(self, x: Annotated[NDArray, dict(device='cpu', writable=False)]) -> None:
+        """
+        Fit what the first add() would fit from its batch (center: the mean of the rows of x, normalised for cosine) without adding them; a no-op without the center option. For sharing one fit between indexes (set_center).
+        """
+
+    @property
+    def center(self) -> NDArray[numpy.float32] | None:
+        """
+        The fitted center (dim,) float32 (a new array), None before the fit or without the center option.
+        """
+
+    def set_center(self, mean: Annotated[NDArray, dict(device='cpu', writable=False)]) -> None:
+        """
+        Set the center of an empty index built with the center option ((dim,) float32, e.g. another index's center): indexes with one center encode alike.
+        """
+
+    def search_candidates(self, q: Annotated[NDArray, dict(device='cpu', writable=False)], k: int = 10, *, threads: int = 0, rerank: int = -1, rerank_full: int = 0, fast_scan: bool = True) -> tuple:
+        """
+        The candidates a search(q, k, ...) keeps for each query before its cut to k, for merging shards (turboquant.ShardedIndex): (scan, rerank, full, scores, ids, slots), each (nq, r): per query, best first by scan score, the internal score of each stage (higher is better), the score search() would report, the id and the slot (insertion position); missing rows: slot -1, scores -inf.
+        """
+
     def save(self, path: str) -> None:
         """Write the index file (atomically; `tq index search --index` reads it)."""
 

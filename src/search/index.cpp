@@ -325,20 +325,65 @@ double sqnorm(int d, const float* x) {
 
 }  // namespace
 
-void Index::add(size_t n, const float* x, const int64_t* ids) {
-  Impl& I = *impl_;
-  if (n == 0) return;
-  TQ_CHECK(x != nullptr, "index add: null data");
-  // Norms first (in parallel); a non-finite sum of squares means a NaN/Inf component.
+namespace {
+
+// Norms of the n rows of x (in parallel); a non-finite sum of squares means a NaN/Inf
+// component: throws naming the vector (what: the caller, e.g. "index add").
+std::vector<float> row_norms(int d, size_t n, const float* x, const char* what) {
   std::vector<float> norms(n);
   bool bad = false;
 #pragma omp parallel for schedule(static) reduction(|| : bad)
   for (size_t i = 0; i < n; ++i) {
-    const double s2 = sqnorm(I.d, x + i * static_cast<size_t>(I.d));
+    const double s2 = sqnorm(d, x + i * static_cast<size_t>(d));
     bad |= !std::isfinite(s2);
     norms[i] = static_cast<float>(std::sqrt(s2));
   }
-  if (bad) check_rows_finite(n, I.d, x, "index add");  // throws, naming the vector
+  if (bad) check_rows_finite(n, d, x, what);  // throws
+  return norms;
+}
+
+// The center option's mean of the rows of x (unit rows for cosine), accumulated in double.
+std::vector<float> fit_center(int d, size_t n, const float* x, const float* norms, bool cosine) {
+  std::vector<double> mean(static_cast<size_t>(d), 0.0);
+  for (size_t i = 0; i < n; ++i) {
+    const float* xr = x + i * static_cast<size_t>(d);
+    const double inv = cosine ? (norms[i] > 0 ? 1.0 / norms[i] : 0.0) : 1.0;
+    for (int j = 0; j < d; ++j) mean[j] += xr[j] * inv;
+  }
+  std::vector<float> c(static_cast<size_t>(d));
+  for (int j = 0; j < d; ++j) c[j] = static_cast<float>(mean[j] / static_cast<double>(n));
+  return c;
+}
+
+}  // namespace
+
+void Index::train(size_t n, const float* x) {
+  Impl& I = *impl_;
+  TQ_CHECK(!I.ivf(), "index train: an IVF index trains its k-means in its first add()");
+  TQ_CHECK(I.n == 0, "index train: the index already holds %zu vectors", I.n);
+  TQ_CHECK(I.center.empty(), "index train: the index is already trained");
+  TQ_CHECK(n > 0, "index train: no vectors");
+  TQ_CHECK(x != nullptr, "index train: null data");
+  const std::vector<float> norms = row_norms(I.d, n, x, "index train");
+  if (I.cfg.center) I.center = fit_center(I.d, n, x, norms.data(), I.cfg.metric == Metric::cosine);
+}
+
+const std::vector<float>& Index::center() const noexcept { return impl_->center; }
+
+void Index::set_center(const float* mean) {
+  Impl& I = *impl_;
+  TQ_CHECK(I.cfg.center, "index set_center: the index was built without the center option");
+  TQ_CHECK(I.n == 0, "index set_center: the index already holds %zu vectors", I.n);
+  TQ_CHECK(mean != nullptr, "index set_center: null data");
+  check_rows_finite(1, I.d, mean, "index set_center");
+  I.center.assign(mean, mean + I.d);
+}
+
+void Index::add(size_t n, const float* x, const int64_t* ids) {
+  Impl& I = *impl_;
+  if (n == 0) return;
+  TQ_CHECK(x != nullptr, "index add: null data");
+  const std::vector<float> norms = row_norms(I.d, n, x, "index add");
   // Encoding goes to the storage slots [n0, n1); a flat index has slots == n, an IVF index
   // stages the new vectors after its lists and moves them into their lists at the end.
   const size_t n0 = I.slots;
@@ -386,16 +431,8 @@ void Index::add(size_t n, const float* x, const int64_t* ids) {
     assign.resize(n);
     nearest_centroids(n, I.d, xa, I.cfg.nlist, I.centroids.data(), I.cnorm2.data(), assign.data(), nullptr);
   }
-  if (I.cfg.center && I.center.empty()) {
-    std::vector<double> mean(static_cast<size_t>(I.d), 0.0);
-    for (size_t i = 0; i < n; ++i) {
-      const float* xr = x + i * static_cast<size_t>(I.d);
-      const double inv = cosine_m ? (norms[i] > 0 ? 1.0 / norms[i] : 0.0) : 1.0;
-      for (int j = 0; j < I.d; ++j) mean[j] += xr[j] * inv;
-    }
-    I.center.resize(static_cast<size_t>(I.d));
-    for (int j = 0; j < I.d; ++j) I.center[j] = static_cast<float>(mean[j] / static_cast<double>(n));
-  }
+  const bool fitted_here = I.cfg.center && I.center.empty();
+  if (fitted_here) I.center = fit_center(I.d, n, x, norms.data(), cosine_m);
   TQ_CHECK(n1 < (size_t{1} << 32), "index add: %zu vectors is more than the supported 2^32 - 1", n1);
   I.resize(n1);
   const size_t d = static_cast<size_t>(I.d);
@@ -553,7 +590,7 @@ void Index::add(size_t n, const float* x, const int64_t* ids) {
   }
   if (overflow) {
     I.resize(n0);
-    if (n0 == 0) I.center.clear();
+    if (fitted_here) I.center.clear();
     if (trained_here) {
       I.centroids.clear();
       I.rcentroids.clear();
@@ -854,9 +891,18 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
 
 }  // namespace
 
-void Index::search(size_t nq, const float* q, const SearchParams& p, float* scores,
-                   int64_t* out_ids) const {
-  const Impl& I = *impl_;
+namespace {
+
+// search_candidates' outputs (nq * r each), r = candidates_per_query.
+struct CandidateOut {
+  size_t r = 0;
+  float *scan = nullptr, *rerank = nullptr, *full = nullptr, *scores = nullptr;
+  int64_t *ids = nullptr, *slots = nullptr;
+};
+
+// Index::search (co == nullptr) and Index::search_candidates (co: flat indexes only).
+void search_impl(const Index::Impl& I, size_t nq, const float* q, const SearchParams& p, float* scores,
+                 int64_t* out_ids, const CandidateOut* co) {
   TQ_CHECK(p.k >= 1 && p.k <= 1 << 20, "index search: k = %d outside [1, 2^20]", p.k);
   TQ_CHECK(p.rerank >= -1, "index search: rerank must be >= -1");
   TQ_CHECK(p.rerank_full >= 0, "index search: rerank_full must be >= 0");
@@ -864,7 +910,7 @@ void Index::search(size_t nq, const float* q, const SearchParams& p, float* scor
            "index search: rerank_full needs an index built with keep_vectors");
   TQ_CHECK(p.n_threads >= 0, "index search: n_threads must be >= 0");
   if (nq == 0) return;
-  TQ_CHECK(q != nullptr && scores != nullptr && out_ids != nullptr, "index search: null pointer");
+  TQ_CHECK(q != nullptr && (co != nullptr || (scores != nullptr && out_ids != nullptr)), "index search: null pointer");
   check_rows_finite(nq, I.d, q, "index search: query");
   const size_t d = static_cast<size_t>(I.d);
   const size_t k = static_cast<size_t>(p.k);
@@ -910,6 +956,7 @@ void Index::search(size_t nq, const float* q, const SearchParams& p, float* scor
   }
 
   if (I.ivf()) {
+    TQ_CHECK(co == nullptr, "index search_candidates: flat indexes only (this one is IVF)");
     search_ivf(I, nq, q, qn.data(), qr.data(), qsq.data(), p, scores, out_ids);
     return;
   }
@@ -985,8 +1032,50 @@ void Index::search(size_t nq, const float* q, const SearchParams& p, float* scor
         }
       }
 
+      // Internal score of the full re-rank of slot i for query qi (l2: ||q||^2 - distance).
+      auto full_score = [&](size_t qi, size_t i) {
+        const float* qv = (cosine ? qn.data() : q) + qi * d;
+        const float* xv = I.vectors.data() + i * d;
+        double s = 0;
+        if (l2) {
+          for (size_t j = 0; j < d; ++j) s += static_cast<double>(qv[j] - xv[j]) * (qv[j] - xv[j]);
+          s = qsq[qi] - s;  // internal: higher is better, maps back to s below
+        } else {
+          for (size_t j = 0; j < d; ++j) s += static_cast<double>(qv[j]) * xv[j];
+        }
+        return static_cast<float>(s);
+      };
+      // The reported score of internal score s of the last stage.
+      auto reported = [&](size_t qi, float s) {
+        return l2 ? qsq[qi] - s : s + (p.rerank_full > 0 ? 0.f : qoff[qi]);
+      };
+
       for (size_t b = 0; b < bq; ++b) {
         auto cand = top[b].sorted();
+        if (co != nullptr) {
+          // Every candidate of the scan, each scored by every stage, no cut.
+          const size_t qi = q0 + b, o = qi * co->r;
+          const float* lut = flut.data() + b * I.m * I.lut_stride;
+          for (size_t ci = 0; ci < co->r; ++ci) {
+            if (ci >= cand.size()) {
+              co->scan[o + ci] = co->rerank[o + ci] = co->full[o + ci] = -std::numeric_limits<float>::infinity();
+              co->scores[o + ci] = worst;
+              co->ids[o + ci] = co->slots[o + ci] = -1;
+              continue;
+            }
+            const size_t i = cand[ci].second;
+            const float s1 = cand[ci].first;
+            const float s2 = fast && rerank > 0 ? internal(i, exact_lut_dot(lut, i)) : s1;
+            const float s3 = p.rerank_full > 0 ? full_score(qi, i) : s2;
+            co->scan[o + ci] = s1;
+            co->rerank[o + ci] = s2;
+            co->full[o + ci] = s3;
+            co->scores[o + ci] = reported(qi, s3);
+            co->ids[o + ci] = I.ids[i];
+            co->slots[o + ci] = static_cast<int64_t>(i);
+          }
+          continue;
+        }
         if (fast && rerank > 0) {
           const float* lut = flut.data() + b * I.m * I.lut_stride;
           // Prefetch the code rows of the candidate after next (one 64-byte line per 4 groups).
@@ -1004,26 +1093,14 @@ void Index::search(size_t nq, const float* q, const SearchParams& p, float* scor
           if (cand.size() > r2) cand.resize(r2);
         }
         if (p.rerank_full > 0) {
-          const float* qv = (cosine ? qn.data() : q) + (q0 + b) * d;
-          for (auto& c : cand) {
-            const float* xv = I.vectors.data() + static_cast<size_t>(c.second) * d;
-            double s = 0;
-            if (l2) {
-              for (size_t j = 0; j < d; ++j) s += static_cast<double>(qv[j] - xv[j]) * (qv[j] - xv[j]);
-              s = qsq[q0 + b] - s;  // internal: higher is better, maps back to s below
-            } else {
-              for (size_t j = 0; j < d; ++j) s += static_cast<double>(qv[j]) * xv[j];
-            }
-            c.first = static_cast<float>(s);
-          }
+          for (auto& c : cand) c.first = full_score(q0 + b, c.second);
           std::sort(cand.begin(), cand.end(), TopR::cmp);
         }
         float* so = scores + (q0 + b) * k;
         int64_t* io = out_ids + (q0 + b) * k;
         for (size_t r = 0; r < k; ++r) {
           if (r < cand.size()) {
-            so[r] = l2 ? qsq[q0 + b] - cand[r].first
-                       : cand[r].first + (p.rerank_full > 0 ? 0.f : qoff[q0 + b]);
+            so[r] = reported(q0 + b, cand[r].first);
             io[r] = I.ids[cand[r].second];
           } else {
             so[r] = worst;
@@ -1033,6 +1110,39 @@ void Index::search(size_t nq, const float* q, const SearchParams& p, float* scor
       }
     }
   }
+}
+
+}  // namespace
+
+void Index::search(size_t nq, const float* q, const SearchParams& p, float* scores, int64_t* ids) const {
+  search_impl(*impl_, nq, q, p, scores, ids, nullptr);
+}
+
+size_t Index::candidates_per_query(const SearchParams& p) const {
+  const Impl& I = *impl_;
+  TQ_CHECK(p.k >= 1 && p.k <= 1 << 20, "index search: k = %d outside [1, 2^20]", p.k);
+  TQ_CHECK(p.rerank >= -1 && p.rerank_full >= 0, "index search: rerank must be >= -1, rerank_full >= 0");
+  const size_t k = static_cast<size_t>(p.k);
+  const bool fast = I.fast_ok && p.fast_scan && !I.quant;
+  const size_t rerank = p.rerank < 0 ? k + 16 : static_cast<size_t>(p.rerank);
+  const size_t r2 = std::max(k, static_cast<size_t>(p.rerank_full));
+  return fast && rerank > 0 ? std::max(r2, rerank) : r2;
+}
+
+void Index::search_candidates(size_t nq, const float* q, const SearchParams& p, float* scan, float* rerank,
+                              float* full, float* scores, int64_t* ids, int64_t* slots) const {
+  TQ_CHECK(!impl_->ivf(), "index search_candidates: flat indexes only (this one is IVF)");
+  CandidateOut co;
+  co.r = candidates_per_query(p);
+  co.scan = scan;
+  co.rerank = rerank;
+  co.full = full;
+  co.scores = scores;
+  co.ids = ids;
+  co.slots = slots;
+  if (nq > 0)
+    TQ_CHECK(scan && rerank && full && scores && ids && slots, "index search_candidates: null pointer");
+  search_impl(*impl_, nq, q, p, nullptr, nullptr, &co);
 }
 
 void Index::search(size_t nq, size_t query_dim, const float* q, const SearchParams& p,
