@@ -24,19 +24,8 @@ import numpy as np
 
 import turboquant as tq
 
-
-def read_vecs(path, dtype):
-    raw = np.fromfile(path, dtype=np.int32)
-    d = raw[0]
-    return np.ascontiguousarray(raw.reshape(-1, d + 1)[:, 1:]).view(dtype)
-
-
-def default_dir():
-    root = pathlib.Path(__file__).resolve().parents[1]
-    for c in (root.parent / "shared" / "data" / "glove100", root.parents[1] / "shared" / "data" / "glove100"):
-        if c.exists():
-            return c
-    return root.parent / "shared" / "data" / "glove100"
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python" / "examples"))
+from glove_search import default_dir  # noqa: E402
 
 
 def main():
@@ -52,9 +41,9 @@ def main():
     a = ap.parse_args()
     import ray
 
-    x = read_vecs(a.data / "glove100_base.fvecs", np.float32)
-    q = read_vecs(a.data / "glove100_query.fvecs", np.float32)
-    gt = read_vecs(a.data / "glove100_gt100.ivecs", np.int32)[:, :a.k]
+    x = tq.read_vectors(str(a.data / "glove100_base.fvecs"))
+    q = tq.read_vectors(str(a.data / "glove100_query.fvecs"))
+    gt = tq.read_ivecs(str(a.data / "glove100_gt100.ivecs"))[:, :a.k]
     ray.init(address="local", num_cpus=a.cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
              log_to_driver=False)
     rounds = []

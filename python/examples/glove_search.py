@@ -17,13 +17,6 @@ import numpy as np
 import turboquant as tq
 
 
-def read_vecs(path, dtype):
-    """.fvecs / .ivecs: each row is an int32 dimension d, then d values."""
-    raw = np.fromfile(path, dtype=np.int32)
-    d = raw[0]
-    return raw.reshape(-1, d + 1)[:, 1:].copy().view(dtype)
-
-
 def default_dir():
     if os.environ.get("TQ_GLOVE_DIR"):
         return pathlib.Path(os.environ["TQ_GLOVE_DIR"])
@@ -43,9 +36,9 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     a = ap.parse_args()
 
-    base = read_vecs(a.data / "glove100_base.fvecs", np.float32)
-    queries = read_vecs(a.data / "glove100_query.fvecs", np.float32)
-    gt = read_vecs(a.data / "glove100_gt100.ivecs", np.int32)
+    base = tq.read_vectors(str(a.data / "glove100_base.fvecs"))
+    queries = tq.read_vectors(str(a.data / "glove100_query.fvecs"))
+    gt = tq.read_ivecs(str(a.data / "glove100_gt100.ivecs"))
 
     index = tq.Index(base.shape[1], bits=a.bits, metric="cosine")
     t0 = time.perf_counter()

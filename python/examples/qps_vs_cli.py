@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 import turboquant as tq
-from glove_search import default_dir, read_vecs
+from glove_search import default_dir
 
 
 def main():
@@ -33,9 +33,9 @@ def main():
     ap.add_argument("--nq", type=int, default=0, help="use only the first NQ queries (0: all; CLI --max-queries)")
     a = ap.parse_args()
     base_f, q_f, gt_f = (a.data / n for n in ("glove100_base.fvecs", "glove100_query.fvecs", "glove100_gt100.ivecs"))
-    base = read_vecs(base_f, np.float32)
-    queries = read_vecs(q_f, np.float32)
-    gt = read_vecs(gt_f, np.int32)
+    base = tq.read_vectors(str(base_f))
+    queries = tq.read_vectors(str(q_f))
+    gt = tq.read_ivecs(str(gt_f))
     if a.nq:
         queries, gt = np.ascontiguousarray(queries[: a.nq]), np.ascontiguousarray(gt[: a.nq])
     index = tq.Index(base.shape[1], bits=a.bits, metric="cosine")

@@ -33,6 +33,7 @@
 #include "tq/rotation.h"
 #include "tq/simd.h"
 #include "tq/tokenizer.h"
+#include "tq/vecs.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -108,15 +109,6 @@ void check_finite(size_t n, const float* x, const char* name) {
 
 // A new NumPy array of `shape` owning a fresh buffer (no copy on the way out).
 template <class T>
-nb::ndarray<nb::numpy, T> new_array(std::initializer_list<size_t> shape, T** data) {
-  size_t n = 1;
-  for (size_t s : shape) n = tq::checked_mul(n, s, "array size");
-  T* p = new T[n > 0 ? n : 1];
-  nb::capsule owner(p, [](void* q) noexcept { delete[] static_cast<T*>(q); });
-  *data = p;
-  return nb::ndarray<nb::numpy, T>(p, shape, owner);
-}
-template <class T>
 nb::ndarray<nb::numpy, T> new_array(const std::vector<size_t>& shape, T** data) {
   size_t n = 1;
   for (size_t s : shape) n = tq::checked_mul(n, s, "array size");
@@ -124,6 +116,30 @@ nb::ndarray<nb::numpy, T> new_array(const std::vector<size_t>& shape, T** data) 
   nb::capsule owner(p, [](void* q) noexcept { delete[] static_cast<T*>(q); });
   *data = p;
   return nb::ndarray<nb::numpy, T>(p, shape.size(), shape.data(), owner);
+}
+template <class T>
+nb::ndarray<nb::numpy, T> new_array(std::initializer_list<size_t> shape, T** data) {
+  return new_array<T>(std::vector<size_t>(shape), data);
+}
+// A matrix read by the library as an (n, d) array that owns its buffer (moved, not copied).
+template <class T>
+nb::ndarray<nb::numpy, T> matrix_array(tq::Matrix<T>&& m) {
+  auto* v = new std::vector<T>(std::move(m.data));
+  nb::capsule owner(v, [](void* q) noexcept { delete static_cast<std::vector<T>*>(q); });
+  const size_t shape[2] = {m.n, m.d};
+  return nb::ndarray<nb::numpy, T>(v->data(), 2, shape, owner);
+}
+
+// Index.search / search_candidates arguments as the library's SearchParams.
+tq::SearchParams search_params(int k, int threads, int rerank, int rerank_full, bool fast_scan) {
+  TQ_CHECK(k >= 1 && k <= (1 << 20), "index search: k = %d outside [1, 2^20]", k);
+  tq::SearchParams p;
+  p.k = k;
+  p.n_threads = threads;
+  p.rerank = rerank;
+  p.rerank_full = rerank_full;
+  p.fast_scan = fast_scan;
+  return p;
 }
 
 // ---------------------------------------------------------------- codec
@@ -448,13 +464,7 @@ NB_MODULE(_turboquant, m) {
               bool fast_scan) {
              size_t nq = 0;
              const float* qp = view<float>(q, "q", 2, 2, idx.dim(), &nq);
-             TQ_CHECK(k >= 1 && k <= (1 << 20), "index search: k = %d outside [1, 2^20]", k);
-             tq::SearchParams p;
-             p.k = k;
-             p.n_threads = threads;
-             p.rerank = rerank;
-             p.rerank_full = rerank_full;
-             p.fast_scan = fast_scan;
+             const tq::SearchParams p = search_params(k, threads, rerank, rerank_full, fast_scan);
              float* sp = nullptr;
              int64_t* ip = nullptr;
              auto scores = new_array<float>({nq, static_cast<size_t>(k)}, &sp);
@@ -508,13 +518,7 @@ NB_MODULE(_turboquant, m) {
               bool fast_scan) {
              size_t nq = 0;
              const float* qp = view<float>(q, "q", 2, 2, idx.dim(), &nq);
-             TQ_CHECK(k >= 1 && k <= (1 << 20), "index search: k = %d outside [1, 2^20]", k);
-             tq::SearchParams p;
-             p.k = k;
-             p.n_threads = threads;
-             p.rerank = rerank;
-             p.rerank_full = rerank_full;
-             p.fast_scan = fast_scan;
+             const tq::SearchParams p = search_params(k, threads, rerank, rerank_full, fast_scan);
              const size_t r = idx.candidates_per_query(p);
              float *s1 = nullptr, *s2 = nullptr, *s3 = nullptr, *so = nullptr;
              int64_t *io = nullptr, *sl = nullptr;
@@ -556,6 +560,21 @@ NB_MODULE(_turboquant, m) {
                                                          "<pickle>"));
            })
       .def("__repr__", &index_repr);
+
+  m.def("read_vectors",
+        [](const std::string& path, std::optional<size_t> max_rows) {
+          return matrix_array(tq::read_vectors(path, max_rows.value_or(SIZE_MAX)));
+        },
+        "path"_a, "max_rows"_a = nb::none(),
+        "Vectors from a .fvecs, .bvecs (bytes as floats 0..255) or .npy ('<f4', C order) file as an (n, d) "
+        "float32 array; max_rows: only the leading rows. The file is validated first (whole records, one d, "
+        "finite values): anything else raises Error naming the file and the record.");
+  m.def("read_ivecs",
+        [](const std::string& path, std::optional<size_t> max_rows) {
+          return matrix_array(tq::read_ivecs(path, max_rows.value_or(SIZE_MAX)));
+        },
+        "path"_a, "max_rows"_a = nb::none(),
+        "An .ivecs file (e.g. ground-truth neighbour ids) as an (n, d) int32 array, validated as read_vectors.");
 
   m.def("exact_search",
         [](const InArray& x, const InArray& q, int k, const std::string& metric, int threads) {

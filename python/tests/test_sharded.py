@@ -27,18 +27,12 @@ def glove_dir():
     return None
 
 
-def read_fvecs(path, n):
-    d = int(np.fromfile(path, dtype=np.int32, count=1)[0])
-    raw = np.fromfile(path, dtype=np.int32, count=n * (d + 1))
-    return np.ascontiguousarray(raw.reshape(n, d + 1)[:, 1:]).view(np.float32)
-
-
 @pytest.fixture(scope="module")
 def data():
     g = glove_dir()
     if g is not None and (g / "glove100_base.fvecs").exists():
-        x = read_fvecs(g / "glove100_base.fvecs", N_BASE)
-        q = read_fvecs(g / "glove100_query.fvecs", N_QUERY)
+        x = tq.read_vectors(str(g / "glove100_base.fvecs"), max_rows=N_BASE)
+        q = tq.read_vectors(str(g / "glove100_query.fvecs"), max_rows=N_QUERY)
     else:  # clustered Gaussian data of the same shape
         rng = np.random.default_rng(7)
         c = rng.standard_normal((32, 100)).astype(np.float32)

@@ -25,6 +25,8 @@ from ._turboquant import (  # noqa: F401
     __version__,
     exact_search,
     kv_types,
+    read_ivecs,
+    read_vectors,
     simd_level,
 )
 from .sharded import ShardedIndex  # noqa: F401  (imports Ray only when one is made)
@@ -41,5 +43,7 @@ __all__ = [
     "__version__",
     "exact_search",
     "kv_types",
+    "read_ivecs",
+    "read_vectors",
     "simd_level",
 ]

@@ -220,6 +220,16 @@ class Index:
 
     def __repr__(self) -> str: ...
 
+def read_vectors(path: str, max_rows: int | None = None) -> NDArray[numpy.float32]:
+    """
+    Vectors from a .fvecs, .bvecs (bytes as floats 0..255) or .npy ('<f4', C order) file as an (n, d) float32 array; max_rows: only the leading rows. The file is validated first (whole records, one d, finite values): anything else raises Error naming the file and the record.
+    """
+
+def read_ivecs(path: str, max_rows: int | None = None) -> NDArray[numpy.int32]:
+    """
+    An .ivecs file (e.g. ground-truth neighbour ids) as an (n, d) int32 array, validated as read_vectors.
+    """
+
 def exact_search(x: Annotated[NDArray, dict(device='cpu', writable=False)], q: Annotated[NDArray, dict(device='cpu', writable=False)], k: int = 10, metric: str = 'cosine', threads: int = 0) -> tuple:
     """
     Brute-force float search (ground truth): (scores, ids) as Index.search.
