@@ -43,6 +43,27 @@ def test_index_equals_cli(tq_cli, tmp_path, rng, metric, bits):
     np.testing.assert_array_equal(np.array(cli2["ids"]), ids)
 
 
+def test_index_equals_cli_past_one_add_batch(tq_cli, tmp_path, rng):
+    """The CLI adds a flat index's vectors in batches of 65,536; its --center mean (a default)
+    must still come from every vector, as Index.add(x) of the whole matrix fits it."""
+    d = 16
+    x = clustered(rng, 70000, d)
+    x[65536:] += 0.5  # the rows past the first batch move the mean
+    q = clustered(rng, 40, d)
+    np.save(tmp_path / "base.npy", x)
+    np.save(tmp_path / "q.npy", q)
+    run_cli(tq_cli, "index", "build", "--input", tmp_path / "base.npy", "-o", tmp_path / "cli.tqi",
+            "--threads", 2)
+    cli = run_cli(tq_cli, "index", "search", "--index", tmp_path / "cli.tqi", "--queries",
+                  tmp_path / "q.npy", "-k", 10, "--threads", 1)
+    idx = tq.Index(d)
+    idx.add(x)
+    np.testing.assert_array_equal(tq.Index.load(str(tmp_path / "cli.tqi")).center, idx.center)
+    scores, ids = idx.search(q, 10, threads=1)
+    np.testing.assert_array_equal(ids, np.array(cli["ids"]))
+    np.testing.assert_allclose(scores, np.array(cli["scores"], dtype=np.float64), rtol=1e-6, atol=1e-6)
+
+
 def test_index_recall_against_exact(rng):
     d = 64
     x = clustered(rng, 5000, d)

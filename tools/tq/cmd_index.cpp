@@ -111,6 +111,14 @@ double build_into(tq::Index& idx, const tq::FloatMatrix& x, int threads, double*
   // IVF: one add, so the k-means trains on (a sample of) every vector, not the first batch.
   const size_t batch = idx.nlist() > 0 ? std::max<size_t>(x.n, 1) : size_t{1} << 16;
   double t = 0, c = 0;
+  // Flat: --center's mean from every vector of the file, as one add() of the whole matrix
+  // fits it (the Python Index.add(x)), not from the first batch (a no-op without --center).
+  if (idx.nlist() == 0 && x.n > 0) {
+    const double t0 = now_s(), c0 = cpu_s();
+    idx.train(x.n, x.row(0));
+    t += now_s() - t0;
+    c += cpu_s() - c0;
+  }
   for (size_t i = 0; i < x.n; i += batch) {
     const size_t m = std::min(batch, x.n - i);
     const double t0 = now_s(), c0 = cpu_s();
