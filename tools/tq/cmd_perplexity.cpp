@@ -79,7 +79,7 @@ void setup(CLI::App& app) {
                            {"text_tokens", tokens.size()}, {"ctx", r0.n_ctx}, {"chunks", r0.n_chunks},
                            {"scored_tokens", r0.n_scored}, {"threads", L->model.threads()},
                            {"blas_core", tq::cli::blas_core()},
-                           {"attention", o->ref_attention ? "reference" : "fused"}};
+                           {"attention", tq::attn_kernel_name(L->model.attention_kernel())}};
     if (o->json) {
       if (sweep->empty()) {
         nlohmann::json j = all[0];
