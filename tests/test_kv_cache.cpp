@@ -119,6 +119,45 @@ TEST(KvCache, ParseAndNames) {
   EXPECT_EQ(tq::kv_type_name(tq::kv_f16()), "f16");
 }
 
+// The kernel choice: names, the environment variable, and `reference` running attention_ref.
+TEST(Attention, KernelChoice) {
+  for (tq::AttnKernel k : {tq::AttnKernel::reference, tq::AttnKernel::fused, tq::AttnKernel::lut8})
+    EXPECT_EQ(tq::parse_attn_kernel(tq::attn_kernel_name(k)), k);
+  EXPECT_THROW(tq::parse_attn_kernel("exact"), tq::Error);
+  const char* old = std::getenv("TQ_ATTN");
+  const std::string saved = old ? old : "";
+  unsetenv("TQ_ATTN");
+  EXPECT_EQ(tq::attn_kernel_from_env(), tq::AttnKernel::fused);
+  EXPECT_EQ(tq::attn_kernel_from_env(tq::AttnKernel::reference), tq::AttnKernel::reference);
+  setenv("TQ_ATTN", "lut8", 1);
+  EXPECT_EQ(tq::attn_kernel_from_env(), tq::AttnKernel::lut8);
+  setenv("TQ_ATTN", "int8", 1);
+  try {
+    tq::attn_kernel_from_env();
+    ADD_FAILURE() << "no error";
+  } catch (const tq::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("TQ_ATTN"), std::string::npos) << e.what();
+  }
+  if (old) setenv("TQ_ATTN", saved.c_str(), 1);
+  else unsetenv("TQ_ATTN");
+
+  tq::KvCacheConfig cfg = tq_test::kv_config(1, 2, 64, 100, "tq3", "tq4");
+  tq::KvCache cache(cfg);
+  tq::Rng rng(17);
+  std::vector<float> k, v;
+  fill_kv(rng, 90, 2, 64, k, v);
+  cache.append(0, 90, k.data(), v.data());
+  std::vector<float> q(3 * 6 * 64), a(q.size()), r(q.size());
+  for (auto& x : q) x = (float)rng.normal();
+  tq::AttentionParams p;
+  p.n_heads = 6;
+  p.kernel = tq::AttnKernel::reference;
+  EXPECT_EQ(tq::attention_kernel(cache, 0, p), "reference");
+  tq::attention(cache, 0, 3, q.data(), a.data(), p);
+  tq::attention_ref(cache, 0, 3, q.data(), r.data(), p);
+  EXPECT_EQ(a, r);
+}
+
 // Names of removed formats fail with what to use instead (docs/design.md, "Removed, and why").
 TEST(KvCache, RemovedTypesSayWhatToUse) {
   const std::pair<const char*, const char*> removed[] = {

@@ -230,6 +230,7 @@ inline void ensure_runtime_env() {
 
 inline std::unique_ptr<Loaded> load_model(ModelOpts& o) {
   ensure_runtime_env();
+  const AttnKernel kernel = o.kernel();  // a bad TQ_ATTN fails before anything is read
   o.kv.boundary_type_v = o.kv.boundary_type_k;
   auto g = GgufFile::open(resolve_model(o.model));
   // The cache config against the model's shape before anything large is read: layer / head
@@ -255,7 +256,7 @@ inline std::unique_ptr<Loaded> load_model(ModelOpts& o) {
   Tokenizer tok(g);
   LlamaModel m = LlamaModel::load(g);
   m.set_threads(o.threads);
-  m.set_attention_kernel(o.kernel());
+  m.set_attention_kernel(kernel);
   return std::unique_ptr<Loaded>(new Loaded{std::move(g), std::move(tok), std::move(m)});
 }
 
