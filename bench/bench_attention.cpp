@@ -108,7 +108,7 @@ void Append(benchmark::State& state, const std::string& type) {
 }
 
 void register_all() {
-  for (const char* t : {"f16", "q8_0", "q4_0", "q4_0h", "tq3", "tq4", "tq2.5", "tq3.5"}) {
+  for (const char* t : {"f16", "q8_0", "q4_0", "q4_0h", "tq3", "tq4", "tq2h3", "tq3h4"}) {
     benchmark::RegisterBenchmark((std::string("Decode/") + t).c_str(), Decode, std::string(t))
         ->ArgsProduct({{4096, 32768}, {1, 2}})
         ->Unit(benchmark::kMillisecond)

@@ -533,6 +533,9 @@ TEST(CliBadInput, ModelCommands) {
   // Cache config files the cases name.
   Fixtures::write(fx.dir.path("comments.kv"), "# nothing but a comment\n");
   Fixtures::write(fx.dir.path("bad.kv"), "tq3/tq4\nL0.1:tq4 zz\n");
+  // Files saved before a type or option was removed: each fails with what to use instead.
+  Fixtures::write(fx.dir.path("old_qjl.kv"), "# QJL K\ntq4p/tq4 s1 ck\n");
+  Fixtures::write(fx.dir.path("old_ck.kv"), "tq3/tq3n8 s1 ck:64\n");
   run_cases("ModelCommands", &fx.dir);
 }
 

@@ -85,10 +85,9 @@ void check_case(const Case& c, int n_threads, double* rel_exact, double* rel_fas
   p.n_threads = n_threads;
   tq::attention_ref(cache, 1, c.n_q, q.data(), ref.data(), p);
   tq::attention(cache, 1, c.n_q, q.data(), fused.data(), p);
-  p.exact = true;
+  p.kernel = tq::AttnKernel::fused;
   tq::attention(cache, 1, c.n_q, q.data(), exact.data(), p);
-  p.exact = false;
-  p.lut8 = true;
+  p.kernel = tq::AttnKernel::lut8;
   tq::attention(cache, 1, c.n_q, q.data(), fast.data(), p);
   *rel_exact = std::max(rel_err(fused, ref), rel_err(exact, ref));
   *rel_fast = rel_err(fast, ref);
@@ -107,7 +106,7 @@ TEST(KvCache, ParseAndNames) {
   ASSERT_GE(names.size(), 18u);
   for (const auto& n : names) EXPECT_EQ(tq::kv_type_name(tq::parse_kv_type(n)), n);
   for (const char* n : {"f32", "f16", "q8_0", "q4_0", "q8_0h", "q4_0h", "tq1", "tq2", "tq3", "tq4",
-                        "tq5", "tq6", "tq7", "tq8", "tq2.5", "tq3.5", "tq3p", "tq4p"})
+                        "tq5", "tq6", "tq7", "tq8", "tq2h3", "tq3h4"})
     EXPECT_NO_THROW(tq::parse_kv_type(n)) << n;
   try {
     tq::parse_kv_type("q5_k");
@@ -115,9 +114,67 @@ TEST(KvCache, ParseAndNames) {
   } catch (const tq::Error& e) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find("q5_k"), std::string::npos);
-    EXPECT_NE(msg.find("tq3.5"), std::string::npos) << "lists the valid names: " << msg;
+    EXPECT_NE(msg.find("tq3h4"), std::string::npos) << "lists the valid names: " << msg;
   }
   EXPECT_EQ(tq::kv_type_name(tq::kv_f16()), "f16");
+}
+
+// The kernel choice: names, the environment variable, and `reference` running attention_ref.
+TEST(Attention, KernelChoice) {
+  for (tq::AttnKernel k : {tq::AttnKernel::reference, tq::AttnKernel::fused, tq::AttnKernel::lut8})
+    EXPECT_EQ(tq::parse_attn_kernel(tq::attn_kernel_name(k)), k);
+  EXPECT_THROW(tq::parse_attn_kernel("exact"), tq::Error);
+  const char* old = std::getenv("TQ_ATTN");
+  const std::string saved = old ? old : "";
+  unsetenv("TQ_ATTN");
+  EXPECT_EQ(tq::attn_kernel_from_env(), tq::AttnKernel::fused);
+  EXPECT_EQ(tq::attn_kernel_from_env(tq::AttnKernel::reference), tq::AttnKernel::reference);
+  setenv("TQ_ATTN", "lut8", 1);
+  EXPECT_EQ(tq::attn_kernel_from_env(), tq::AttnKernel::lut8);
+  setenv("TQ_ATTN", "int8", 1);
+  try {
+    tq::attn_kernel_from_env();
+    ADD_FAILURE() << "no error";
+  } catch (const tq::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("TQ_ATTN"), std::string::npos) << e.what();
+  }
+  if (old) setenv("TQ_ATTN", saved.c_str(), 1);
+  else unsetenv("TQ_ATTN");
+
+  tq::KvCacheConfig cfg = tq_test::kv_config(1, 2, 64, 100, "tq3", "tq4");
+  tq::KvCache cache(cfg);
+  tq::Rng rng(17);
+  std::vector<float> k, v;
+  fill_kv(rng, 90, 2, 64, k, v);
+  cache.append(0, 90, k.data(), v.data());
+  std::vector<float> q(3 * 6 * 64), a(q.size()), r(q.size());
+  for (auto& x : q) x = (float)rng.normal();
+  tq::AttentionParams p;
+  p.n_heads = 6;
+  p.kernel = tq::AttnKernel::reference;
+  EXPECT_EQ(tq::attention_kernel(cache, 0, p), "reference");
+  tq::attention(cache, 0, 3, q.data(), a.data(), p);
+  tq::attention_ref(cache, 0, 3, q.data(), r.data(), p);
+  EXPECT_EQ(a, r);
+}
+
+// Names of removed formats fail with what to use instead (docs/design.md, "Removed, and why").
+TEST(KvCache, RemovedTypesSayWhatToUse) {
+  const std::pair<const char*, const char*> removed[] = {
+      {"tq3p", "use tq3h6 or tq4"}, {"tq4p", "use tq3h6 or tq4"}, {"tq2.5", "use tq2h3"}, {"tq3.5", "use tq3h4"}};
+  for (const auto& [name, use] : removed) {
+    EXPECT_EQ(tq::find_kv_type(name), nullptr) << name;
+    try {
+      tq::parse_kv_type(name);
+      ADD_FAILURE() << name << ": no error";
+    } catch (const tq::Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(name), std::string::npos) << msg;
+      EXPECT_NE(msg.find("removed"), std::string::npos) << msg;
+      EXPECT_NE(msg.find(use), std::string::npos) << msg;
+      EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    }
+  }
 }
 
 TEST(KvCache, BytesPerVector) {
@@ -131,8 +188,6 @@ TEST(KvCache, BytesPerVector) {
   EXPECT_EQ(b("tq3", 128), 50u);   // issue: at most 50
   EXPECT_EQ(b("tq1", 128), 18u);
   EXPECT_EQ(b("tq8", 64), 66u);
-  EXPECT_EQ(b("tq2.5", 128), 40u);  // 32*3/8 + 96*2/8 + 2 fp16 norms
-  EXPECT_EQ(b("tq3.5", 128), 56u);  // 32*4/8 + 96*3/8 + 2 fp16 norms
   // tqBhH: 32 channels at H bits + 96 at B bits + 2 fp16 norms (docs/design.md table)
   const std::pair<const char*, size_t> hh[] = {{"tq2h3", 40}, {"tq3h4", 56}, {"tq2h4", 44}, {"tq2h5", 48},
                                                {"tq3h5", 60}, {"tq3h6", 64}, {"tq4h5", 72}, {"tq4h6", 76}};
@@ -145,8 +200,6 @@ TEST(KvCache, BytesPerVector) {
   EXPECT_EQ(b("tq3h6n8", 64), 32u);
   EXPECT_THROW(b("tq3h6", 96), tq::Error);  // split types: head_dim a multiple of 64
   EXPECT_THROW(b("tq3h6n8", 96), tq::Error);
-  EXPECT_EQ(b("tq3p", 128), 52u);   // norm + gamma + 2-bit idx + 1-bit signs
-  EXPECT_EQ(b("tq4p", 128), 68u);
   EXPECT_THROW(b("q4_0", 48), tq::Error);
   EXPECT_THROW(b("tq4", 40), tq::Error);
   EXPECT_THROW(b("f16", 8), tq::Error);
@@ -243,11 +296,10 @@ TEST(Attention, EmptyCacheAndSingleToken) {
     tq::attention(cache, 0, 1, q.data(), out.data(), p);
     tq::attention_ref(cache, 0, 1, q.data(), ref.data(), p);
     EXPECT_LE(rel_err(out, ref), kExactRelTol) << t;
-    p.lut8 = true;
+    p.kernel = tq::AttnKernel::lut8;
     tq::attention(cache, 0, 1, q.data(), out.data(), p);
     EXPECT_LE(rel_err(out, ref), kFastRelTol) << t;
-    p.lut8 = false;
-    p.exact = true;
+    p.kernel = tq::AttnKernel::fused;
     tq::attention(cache, 0, 1, q.data(), out.data(), p);
     EXPECT_LE(rel_err(out, ref), kExactRelTol) << t;
     if (t != "f32" && t != "f16") continue;  // lossy types: compared with the reference above
@@ -276,9 +328,8 @@ TEST(Attention, GqaRatiosOddLengthsWindowsPrefill) {
       {"q8_0", "q8_0", 64, 1, 8, 40, 40, 32}, {"f16", "f16", 64, 2, 4, 4100, 1, 5},
       {"q4_0", "q4_0", 64, 2, 2, 2049, 17, 0},
       {"tq4", "tq4", 128, 2, 3, 97, 1, 0},     {"tq3", "tq3", 64, 1, 8, 2100, 1, 0},
-      {"tq4", "tq3", 256, 2, 1, 70, 1, 0},     {"tq2.5", "tq3.5", 128, 2, 4, 161, 1, 32},
-      {"tq3.5", "tq2", 64, 1, 3, 47, 9, 5},    {"tq1", "tq4", 128, 1, 4, 33, 1, 1},
-      {"tq3p", "tq3", 64, 2, 4, 90, 2, 0},     {"tq4p", "f16", 128, 1, 8, 64, 1, 16},
+      {"tq4", "tq3", 256, 2, 1, 70, 1, 0},     {"tq2h3", "tq3h4", 128, 2, 4, 161, 1, 32},
+      {"tq3h4", "tq2", 64, 1, 3, 47, 9, 5},    {"tq1", "tq4", 128, 1, 4, 33, 1, 1},
       {"tq6", "tq8", 64, 2, 4, 41, 1, 0},      {"q4_0h", "q8_0h", 128, 2, 4, 77, 4, 20},
       {"f16", "tq4", 128, 2, 4, 300, 1, 0},    {"tq2", "f32", 64, 2, 4, 65, 1, 0},
   };
@@ -353,7 +404,7 @@ TEST(Attention, PrefillWithExplicitPositions) {
     p.n_heads = 6;
     for (int pos0 : {0, 10, 85}) {
       p.pos0 = pos0;
-      p.exact = true;
+      p.kernel = tq::AttnKernel::fused;
       tq::attention(cache, 0, 5, q.data(), a.data(), p);
       tq::attention_ref(cache, 0, 5, q.data(), r.data(), p);
       EXPECT_LE(rel_err(a, r), kExactRelTol) << t << " pos0=" << pos0;
@@ -398,7 +449,7 @@ TEST(Attention, ErrorFallsWithBits) {
     return rel_err(a, r);
   };
   const double e1 = err("tq1"), e2 = err("tq2"), e3 = err("tq3"), e4 = err("tq4"), e8 = err("tq8");
-  const double e25 = err("tq2.5"), e35 = err("tq3.5"), q8 = err("q8_0");
+  const double e25 = err("tq2h3"), e35 = err("tq3h4"), q8 = err("q8_0");
   EXPECT_LT(e2, e1);
   EXPECT_LT(e3, e2);
   EXPECT_LT(e4, e3);
@@ -414,8 +465,8 @@ TEST(KvCache, SplitPicksOutlierChannelsOnline) {
   cfg.n_kv_heads = 2;
   cfg.head_dim = 128;
   cfg.max_tokens = 64;
-  cfg.type_k = "tq2.5";
-  cfg.type_v = "tq3.5";
+  cfg.type_k = "tq2h3";
+  cfg.type_v = "tq3h4";
   cfg.window = 4;
   tq::KvCache cache(cfg);
   tq::Rng rng(21);
@@ -483,12 +534,12 @@ TEST(KvCache, BoundaryLayersUseTheirTypes) {
   cfg.boundary_type_v = "f16";
   tq::KvCache cache(cfg);
   const auto& L = cache.impl().layers;
-  EXPECT_EQ(tq::kv_type_name(L[0].k[0].type), "q8_0");
-  EXPECT_EQ(tq::kv_type_name(L[1].v[0].type), "f16");
-  EXPECT_EQ(tq::kv_type_name(L[2].k[0].type), "tq3");
-  EXPECT_EQ(tq::kv_type_name(L[2].v[0].type), "tq2");
-  EXPECT_EQ(tq::kv_type_name(L[3].k[0].type), "q8_0");
-  EXPECT_EQ(tq::kv_type_name(L[4].v[0].type), "f16");
+  EXPECT_EQ(std::string(L[0].k[0].fmt->name), "q8_0");
+  EXPECT_EQ(std::string(L[1].v[0].fmt->name), "f16");
+  EXPECT_EQ(std::string(L[2].k[0].fmt->name), "tq3");
+  EXPECT_EQ(std::string(L[2].v[0].fmt->name), "tq2");
+  EXPECT_EQ(std::string(L[3].k[0].fmt->name), "q8_0");
+  EXPECT_EQ(std::string(L[4].v[0].fmt->name), "f16");
   EXPECT_DOUBLE_EQ(cache.bytes_per_token(), 4 * (68 + 128) + (26 + 18));
 }
 
@@ -500,16 +551,16 @@ TEST(KvCache, PerLayerTypesOverrideTheRest) {
   cfg.layer_type_v = {"", "", "tq4n8", "", ""};
   tq::KvCache cache(cfg);
   const auto& L = cache.impl().layers;
-  EXPECT_EQ(tq::kv_type_name(L[0].k[0].type), "q8_0");
-  EXPECT_EQ(tq::kv_type_name(L[1].k[0].type), "tq3");
-  EXPECT_EQ(tq::kv_type_name(L[2].k[0].type), "tq5");
-  EXPECT_EQ(tq::kv_type_name(L[2].v[0].type), "tq4n8");
-  EXPECT_EQ(tq::kv_type_name(L[3].v[0].type), "tq2");
-  EXPECT_EQ(tq::kv_type_name(L[4].k[0].type), "f16");
-  EXPECT_EQ(tq::kv_type_name(L[4].v[0].type), "q8_0");
+  EXPECT_EQ(std::string(L[0].k[0].fmt->name), "q8_0");
+  EXPECT_EQ(std::string(L[1].k[0].fmt->name), "tq3");
+  EXPECT_EQ(std::string(L[2].k[0].fmt->name), "tq5");
+  EXPECT_EQ(std::string(L[2].v[0].fmt->name), "tq4n8");
+  EXPECT_EQ(std::string(L[3].v[0].fmt->name), "tq2");
+  EXPECT_EQ(std::string(L[4].k[0].fmt->name), "f16");
+  EXPECT_EQ(std::string(L[4].v[0].fmt->name), "q8_0");
   double expect = 0;
   for (const auto& layer : L)
-    expect += tq::kv_type_bytes(layer.k[0].type, 64) + tq::kv_type_bytes(layer.v[0].type, 64);
+    expect += tq::kv_type_bytes(tq::kv_type(layer.k[0].fmt->id), 64) + tq::kv_type_bytes(tq::kv_type(layer.v[0].fmt->id), 64);
   expect += 2.0 / 32;  // tq4n8: a 2-byte norm header per 32-token block
   EXPECT_DOUBLE_EQ(cache.bytes_per_token(), expect);
   // Attention through a mixed cache matches the reference on every layer.
@@ -557,8 +608,8 @@ TEST(KvCache, PerHeadTypesOverrideLayers) {
   double expect = 0;
   for (int l = 0; l < L; ++l)
     for (int h = 0; h < H; ++h) {
-      EXPECT_EQ(tq::kv_type_name(Ls[l].k[h].type), want_k[l][h]) << l << "." << h;
-      EXPECT_EQ(tq::kv_type_name(Ls[l].v[h].type), want_v[l][h]) << l << "." << h;
+      EXPECT_EQ(std::string(Ls[l].k[h].fmt->name), want_k[l][h]) << l << "." << h;
+      EXPECT_EQ(std::string(Ls[l].v[h].fmt->name), want_v[l][h]) << l << "." << h;
       EXPECT_EQ(Ls[l].k[h].center, std::string(want_k[l][h]) != "f16");
       EXPECT_EQ(Ls[l].v[h].center, std::string(want_v[l][h]) != "f16");
       expect += (double)(Ls[l].k[h].block_bytes + Ls[l].v[h].block_bytes) / 32;
@@ -579,17 +630,14 @@ TEST(KvCache, PerHeadTypesOverrideLayers) {
   }
   cfg.head_type_k = {"tq3"};  // wrong length
   EXPECT_THROW(tq::KvCache bad(cfg), tq::Error);
-  cfg.head_type_k.assign(L * H, "");
-  cfg.head_type_k[4] = "tq3p";  // a prod K head next to non-prod heads of its layer
-  EXPECT_THROW(tq::KvCache bad(cfg), tq::Error);
 }
 
 TEST(Attention, EdgeHeadDims) {
   const std::vector<Case> cases = {
       {"f16", "f16", 16, 1, 2, 40, 1, 0},    {"tq3", "tq4", 16, 1, 2, 40, 1, 0},
       {"tq1", "tq2", 48, 2, 1, 70, 2, 3},    {"f32", "tq8", 48, 1, 3, 33, 1, 0},
-      {"tq4", "tq3", 512, 1, 4, 65, 1, 0},   {"tq3.5", "tq2.5", 192, 1, 2, 50, 1, 0},
-      {"q4_0h", "q8_0", 96, 1, 4, 35, 1, 0}, {"tq4p", "tq2", 16, 1, 4, 40, 1, 0},
+      {"tq4", "tq3", 512, 1, 4, 65, 1, 0},   {"tq3h4", "tq2h3", 192, 1, 2, 50, 1, 0},
+      {"q4_0h", "q8_0", 96, 1, 4, 35, 1, 0},
   };
   for (const auto& c : cases) {
     double re, rf;
@@ -661,7 +709,7 @@ TEST(Attention, BenchCliJson) {
   }
 }
 
-// Which decode kernel runs: every tq mse / split / prod K with tq V up to 8 bits gets the
+// Which decode kernel runs: every tq mse / split K with tq V up to 8 bits gets the
 // fused float kernel at every SIMD level but scalar (the int8 one only when asked, on
 // avx3_dl, up to 6 bits); formats without a fused kernel report "rows". Values are checked
 // by the tests above.
@@ -679,21 +727,19 @@ TEST(Attention, KernelSelection) {
     tq::Rng rng(5);
     std::vector<float> kk, vv;
     fill_kv(rng, 40, 2, D, kk, vv);
-    cache.append(0, 40, kk.data(), vv.data());  // freezes the tq2.5 / tq3.5 outlier channels
+    cache.append(0, 40, kk.data(), vv.data());  // freezes the tq2h3 / tq3h4 selected channels
     tq::AttentionParams p;
     p.n_heads = 2 * G;
-    p.lut8 = lut8;
+    p.kernel = lut8 ? tq::AttnKernel::lut8 : tq::AttnKernel::fused;
     return tq::attention_kernel(cache, 0, p);
   };
-  for (const char* t : {"tq1", "tq2", "tq3", "tq4", "tq5", "tq6", "tq7", "tq8", "tq2.5", "tq3.5"}) {
+  for (const char* t : {"tq1", "tq2", "tq3", "tq4", "tq5", "tq6", "tq7", "tq8", "tq2h3", "tq3h4"}) {
     EXPECT_EQ(kernel(t, t, 128, 4, false), "tq-float") << t;
     EXPECT_EQ(kernel(t, "tq3", 64, 3, false), "tq-float") << t;
   }
-  EXPECT_EQ(kernel("tq3p", "tq3", 128, 4, false), "tq-float");
   for (const char* t : {"tq2n8", "tq3n8", "tq4n8", "tq5n8"}) {
     EXPECT_EQ(kernel(t, "tq3n8", 64, 3, false), "tq-float") << t;
   }
-  EXPECT_EQ(kernel("tq4p", "tq2", 64, 1, false), "tq-float");
   EXPECT_EQ(kernel("tq4", "tq3", 48, 2, false), "tq-float");   // D multiple of 16
   EXPECT_EQ(kernel("tq4", "tq3", 128, 5, false), "tq-float");  // G = 5: subgroups of 4 and 1
   EXPECT_EQ(kernel("f16", "f16", 64, 7, false), "f16");         // 4 + 3
@@ -759,7 +805,7 @@ TEST(KvCache, TrellisCodesCutErrorAndMatchReference) {
   tq::AttentionParams p;
   p.n_heads = H;
   for (int i = 0; i < 4; ++i) tq::attention(exact, 0, 1, &q[(size_t)i * H * D], &r[(size_t)i * H * D], p);
-  for (const char* t : {"tq1", "tq2", "tq3", "tq4", "tq3n8", "tq2h4n8", "tq3h6", "tq2.5"}) {
+  for (const char* t : {"tq1", "tq2", "tq3", "tq4", "tq3n8", "tq2h4n8", "tq3h6", "tq2h3"}) {
     double err[2];
     for (int tc = 0; tc < 2; ++tc) {
       tq::KvCacheConfig cfg = tq_test::kv_config(1, KVH, D, n, t, t);
@@ -773,7 +819,7 @@ TEST(KvCache, TrellisCodesCutErrorAndMatchReference) {
         tq::simd::ScopedLevel sl(lv);
         for (bool lut8 : {false, true}) {
           tq::AttentionParams pl = p;
-          pl.lut8 = lut8;
+          pl.kernel = lut8 ? tq::AttnKernel::lut8 : tq::AttnKernel::fused;
           std::vector<float> a(q.size());
           for (int i = 0; i < 4; ++i) tq::attention(c, 0, 1, &q[(size_t)i * H * D], &a[(size_t)i * H * D], pl);
           const std::string kernel = tq::attention_kernel(c, 0, pl);
@@ -866,7 +912,7 @@ TEST(KvCache, ParallelAppendStoresTheSameCache) {
   const int n = small() ? 150 : 400, D = 64, KVH = 3, H = 9;
   const RopeCacheInputs in(23, n, KVH, D, H);
   struct Cfg { const char* k; const char* v; bool trellis; };
-  for (const Cfg& t : {Cfg{"tq2h4n8", "tq3n8", true}, Cfg{"tq3.5", "tq4", false}, Cfg{"q4_0h", "f16", false}}) {
+  for (const Cfg& t : {Cfg{"tq2h4n8", "tq3n8", true}, Cfg{"tq3h4", "tq4", false}, Cfg{"q4_0h", "f16", false}}) {
     tq::KvCacheConfig cfg = tq_test::kv_config(2, KVH, D, n, t.k, t.v);
     cfg.trellis = t.trellis;
     cfg.scale_k = true;
@@ -927,8 +973,7 @@ std::vector<float> one_query_calls(const tq::KvCache& c, const std::vector<float
 
 TEST(Attention, GqaRatiosWithoutInstanceRunAsSubgroups) {
   // 5, 6, 7, 12 query heads per kv head: the fused kernels run on subgroups of instanced sizes
-  // (8, 4, 3, 2, 1) over copies of their rows. Decode and prefill calls, f16, tq and QJL-K
-  // caches, RoPE-rotating K means (their per-row coefficients are copied too), a sink and a window.
+  // (8, 4, 3, 2, 1) over copies of their rows. Decode and prefill calls, f16 and tq caches, RoPE-rotating K means (their per-row coefficients are copied too), a sink and a window.
   const int n = small() ? 200 : 420, D = 64, KVH = 2;
   tq::Rng rng(41);
   std::vector<float> k, v;
@@ -939,7 +984,6 @@ TEST(Attention, GqaRatiosWithoutInstanceRunAsSubgroups) {
     const char* kernel;  // the layer's fused kernel with lut8 off
   };
   const Case cases[] = {{"f16", "f16", false, "f16"}, {"tq4", "tq3", false, "tq-float"},
-                        {"tq3p", "tq3", false, "tq-float"},  // QJL K: query rows of 2 D floats
                         {"tq3h6n8", "tq4n8", true, "tq-float"}};
   const bool fused = tq::simd::current_level() != "scalar";
   for (int G : {5, 6, 7, 12})
@@ -960,12 +1004,12 @@ TEST(Attention, GqaRatiosWithoutInstanceRunAsSubgroups) {
         for (auto& x : q) x = (float)rng.normal();
         std::vector<float> out(q.size(), -1.f), ref(q.size());
         p.pos0 = n - nq - 150;  // prefill: causal limits across blocks and mean segments
-        p.lut8 = false;
+        p.kernel = tq::AttnKernel::fused;
         tq::attention_ref(c, 0, nq, q.data(), ref.data(), p);
         tq::attention(c, 0, nq, q.data(), out.data(), p);
         EXPECT_LE(rel_err(out, ref), kExactRelTol) << what << " nq " << nq;
         if (nq > 1) EXPECT_LE(rel_err(out, one_query_calls(c, q, nq, H, D, p)), kExactRelTol) << what;
-        p.lut8 = true;
+        p.kernel = tq::AttnKernel::lut8;
         const bool lut8 = tq::attention_kernel(c, 0, p) == "tq-lut8";
         EXPECT_EQ(lut8, fused && std::string(cs.kernel) != "f16" && tq::simd::current_level() == "avx3_dl") << what;
         tq::attention(c, 0, nq, q.data(), out.data(), p);
@@ -981,7 +1025,7 @@ TEST(KvCache, ManyQueryCallEqualsOneQueryCalls) {
   // lut8 kernel takes kMaxRows / G queries through a block per pass and decodes the range's norms
   // once (the last few queries one at a time in both). Every query's output equals its own
   // one-query call (which reads the codes directly): bit for bit with the float kernel, up to
-  // float order with lut8. fp16 and 8-bit log norms, split and prod K, trellis codes, the
+  // float order with lut8. fp16 and 8-bit log norms, split K, trellis codes, the
   // RoPE-rotating K mean, causal limits ending mid-block, every G with a kernel instance.
   const int n = 400, D = 64, KVH = 2, nq = 29;
   struct Case {
@@ -990,7 +1034,7 @@ TEST(KvCache, ManyQueryCallEqualsOneQueryCalls) {
     int window;
   };
   const Case cases[] = {{"tq4", "tq4", false, false, 0},      {"tq3h6n8", "tq4n8", false, true, 0},
-                        {"tq3.5", "tq2.5", false, false, 16}, {"tq3p", "tq3", false, false, 0},
+                        {"tq3h4", "tq2h3", false, false, 16},
                         {"tq2h4n8", "tq3n8", true, true, 16}, {"tq3", "tq3n8", true, false, 16},
                         {"tq5", "tq6", false, true, 0},       {"tq8", "tq7", false, false, 0}};
   tq::Rng rng(31);
@@ -1017,7 +1061,7 @@ TEST(KvCache, ManyQueryCallEqualsOneQueryCalls) {
         for (bool lut8 : {false, true}) {
           tq::AttentionParams p;
           p.n_heads = H;
-          p.lut8 = lut8;
+          p.kernel = lut8 ? tq::AttnKernel::lut8 : tq::AttnKernel::fused;
           p.pos0 = n - 120;  // limits 281..309: across a block boundary, mid-block ends
           if (tq::attention_kernel(c, 0, p) != (lut8 ? "tq-lut8" : "tq-float")) continue;
           ++ran[lut8];
@@ -1058,8 +1102,7 @@ TEST(KvTypes, TableIndexedByEnumAndConsistent) {
     ASSERT_TRUE(f.n_parts == 1 || f.n_parts == 2) << f.name;
     int quarters = 0;
     for (int p = 0; p < f.n_parts; ++p) quarters += f.parts[p].quarters;
-    // Parts cover the head vector once, except tq_prod's two parts (mse, QJL signs) over all of it.
-    EXPECT_EQ(quarters, f.layout == tq::KvLayout::tq_prod ? 8 : 4) << f.name;
+    EXPECT_EQ(quarters, 4) << f.name;  // parts cover the head vector once
     EXPECT_EQ(f.channels != tq::KvChannels::all, f.layout == tq::KvLayout::tq_split) << f.name;
     EXPECT_TRUE(f.kernels_k & tq::kKvKernelRows) << f.name;
     EXPECT_TRUE(f.kernels_v & tq::kKvKernelRows) << f.name;
@@ -1079,7 +1122,7 @@ TEST(KvTypes, TableIndexedByEnumAndConsistent) {
     }
   }
   EXPECT_EQ(tq::find_kv_type("tq9"), nullptr);
-  EXPECT_TRUE(tq::kv_type_traits(tq::parse_kv_type("tq3p")).turboquant());
+  EXPECT_TRUE(tq::kv_type_traits(tq::parse_kv_type("tq3h6n8")).turboquant());
   EXPECT_FALSE(tq::kv_type_traits(tq::parse_kv_type("q4_0h")).turboquant());
 }
 

@@ -141,14 +141,13 @@ void check(const QCase& c) {
     p.n_threads = 2;
     p.pos0 = pos0;
     tq::attention_ref(cache, 1, c.n_q, q.data(), ref.data(), p);
-    p.exact = true;
+    p.kernel = tq::AttnKernel::fused;
     tq::attention(cache, 1, c.n_q, q.data(), exact.data(), p);
-    p.exact = false;
     tq::attention(cache, 1, c.n_q, q.data(), fast.data(), p);
     EXPECT_LE(rel_err(exact, ref), kExactRelTol) << "pos0 " << pos0;
     EXPECT_LE(rel_err(fast, ref), kFastRelTol) << "pos0 " << pos0;
     std::vector<float> lut(q.size(), -1.f);  // int8 tables where the host runs them, else the float kernel
-    p.lut8 = true;
+    p.kernel = tq::AttnKernel::lut8;
     tq::attention(cache, 1, c.n_q, q.data(), lut.data(), p);
     EXPECT_LE(rel_err(lut, ref), kFastRelTol) << "lut8, pos0 " << pos0;
   }
@@ -161,20 +160,19 @@ TEST(KvQuality, FusedMatchesReferenceWithSinksAndCentring) {
   const std::vector<QCase> cases = {
       {"tq3", "tq3", 2, 4, nl, 1, 0, 4, true, true, false},
       {"tq3", "tq3", 2, 4, nl, 5, 7, 4, true, true, false},
-      {"tq2.5", "tq2.5", 3, 3, nl, 1, 16, 1, true, true, false},
+      {"tq2h3", "tq2h3", 3, 3, nl, 1, 16, 1, true, true, false},
       {"tq4", "tq2", 3, 3, nl, 3, 0, 0, true, false, false},
       {"q4_0h", "q4_0h", 2, 2, nl, 1, 5, 3, true, true, false},
       {"q4_0h", "tq3", 1, 8, nl, 2, 0, 33, false, true, false},
-      {"tq3.5", "tq2.5", 2, 4, 301, 1, 0, 2, true, true, true},
+      {"tq3h4", "tq2h3", 2, 4, 301, 1, 0, 2, true, true, true},
       {"tq3", "tq3", 3, 3, 301, 1, 0, 0, true, true, true},   // mu = 0: only position 0 seen
       {"tq3", "tq3", 3, 3, 301, 1, 0, 1, true, true, true},   // mu = row 1
       {"tq3", "tq3", 2, 4, 301, 1, 9, 2, true, true, true},
       {"tq5", "tq3", 2, 4, 301, 4, 0, 4, true, true, true},
-      {"tq3p", "tq3", 2, 2, 301, 1, 0, 4, true, true, false},
       {"f16", "q8_0", 2, 2, 301, 2, 3, 4, true, true, false},  // f16 K: not centred
       {"tq3n8", "tq3n8", 2, 4, nl, 2, 3, 1, true, false, false},
       {"tq3", "tq3", 2, 4, nl, 1, 0, 1, true, true, false, 256},
-      {"tq3", "tq2.5", 3, 3, nl, 3, 5, 2, true, true, false, 64},
+      {"tq3", "tq2h3", 3, 3, nl, 3, 5, 2, true, true, false, 64},
       {"tq5n8", "tq3", 2, 4, 301, 1, 0, 1, true, false, true, 32},
       {"q4_0h", "tq3", 2, 2, 301, 2, 7, 0, false, true, true, 96},
       {"tq5n8", "tq3", 3, 3, 301, 1, 0, 1, true, false, true},
@@ -182,7 +180,7 @@ TEST(KvQuality, FusedMatchesReferenceWithSinksAndCentring) {
       {"tq3h6", "tq4n8", 3, 3, nl, 3, 5, 1, true, false, false, 256, true},
       {"tq4", "tq3", 2, 4, nl, 2, 0, 1, true, false, false, 96},  // K means straddle the chunk
       {"tq4n8", "tq3", 2, 4, 301, 2, 0, 1, true, false, true, 0, true},
-      {"tq2.5", "tq3", 2, 2, 301, 1, 7, 0, false, false, false, 0, true},
+      {"tq2h3", "tq3", 2, 2, 301, 1, 7, 0, false, false, false, 0, true},
       {"tq3", "tq3", 2, 4, 40, 3, 0, 44, true, true, false},   // all tokens are sinks
       {"tq3", "tq3", 2, 4, 70, 3, 64, 4, true, true, false},   // sinks + window only
       // RoPE-rotating K means: fused kernels (per-block mean terms) and the row path
@@ -194,9 +192,6 @@ TEST(KvQuality, FusedMatchesReferenceWithSinksAndCentring) {
       {"q4_0h", "tq3", 2, 2, 301, 2, 7, 1, true, false, false, 96, false, 64},  // row path
       {"tq3", "f16", 2, 2, 301, 2, 0, 1, true, false, false, 32, false, 64},  // row path (V f16)
       {"tq3", "tq3", 1, 5, 301, 2, 0, 1, true, false, false, 64, false, 64},  // G = 5: row path
-      {"tq3p", "tq3", 2, 2, 301, 2, 0, 1, true, false, false, 0, false, 64},   // QJL K
-      {"tq4p", "tq4n8", 2, 4, nl, 1, 3, 1, true, false, false, 256, false, 64},
-      {"tq3p", "tq3", 1, 5, 301, 2, 0, 1, true, false, false, 0, false, 64},   // QJL K, row path
       {"tq3h6n8", "tq4h5n8", 3, 3, nl, 1, 0, 1, true, false, false, 512, true, 64},  // split with 8-bit norms
       {"tq3h5n8", "tq4h5n8", 1, 5, 301, 1, 0, 1, true, false, false, 0, true, 64},  // the same, row path
   };
@@ -223,7 +218,7 @@ TEST(KvQuality, SinksAreExactF16) {
   tq::AttentionParams p;
   p.n_heads = 4;
   p.pos0 = 4;  // sees positions 0..4: all sinks
-  p.exact = true;
+  p.kernel = tq::AttnKernel::fused;
   tq::attention(cache, 0, 1, q.data(), out.data(), p);
   for (int h = 0; h < 4; ++h) {
     const int kh = h / 2;
@@ -272,14 +267,6 @@ TEST(KvQuality, MeanRule) {
     ASSERT_TRUE(s.mu_frozen);
     for (int d = 0; d < D; ++d) ASSERT_EQ(s.mu[d], mean_fp16(1, 20, d)) << d;
     EXPECT_FALSE(c.impl().layers[0].v[0].center);  // V not centred in this config
-  }
-  {  // center_tokens = 5: one batch of 20, mu from positions 1..5 only
-    auto cfg = cfg_for(0, 0);
-    cfg.center_tokens = 5;
-    tq::KvCache c(cfg);
-    c.append(0, 20, k.data(), v.data());
-    const auto& s = c.impl().layers[0].k[0];
-    for (int d = 0; d < D; ++d) ASSERT_EQ(s.mu[d], mean_fp16(1, 6, d)) << d;
   }
   {  // center_segment = 32, one sink, 100 tokens in one batch: segment 0 (positions 1..32)
      // has the mean of positions 1..99; segment g >= 1 the mean of segment g - 1's rows
@@ -358,7 +345,7 @@ TEST(KvQuality, CentringHelpsShiftedData) {
     std::vector<float> out(q.size());
     tq::AttentionParams p;
     p.n_heads = kvh * G;
-    p.exact = true;
+    p.kernel = tq::AttnKernel::fused;
     tq::attention(cache, 0, 1, q.data(), out.data(), p);
     return out;
   };
@@ -402,7 +389,7 @@ TEST(KvQuality, RopeMeansFollowRotatingKeys) {
     std::vector<float> out(q.size());
     tq::AttentionParams p;
     p.n_heads = kvh * G;
-    p.exact = true;
+    p.kernel = tq::AttnKernel::fused;
     tq::attention(cache, 0, nq, q.data(), out.data(), p);
     return out;
   };
@@ -472,8 +459,8 @@ TEST(KvQuality, RopeMeanTurnsWithItsToken) {
 }
 
 TEST(KvQuality, BytesAccounting) {
-  // K tq3: 26 B per vector at D = 64; V tq2.5: 22 B per vector + 8 B channel mask per stream
-  tq::KvCacheConfig cfg = tq_test::kv_config(3, 2, 64, 256, "tq3", "tq2.5");
+  // K tq3: 26 B per vector at D = 64; V tq2h3: 22 B per vector + 8 B channel mask per stream
+  tq::KvCacheConfig cfg = tq_test::kv_config(3, 2, 64, 256, "tq3", "tq2h3");
   cfg.window = 10;
   cfg.sink = 4;
   cfg.center_k = true;  // K: 128 B fp16 mean per stream; V not centred
@@ -526,11 +513,17 @@ TEST(KvQuality, BadConfigAndLabels) {
   const tq::KvOptions k_only = tq::parse_kv_label("tq3 ck");
   EXPECT_TRUE(k_only.center_k);
   EXPECT_FALSE(k_only.center_v);
-  EXPECT_EQ(tq::parse_kv_label("tq3 s1 ck:64").center_tokens, 64);
-  EXPECT_EQ(tq::parse_kv_label("tq3 s1 ck:64").label(), "tq3 s1 ck:64");
-  EXPECT_THROW(tq::parse_kv_label("tq3 ck:"), tq::Error);
-  EXPECT_THROW(tq::parse_kv_label("tq3 ck:x"), tq::Error);
-  EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.center_tokens = -1; }), tq::Error);
+  // ck:N (the centring token limit) was removed: a one-line error that says what to use instead.
+  for (const char* old : {"tq3 s1 ck:64", "tq3 ckv:16", "tq3 ck:", "tq3 ck:x"}) {
+    try {
+      tq::parse_kv_label(old);
+      ADD_FAILURE() << old << ": no error";
+    } catch (const tq::Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("removed"), std::string::npos) << old << ": " << msg;
+      EXPECT_NE(msg.find("use ck"), std::string::npos) << old << ": " << msg;
+    }
+  }
   EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.center_segment = 48; }), tq::Error);   // not a multiple of 32
   EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.center_segment = 4096; }), tq::Error); // above the chunk
   EXPECT_EQ(tq::parse_kv_label("tq3 s1 ck cs256").center_segment, 256);
@@ -546,7 +539,7 @@ TEST(KvQuality, BadConfigAndLabels) {
   EXPECT_THROW(tq::parse_kv_label("tq3 sx"), tq::Error);
   EXPECT_THROW(tq::parse_kv_label("tq3 plainx"), tq::Error);
   // Numbers: digits only and in range, with an error that names the token.
-  for (const char* bad : {"tq3 wX", "tq3 w-4", "tq3 s99999999999", "tq3 cs99999999999", "tq3 s1 ck:99999999999",
+  for (const char* bad : {"tq3 wX", "tq3 w-4", "tq3 s99999999999", "tq3 cs99999999999",
                           "tq3 bX:f16", "tq3 b:f16"}) {
     try {
       tq::parse_kv_label(bad);
@@ -579,7 +572,6 @@ TEST(KvQuality, BadConfigAndLabels) {
   };
   for (const AutoCase& c : std::vector<AutoCase>{
            {"tq3", true, 1, true, false, 512, "tq3 s1 ck cs512 cr"},
-           {"tq3p/tq3", true, 1, true, false, 512, "tq3p/tq3 s1 ck cs512 cr"},  // QJL K rotates too
            {"tq3h6/tq4n8 ks", true, 1, true, false, 512, "tq3h6/tq4n8 s1 ck cs512 cr ks"},
            {"tq3h6/tq4n8 cr", true, 1, true, false, 512, "tq3h6/tq4n8 s1 ck cs512 cr"},
            {"tq3 s1 ckv cr", false, 1, true, true, 0, "tq3 s1 ckv cr"},
@@ -616,8 +608,8 @@ TEST(KvQuality, BadConfigAndLabels) {
     EXPECT_EQ(back.center_k || back.center_v ? back.center_segment : 0, r.center_k || r.center_v ? r.center_segment : 0);
     EXPECT_EQ(back.label(), kv.label());
   }
-  // The automatic rotating mean is for the tq K types the cache turns (all but QJL): the
-  // label rule and the cache agree on every type name.
+  // The automatic rotating mean is for the tq K types: the label rule and the cache agree on
+  // every type name.
   for (const std::string& t : tq::kv_type_names()) {
     if (t.rfind("tq", 0) != 0) continue;
     SCOPED_TRACE(t);
@@ -756,7 +748,7 @@ TEST(KvQuality, SplitChannelsOfCentredRows) {
     cfg.n_kv_heads = 1;
     cfg.head_dim = D;
     cfg.max_tokens = n;
-    cfg.type_k = "tq2.5";
+    cfg.type_k = "tq2h3";
     cfg.center_k = centre;
     tq::KvCache c(cfg);
     c.append(0, n, k.data(), v.data());
@@ -802,8 +794,8 @@ TEST(KvQuality, LogNormFormats) {
   const auto& sa = a.impl().layers[0].k[0];
   const auto& sb = b.impl().layers[0].k[0];
   std::vector<float> ra((size_t)n * D), rb((size_t)n * D);
-  a.impl().decode_domain(sa, 0, 0, n, ra.data());
-  b.impl().decode_domain(sb, 0, 0, n, rb.data());
+  a.impl().decode_domain(sa, 0, n, ra.data());
+  b.impl().decode_domain(sb, 0, n, rb.data());
   std::vector<double> na(n), nb(n), dot(n), bmax((n + 31) / 32, 0.0);
   for (int t = 0; t < n; ++t) {
     for (int d = 0; d < D; ++d) {
@@ -836,8 +828,8 @@ TEST(KvQuality, LogNormFormats) {
     const auto& t16 = s16.impl().layers[0].k[0];
     ASSERT_EQ(t8.perm, t16.perm);
     std::vector<float> r8((size_t)n * D), r16((size_t)n * D);
-    s8.impl().decode_domain(t8, 0, 0, n, r8.data());
-    s16.impl().decode_domain(t16, 0, 0, n, r16.data());
+    s8.impl().decode_domain(t8, 0, n, r8.data());
+    s16.impl().decode_domain(t16, 0, n, r16.data());
     for (int part = 0; part < 2; ++part) {
       const int d0 = part == 0 ? 0 : D / 4, d1 = part == 0 ? D / 4 : D;
       std::vector<double> n8v(n), n16v(n), bm((n + 31) / 32, 0.0);
@@ -872,10 +864,9 @@ TEST(KvQuality, LogNormFormats) {
   tq::AttentionParams p;
   p.n_heads = 2;
   tq::attention_ref(c, 0, 1, q.data(), ref.data(), p);
-  p.exact = true;
+  p.kernel = tq::AttnKernel::fused;
   tq::attention(c, 0, 1, q.data(), out.data(), p);
   EXPECT_LE(rel_err(out, ref), kExactRelTol);
-  p.exact = false;
   tq::attention(c, 0, 1, q.data(), out.data(), p);
   EXPECT_LE(rel_err(out, ref), kExactRelTol);  // no int8 kernel for n8: float path
 }
@@ -912,7 +903,7 @@ TEST(KvQuality, KScaleFollowsTheQueries) {
     std::vector<float> out(qe.size()), ref(qe.size());
     tq::AttentionParams p;
     p.n_heads = H;
-    p.exact = true;
+    p.kernel = tq::AttnKernel::fused;
     tq::attention(cache, 0, 8, qe.data(), out.data(), p);
     tq::attention_ref(cache, 0, 8, qe.data(), ref.data(), p);
     EXPECT_LE(rel_err(out, ref), kExactRelTol) << tk << (ks ? " ks" : "");

@@ -130,8 +130,8 @@ TEST(Model, TinyForwardMatchesReference) {
       EXPECT_EQ(m.config().tied_output, tied);
       const auto toks = some_tokens(37, c.n_vocab, 3);
       const auto ref = reference_logits(g, c, toks);
-      for (auto impl : {tq::AttentionImpl::Reference, tq::AttentionImpl::Fused}) {
-        m.set_attention_impl(impl);
+      for (auto impl : {tq::AttnKernel::reference, tq::AttnKernel::fused}) {
+        m.set_attention_kernel(impl);
         auto kc = m.kv_config(64);
         kc.type_k = kc.type_v = "f32";
         tq::KvCache cache(kc);
@@ -159,8 +159,8 @@ TEST(Model, TinyForwardGqaSevenMatchesReference) {
   m.set_threads(2);
   ASSERT_EQ(m.config().head_dim, 16);
   const auto toks = some_tokens(41, c.n_vocab, 5);
-  auto run = [&](const char* type, tq::AttentionImpl impl) {
-    m.set_attention_impl(impl);
+  auto run = [&](const char* type, tq::AttnKernel impl) {
+    m.set_attention_kernel(impl);
     auto kc = m.kv_config(64);
     kc.type_k = kc.type_v = type;
     tq::KvCache cache(kc);
@@ -169,10 +169,10 @@ TEST(Model, TinyForwardGqaSevenMatchesReference) {
     m.logits(hidden.data(), static_cast<int>(toks.size()), lg.data());
     return lg;
   };
-  EXPECT_LT(rel_err(run("f32", tq::AttentionImpl::Fused), reference_logits(g, c, toks)), kTolF32);
+  EXPECT_LT(rel_err(run("f32", tq::AttnKernel::fused), reference_logits(g, c, toks)), kTolF32);
   for (const char* type : {"f16", "tq4", "tq8"}) {
-    const auto ref = run(type, tq::AttentionImpl::Reference);
-    const double e = rel_err(run(type, tq::AttentionImpl::Fused), std::vector<double>(ref.begin(), ref.end()));
+    const auto ref = run(type, tq::AttnKernel::reference);
+    const double e = rel_err(run(type, tq::AttnKernel::fused), std::vector<double>(ref.begin(), ref.end()));
     std::printf("[ gqa 7 ] %s cache: fused vs reference attention, logits rel err %.2e\n", type, e);
     EXPECT_LT(e, kTolF32) << type;
   }
@@ -314,11 +314,11 @@ TEST(Model, ReadConfigTakesHeadDimAndWindowFromMetadata) {
     EXPECT_FLOAT_EQ(c.layer_rope_base(l), c.layer_is_swa(l) ? 10000.0f : 1e6f) << l;
   }
   EXPECT_THROW(tq::LlamaModel::load(g), tq::Error);  // the layer tensors are missing
-  // The CLI checks the cache type against head_dim 80 before any weight is read (tq2.5 needs a
+  // The CLI checks the cache type against head_dim 80 before any weight is read (tq2h3 needs a
   // multiple of 64): the error is about head_dim, not about a missing tensor.
   const std::string path = std::string(::testing::TempDir()) + "/tq_head_dim_80.gguf";
   w.write(path);
-  const auto r = tq_test::run_tq({"logits", "-m", path, "--ids", "1", "-ctk", "tq2.5", "-ctv", "f16"});
+  const auto r = tq_test::run_tq({"logits", "-m", path, "--ids", "1", "-ctk", "tq2h3", "-ctv", "f16"});
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.err.find("head_dim 80"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("tensor"), std::string::npos) << r.err;

@@ -103,9 +103,9 @@ TEST(ModelE2E, RealModelChatAndPerplexity) {
   // flips cascade: over these 190 tokens fused vs oracle measured 0.5% perplexity and 13% KLD
   // apart (4 windows of 192: 0.8% / 0.1%, and the AVX2 level's fused kernels 3.4% off in KLD),
   // so the bound is loose; a wrong kernel is off by far more.
-  R.m.set_attention_impl(tq::AttentionImpl::Reference);
+  R.m.set_attention_kernel(tq::AttnKernel::reference);
   const auto ro = tq::perplexity(R.m, slice, po);
-  R.m.set_attention_impl(tq::AttentionImpl::Fused);
+  R.m.set_attention_kernel(tq::AttnKernel::fused);
   EXPECT_NEAR(ro.ppl_ref, r.ppl_ref, 1e-3 * r.ppl_ref) << "f16 cache: fused vs reference attention";
   EXPECT_NEAR(ro.ppl, r.ppl, 3e-2 * r.ppl) << compressed << ": fused vs reference attention";
   EXPECT_NEAR(ro.kld_mean, r.kld_mean, 0.4 * r.kld_mean) << compressed << ": fused vs reference attention";

@@ -3,7 +3,7 @@
 //  - f32 cache: attention() and attention_ref() against an explicit float64 masked softmax over
 //    the K / V that went in (f32 rows are stored exactly);
 //  - every cache type (f16, q8_0, tq4, tq3 with the automatic protection: sink + RoPE-rotating
-//    K mean per 32-token segment, tq2.5, tq4 with an f16 recent-token window): the fused path
+//    K mean per 32-token segment, tq2h3, tq4 with an f16 recent-token window): the fused path
 //    attention() against attention_ref() with the same window on the same cache, prefill (all
 //    queries in one call) and decode (one query per appended token), windows that start inside
 //    a 32-token block and on its edges;
@@ -109,7 +109,7 @@ std::vector<CacheCase> cache_cases() {
   prot.rope_base = 10000.0f;
   prot.rope_dim = kD;
   cs.push_back({"tq3 sink1 ck cr cs32", prot});
-  cs.push_back({"tq2.5/tq3", base("tq2.5", "tq3")});
+  cs.push_back({"tq2h3/tq3", base("tq2h3", "tq3")});
   auto win = base("tq4", "tq4");
   win.window = 16;
   cs.push_back({"tq4 w16", win});

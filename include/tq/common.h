@@ -35,8 +35,6 @@ inline float fp16_to_fp32(uint16_t h) noexcept {
   std::memcpy(&f, &r, 4);
   return f;
 }
-// An on/off switch from the environment: set, not empty and not "0" (TQ_KV_LUT8=1, ...).
-bool env_flag(const char* name);
 
 void fp32_to_fp16_n(size_t n, const float* x, uint16_t* h) noexcept;
 void fp16_to_fp32_n(size_t n, const uint16_t* h, float* x) noexcept;

@@ -27,7 +27,6 @@ struct KvOptions {
   bool center_k = false;     // --kv-center k|v|kv|none: per-stream mean centring
   bool center_v = false;
   bool center_set = false;   // centring given (--kv-center, label ck/cv/ckv/c0)
-  int center_tokens = 0;     // --kv-center-tokens: mu from positions 1..N only (0: all seen)
   int center_segment = -1;   // --kv-center-segment: one mean per N quantized tokens (label csN; -1: not given)
   bool plain = false;        // --kv-plain (label "plain"): no automatic protection
   bool scale_k = false;      // --kv-scale-k: query-weighted K scaling (label ks)
@@ -51,8 +50,11 @@ struct KvOptions {
   std::string label() const;
 };
 // Parses a label as written by KvOptions::label():
-// "K[/V] [wN] [sN] [ck|cv|ckv[:N]|c0] [csN] [cr] [ks] [plain] [bN:T[/T]] [LLAYERS:T[/T]]...".
+// "K[/V] [wN] [sN] [ck|cv|ckv|c0] [csN] [cr] [ks] [tc] [plain] [bN:T[/T]] [LLAYERS:T[/T]]...".
+// A removed form (ck:N) or type (tq3p, ...) is a tq::Error saying what to use instead.
 KvOptions parse_kv_label(const std::string& label);
+// Why the label's ck:N (--kv-center-tokens) was removed and what to use instead.
+extern const char* const kRemovedCenterTokens;
 // A label for messages and text output: past `max` characters its start and "..." (a
 // per-KV-head allocation's label is a thousand characters long).
 std::string short_label(const std::string& label, size_t max = 48);

@@ -18,10 +18,8 @@ namespace tq {
 enum class KvFormat : uint8_t {
   f32, f16, q8_0, q4_0, q8_0h, q4_0h,
   tq1, tq2, tq3, tq4, tq5, tq6, tq7, tq8,
-  tq2_5, tq3_5,
   tq2h3, tq3h4, tq2h4, tq2h5, tq3h5, tq3h6, tq4h5, tq4h6,
   tq2h6n8, tq2h4n8, tq2h5n8, tq3h4n8, tq3h5n8, tq3h6n8, tq4h5n8, tq4h6n8,
-  tq3p, tq4p,
   tq2n8, tq3n8, tq4n8, tq5n8,
   count
 };
@@ -33,7 +31,6 @@ enum class KvLayout : uint8_t {
   q4_0,      // ggml q4_0 rows
   tq,        // [32 fp16 norms][bit-plane tiles of one mse part]
   tq_split,  // two mse parts (D/4 selected channels, 3D/4 others), each its norms and tiles
-  tq_prod,   // TurboQuant prod: mse part + QJL sign part, fp16 norm and gamma
   tq_n8,     // tq with 8-bit log-coded norms ([int16 exponent][32 codes] per block)
 };
 // The scale stored with a part.
@@ -46,7 +43,6 @@ enum class KvNorm : uint8_t {
 // Which channels a split layout's first part takes (frozen at the stream's first quantized token).
 enum class KvChannels : uint8_t {
   all,             // one part: every channel
-  energy,          // the D/4 channels of largest K energy
   query_weighted,  // the D/8 RoPE pairs of largest K energy x query energy (observe_queries)
 };
 // Decode kernels that can read a format (bit mask): rows = dequantized rows then float
@@ -65,7 +61,7 @@ struct KvTypeTraits {
   KvLayout layout;
   bool rotated;            // stored in a rotated domain: Q rotated, output inverse-rotated
   int n_parts;
-  KvPart parts[2];         // tq_split: selected channels, then the rest; tq_prod: mse, then QJL signs
+  KvPart parts[2];         // tq_split: selected channels, then the rest
   KvChannels channels;
   int dim_multiple;        // head_dim: a multiple of this in [16, 1024]
   uint8_t kernels_k;       // KvKernelBits reading it as K
@@ -77,10 +73,9 @@ struct KvTypeTraits {
   size_t block_bytes(int head_dim) const noexcept;
   bool supports(int head_dim) const noexcept;
   bool log8_norms() const noexcept { return parts[0].norm == KvNorm::log8; }
-  // TurboQuant codes (tq, tq_split, tq_prod, tq_n8): the types the automatic protection is for.
+  // TurboQuant codes (tq, tq_split, tq_n8: mse parts on bit-plane tiles): the types the
+  // automatic protection, K scaling and trellis codes are for.
   bool turboquant() const noexcept { return layout >= KvLayout::tq; }
-  // mse parts on bit-plane tiles (tq, tq_split, tq_n8): K scaling and trellis codes apply.
-  bool mse_tiles() const noexcept { return turboquant() && layout != KvLayout::tq_prod; }
   // Not kept as floats (centring applies).
   bool quantized() const noexcept { return layout != KvLayout::f32 && layout != KvLayout::f16; }
 };
@@ -93,7 +88,9 @@ struct KvType {
 const std::vector<KvTypeTraits>& kv_types();
 const KvTypeTraits& kv_type_traits(KvType t);
 inline KvType kv_type(KvFormat f) { return KvType{(uint8_t)f}; }
-KvType parse_kv_type(const std::string& name);  // unknown: tq::Error listing the valid names
+// Unknown: tq::Error listing the valid names; a removed one (tq3p, tq2.5, ...): tq::Error saying
+// what to use instead.
+KvType parse_kv_type(const std::string& name);
 // The row of a name, or nullptr when no format has it.
 const KvTypeTraits* find_kv_type(const std::string& name) noexcept;
 std::string kv_type_name(KvType t);
@@ -129,7 +126,6 @@ struct KvCacheConfig {
   // being appended) except position 0; mu = 0 when position 0 is all it has seen.
   bool center_k = false;
   bool center_v = false;
-  int center_tokens = 0;          // > 0: mu uses only positions 1..center_tokens of those
   // > 0 (a multiple of 32, at most 2048): one mean per segment of this many quantized tokens.
   // Segment 0 uses the rule above; segment g >= 1 uses the mean of segment g - 1's tokens
   // (always fully seen before g starts: the same in prefill and token-by-token decode).
@@ -143,7 +139,7 @@ struct KvCacheConfig {
   // pos * rope_base^(-2i / rope_dim). Only center_rope reads it.
   float rope_base = 0;
   int rope_dim = 0;
-  // Query-weighted K scaling (K of the tq types: tqB, tqBn8, tqX.5, tqBhH): each stream
+  // Query-weighted K scaling (K of the tq types: tqB, tqBn8, tqBhH): each stream
   // quantizes w * (k - mu) and divides the queries by w, w one weight per RoPE channel pair
   // (2i, 2i+1) chosen online when its first token is quantized: w^4 proportional to (query
   // energy of the KV head's query group) / (centred K energy) over the tokens seen then
@@ -166,8 +162,7 @@ struct KvCacheConfig {
   std::vector<std::string> layer_type_k, layer_type_v;
   // Per-stream types, applied after the per-layer ones: KV head h of layer l uses
   // head_type_k[l * n_kv_heads + h] (V: head_type_v) where that string is not empty. Each
-  // vector is empty or n_layers * n_kv_heads long. The K types of one layer must be all tq_prod
-  // (tq3p, ...) or none (their queries take another layout).
+  // vector is empty or n_layers * n_kv_heads long.
   std::vector<std::string> head_type_k, head_type_v;
   uint64_t seed = 0x5eed;         // rotations
 };
@@ -190,8 +185,7 @@ class KvCache {
   // channels are chosen by K energy times query energy) and for scale_k: call with the
   // queries of the tokens about to be appended to this layer (q: n_tokens * n_heads *
   // head_dim, heads grouped as in attention()), before append(). Counted until a stream's
-  // channels are frozen (its first quantized token); a no-op for every other stream (and for
-  // all with TQ_KV_NO_QUERY_STATS=1 set: the A/B switch for the query weighting).
+  // channels are frozen (its first quantized token); a no-op for every other stream.
   void observe_queries(int layer, int n_tokens, const float* q, int n_heads);
   int n_tokens(int layer) const;
   void clear();  // drop all tokens, keep allocations
@@ -211,19 +205,29 @@ class KvCache {
   std::unique_ptr<Impl> impl_;
 };
 
+// Which kernel attention() runs: the one choice, set by the caller (the model commands: --attn,
+// else the environment variable TQ_ATTN, else fused; attn_kernel_from_env).
+enum class AttnKernel : uint8_t {
+  reference,  // attention_ref: every cached row dequantized, then exact attention (the oracle)
+  fused,      // the fused kernels, float arithmetic from the codes (default): equal to
+              // attention_ref up to float summation order (tested <= 1e-5 relative)
+  lut8,       // tq K and V of <= 6 bits: int8 lookup tables for Q.K and uint8 softmax weights
+              // for V (AVX-512 VNNI/VBMI/VBMI2 at the avx3_dl level): faster decode at about 2e-2
+              // relative error vs attention_ref (docs/design.md); fused where it cannot run
+};
+const char* attn_kernel_name(AttnKernel k);  // "reference", "fused", "lut8"
+// A name as attn_kernel_name spells it; anything else: tq::Error listing the three.
+AttnKernel parse_attn_kernel(const std::string& name);
+// TQ_ATTN when it is set and not empty (parse_attn_kernel; a bad value is a tq::Error), else
+// `fallback`.
+AttnKernel attn_kernel_from_env(AttnKernel fallback = AttnKernel::fused);
+
 struct AttentionParams {
   int n_heads = 1;        // query heads; a multiple of n_kv_heads (GQA)
   float scale = 0;        // 0: 1/sqrt(head_dim)
   int pos0 = -1;          // absolute position of the first query; -1: n_tokens - n_q
   int n_threads = 0;      // 0: OpenMP default
-  // Arithmetic of the fused tq decode kernels. Default: float centroids and float FMAs from
-  // the codes, equal to attention_ref up to float summation order (tested <= 1e-5 relative).
-  // lut8: int8 lookup tables for Q.K and uint8 softmax weights for V (AVX-512 VNNI/VBMI/VBMI2,
-  // <= 6 bits): faster decode at about 2e-2 relative error vs attention_ref (see
-  // docs/design.md). exact: never lut8 (wins over lut8). TQ_KV_LUT8=1 / TQ_KV_EXACT=1 set
-  // them for every call.
-  bool lut8 = false;
-  bool exact = false;
+  AttnKernel kernel = AttnKernel::fused;
   // > 0: sliding-window attention (gemma3's local layers): the query at position p sees only
   // the cache tokens max(0, p - sliding_window + 1) .. p (sinks included: outside the window
   // they are not seen). 0: every token up to p.
@@ -232,14 +236,15 @@ struct AttentionParams {
 
 // Causal attention of n_q queries against one layer of the cache: query i (at absolute
 // position pos0 + i) attends to cache tokens 0..pos0+i (with p.sliding_window = W > 0:
-// max(0, pos0+i-W+1)..pos0+i). q, out: n_q * n_heads * head_dim.
+// max(0, pos0+i-W+1)..pos0+i). q, out: n_q * n_heads * head_dim. Runs p.kernel
+// (AttnKernel::reference: attention_ref).
 void attention(const KvCache& cache, int layer, int n_q, const float* q, float* out,
                const AttentionParams& p);
 // The decode kernel attention() runs over the quantized tokens of this layer with these
-// params at the current SIMD level: "f16", "tq-float", "tq-lut8" (fused kernels) or "rows"
-// (rows dequantized to float, then float attention); when the layer's KV heads have types that
-// run different kernels (per-head types), the distinct names in head order joined by '+', e.g.
-// "tq-float+f16". The TQ_KV_* variables are not applied.
+// params at the current SIMD level: "f16", "tq-float", "tq-lut8" (fused kernels), "rows"
+// (rows dequantized to float, then float attention) or "reference" (attention_ref); when the
+// layer's KV heads have types that run different kernels (per-head types), the distinct names
+// in head order joined by '+', e.g. "tq-float+f16".
 std::string attention_kernel(const KvCache& cache, int layer, const AttentionParams& p);
 // Reference: dequantize every cached row, then exact f32 attention. The test oracle.
 void attention_ref(const KvCache& cache, int layer, int n_q, const float* q, float* out,

@@ -89,7 +89,6 @@ struct LlamaConfig {
 // A cache config with this model shape (layers, kv heads, head_dim, RoPE) and max_tokens.
 KvCacheConfig kv_config_for(const LlamaConfig& c, int max_tokens);
 
-enum class AttentionImpl { Fused, Reference };  // tq::attention vs tq::attention_ref
 
 class LlamaModel {
  public:
@@ -116,15 +115,13 @@ class LlamaModel {
 
   void set_threads(int n_threads);                 // OpenMP + OpenBLAS; 0 = all cores
   int threads() const noexcept;
-  void set_attention_impl(AttentionImpl a) noexcept;
-  // AttentionParams::exact / lut8 for the fused kernels (see tq/kv_cache.h).
-  void set_attention_exact(bool exact) noexcept;
-  void set_attention_lut8(bool lut8) noexcept;
+  // The attention kernel (AttentionParams::kernel, tq/kv_cache.h; default fused).
+  void set_attention_kernel(AttnKernel k) noexcept;
+  AttnKernel attention_kernel() const noexcept;
   void set_ubatch(int n) noexcept;                 // prefill micro-batch (default 512)
   // true: dequantizes every block matrix to an f32 copy (538 MB more for SmolLM2-135M) and
   // every projection uses OpenBLAS on it, decode included (sgemv), as before the block
-  // kernels; for A/B comparisons. false drops the copies. Default at load: the environment
-  // variable TQ_F32_DECODE (set and not "0": true).
+  // kernels; the tests' check of the block kernels. false (the default) drops the copies.
   void set_f32_decode(bool on);
   bool f32_decode() const noexcept;
 

@@ -33,11 +33,6 @@ uint16_t fp32_to_fp16(float f) noexcept {
   return static_cast<uint16_t>(sign | h);
 }
 
-bool env_flag(const char* name) {
-  const char* e = std::getenv(name);
-  return e && *e && std::strcmp(e, "0") != 0;
-}
-
 void fp32_to_fp16_n(size_t n, const float* x, uint16_t* h) noexcept {
   for (size_t i = 0; i < n; ++i) h[i] = fp32_to_fp16(x[i]);
 }

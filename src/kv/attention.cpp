@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <limits>
@@ -28,26 +29,22 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Generic task: queries qd (n_q x G x D, in the K domain), tokens [a, b) of one segment,
 // rows fetched by `fetch(t0, n, kbuf, vbuf)` in the (K domain, V domain).
-// prod_k: K is a prod (QJL) stream scored with its quantizer from the prepared query states
-// pq (n_q * G rows of query_state_floats()); kb is then not filled by fetch.
 template <class Fetch>
 void generic_task(const Shape& sh, const float* qd, const int* limits, int a, int b, Fetch&& fetch,
-                  const States& st, const Stream* prod_k = nullptr, const float* pq = nullptr) {
+                  const States& st) {
   const int D = sh.D, G = sh.G;
   const bool scalar = simd::use_scalar();
   std::vector<float> kb((size_t)kBlock * D), vb((size_t)kBlock * D), s(kBlock);
-  std::vector<uint8_t> prows(prod_k ? (size_t)kBlock * prod_k->row_bytes : 0);
   for (int t = a; t < b; t += kBlock) {
     const int nb = std::min(kBlock, b - t);
     bool any = false;
     for (int i = 0; i < sh.n_q; ++i) any |= limits[i] > t;
     if (!any) break;
     fetch(t, nb, kb.data(), vb.data());
-    if (prod_k) prod_rows(*prod_k, t, nb, prows.data());
     for (int i = 0; i < sh.n_q; ++i) {
       const int nt = std::min(nb, limits[i] - t);
       if (nt <= 0) continue;
-      if (!scalar && !prod_k) {
+      if (!scalar) {
         attend_rows(D, G, sh.scale, qd + (size_t)i * G * D, kb.data(), vb.data(), nt,
                     States{st.base + (size_t)i * G * st.stride(), D});
         continue;
@@ -56,18 +53,12 @@ void generic_task(const Shape& sh, const float* qd, const int* limits, int a, in
         const float* qv = qd + ((size_t)i * G + g) * D;
         const int k = i * G + g;
         float mx = kNegInf;
-        if (prod_k) {
-          const size_t qs = prod_k->prod->query_state_floats();
-          prod_k->prod->score(pq + (size_t)k * qs, (size_t)nt, prows.data(), s.data());
-          for (int j = 0; j < nt; ++j) { s[j] *= sh.scale; mx = std::max(mx, s[j]); }
-        } else {
-          for (int j = 0; j < nt; ++j) {
-            const float* kr = kb.data() + (size_t)j * D;
-            float acc = 0;
-            for (int d = 0; d < D; ++d) acc += qv[d] * kr[d];
-            s[j] = acc * sh.scale;
-            mx = std::max(mx, s[j]);
-          }
+        for (int j = 0; j < nt; ++j) {
+          const float* kr = kb.data() + (size_t)j * D;
+          float acc = 0;
+          for (int d = 0; d < D; ++d) acc += qv[d] * kr[d];
+          s[j] = acc * sh.scale;
+          mx = std::max(mx, s[j]);
         }
         const float m_new = std::max(st.m(k), mx);
         const float alpha = st.m(k) == kNegInf ? 0.f : std::exp(st.m(k) - m_new);
@@ -129,7 +120,6 @@ Prepared prepare(const KvCache& cache, int layer, int n_q, const float* q, const
   P.sh.n_tokens = L.n_tokens;
   P.sh.n_quant = L.k.empty() ? 0 : L.k[0].n_quant;
   P.sh.scale = p.scale != 0 ? p.scale : 1.0f / std::sqrt((float)cfg.head_dim);
-  P.sh.qstride = (!L.k.empty() && L.k[0].fmt->layout == KvLayout::tq_prod) ? 2 * cfg.head_dim : cfg.head_dim;
   int pos0 = p.pos0;
   if (pos0 < 0) {
     TQ_CHECK(pos0 == -1, "attention: pos0 %d invalid (use -1 or a position >= 0)", pos0);
@@ -146,12 +136,103 @@ Prepared prepare(const KvCache& cache, int layer, int n_q, const float* q, const
 
 }  // namespace
 
+// ------------------------------------------------------------------ kernel choice
+const char* kernel_name(Kernel k) {
+  static const char* const n[] = {"rows", "f16", "tq-float", "tq-lut8"};
+  return n[(int)k];
+}
+
+namespace {
+// The tq kernels read (sk, sv) here: the traits table's kernel masks (lut8: parts of <= 6 bits,
+// 64-byte vpermb tables; float: <= 8 bits), chosen channels, the head size and the SIMD level
+// (TQ_SIMD / --simd): lut8 needs VNNI + VBMI + VBMI2 and the avx3_dl level, the float kernel
+// runs at every Highway level with 4-16 float lanes (not scalar).
+bool tq_runs(const Shape& sh, const Stream& sk, const Stream& sv, bool lut8) {
+  const uint8_t need = lut8 ? kKvKernelTqLut8 : kKvKernelTqFloat;
+  if (!(sk.fmt->kernels_k & need) || !(sv.fmt->kernels_v & need)) return false;
+  for (const Stream* s : {&sk, &sv}) {
+    if (s->split() && !s->split_frozen) return false;
+    // Trellis codes: the float kernel needs 8+ float lanes (a V window reaches up to 7 lanes
+    // back); lut8 reads them with 256-entry tables (score_block_t, accum_block_t).
+    if (s->trellis_coded() && !lut8 && decode_tq_float_lanes() < 8) return false;
+  }
+  if (sh.D % 16 != 0 || sh.D > kMaxHeadDim) return false;
+  // This runs per task: the float check reads an atomic, only lut8 asks for the level name.
+  if (lut8) return lut8_host_ok() && simd::current_level() == "avx3_dl";
+  return decode_tq_float_lanes() >= 4;
+}
+}  // namespace
+
+Kernel pick_kernel(const Shape& sh, const Stream& sk, const Stream& sv, AttnKernel want) {
+  if (want == AttnKernel::reference || simd::use_scalar()) return Kernel::rows;
+  if ((sk.fmt->kernels_k & kKvKernelF16) && (sv.fmt->kernels_v & kKvKernelF16))
+    return sh.D % 16 == 0 ? Kernel::f16 : Kernel::rows;  // DecodeF16: the vector length divides D
+  // lut8 is a permission: where the int8 kernel cannot run, the float kernel does.
+  if (want == AttnKernel::lut8 && tq_runs(sh, sk, sv, true)) return Kernel::tq_lut8;
+  if (tq_runs(sh, sk, sv, false)) return Kernel::tq_float;
+  return Kernel::rows;
+}
+
+namespace {
+// fused_decode for a G with a kernel instance.
+bool fused_group(const Shape& sh, const Stream& sk, const Stream& sv, Kernel k, int nq, const float* qd,
+                 const int* limits, int a, int b, const States& st) {
+  switch (k) {
+    case Kernel::f16:
+      return each_query(sh, sk, nq, qd, limits, st, [&](const Shape& s, const float* q, int limit, const States& si) {
+        return decode_f16(s, sk, sv, q, limit, a, b, si);
+      });
+    case Kernel::tq_float: return decode_tq_float(sh, sk, sv, nq, qd, limits, a, b, st);
+    case Kernel::tq_lut8: return decode_tq_lut8(sh, sk, sv, nq, qd, limits, a, b, st);
+    case Kernel::rows: break;
+  }
+  return false;
+}
+}  // namespace
+
+bool fused_decode(const Shape& sh, const Stream& sk, const Stream& sv, Kernel k, int nq, const float* qd,
+                  const int* limits, int a, int b, const States& st) {
+  if (has_kernel_instance(sh.G)) return fused_group(sh, sk, sv, k, nq, qd, limits, a, b, st);
+  // Heads g0 .. g0 + gs - 1 of every query: their query rows, states and RoPE-mean coefficients
+  // copied to rows i gs + g, a call with G = gs, the states copied back. Whether a kernel runs
+  // depends on the types only, so a false comes from the first subgroup, before any copy-back.
+  const int G = sh.G, qs = sh.D, ms = sh.rope_mc ? rope_mc_stride(sk) : 0;
+  const size_t ss = st.stride();
+  thread_local std::vector<float> q, s, mc;
+  for (int g0 = 0, gs; g0 < G; g0 += gs) {
+    gs = kernel_subgroup(G - g0);
+    const size_t rows = (size_t)nq * gs;
+    q.resize(rows * qs);
+    s.resize(rows * ss);
+    mc.resize(rows * ms);
+    for (int i = 0; i < nq; ++i)
+      for (int g = 0; g < gs; ++g) {
+        const size_t from = (size_t)i * G + g0 + g, to = (size_t)i * gs + g;
+        std::memcpy(&q[to * qs], qd + from * qs, sizeof(float) * qs);
+        std::memcpy(&s[to * ss], st.base + from * ss, sizeof(float) * ss);
+        if (ms) std::memcpy(&mc[to * ms], sh.rope_mc + from * ms, sizeof(float) * ms);
+      }
+    Shape sub = sh;
+    sub.G = gs;
+    sub.H = sh.KVH * gs;
+    sub.rope_mc = ms ? mc.data() : nullptr;
+    if (!fused_group(sub, sk, sv, k, nq, q.data(), limits, a, b, States{s.data(), st.D})) {
+      TQ_ASSERT(g0 == 0);
+      return false;
+    }
+    for (int i = 0; i < nq; ++i)
+      for (int g = 0; g < gs; ++g)
+        std::memcpy(st.base + ((size_t)i * G + g0 + g) * ss, &s[((size_t)i * gs + g) * ss], sizeof(float) * ss);
+  }
+  return true;
+}
+
 // ------------------------------------------------------------------ driver
 // start: the first absolute position every query of the call sees (sliding windows; 0: all).
 // Tokens before it are skipped; a quantized block it cuts runs on the generic float path from
 // `start`, the fused kernels take the blocks after it.
 void run_attention(const KvCache& cache, int layer, int n_q, const float* q, float* out,
-                   const AttentionParams& p, bool lut8, int start) {
+                   const AttentionParams& p, int start) {
   Prepared P = prepare(cache, layer, n_q, q, out, p);
   if (n_q == 0) return;
   const Shape& sh = P.sh;
@@ -201,17 +282,7 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
     float* dst = &qk[(size_t)h * n_q * G * D];
     if (nq_tok > 0) I.query_to_domain(L.k[h], n_q * G, &qo[(size_t)h * n_q * G * D], dst);
   }
-  // prod K: the quantizer's query states [Pi q, S Pi q] (2 D floats), once per query and head.
-  std::vector<float> pqk;
-  if (nq_tok > 0 && L.k[0].fmt->layout == KvLayout::tq_prod) {
-    TQ_ASSERT(L.k[0].prod->query_state_floats() == (size_t)2 * D);
-    pqk.resize((size_t)KVH * n_q * G * 2 * D);
-    for (int h = 0; h < KVH; ++h)
-      for (int k = 0; k < n_q * G; ++k)
-        L.k[h].prod->prepare_query(&qo[((size_t)h * n_q * G + k) * D], &pqk[((size_t)h * n_q * G + k) * 2 * D]);
-  }
   const int n_threads = p.n_threads > 0 ? p.n_threads : omp_get_max_threads();
-  const bool scalar = simd::use_scalar();
   // Small calls (short contexts: a few microseconds of work) run on the calling thread: an
   // OpenMP fork/join costs about as much as the work there. 4096 token-heads (e.g. one query
   // over 1366+ tokens with 3 kv heads) is ~0.1 ms of work: with the CLI's short spin
@@ -232,14 +303,13 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
       if (b <= qstart) continue;
       const int a = std::max(a0, qstart);
       const float* qd = &qk[(size_t)h * n_q * G * D];
-      const bool prod = sk.fmt->layout == KvLayout::tq_prod;
-      const float* qf = prod ? &pqk[(size_t)h * n_q * G * 2 * D] : qd;  // prod: [Pi q, S Pi q]
       // Fused kernels take the queries that see some of the range together (each with its own
       // causal limit); whether one applies depends only on the types. Queries that see none of
       // [a, b) keep reset states.
+      const Kernel kern = pick_kernel(sh, sk, sv, p.kernel);
       auto fetch = [&](int t0, int n, float* kb, float* vb) {
-        if (!prod) I.decode_domain(sk, 0, t0, n, kb);
-        I.decode_domain(sv, 1, t0, n, vb);
+        I.decode_domain(sk, t0, n, kb);
+        I.decode_domain(sv, t0, n, vb);
       };
       int i0 = 0;
       while (i0 < n_q && qlimits[i0] <= a) ++i0;
@@ -248,16 +318,16 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
       auto run_range = [&](int lo, int hi) {
         if (lo % kBlock != 0) {  // a block cut by the window's start: rows from `start`
           const int e = std::min(hi, (lo / kBlock + 1) * kBlock);
-          generic_task(sh, qd, qlimits.data(), lo, e, fetch, st, prod ? &sk : nullptr, prod ? qf : nullptr);
+          generic_task(sh, qd, qlimits.data(), lo, e, fetch, st);
           if ((lo = e) >= hi) return;
         }
         int j0 = i0;
         while (j0 < n_q && qlimits[j0] <= lo) ++j0;
         if (j0 == n_q) return;
-        if (!scalar && fused_decode(sh, sk, sv, n_q - j0, qf + (size_t)j0 * G * sh.qstride, &qlimits[j0], lo, hi,
-                                    States{st.base + (size_t)j0 * G * st.stride(), D}, lut8))
+        if (kern != Kernel::rows && fused_decode(sh, sk, sv, kern, n_q - j0, qd + (size_t)j0 * G * D, &qlimits[j0],
+                                                 lo, hi, States{st.base + (size_t)j0 * G * st.stride(), D}))
           return;
-        generic_task(sh, qd, qlimits.data(), lo, hi, fetch, st, prod ? &sk : nullptr, prod ? qf : nullptr);
+        generic_task(sh, qd, qlimits.data(), lo, hi, fetch, st);
       };
       if (kseg < 0) {
         run_range(a, b);
@@ -272,14 +342,14 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
       const int mst = sk.rope_mu ? rope_mc_stride(sk) : 1;
       std::vector<float> coef((size_t)n_q * G * mst);  // per query row: kshift, or rope coefficients
       auto fetch_orig = [&](int t0, int n, float* kb, float* vb) {
-        I.decode_domain(sk, 0, t0, n, kb);
-        I.to_orig(sk, 0, n, kb);
+        I.decode_domain(sk, t0, n, kb);
+        I.to_orig(sk, n, kb);
         std::vector<float> m((size_t)D);
         for (int r = 0; r < n; ++r) {
           sk.mean_at(t0 + r, m.data());
           for (int d = 0; d < D; ++d) kb[(size_t)r * D + d] += m[d];
         }
-        I.decode_domain(sv, 1, t0, n, vb);
+        I.decode_domain(sv, t0, n, vb);
       };
       for (int lo = a, hi; lo < b; lo = hi) {
         hi = kseg > 0 ? std::min(b, (lo / kseg + 1) * kseg) : b;
@@ -298,9 +368,9 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
           for (int i = j0; i < n_q; ++i) rope_mean_coefs(sk, G, qh + (size_t)i * G * D, mu, &coef[(size_t)i * G * mst]);
           Shape shr = sh;
           shr.rope_mc = &coef[(size_t)j0 * G * mst];
-          const bool fused = !scalar && fused_decode(shr, sk, sv, n_q - j0, qf + (size_t)j0 * G * sh.qstride,
-                                                     &qlimits[j0], flo, hi,
-                                                     States{st.base + (size_t)j0 * G * st.stride(), D}, lut8);
+          const bool fused = kern != Kernel::rows &&
+                             fused_decode(shr, sk, sv, kern, n_q - j0, qd + (size_t)j0 * G * D, &qlimits[j0], flo, hi,
+                                          States{st.base + (size_t)j0 * G * st.stride(), D});
           if (!fused) generic_task(sh, qh, qlimits.data(), flo, hi, fetch_orig, st);
           continue;
         }
@@ -348,7 +418,7 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
         for (int c = 0; c < n_chunks; ++c)
           merge_state(acc, 0, States{&states[((size_t)h * tasks_per_head + c) * per_task], D}, k);
         if (n_chunks > 0 && acc.m(0) != kNegInf) {
-          I.to_orig(sv, 1, 1, acc.acc(0));
+          I.to_orig(sv, 1, acc.acc(0));
           if (sv.center)
             for (int d = 0; d < D; ++d) acc.acc(0)[d] += sv.mu[d] * acc.l(0);
         }
@@ -356,7 +426,7 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
         for (int c = 0; c < n_chunks; ++c) {
           const States sc{&states[((size_t)h * tasks_per_head + c) * per_task], D};
           if (sc.m(k) == kNegInf) continue;
-          I.to_orig(sv, 1, 1, sc.acc(k));
+          I.to_orig(sv, 1, sc.acc(k));
           if (sv.center) {
             const float* mu = sv.mu_of(c * chunk);
             for (int d = 0; d < D; ++d) sc.acc(k)[d] += mu[d] * sc.l(k);
@@ -381,17 +451,35 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
 
 }  // namespace kv
 
+const char* attn_kernel_name(AttnKernel k) {
+  static const char* const n[] = {"reference", "fused", "lut8"};
+  return n[(int)k];
+}
+
+AttnKernel parse_attn_kernel(const std::string& name) {
+  for (AttnKernel k : {AttnKernel::reference, AttnKernel::fused, AttnKernel::lut8})
+    if (name == attn_kernel_name(k)) return k;
+  TQ_CHECK(false, "unknown attention kernel '%s' (valid: reference, fused, lut8)", name.c_str());
+  return AttnKernel::fused;
+}
+
+AttnKernel attn_kernel_from_env(AttnKernel fallback) {
+  const char* e = std::getenv("TQ_ATTN");
+  if (!e || !*e) return fallback;
+  try {
+    return parse_attn_kernel(e);
+  } catch (const Error& err) {
+    throw Error(std::string("TQ_ATTN: ") + err.what());
+  }
+}
+
 void attention(const KvCache& cache, int layer, int n_q, const float* q, float* out,
                const AttentionParams& p) {
-  // TQ_KV_LUT8=1 / TQ_KV_EXACT=1 set lut8 / exact for every caller (A/B runs of whole
-  // programs, e.g. perplexity); exact wins.
-  static const bool force_lut8 = env_flag("TQ_KV_LUT8"), force_exact = env_flag("TQ_KV_EXACT");
-  const bool exact = p.exact || force_exact;
-  const bool lut8 = !exact && (p.lut8 || force_lut8);
+  if (p.kernel == AttnKernel::reference) return attention_ref(cache, layer, n_q, q, out, p);
   const int W = p.sliding_window;
   TQ_CHECK(W >= 0, "attention: negative sliding window %d", W);
   if (W == 0 || n_q == 0) {
-    kv::run_attention(cache, layer, n_q, q, out, p, lut8, 0);
+    kv::run_attention(cache, layer, n_q, q, out, p, 0);
     return;
   }
   // Sliding window: the queries whose window starts at 0 run together; each later query runs
@@ -404,12 +492,12 @@ void attention(const KvCache& cache, int layer, int n_q, const float* q, float* 
   AttentionParams pi = p;
   if (n_first > 0) {
     pi.pos0 = pos0;
-    kv::run_attention(cache, layer, n_first, q, out, pi, lut8, 0);
+    kv::run_attention(cache, layer, n_first, q, out, pi, 0);
   }
   const size_t row = (size_t)p.n_heads * cache.config().head_dim;
   for (int i = n_first; i < n_q; ++i) {
     pi.pos0 = pos0 + i;
-    kv::run_attention(cache, layer, 1, q + i * row, out + i * row, pi, lut8, pos0 + i - W + 1);
+    kv::run_attention(cache, layer, 1, q + i * row, out + i * row, pi, pos0 + i - W + 1);
   }
 }
 
@@ -425,10 +513,11 @@ std::string attention_kernel(const KvCache& cache, int layer, const AttentionPar
            p.n_heads, sh.KVH);
   sh.H = p.n_heads;
   sh.G = p.n_heads / sh.KVH;
+  if (p.kernel == AttnKernel::reference) return "reference";
   const Layer& L = I.layers[layer];
   std::vector<std::string> kernels;  // the distinct kernels of the layer's KV heads, in head order
   for (int h = 0; h < sh.KVH; ++h) {
-    const std::string n = fused_kernel_name(sh, L.k[h], L.v[h], p.lut8 && !p.exact);
+    const std::string n = kernel_name(pick_kernel(sh, L.k[h], L.v[h], p.kernel));
     if (std::find(kernels.begin(), kernels.end(), n) == kernels.end()) kernels.push_back(n);
   }
   std::string names = kernels[0];
@@ -464,10 +553,10 @@ void attention_ref(const KvCache& cache, int layer, int n_q, const float* q, flo
     if (nq > j0) {
       float* Kq = &K[(size_t)n_sink * D];  // row j: stream index j
       float* Vq = &V[(size_t)n_sink * D];
-      I.decode_domain(sk, 0, j0, nq - j0, Kq + (size_t)j0 * D);
-      I.to_orig(sk, 0, nq - j0, Kq + (size_t)j0 * D);
-      I.decode_domain(sv, 1, j0, nq - j0, Vq + (size_t)j0 * D);
-      I.to_orig(sv, 1, nq - j0, Vq + (size_t)j0 * D);
+      I.decode_domain(sk, j0, nq - j0, Kq + (size_t)j0 * D);
+      I.to_orig(sk, nq - j0, Kq + (size_t)j0 * D);
+      I.decode_domain(sv, j0, nq - j0, Vq + (size_t)j0 * D);
+      I.to_orig(sv, nq - j0, Vq + (size_t)j0 * D);
       std::vector<float> mk((size_t)D);
       for (int j = j0; j < nq; ++j) {
         if (sk.center) sk.mean_at(j, mk.data());

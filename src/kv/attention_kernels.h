@@ -24,7 +24,6 @@ inline int kernel_subgroup(int left) noexcept { return left >= 8 ? 8 : left >= 4
 struct Shape {
   int D, H, KVH, G, n_q, n_tokens, n_quant;
   float scale;
-  int qstride;  // floats per (query, head) row of the K-domain query: D, or 2 D for prod K
   // RoPE-rotating K mean (Stream::rope_mu): rope_mean_coefs of the call's query rows (query i,
   // head g at row i G + g, rope_mc_stride floats apart) for the mean of the tokens scored; null
   // when K has no such mean.
@@ -82,16 +81,28 @@ struct States {
   }
 };
 
+// The kernels that read a KV head's quantized tokens. pick_kernel (attention.cpp) is the one
+// place that chooses among them, from the caller's AttnKernel, the types, the shape and the
+// SIMD level; the ISA files only define them.
+enum class Kernel : uint8_t {
+  rows,      // rows decoded to float in the stream's domain, then float attention (every format)
+  f16,       // DecodeF16 (attention_simd.cpp): f16 K and V
+  tq_float,  // DecodeTq (attention_tq_simd.cpp): tq K and V, float centroids from the codes
+  tq_lut8,   // attention_vnni.cpp: tq K and V of <= 6 bits, int8 lookup tables (AttnKernel::lut8)
+};
+const char* kernel_name(Kernel k);  // "rows", "f16", "tq-float", "tq-lut8"
+Kernel pick_kernel(const Shape& sh, const Stream& sk, const Stream& sv, AttnKernel want);
+
 // Fused attention of nq queries (G heads of one kv head each) over quantized tokens [a, b) (a
-// block aligned). Query i: rows i G .. i G + G - 1 of qd (sh.qstride floats apart, K domain),
-// sees the tokens before limits[i], updates rows i G .. of st (V domain). Decode is nq = 1;
-// prefill passes its queries together, so the tq kernels read each block once for several
-// queries (the f16 kernel runs one query at a time). Returns false (st untouched) when no fused
-// kernel handles (sk, sv) here. lut8 lets the tq kernels use int8 lookup tables
-// (AttentionParams::lut8). A G without a kernel instance runs as subgroups of heads
-// (kernel_subgroup), each over copies of its rows: the tokens are read once per subgroup.
-bool fused_decode(const Shape& sh, const Stream& sk, const Stream& sv, int nq, const float* qd,
-                  const int* limits, int a, int b, const States& st, bool lut8);
+// block aligned) with kernel k (not rows). Query i: rows i G .. i G + G - 1 of qd (D floats
+// apart, K domain), sees the tokens before limits[i], updates rows i G .. of st (V domain).
+// Decode is nq = 1; prefill passes its queries together, so the tq kernels read each block
+// once for several queries (the f16 kernel runs one query at a time). Returns false (st
+// untouched) when the kernel does not run here (then the caller takes the rows path). A G
+// without a kernel instance runs as subgroups of heads (kernel_subgroup), each over copies of
+// its rows: the tokens are read once per subgroup.
+bool fused_decode(const Shape& sh, const Stream& sk, const Stream& sv, Kernel k, int nq, const float* qd,
+                  const int* limits, int a, int b, const States& st);
 
 // Runs f(shape, qd, limit, states) for each query of a fused_decode call (sh.rope_mc moved to
 // the query's rows); false when f is false for the first (whether a kernel applies depends
@@ -102,8 +113,7 @@ bool each_query(const Shape& sh, const Stream& sk, int nq, const float* qd, cons
   Shape shi = sh;
   for (int i = 0; i < nq; ++i) {
     if (sh.rope_mc) shi.rope_mc = sh.rope_mc + (size_t)i * sh.G * rope_mc_stride(sk);
-    if (!f(shi, qd + (size_t)i * sh.G * sh.qstride, limits[i],
-           States{st.base + (size_t)i * sh.G * st.stride(), st.D})) {
+    if (!f(shi, qd + (size_t)i * sh.G * sh.D, limits[i], States{st.base + (size_t)i * sh.G * st.stride(), st.D})) {
       TQ_ASSERT(i == 0);
       return false;
     }
@@ -111,23 +121,21 @@ bool each_query(const Shape& sh, const Stream& sk, int nq, const float* qd, cons
   return true;
 }
 
-// tq K (mse 1..8 bits, split, prod) and tq V: float centroids from the codes and float FMAs
-// (attention_tq_simd.cpp, Highway; several queries share each block's float tiles), or with
-// lut8 int8 tables on AVX-512 VNNI/VBMI/VBMI2 (<= 6 bits, attention_vnni.cpp; up to 12 query
-// rows per block pass).
-// Returns false when the host or the current SIMD level cannot run it or the shape is not
-// handled (then the caller uses the generic float path).
-bool decode_tq(const Shape& sh, const Stream& sk, const Stream& sv, int nq, const float* qd,
-               const int* limits, int a, int b, const States& st, bool lut8);
-bool decode_tq_supported(const Shape& sh, const Stream& sk, const Stream& sv, bool lut8);
-// The float kernel (attention_tq_simd.cpp, Highway), with fused_decode's arguments: false when
-// the current target cannot run it.
+// The kernels, with fused_decode's arguments for a G with a kernel instance (has_kernel_instance);
+// false when the current target cannot run them.
+// f16 K and V, one query (attention_simd.cpp, Highway).
+bool decode_f16(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a, int b,
+                const States& st);
+// tq K (mse 1..8 bits, split) and tq V: float centroids from the codes and float FMAs
+// (attention_tq_simd.cpp, Highway; several queries share each block's float tiles).
 bool decode_tq_float(const Shape& sh, const Stream& sk, const Stream& sv, int nq, const float* qd,
                      const int* limits, int a, int b, const States& st);
 int decode_tq_float_lanes();  // float lanes of the float kernel at the current target (scalar: 1)
-// Which decode kernel fused_decode runs for (sk, sv): "f16", "tq-float", "tq-lut8" or
-// "rows" (no fused kernel: dequantized rows, float attention).
-const char* fused_kernel_name(const Shape& sh, const Stream& sk, const Stream& sv, bool lut8);
+// tq K and V of <= 6 bits with int8 tables on AVX-512 VNNI/VBMI/VBMI2 (attention_vnni.cpp; up
+// to 12 query rows per block pass).
+bool decode_tq_lut8(const Shape& sh, const Stream& sk, const Stream& sv, int nq, const float* qd,
+                    const int* limits, int a, int b, const States& st);
+bool lut8_host_ok();  // the CPU has what decode_tq_lut8 needs
 
 // tq_n8 norms (kv_cache.cpp, set_n8_norm): norm = 2^(e / 32) * table[c] with the block's int16
 // exponent e and the token's code c; table[c] = 2^(-n8_offset(c) / 32), table[255] = 0 (a zero norm).
@@ -146,45 +154,31 @@ inline float n8_block_base(const uint8_t* hdr) {
   return std::exp2((float)e * (1.0f / kN8Steps));
 }
 
-// A tq stream is one part (tqB) or two (tq2.5 / tq3.5: outlier and regular channels), each
-// with its own codebook, fp16 norms and bit-plane tiles, covering dims [off, off + dim) of
-// the stream's domain.
-//
-// prod K (tq3p / tq4p) is two K parts over all D dims: the (b-1)-bit mse indices scored
-// against Pi q with norm s, and the QJL signs (a 1-bit "codebook" {-1, +1}) scored against
-// S Pi q with norm s * gamma * sqrt(pi/2) / D: exactly the codec's prod estimator.
+// A tq stream is one part (tqB, tqBn8) or two (tqBhH: selected and regular channels), each
+// with its own codebook, norms and bit-plane tiles, covering dims [off, off + dim) of the
+// stream's domain.
 struct Part {
   int off = 0, dim = 0, bits = 0;
-  const Codebook* cb = nullptr;        // nullptr: the sign table {-1, +1}
+  const Codebook* cb = nullptr;
   size_t norm_off = 0, tiles_off = 0;  // bytes within a block
-  int qoff = 0;                        // query slice (K)
-  size_t norm2_off = 0;                // != 0: norm multiplied by this second fp16 norm ...
-  float norm_mul = 1.f;                // ... and this constant
   bool n8 = false;                     // tq_n8 / split n8: norms are [int16 e][32 uint8 log codes] at norm_off
   const TrellisCode* tc = nullptr;     // trellis codes (KvCacheConfig::trellis): values lut[window]
 };
 inline int parts_of(const Stream& s, Part* p) {
   if (s.fmt->layout == KvLayout::tq_n8) {
-    p[0] = Part{0, s.dim, s.cb->bits, s.cb, 0, s.norms_bytes, 0};
+    p[0] = Part{0, s.dim, s.cb->bits, s.cb, 0, s.norms_bytes};
     p[0].n8 = true;
     p[0].tc = s.tc;
     return 1;
   }
   if (s.fmt->layout == KvLayout::tq) {
-    p[0] = Part{0, s.dim, s.cb->bits, s.cb, 0, s.norms_bytes, 0};
+    p[0] = Part{0, s.dim, s.cb->bits, s.cb, 0, s.norms_bytes};
     p[0].tc = s.tc;
     return 1;
   }
-  if (s.fmt->layout == KvLayout::tq_prod) {
-    const int D = s.dim;
-    p[0] = Part{0, D, s.cb->bits, s.cb, 0, s.norms_bytes, 0};
-    p[1] = Part{0, D, 1, nullptr, 0, s.norms_bytes + s.tiles_hi_bytes, D, kBlock * 2,
-                (float)(1.2533141373155003 / D)  /* sqrt(pi/2) / D */};
-    return 2;
-  }
   const bool n8 = s.fmt->log8_norms();
-  p[0] = Part{0, s.d_hi, s.cb_hi->bits, s.cb_hi, 0, s.norms_bytes, 0};
-  p[1] = Part{s.d_hi, s.d_lo, s.cb->bits, s.cb, n8 ? kN8HeaderBytes : kBlock * 2, s.norms_bytes + s.tiles_hi_bytes, s.d_hi};
+  p[0] = Part{0, s.d_hi, s.cb_hi->bits, s.cb_hi, 0, s.norms_bytes};
+  p[1] = Part{s.d_hi, s.d_lo, s.cb->bits, s.cb, n8 ? kN8HeaderBytes : kBlock * 2, s.norms_bytes + s.tiles_hi_bytes};
   p[0].n8 = p[1].n8 = n8;
   p[0].tc = s.tc_hi;
   p[1].tc = s.tc;

@@ -5,7 +5,8 @@
 //               horizontal sums), block softmax with a vector exp, V rows accumulated for the G
 //               heads with each row converted once. Float arithmetic: equals the reference up
 //               to summation order (test tolerance 1e-5 relative).
-//   tq kernels  in attention_vnni.cpp (AVX-512: float centroid tables; VNNI: int8 tables).
+//   tq kernels  attention_tq_simd.cpp (float centroids), attention_vnni.cpp (int8 tables).
+// Which of them runs is pick_kernel's choice (attention.cpp).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kv/attention_simd.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -88,7 +89,7 @@ bool DecodeF16(const Shape& sh, const Stream& sk, const Stream& sv, const float*
 
 // One block of decoded rows (kR, vR: nt x D floats, row-major) for G heads of one query:
 // scores as per-token dot products (one horizontal sum per head and token), block softmax,
-// V accumulation. Used for the row formats (f32, q8_0, q4_0 and rotated, prod V), tq at the
+// V accumulation. Used for the row formats (f32, q8_0, q4_0 and rotated), tq at the
 // scalar level or without a kernel instance for the GQA ratio, the f16 window and the sinks.
 template <int G>
 void AttendRowsG(int D, float scale, const float* qd, const float* kR, const float* vR, int nt,
@@ -232,75 +233,9 @@ void decode_q4_rows(int D, int n, const uint8_t* rows, float* out) {
   HWY_DYNAMIC_DISPATCH(DecodeQ4Rows)(D, n, rows, out);
 }
 
-namespace {
-// The fused kernels a K / V pair can run (the traits table's kernel masks).
-bool tq_pair(const Stream& sk, const Stream& sv) {
-  return (sk.fmt->kernels_k & kKvKernelTqFloat) && (sv.fmt->kernels_v & kKvKernelTqFloat);
-}
-bool f16_pair(const Stream& sk, const Stream& sv) {
-  return (sk.fmt->kernels_k & kKvKernelF16) && (sv.fmt->kernels_v & kKvKernelF16);
-}
-
-// fused_decode for a G with a kernel instance.
-bool fused_group(const Shape& sh, const Stream& sk, const Stream& sv, int nq, const float* qd, const int* limits,
-                 int a, int b, const States& st, bool lut8) {
-  if (f16_pair(sk, sv))
-    return each_query(sh, sk, nq, qd, limits, st, [&](const Shape& s, const float* q, int limit, const States& si) {
-      return HWY_DYNAMIC_DISPATCH(DecodeF16)(s, sk, sv, q, limit, a, b, si);
-    });
-  if (tq_pair(sk, sv)) return decode_tq(sh, sk, sv, nq, qd, limits, a, b, st, lut8);
-  return false;
-}
-}  // namespace
-
-bool fused_decode(const Shape& sh, const Stream& sk, const Stream& sv, int nq, const float* qd,
-                  const int* limits, int a, int b, const States& st, bool lut8) {
-  if (has_kernel_instance(sh.G)) return fused_group(sh, sk, sv, nq, qd, limits, a, b, st, lut8);
-  // Heads g0 .. g0 + gs - 1 of every query: their query rows, states and RoPE-mean coefficients
-  // copied to rows i gs + g, a call with G = gs, the states copied back. Whether a kernel runs
-  // depends on the types only, so a false comes from the first subgroup, before any copy-back.
-  const int G = sh.G, qs = sh.qstride, ms = sh.rope_mc ? rope_mc_stride(sk) : 0;
-  const size_t ss = st.stride();
-  thread_local std::vector<float> q, s, mc;
-  for (int g0 = 0, gs; g0 < G; g0 += gs) {
-    gs = kernel_subgroup(G - g0);
-    const size_t rows = (size_t)nq * gs;
-    q.resize(rows * qs);
-    s.resize(rows * ss);
-    mc.resize(rows * ms);
-    for (int i = 0; i < nq; ++i)
-      for (int g = 0; g < gs; ++g) {
-        const size_t from = (size_t)i * G + g0 + g, to = (size_t)i * gs + g;
-        std::memcpy(&q[to * qs], qd + from * qs, sizeof(float) * qs);
-        std::memcpy(&s[to * ss], st.base + from * ss, sizeof(float) * ss);
-        if (ms) std::memcpy(&mc[to * ms], sh.rope_mc + from * ms, sizeof(float) * ms);
-      }
-    Shape sub = sh;
-    sub.G = gs;
-    sub.H = sh.KVH * gs;
-    sub.rope_mc = ms ? mc.data() : nullptr;
-    if (!fused_group(sub, sk, sv, nq, q.data(), limits, a, b, States{s.data(), st.D}, lut8)) {
-      TQ_ASSERT(g0 == 0);
-      return false;
-    }
-    for (int i = 0; i < nq; ++i)
-      for (int g = 0; g < gs; ++g)
-        std::memcpy(st.base + ((size_t)i * G + g0 + g) * ss, &s[((size_t)i * gs + g) * ss], sizeof(float) * ss);
-  }
-  return true;
-}
-
-const char* fused_kernel_name(const Shape& sh, const Stream& sk, const Stream& sv, bool lut8) {
-  if (simd::use_scalar()) return "rows";
-  if (f16_pair(sk, sv)) {
-    // DecodeF16 runs when the vector length divides D (16 covers every level).
-    return sh.D % 16 == 0 ? "f16" : "rows";
-  }
-  if (tq_pair(sk, sv)) {
-    if (lut8 && decode_tq_supported(sh, sk, sv, true)) return "tq-lut8";
-    if (decode_tq_supported(sh, sk, sv, false)) return "tq-float";
-  }
-  return "rows";
+bool decode_f16(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a, int b,
+                const States& st) {
+  return HWY_DYNAMIC_DISPATCH(DecodeF16)(sh, sk, sv, qd, limit, a, b, st);
 }
 
 }  // namespace tq::kv

@@ -69,8 +69,7 @@ struct Table {
 };
 
 void make_table(const Codebook* cb, const TrellisCode* tc, Table* T) {
-  static const std::vector<float> kSigns = {-1.f, 1.f};
-  const std::vector<float>& cs = tc ? tc->lut : cb ? cb->centroids : kSigns;
+  const std::vector<float>& cs = tc ? tc->lut : cb->centroids;
   const DF df;
   std::fill(T->mem, T->mem + 256, 0.f);
   for (size_t j = 0; j < cs.size() && j < 256; ++j) T->mem[j] = cs[j];
@@ -481,12 +480,7 @@ void DecodeTqG(const Shape& sh, const Stream& sk, const Stream& sv, int nq, cons
       return;
     }
     const hwy::float16_t* h = reinterpret_cast<const hwy::float16_t*>(blk + P.norm_off);
-    const hwy::float16_t* h2 = reinterpret_cast<const hwy::float16_t*>(blk + P.norm2_off);
-    for (size_t t = 0; t < 32; t += N) {
-      VF v = hn::PromoteTo(df, hn::LoadU(dh, h + t));
-      if (P.norm2_off) v = hn::Mul(hn::Mul(v, hn::PromoteTo(df, hn::LoadU(dh, h2 + t))), hn::Set(df, P.norm_mul));
-      hn::Store(v, df, out + t);
-    }
+    for (size_t t = 0; t < 32; t += N) hn::Store(hn::PromoteTo(df, hn::LoadU(dh, h + t)), df, out + t);
   };
   int ends[kPassRows];
   // One block for queries q .. q + R / G - 1 of the pass (rows of the pass's query and state
@@ -568,7 +562,7 @@ void DecodeTqG(const Shape& sh, const Stream& sk, const Stream& sv, int nq, cons
         for (int g = 0; g < G; ++g) {
           float* row = qs[j] + ((size_t)i * G + g) * pk[j].dim;
           if (real)
-            std::memcpy(row, qd + ((size_t)(q0 + i) * G + g) * sh.qstride + pk[j].qoff, sizeof(float) * pk[j].dim);
+            std::memcpy(row, qd + ((size_t)(q0 + i) * G + g) * sh.D + pk[j].off, sizeof(float) * pk[j].dim);
           else
             std::fill(row, row + pk[j].dim, 0.f);
         }

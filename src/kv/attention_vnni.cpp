@@ -1,7 +1,8 @@
-// The opt-in lut8 fused decode kernel (AttentionParams::lut8) for TurboQuant codes (tq1..tq6,
-// tq2.5, tq3.5, tq2n8..tq5n8 for K and V, tq3p / tq4p for K; scalar or trellis codes) on AVX-512
-// VNNI + VBMI + VBMI2 (every CPU with Highway's avx3_dl level, which lut8 also asks for), and the dispatch of
-// both tq kernels (the default float kernel is attention_tq_simd.cpp).
+// The opt-in lut8 fused decode kernel (AttnKernel::lut8) for TurboQuant codes (tq1..tq6,
+// tq2n8..tq5n8 and the split types of <= 6 bits, for K and V; scalar or trellis codes) on
+// AVX-512 VNNI + VBMI + VBMI2 (every CPU with Highway's avx3_dl level, which lut8 also asks
+// for; pick_kernel in attention.cpp decides where it runs). The default float kernel is
+// attention_tq_simd.cpp.
 //
 // Everything stays in the rotated domain: the query was rotated once by the driver, the
 // output is inverse-rotated once after the merge. Per 32-token block of one kv head:
@@ -42,7 +43,6 @@
 #include <vector>
 
 #include "kv/attention_kernels.h"
-#include "tq/simd.h"
 
 namespace tq::kv {
 namespace {
@@ -252,8 +252,7 @@ struct ByteTable {
   bool narrow = false;  // <= 16 entries: the vpshufb table, broadcast to every 128-bit lane
 };
 ByteTable make_byte_table(const Codebook* cb, const TrellisCode* tc, bool offset) {
-  static const std::vector<float> kSigns = {-1.f, 1.f};
-  const std::vector<float>& cs = tc ? tc->lut : cb ? cb->centroids : kSigns;
+  const std::vector<float>& cs = tc ? tc->lut : cb->centroids;
   float cmax = 0;
   for (float c : cs) cmax = std::max(cmax, std::fabs(c));
   ByteTable t;
@@ -314,9 +313,8 @@ inline __m512 load_norms16(const uint8_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-// The 32 norms of one block of part P: n0 tokens 0..15, n1 tokens 16..31. fp16 norms (times
-// a second fp16 norm and a constant for prod K's QJL part), or tq_n8 log codes decoded as the
-// float kernel does: 2^(e / 32) * n8_pow_table()[c].
+// The 32 norms of one block of part P: n0 tokens 0..15, n1 tokens 16..31. fp16 norms, or
+// tq_n8 log codes decoded as the float kernel does: 2^(e / 32) * n8_pow_table()[c].
 inline void load_norms(const uint8_t* blk, const Part& P, __m512* n0, __m512* n1) {
   if (P.n8) {
     const __m512 base = _mm512_set1_ps(n8_block_base(blk + P.norm_off));
@@ -330,11 +328,6 @@ inline void load_norms(const uint8_t* blk, const Part& P, __m512* n0, __m512* n1
   }
   *n0 = load_norms16(blk + P.norm_off);
   *n1 = load_norms16(blk + P.norm_off + 32);
-  if (P.norm2_off) {
-    const __m512 mul = _mm512_set1_ps(P.norm_mul);
-    *n0 = _mm512_mul_ps(_mm512_mul_ps(*n0, load_norms16(blk + P.norm2_off)), mul);
-    *n1 = _mm512_mul_ps(_mm512_mul_ps(*n1, load_norms16(blk + P.norm2_off + 32)), mul);
-  }
 }
 
 struct Kernels {
@@ -410,7 +403,7 @@ void run_rows(const Call& c, int q0, int rows, const Kernels& k) {
   }
   for (int i = 0; i < npk; ++i) {
     for (int r = 0; r < rows; ++r) {
-      const float* qg = c.qd + (size_t)(r0 + r) * sh.qstride + pk[i].qoff;
+      const float* qg = c.qd + (size_t)(r0 + r) * sh.D + pk[i].off;
       int8_t* out = q8[i] + (size_t)r * pk[i].dim;
       __m512 vmax = _mm512_setzero_ps();
       for (int d = 0; d < pk[i].dim; d += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(qg + d)));
@@ -571,40 +564,18 @@ bool run(const Shape& sh, const Stream& sk, const Stream& sv, int nq, const floa
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
 
-bool host_ok() {
+}  // namespace
+
+bool lut8_host_ok() {
   static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
                          __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512vbmi2");
   return ok;
 }
 
-}  // namespace
-
-bool decode_tq_supported(const Shape& sh, const Stream& sk, const Stream& sv, bool lut8) {
-  // The traits table says which formats each kernel reads (lut8: parts of <= 6 bits, 64-byte
-  // vpermb tables; float: <= 8 bits; tq_prod as K only).
-  const uint8_t need = lut8 ? kKvKernelTqLut8 : kKvKernelTqFloat;
-  if (!(sk.fmt->kernels_k & need) || !(sv.fmt->kernels_v & need)) return false;
-  for (const Stream* s : {&sk, &sv}) {
-    if (s->fmt->layout == KvLayout::tq_split && !s->split_frozen) return false;
-    // Trellis codes: the float kernel needs 8+ float lanes (a V window reaches up to 7 lanes
-    // back); lut8 reads them with 256-entry tables (score_block_t, accum_block_t).
-    if (s->trellis_coded() && !lut8 && decode_tq_float_lanes() < 8) return false;
-  }
-  if (sh.D % 16 != 0 || sh.D > kMaxHeadDim) return false;
-  // The SIMD level (TQ_SIMD / --simd) decides: lut8 needs VNNI + VBMI + VBMI2 and the avx3_dl level;
-  // the float kernel runs at every Highway level with 4-16 float lanes (not scalar). This runs
-  // per query and chunk: the float check reads an atomic, only lut8 asks for the level name.
-  if (lut8) return host_ok() && simd::current_level() == "avx3_dl";
-  return !simd::use_scalar() && decode_tq_float_lanes() >= 4;
-}
-
-bool decode_tq(const Shape& sh, const Stream& sk, const Stream& sv, int nq, const float* qd, const int* limits,
-               int a, int b, const States& st, bool lut8) {
-  // lut8 is a permission: where the int8 kernel cannot run, the float kernel does.
-  if (lut8 && decode_tq_supported(sh, sk, sv, true)) return run(sh, sk, sv, nq, qd, limits, a, b, st);
-  if (!decode_tq_supported(sh, sk, sv, false)) return false;
-  return decode_tq_float(sh, sk, sv, nq, qd, limits, a, b, st);
+bool decode_tq_lut8(const Shape& sh, const Stream& sk, const Stream& sv, int nq, const float* qd,
+                    const int* limits, int a, int b, const States& st) {
+  return run(sh, sk, sv, nq, qd, limits, a, b, st);
 }
 
 }  // namespace tq::kv

@@ -13,7 +13,6 @@
 
 #include "kv/attention_kernels.h"
 #include "kv/kv_internal.h"
-#include "tq/bitpack.h"
 #include "tq/error.h"
 #include "tq/simd.h"
 
@@ -35,16 +34,10 @@ constexpr KvTypeTraits tq(F id, const char* name, uint8_t bits, KvNorm n, const 
   return {id, name, n == KvNorm::log8 ? KvLayout::tq_n8 : KvLayout::tq, true, 1, {{bits, 4, n}, {}},
           KvChannels::all, 16, kTqKernels(bits), kTqKernels(bits), desc};
 }
-constexpr KvTypeTraits split(F id, const char* name, uint8_t lo, uint8_t hi, KvChannels ch, KvNorm n,
-                             const char* desc) {
-  return {id, name, KvLayout::tq_split, true, 2, {{hi, 1, n}, {lo, 3, n}}, ch, 64, kTqKernels(hi), kTqKernels(hi),
-          desc};
+constexpr KvTypeTraits split(F id, const char* name, uint8_t lo, uint8_t hi, KvNorm n, const char* desc) {
+  return {id, name, KvLayout::tq_split, true, 2, {{hi, 1, n}, {lo, 3, n}}, KvChannels::query_weighted, 64,
+          kTqKernels(hi), kTqKernels(hi), desc};
 }
-constexpr KvTypeTraits prod(F id, const char* name, uint8_t bits, const char* desc) {
-  return {id, name, KvLayout::tq_prod, false, 2, {{(uint8_t)(bits - 1), 4, KvNorm::fp16}, {1, 4, KvNorm::fp16}},
-          KvChannels::all, 16, kTqKernels(bits - 1), kRowsOnly, desc};
-}
-constexpr KvChannels kE = KvChannels::energy, kQ = KvChannels::query_weighted;
 constexpr KvNorm kH = KvNorm::fp16, kL = KvNorm::log8;
 }  // namespace
 
@@ -64,33 +57,29 @@ static constexpr KvTypeTraits kFormats[] = {
     tq(F::tq6, "tq6", 6, kH, "TurboQuant mse 6 bits + fp16 corrected norm"),
     tq(F::tq7, "tq7", 7, kH, "TurboQuant mse 7 bits + fp16 corrected norm"),
     tq(F::tq8, "tq8", 8, kH, "TurboQuant mse 8 bits + fp16 corrected norm"),
-    split(F::tq2_5, "tq2.5", 2, 3, kE, kH, "D/4 outlier channels at 3 bits + rest at 2, 2 fp16 norms"),
-    split(F::tq3_5, "tq3.5", 3, 4, kE, kH, "D/4 outlier channels at 4 bits + rest at 3, 2 fp16 norms"),
-    split(F::tq2h3, "tq2h3", 2, 3, kQ, kH, "tq2.5 with query-weighted channels (D/4 at 3 bits + rest at 2)"),
-    split(F::tq3h4, "tq3h4", 3, 4, kQ, kH, "tq3.5 with query-weighted channels (D/4 at 4 bits + rest at 3)"),
-    split(F::tq2h4, "tq2h4", 2, 4, kQ, kH, "D/4 query-weighted channels at 4 bits + rest at 2, 2 fp16 norms"),
-    split(F::tq2h5, "tq2h5", 2, 5, kQ, kH, "D/4 query-weighted channels at 5 bits + rest at 2, 2 fp16 norms"),
-    split(F::tq3h5, "tq3h5", 3, 5, kQ, kH, "D/4 query-weighted channels at 5 bits + rest at 3, 2 fp16 norms"),
-    split(F::tq3h6, "tq3h6", 3, 6, kQ, kH, "D/4 query-weighted channels at 6 bits + rest at 3, 2 fp16 norms"),
-    split(F::tq4h5, "tq4h5", 4, 5, kQ, kH, "D/4 query-weighted channels at 5 bits + rest at 4, 2 fp16 norms"),
-    split(F::tq4h6, "tq4h6", 4, 6, kQ, kH, "D/4 query-weighted channels at 6 bits + rest at 4, 2 fp16 norms"),
-    split(F::tq2h6n8, "tq2h6n8", 2, 6, kQ, kL, "D/4 query-weighted channels at 6 bits + rest at 2, 2 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)"),
-    split(F::tq2h4n8, "tq2h4n8", 2, 4, kQ, kL, "tq2h4 with 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)"),
-    split(F::tq2h5n8, "tq2h5n8", 2, 5, kQ, kL, "tq2h5 with 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)"),
-    split(F::tq3h4n8, "tq3h4n8", 3, 4, kQ, kL, "tq3h4 with 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)"),
-    split(F::tq3h5n8, "tq3h5n8", 3, 5, kQ, kL, "tq3h5 with 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)"),
-    split(F::tq3h6n8, "tq3h6n8", 3, 6, kQ, kL, "tq3h6 with 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)"),
-    split(F::tq4h5n8, "tq4h5n8", 4, 5, kQ, kL, "tq4h5 with 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)"),
-    split(F::tq4h6n8, "tq4h6n8", 4, 6, kQ, kL, "tq4h6 with 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)"),
-    prod(F::tq3p, "tq3p", 3, "TurboQuant prod: 2-bit mse + 1-bit QJL, fp16 norm+gamma"),
-    prod(F::tq4p, "tq4p", 4, "TurboQuant prod: 3-bit mse + 1-bit QJL, fp16 norm+gamma"),
+    split(F::tq2h3, "tq2h3", 2, 3, kH, "D/4 query-weighted channels at 3 bits + rest at 2, 2 fp16 norms"),
+    split(F::tq3h4, "tq3h4", 3, 4, kH, "D/4 query-weighted channels at 4 bits + rest at 3, 2 fp16 norms"),
+    split(F::tq2h4, "tq2h4", 2, 4, kH, "D/4 query-weighted channels at 4 bits + rest at 2, 2 fp16 norms"),
+    split(F::tq2h5, "tq2h5", 2, 5, kH, "D/4 query-weighted channels at 5 bits + rest at 2, 2 fp16 norms"),
+    split(F::tq3h5, "tq3h5", 3, 5, kH, "D/4 query-weighted channels at 5 bits + rest at 3, 2 fp16 norms"),
+    split(F::tq3h6, "tq3h6", 3, 6, kH, "D/4 query-weighted channels at 6 bits + rest at 3, 2 fp16 norms"),
+    split(F::tq4h5, "tq4h5", 4, 5, kH, "D/4 query-weighted channels at 5 bits + rest at 4, 2 fp16 norms"),
+    split(F::tq4h6, "tq4h6", 4, 6, kH, "D/4 query-weighted channels at 6 bits + rest at 4, 2 fp16 norms"),
+    split(F::tq2h6n8, "tq2h6n8", 2, 6, kL, "D/4 query-weighted channels at 6 bits + rest at 2, 2 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)"),
+    split(F::tq2h4n8, "tq2h4n8", 2, 4, kL, "tq2h4 with 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)"),
+    split(F::tq2h5n8, "tq2h5n8", 2, 5, kL, "tq2h5 with 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)"),
+    split(F::tq3h4n8, "tq3h4n8", 3, 4, kL, "tq3h4 with 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)"),
+    split(F::tq3h5n8, "tq3h5n8", 3, 5, kL, "tq3h5 with 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)"),
+    split(F::tq3h6n8, "tq3h6n8", 3, 6, kL, "tq3h6 with 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)"),
+    split(F::tq4h5n8, "tq4h5n8", 4, 5, kL, "tq4h5 with 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)"),
+    split(F::tq4h6n8, "tq4h6n8", 4, 6, kL, "tq4h6 with 8-bit log-coded norms (+ 2 int16 exponents per 32 tokens)"),
     tq(F::tq2n8, "tq2n8", 2, kL, "tq2 with an 8-bit log-coded norm (+ int16 exponent per 32 tokens)"),
     tq(F::tq3n8, "tq3n8", 3, kL, "tq3 with an 8-bit log-coded norm (+ int16 exponent per 32 tokens)"),
     tq(F::tq4n8, "tq4n8", 4, kL, "tq4 with an 8-bit log-coded norm (+ int16 exponent per 32 tokens)"),
     tq(F::tq5n8, "tq5n8", 5, kL, "tq5 with an 8-bit log-coded norm (+ int16 exponent per 32 tokens)"),
 };
-constexpr int kNumFormats = sizeof(kFormats) / sizeof(kFormats[0]);
-static_assert(kNumFormats == (int)KvFormat::count, "one row per KvFormat");
+constexpr int kNumFormats = (int)KvFormat::count;
+static_assert(sizeof(kFormats) / sizeof(kFormats[0]) == kNumFormats, "one row per KvFormat");
 constexpr bool rows_in_enum_order() {
   for (int i = 0; i < kNumFormats; ++i)
     if ((int)kFormats[i].id != i) return false;
@@ -218,25 +207,6 @@ static void expand_tiles(const uint8_t* tiles, int dim, int bits, bool is_k, uin
   }
 }
 
-// Rebuild the codec's prod code rows (quantizer.h layout) of tokens [t, t + n), one block.
-void prod_rows(const Stream& s, int t, int n, uint8_t* rows) {
-  const int D = s.dim, bm = s.fmt->parts[0].bits, first = t % kBlock;
-  TQ_ASSERT(first + n <= kBlock);
-  const uint8_t* blk = s.block(t / kBlock);
-  const uint16_t* norms = reinterpret_cast<const uint16_t*>(blk);
-  std::vector<uint8_t> idx((size_t)kBlock * D), sg((size_t)kBlock * D);
-  expand_tiles(blk + s.norms_bytes, D, bm, s.side == 0, idx.data());
-  expand_tiles(blk + s.norms_bytes + s.tiles_hi_bytes, D, 1, s.side == 0, sg.data());
-  const size_t pb = packed_bytes((size_t)D, bm);
-  for (int j = 0; j < n; ++j) {
-    uint8_t* row = rows + (size_t)j * s.row_bytes;
-    std::memcpy(row, &norms[first + j], 2);
-    std::memcpy(row + 2, &norms[kBlock + first + j], 2);
-    pack_bits((size_t)D, bm, idx.data() + (size_t)(first + j) * D, row + 4);
-    pack_bits((size_t)D, 1, sg.data() + (size_t)(first + j) * D, row + 4 + pb);
-  }
-}
-
 // ------------------------------------------------------------------ ggml blocks
 static void quantize_q8_0(int n, const float* x, BlockQ8_0* y) {
   for (int b = 0; b < n / 32; ++b) {
@@ -326,8 +296,24 @@ const KvTypeTraits* find_kv_type(const std::string& name) noexcept {
     if (name == f.name) return &f;
   return nullptr;
 }
+// Formats that were in the table once, and what to use instead (docs/design.md, "Removed, and why").
+static constexpr struct {
+  const char* name;
+  const char* why;
+} kRemovedFormats[] = {
+    {"tq3p", "the QJL K types were removed from the KV cache (tq4p +5% to +40% perplexity, tq3p +22% to +298%); "
+             "use tq3h6 or tq4"},
+    {"tq4p", "the QJL K types were removed from the KV cache (tq4p +5% to +40% perplexity, tq3p +22% to +298%); "
+             "use tq3h6 or tq4"},
+    {"tq2.5", "removed (the same bits with channels chosen by K energy alone; tq2h3 chooses them by the queries too, "
+              "KLD 0.124 vs 0.139); use tq2h3"},
+    {"tq3.5", "removed (the same bits with channels chosen by K energy alone, as good as tq3h4: KLD 0.0209 vs "
+              "0.0210); use tq3h4"},
+};
+
 KvType parse_kv_type(const std::string& name) {
   if (const KvTypeTraits* f = find_kv_type(name)) return kv_type(f->id);
+  for (const auto& r : kRemovedFormats) TQ_CHECK(name != r.name, "kv cache type %s: %s", r.name, r.why);
   std::string valid;
   for (int i = 0; i < kNumFormats; ++i) valid += std::string(i ? ", " : "") + kFormats[i].name;
   TQ_CHECK(false, "unknown kv cache type '%s' (valid: %s)", name.c_str(), valid.c_str());
@@ -340,7 +326,7 @@ std::vector<std::string> kv_type_names() {
   return r;
 }
 const char* kv_layout_name(KvLayout l) {
-  static const char* const n[] = {"f32", "f16", "q8_0", "q4_0", "tq", "tq_split", "tq_prod", "tq_n8"};
+  static const char* const n[] = {"f32", "f16", "q8_0", "q4_0", "tq", "tq_split", "tq_n8"};
   return n[(int)l];
 }
 const char* kv_norm_name(KvNorm n) {
@@ -348,7 +334,7 @@ const char* kv_norm_name(KvNorm n) {
   return s[(int)n];
 }
 const char* kv_channels_name(KvChannels c) {
-  static const char* const s[] = {"all", "energy", "query_weighted"};
+  static const char* const s[] = {"all", "query_weighted"};
   return s[(int)c];
 }
 KvType kv_f16() { return kv_type(KvFormat::f16); }
@@ -443,19 +429,17 @@ static void decode_tq_part(const Codebook& cb, const TrellisCode* tc, int dim, i
   tq_part_values(cb, tc, dim, idx, norm, out);
 }
 
-// Outlier channels (tq2.5 / tq3.5), chosen online: the D/4 channels with the largest sum of
-// squares over every token this stream has seen (appended, window included) when its first
-// token is quantized; frozen from then on (ties: lower channel index). Costs D bits per
-// stream (counted in bytes_used).
-//
-// Query-weighted types (tqBhH): the logit error a channel adds is its K error times its query
-// energy, so the D/8 adjacent channel pairs (2i, 2i+1) with the largest (sum of (k - mu)^2) x
-// (sum of q^2 over the group's query heads, from observe_queries) take the high bits; pairs,
-// because RoPE rotates each pair by the position and moves energy between its two channels.
-// Position 0 (BOS) is left out of both sums. Without observed queries: K energy alone.
+// Selected channels of the split types (tqBhH), chosen online when the stream's first token
+// is quantized, over every token it has seen then (appended, window included), and frozen
+// from then on: the logit error a channel adds is its K error times its query energy, so the
+// D/8 adjacent channel pairs (2i, 2i+1) with the largest (sum of (k - mu)^2) x (sum of q^2
+// over the group's query heads, from observe_queries) take the high bits (ties: lower index);
+// pairs, because RoPE rotates each pair by the position and moves energy between its two
+// channels. Position 0 (BOS) is left out of both sums. Without observed queries: K energy
+// alone. Costs D bits per stream (counted in bytes_used).
 static void freeze_split(Stream& s) {
-  const int g = s.qweighted() ? 2 : 1;  // channels per unit: RoPE pairs for tqBhH
-  const bool weigh = s.qweighted() && s.q_n > 0;
+  constexpr int g = 2;  // channels per unit: RoPE pairs
+  const bool weigh = s.q_n > 0;
   std::vector<double> w(s.dim / g, 0.0), qw(w.size(), 0.0);
   for (int d = 0; d < s.dim; ++d) {
     w[d / g] += s.chan_energy[d];
@@ -655,15 +639,15 @@ static void freeze_kscale(Stream& s) {
 
 // ------------------------------------------------------------------ Impl: transforms
 void KvCache::Impl::query_to_domain(const Stream& s, int n, const float* q, float* y) const {
-  if (s.kw.empty()) return to_domain(s, 0, n, q, y);
+  if (s.kw.empty()) return to_domain(s, n, q, y);
   const int D = s.dim;
   std::vector<float> t((size_t)n * D);
   for (int r = 0; r < n; ++r)
     for (int d = 0; d < D; ++d) t[(size_t)r * D + d] = q[(size_t)r * D + d] / s.kw[d];
-  to_domain(s, 0, n, t.data(), y);
+  to_domain(s, n, t.data(), y);
 }
 
-void KvCache::Impl::to_domain(const Stream& s, int side, int n, const float* x, float* y) const {
+void KvCache::Impl::to_domain(const Stream& s, int n, const float* x, float* y) const {
   const int D = s.dim;
   switch (s.domain) {
     case Domain::orig:
@@ -689,7 +673,7 @@ void KvCache::Impl::to_domain(const Stream& s, int side, int n, const float* x, 
   }
 }
 
-void KvCache::Impl::to_orig(const Stream& s, int side, int n, float* x) const {
+void KvCache::Impl::to_orig(const Stream& s, int n, float* x) const {
   const int D = s.dim;
   switch (s.domain) {
     case Domain::orig: break;
@@ -715,7 +699,7 @@ void KvCache::Impl::to_orig(const Stream& s, int side, int n, float* x) const {
 }
 
 // ------------------------------------------------------------------ Impl: encode / decode
-void KvCache::Impl::encode_rows(Stream& s, int side, int n, const float* x, size_t stride) {
+void KvCache::Impl::encode_rows(Stream& s, int n, const float* x, size_t stride) {
   const int D = s.dim;
   if (n <= 0) return;
   if (s.center && !s.mu_frozen) freeze_mu(s);
@@ -771,7 +755,7 @@ void KvCache::Impl::encode_rows(Stream& s, int side, int n, const float* x, size
     if (!s.kw.empty())
       for (int j = 0; j < m; ++j)
         for (int d = 0; d < D; ++d) xb[(size_t)j * D + d] *= s.kw[d];
-    if (s.domain != Domain::orig) to_domain(s, side, m, xb.data(), yb.data());
+    if (s.domain != Domain::orig) to_domain(s, m, xb.data(), yb.data());
     for (int j = 0; j < m; ++j) {
       const int slot = slot0 + j;
       const float* xr = &xb[(size_t)j * D];
@@ -820,28 +804,6 @@ void KvCache::Impl::encode_rows(Stream& s, int side, int n, const float* x, size
           }
           break;
         }
-        case KvLayout::tq_prod: break;
-      }
-    }
-    if (s.fmt->layout == KvLayout::tq_prod) {  // codec prod code per row, re-laid out into tiles
-      std::vector<uint8_t> rows((size_t)m * s.row_bytes), sg((size_t)D);
-      s.prod->encode((size_t)m, xb.data(), rows.data());
-      const int bm = s.fmt->parts[0].bits;
-      uint16_t* norms = reinterpret_cast<uint16_t*>(blk);
-      for (int j = 0; j < m; ++j) {
-        const uint8_t* row = rows.data() + (size_t)j * s.row_bytes;
-        const int slot = slot0 + j;
-        std::memcpy(&norms[slot], row, 2);
-        std::memcpy(&norms[kBlock + slot], row + 2, 2);
-        unpack_bits((size_t)D, bm, row + 4, idx.data());
-        unpack_bits((size_t)D, 1, row + 4 + packed_bytes((size_t)D, bm), sg.data());
-        if (s.side == 0) {
-          set_tile_codes_k(blk + s.norms_bytes, D, bm, slot, idx.data());
-          set_tile_codes_k(blk + s.norms_bytes + s.tiles_hi_bytes, D, 1, slot, sg.data());
-        } else {
-          set_tile_codes_v(blk + s.norms_bytes, D, bm, slot, idx.data());
-          set_tile_codes_v(blk + s.norms_bytes + s.tiles_hi_bytes, D, 1, slot, sg.data());
-        }
       }
     }
     s.n_quant += m;
@@ -849,7 +811,7 @@ void KvCache::Impl::encode_rows(Stream& s, int side, int n, const float* x, size
   }
 }
 
-void KvCache::Impl::decode_domain(const Stream& s, int side, int t0, int n, float* out) const {
+void KvCache::Impl::decode_domain(const Stream& s, int t0, int n, float* out) const {
   const int D = s.dim;
   TQ_ASSERT(t0 >= s.n_dropped && t0 + n <= s.n_quant);
   if ((s.fmt->layout == KvLayout::q8_0 || s.fmt->layout == KvLayout::q4_0) && !simd::use_scalar()) {
@@ -862,7 +824,7 @@ void KvCache::Impl::decode_domain(const Stream& s, int side, int t0, int n, floa
     }
     return;
   }
-  if (s.fmt->mse_tiles() && !simd::use_scalar()) {
+  if (s.fmt->turboquant() && !simd::use_scalar()) {
     std::vector<uint8_t> codes((size_t)kBlock * D);
     for (int r = 0; r < n;) {  // whole blocks: expand the tiles once, then emit the rows
       const int t = t0 + r, b = t / kBlock, first = t % kBlock, m = std::min(n - r, kBlock - first);
@@ -882,16 +844,6 @@ void KvCache::Impl::decode_domain(const Stream& s, int side, int t0, int n, floa
           tq_part_values(cb, tc, dim, c, nrm, o);
         }
       }
-      r += m;
-    }
-    return;
-  }
-  if (s.fmt->layout == KvLayout::tq_prod && !simd::use_scalar()) {
-    std::vector<uint8_t> rows((size_t)kBlock * s.row_bytes);
-    for (int r = 0; r < n;) {
-      const int t = t0 + r, m = std::min(n - r, kBlock - t % kBlock);
-      prod_rows(s, t, m, rows.data());
-      s.prod->decode((size_t)m, rows.data(), out + (size_t)r * D);
       r += m;
     }
     return;
@@ -927,12 +879,6 @@ void KvCache::Impl::decode_domain(const Stream& s, int side, int t0, int n, floa
                        tq_block_norm(s, blk, 1, t % kBlock), idx.data(), o + s.d_hi);
         break;
       }
-      case KvLayout::tq_prod: {  // original domain
-        std::vector<uint8_t> rb(s.row_bytes);
-        prod_rows(s, t, 1, rb.data());
-        s.prod->decode(1, rb.data(), o);
-        break;
-      }
     }
   }
 }
@@ -948,7 +894,6 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
            "kv cache: window %d out of range [0, min(65536, max_tokens=%d)]", cfg.window, cfg.max_tokens);
   TQ_CHECK(cfg.sink >= 0 && cfg.sink <= 65536 && cfg.sink <= cfg.max_tokens,
            "kv cache: sink %d out of range [0, min(65536, max_tokens=%d)]", cfg.sink, cfg.max_tokens);
-  TQ_CHECK(cfg.center_tokens >= 0, "kv cache: center_tokens %d is negative", cfg.center_tokens);
   TQ_CHECK(cfg.layer_window.empty() || static_cast<int>(cfg.layer_window.size()) == cfg.n_layers,
            "kv cache: layer_window has %zu entries for %d layers", cfg.layer_window.size(), cfg.n_layers);
   for (int w : cfg.layer_window)
@@ -992,10 +937,6 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
           used.push_back(types[i][side]);
         }
       }
-      TQ_CHECK((format(types[i][0]).layout == KvLayout::tq_prod) ==
-                   (format(types[(size_t)l * cfg.n_kv_heads][0]).layout == KvLayout::tq_prod),
-               "kv cache: layer %d mixes tq_prod K types (%s) with others (%s) over its KV heads", l,
-               format(types[(size_t)l * cfg.n_kv_heads][0]).name, format(types[i][0]).name);
     }
   }
   for (KvType t : used) check_dim(format(t), D);
@@ -1006,15 +947,6 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
     if (f.layout == KvLayout::tq_split && !I.rot_hi) {
       I.rot_hi = make_rotation(RotationSpec{RotationKind::hadamard}, D / 4, cfg.seed + 1);
       I.rot_lo = make_rotation(RotationSpec{RotationKind::hadamard}, D - D / 4, cfg.seed + 2);
-    }
-    const int prod_bits = f.parts[0].bits + 1;  // tq_prod: mse bits + the QJL sign bit
-    if (f.layout == KvLayout::tq_prod && !I.prod_q[prod_bits]) {
-      QuantizerConfig qc;
-      qc.dim = D;
-      qc.bits = prod_bits;
-      qc.seed = cfg.seed + 3;
-      I.prod_q[prod_bits] = make_quantizer(QuantizerKind::prod, qc);
-      TQ_ASSERT(I.prod_q[prod_bits]->code_bytes() == f.row_bytes(D));
     }
   }
 
@@ -1053,7 +985,6 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
       for (int h = 0; h < cfg.n_kv_heads; ++h) {
         auto& s = vec[h];
         const KvType t = types[(size_t)l * cfg.n_kv_heads + h][side];
-        s.type = t;
         s.fmt = &format(t);
         s.dim = D;
         const Format& f = *s.fmt;
@@ -1067,7 +998,7 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
         if (!cfg.layer_window.empty() && cfg.layer_window[l] > 0) s.blocks_per_chunk = 1;
         const KvPart& p0 = f.parts[0];
         const size_t part_norms = f.log8_norms() ? kN8HeaderBytes : kBlock * 2;  // one part's per block
-        if (f.mse_tiles()) {  // tq, tq_n8: one part over D; tq_split: selected channels, then the rest
+        if (f.turboquant()) {  // tq, tq_n8: one part over D; tq_split: selected channels, then the rest
           s.norms_bytes = f.n_parts * part_norms;
           if (f.n_parts == 1) {
             s.cb = &get_codebook(D, p0.bits);
@@ -1080,12 +1011,6 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
             s.domain = Domain::orig;  // until the channels are chosen
           }
           TQ_ASSERT(s.block_bytes == s.norms_bytes + s.tiles_hi_bytes + tiles_bytes(D - s.d_hi, s.cb->bits));
-        } else if (f.layout == KvLayout::tq_prod) {  // norms s, then gamma
-          s.prod = I.prod_q[p0.bits + 1].get();
-          s.cb = &get_codebook(D, p0.bits);
-          s.norms_bytes = 2 * part_norms;
-          s.tiles_hi_bytes = tiles_bytes(D, p0.bits);
-          TQ_ASSERT(s.block_bytes == s.norms_bytes + s.tiles_hi_bytes + tiles_bytes(D, 1));
         }
         s.rope_mu = side == 0 && cfg.center_k && cfg.center_rope && f.quantized();
         if (s.rope_mu) {
@@ -1097,12 +1022,12 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
           s.rope_j = I.rope_j.data();
           s.turns = &I.turns;
         }
-        if (cfg.trellis && f.mse_tiles()) {
+        if (cfg.trellis && f.turboquant()) {
           // Parts of 1-4 bits (at 5+ bits the table trains to codes no better than Lloyd-Max).
           if (s.cb->bits <= 4) s.tc = &get_trellis(D - s.d_hi, s.cb->bits);
           if (s.cb_hi && s.cb_hi->bits <= 4) s.tc_hi = &get_trellis(s.d_hi, s.cb_hi->bits);
         }
-        s.kscale = side == 0 && cfg.scale_k && f.mse_tiles();
+        s.kscale = side == 0 && cfg.scale_k && f.turboquant();
         s.reset_stats();
         if (cfg.window > 0) s.ring = make_aligned<uint16_t>((size_t)cfg.window * D);
         s.sink = cfg.sink;
@@ -1165,9 +1090,6 @@ void KvCache::observe_queries(int layer, int n_tokens, const float* q, int n_hea
   TQ_CHECK(n_tokens >= 0, "kv cache observe_queries: negative token count %d", n_tokens);
   const int D = cfg.head_dim, H = cfg.n_kv_heads;
   TQ_CHECK(n_heads >= H && n_heads % H == 0, "kv cache observe_queries: %d query heads for %d kv heads", n_heads, H);
-  // TQ_KV_NO_QUERY_STATS=1 drops the queries (tqBhH then choose by K energy alone): A/B runs.
-  static const bool no_stats = env_flag("TQ_KV_NO_QUERY_STATS");
-  if (no_stats) return;
   Layer& L = I.layers[layer];
   const int group = n_heads / H;
   for (int h = 0; h < H; ++h) {
@@ -1208,7 +1130,7 @@ static void append_stream(KvCache::Impl& I, Layer& L, int side, int h, int n_tok
   };
   if (s.stats_open())
     for (int r = 0; r < n_tokens; ++r) {
-      if (s.skips_bos() && L.n_tokens + r == 0) continue;  // BOS: see freeze_split
+      if (L.n_tokens + r == 0) continue;  // BOS: see freeze_split
       const float* xr = xh + (size_t)r * stride;
       for (int d = 0; d < D; ++d) s.chan_energy[d] += (double)xr[d] * xr[d];
       if (s.center) {
@@ -1221,7 +1143,6 @@ static void append_stream(KvCache::Impl& I, Layer& L, int side, int h, int n_tok
     for (int r = 0; r < n_tokens; ++r) {
       const float* xr = centre_row(r);
       const int pos = L.n_tokens + r;
-      if (cfg.center_tokens > 0 && pos > cfg.center_tokens) break;
       for (int d = 0; d < D; ++d) s.stat_sum[d] += xr[d];
       if (pos == 0) std::memcpy(s.stat_x0.data(), xr, sizeof(float) * D);
       ++s.stat_n;
@@ -1233,7 +1154,7 @@ static void append_stream(KvCache::Impl& I, Layer& L, int side, int h, int n_tok
     f32_to_f16(D, xh + (size_t)r * stride, s.sink_rows.get() + (size_t)(L.n_tokens + r) * D);
   if (r0 == n_tokens) return;
   if (W == 0) {
-    I.encode_rows(s, side, n_tokens - r0, xh + (size_t)r0 * stride, stride);
+    I.encode_rows(s, n_tokens - r0, xh + (size_t)r0 * stride, stride);
     return;
   }
   std::vector<float> tmp((size_t)D);
@@ -1242,7 +1163,7 @@ static void append_stream(KvCache::Impl& I, Layer& L, int side, int h, int n_tok
     uint16_t* slot = s.ring.get() + (size_t)(t % W) * D;
     if (t >= W) {  // token t - W (after the sinks) leaves the window: quantize it
       f16_to_f32(D, slot, tmp.data());
-      I.encode_rows(s, side, 1, tmp.data(), (size_t)D);
+      I.encode_rows(s, 1, tmp.data(), (size_t)D);
     }
     f32_to_f16(D, xh + (size_t)r * stride, slot);
   }

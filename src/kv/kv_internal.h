@@ -12,12 +12,10 @@
 //          q4_0: value j in low nibble of qs[j], value j+16 in the high nibble (ggml order)
 //   q8_0h, q4_0h: same, of the Hadamard-rotated row
 //   tqB    [32 fp16 corrected norms] [bit-plane tiles of the B-bit codebook indices]
-//   tqX.5  [32 fp16 norms, outlier part] [32 fp16 norms, regular part]
-//          [tiles of the D/4 outlier channels at B+1 bits] [tiles of the 3D/4 others at B bits]
+//   tqBhH  [32 fp16 norms, selected part] [32 fp16 norms, regular part]
+//          [tiles of the D/4 selected channels at H bits] [tiles of the 3D/4 others at B bits]
 //   tqBn8  [int16 exponent][32 uint8 log norms][bit-plane tiles] (see kN8Steps)
-//   tqBhHn8 [n8 header, outlier part][n8 header, regular part][tiles as tqX.5] (log8 norms)
-//   tqBp   [32 fp16 norms s][32 fp16 gamma][tiles of the (B-1)-bit mse indices][tiles of the
-//          QJL sign bits] (the codec's prod code re-laid out; prod_rows() rebuilds it)
+//   tqBhHn8 [n8 header, selected part][n8 header, regular part][tiles as tqBhH] (log8 norms)
 //
 // Bit-plane tiles (tq types). A tile holds 64 codes as `bits` little-endian 64-bit planes;
 // bit (4*i + j) of plane p is bit p of code (lane i, sub j), i < 16, j < 4. Expanding a
@@ -126,13 +124,13 @@ struct RopeTurns {
 };
 
 struct Stream {
-  KvType type{};
   const Format* fmt = nullptr;
   int dim = 0;
   size_t row_bytes = 0;    // exact bytes per token (norms/scales included; tq_n8: + 2 B per block)
   size_t block_bytes = 0;  // kBlock * row_bytes (tq_n8: + 2)
   Domain domain = Domain::orig;
-  int side = 0;            // 0: K (K tile layout), 1: V (V tile layout)
+  int side = 0;            // 0: K (K tile layout), 1: V (V tile layout); every transform and
+                           // code path of a stream reads its side from here
   int n_quant = 0;         // tokens in blocks
   // Blocks live in chunks of blocks_per_chunk; a sliding-window layer (KvCacheConfig::
   // layer_window) drops its oldest blocks: chunks wholly before block n_dropped / kBlock are
@@ -143,23 +141,22 @@ struct Stream {
   int n_dropped = 0;       // quantized tokens dropped (whole blocks from the first)
   // tq / tq_split
   const Codebook* cb = nullptr;     // regular (or only) codebook
-  const Codebook* cb_hi = nullptr;  // tq_split outlier codebook
+  const Codebook* cb_hi = nullptr;  // tq_split selected-channel codebook
   // KvCacheConfig::trellis: the trellis code of the regular / outlier part (null: scalar codes)
   const TrellisCode* tc = nullptr;
   const TrellisCode* tc_hi = nullptr;
   bool trellis_coded() const noexcept { return tc || tc_hi; }  // any part stores trellis codes
   int d_hi = 0, d_lo = 0;           // tq_split channel counts
   size_t norms_bytes = 0;           // per block: 32 (tq) or 64 (split) fp16 norms
-  size_t tiles_hi_bytes = 0;        // per block (split outlier tiles)
-  const Quantizer* prod = nullptr;  // tq_prod
+  size_t tiles_hi_bytes = 0;        // per block (split: the selected channels' tiles)
   // tq_split: channel selection (online, frozen at the first quantized token). The channel
   // statistics below also feed the K scaling (kscale); see stats_open().
   bool split_frozen = false;
   std::vector<double> chan_energy;  // sum of x^2 per channel over tokens seen before freezing
   std::vector<double> chan_sum;     // sum of x per channel, same tokens (centred streams only)
   int chan_n = 0;                   // tokens counted in chan_energy
-  std::vector<int> perm;            // D entries: outlier channels first (ascending), then the rest
-  std::vector<double> q_energy;     // qweighted / kscale: sum of q^2 per channel (the group's query heads)
+  std::vector<int> perm;            // D entries: selected channels first (ascending), then the rest
+  std::vector<double> q_energy;     // split / kscale: sum of q^2 per channel (the group's query heads)
   int q_n = 0;                      // query rows counted in q_energy
   // Query-weighted K scaling (KvCacheConfig::scale_k; K streams of the tq kinds): the blocks
   // hold codes of w * (x - mu), w one weight per RoPE pair frozen with the first quantized
@@ -168,13 +165,11 @@ struct Stream {
   bool kscale_frozen = false;
   std::vector<float> kw;            // D fp16-exact weights, equal within each pair (D / 2 stored);
                                     // empty: identity (none chosen yet, or no queries seen)
-  // Channel / query statistics still being gathered (split selection or K scaling pending).
-  bool qweighted() const noexcept { return fmt->channels == KvChannels::query_weighted; }
-  bool stats_open() const noexcept {
-    return (fmt->layout == KvLayout::tq_split && !split_frozen) || (kscale && !kscale_frozen);
-  }
-  bool wants_queries() const noexcept { return (qweighted() && !split_frozen) || (kscale && !kscale_frozen); }
-  bool skips_bos() const noexcept { return qweighted() || kscale; }  // position 0 left out of the statistics
+  // Channel / query statistics still being gathered (split selection or K scaling pending);
+  // both weigh by the queries and leave position 0 out.
+  bool split() const noexcept { return fmt->layout == KvLayout::tq_split; }
+  bool stats_open() const noexcept { return (split() && !split_frozen) || (kscale && !kscale_frozen); }
+  bool wants_queries() const noexcept { return stats_open(); }
   // Empty statistics for a stream that gathers them (construction and clear()).
   void reset_stats() {
     if (!stats_open()) return;
@@ -252,20 +247,19 @@ struct KvCache::Impl {
   std::unique_ptr<Rotation> rot;        // D-dim randomized Hadamard (rotated formats)
   std::unique_ptr<Rotation> rot_hi;     // split: D/4
   std::unique_ptr<Rotation> rot_lo;     // split: 3D/4
-  std::unique_ptr<Quantizer> prod_q[9]; // prod quantizers by total bits (tq3p, tq4p)
   std::vector<float> rope_cos, rope_sin, rope_j;  // tables of the RoPE-rotating K mean (Stream::rope_cos ...)
   std::vector<double> rope_freq;                  // its pair frequencies (empty: no rotating mean)
   kv::RopeTurns turns;                            // its angles at the positions of the current append
   mutable std::mutex alloc_mu;
 
-  void encode_rows(kv::Stream& s, int side, int n, const float* x, size_t stride);  // into blocks
+  void encode_rows(kv::Stream& s, int n, const float* x, size_t stride);  // into blocks
   // Decode tokens [t0, t0 + n) of the quantized part into floats in the stream's domain.
-  void decode_domain(const kv::Stream& s, int side, int t0, int n, float* out) const;
+  void decode_domain(const kv::Stream& s, int t0, int n, float* out) const;
   // Domain -> original (inverse transform, then the K scaling undone) of n rows, in place.
-  void to_orig(const kv::Stream& s, int side, int n, float* x) const;
+  void to_orig(const kv::Stream& s, int n, float* x) const;
   // Original -> domain (forward transform) of n rows: x -> y. Rows to store are scaled first
   // by encode_rows; queries go through query_to_domain.
-  void to_domain(const kv::Stream& s, int side, int n, const float* x, float* y) const;
+  void to_domain(const kv::Stream& s, int n, const float* x, float* y) const;
   // n queries of a K stream into its domain: q / w (K scaling), then the forward transform.
   void query_to_domain(const kv::Stream& s, int n, const float* q, float* y) const;
 };
@@ -281,6 +275,4 @@ inline size_t tiles_bytes(int dim, int bits) { return (size_t)kBlock * dim * bit
 constexpr size_t kN8HeaderBytes = 2 + kBlock;  // tq_n8 block header: int16 exponent + 32 codes
 // Norm of token `slot` of a tq / tq_split (part 0 or 1) / tq_n8 block.
 float tq_block_norm(const Stream& s, const uint8_t* blk, int part, int slot) noexcept;
-// Codec prod code rows (quantizer.h layout) of tokens [t, t + n) of a prod stream (one block).
-void prod_rows(const Stream& s, int t, int n, uint8_t* rows);
 }  // namespace tq::kv

@@ -10,9 +10,9 @@
 //  - more rows (prefill): llm::qgemm, which dequantizes panels of weight rows into a per-thread
 //    f32 buffer and multiplies them with OpenBLAS sgemm (the GEMM reuses each panel across
 //    the rows, so the dequantization is paid once per micro-batch, not per row).
-// TQ_F32_DECODE=1 (or set_f32_decode(true), `--f32-decode`) dequantizes every matrix to an f32
-// copy and sends every call to OpenBLAS on it (sgemv for one row), for A/B runs. Types without
-// a block kernel (BF16) are held as f32 copies.
+// set_f32_decode(true) dequantizes every matrix to an f32 copy and sends every call to OpenBLAS
+// on it (sgemv for one row): the tests hold the block kernels to it. Types without a block
+// kernel (BF16) are held as f32 copies.
 #include "tq/model.h"
 
 #include <cblas.h>
@@ -129,10 +129,8 @@ struct LlamaModel::Impl {
   std::vector<float> rope_freqs;  // Llama 3 frequency factors (rope_dim / 2), empty: none
   std::vector<Layer> layers;
   int n_threads = 0;
-  AttentionImpl attn = AttentionImpl::Fused;
-  bool exact = false;
-  bool lut8 = false;
-  bool f32_decode = env_flag("TQ_F32_DECODE");
+  AttnKernel attn = AttnKernel::fused;
+  bool f32_decode = false;
   int ubatch = 512;
   const Weight& out_w() const { return cfg.tied_output ? tok_embd : output; }
   // The per-layer steps of forward() (rows: tokens at positions pos[0..n)).
@@ -298,7 +296,6 @@ LlamaModel LlamaModel::load(const GgufFile& g) {
     L.wd = load_w(p + "ffn_down.weight", {F, E});
     L.ffn_post_norm = load_opt(p + "post_ffw_norm.weight", {E}, tr.post_norms);
   }
-  if (I.f32_decode) m.set_f32_decode(true);  // TQ_F32_DECODE
   return m;
 }
 
@@ -340,9 +337,8 @@ void LlamaModel::set_threads(int n) {
   openblas_set_num_threads(1);  // parallelism comes from OpenMP around it (see matmul)
 }
 int LlamaModel::threads() const noexcept { return impl_->n_threads > 0 ? impl_->n_threads : omp_get_max_threads(); }
-void LlamaModel::set_attention_impl(AttentionImpl a) noexcept { impl_->attn = a; }
-void LlamaModel::set_attention_exact(bool e) noexcept { impl_->exact = e; }
-void LlamaModel::set_attention_lut8(bool e) noexcept { impl_->lut8 = e; }
+void LlamaModel::set_attention_kernel(AttnKernel k) noexcept { impl_->attn = k; }
+AttnKernel LlamaModel::attention_kernel() const noexcept { return impl_->attn; }
 void LlamaModel::set_ubatch(int n) noexcept { impl_->ubatch = std::max(1, n); }
 void LlamaModel::set_f32_decode(bool on) {
   Impl::each_matrix(*impl_, [&](Weight& w) { w.set_f32_copy(on); });
@@ -463,8 +459,7 @@ AttentionParams LlamaModel::Impl::attn_params(int l, int pos0) const {
   ap.n_heads = cfg.n_heads;
   ap.pos0 = pos0;
   ap.n_threads = n_threads > 0 ? n_threads : omp_get_max_threads();
-  ap.exact = exact;
-  ap.lut8 = lut8;
+  ap.kernel = attn;
   ap.scale = cfg.attn_scale;
   ap.sliding_window = cfg.layer_is_swa(l) ? cfg.sliding_window : 0;
   return ap;
@@ -532,8 +527,7 @@ void cache_attention(const LlamaModel::Impl& I, KvCache& cache, int l, int r0, i
   const AttentionParams ap = I.attn_params(l, pos0);
   cache.observe_queries(l, n, q, c.n_heads);
   cache.append(l, n, s.k.data() + r0 * KV, s.v.data() + r0 * KV, ap.n_threads);
-  if (I.attn == AttentionImpl::Fused) attention(cache, l, n, q, att, ap);
-  else attention_ref(cache, l, n, q, att, ap);
+  attention(cache, l, n, q, att, ap);
 }
 
 }  // namespace

@@ -241,11 +241,10 @@ void setup(CLI::App& app) {
     // Decode steps, interleaved across types.
     tq::AttentionParams p;
     p.n_heads = H;
-    p.exact = o->exact;
     p.pos0 = N - NQ;  // the timed queries see N - NQ + 1 .. N tokens
     auto params = [&](const Row& r) {
       tq::AttentionParams pr = p;
-      pr.lut8 = r.lut8;
+      pr.kernel = r.lut8 ? tq::AttnKernel::lut8 : tq::AttnKernel::fused;
       return pr;
     };
     for (size_t ti = 0; ti < threads.size(); ++ti) {
@@ -283,7 +282,7 @@ void setup(CLI::App& app) {
         pr.n_threads = threads.back();
         tq::attention_ref(*r.cache, 0, NQ, qt.data(), ref.data(), pr);
         r.rel_fused_ref = rel_diff(r.out, ref);
-        pr.lut8 = false;
+        pr.kernel = tq::AttnKernel::fused;
         tq::attention(*r.cache, 0, NQ, qt.data(), ex.data(), pr);
         r.rel_float_ref = rel_diff(ex, ref);
       }

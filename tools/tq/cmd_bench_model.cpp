@@ -85,7 +85,7 @@ void setup(CLI::App& app) {
     pb.finish();
     if (o->json) {
       tq::cli::print_json({{"threads", L->model.threads()}, {"blas_core", tq::cli::blas_core()},
-                            {"f32_decode", L->model.f32_decode()}, {"rows", rows}});
+                            {"attention", tq::attn_kernel_name(L->model.attention_kernel())}, {"rows", rows}});
       return;
     }
     // The resolved label: what ran, automatic sink and K means included (shortened).

@@ -25,8 +25,8 @@ void setup(CLI::App& app) {
   s->add_option("--compare", *compare, "also run this cache type (e.g. f16) on the same tokens");
   s->add_flag("--top1", *dump_top1, "with --json: include the argmax token of every scored position");
   s->add_option("--sweep", *sweep,
-                "several cache configs separated by ';', each 'K[/V] [wN] [sN] [ck|cv|ckv[:N]|c0] [csN] [cr] [ks] [tc] [plain] [bN:T] [LLAYERS:T]...'\n"
-                "(e.g. 'tq4;tq4/tq3;tq3 w128 b2:f16;tq3 s4 ckv;tq4/tq3 L0,5-7:tq6/tq3'; sN = --kv-sink N, ck/cv/ckv = --kv-center, :N = --kv-center-tokens N,\n"
+                "several cache configs separated by ';', each 'K[/V] [wN] [sN] [ck|cv|ckv|c0] [csN] [cr] [ks] [tc] [plain] [bN:T] [LLAYERS:T]...'\n"
+                "(e.g. 'tq4;tq4/tq3;tq3 w128 b2:f16;tq3 s4 ckv;tq4/tq3 L0,5-7:tq6/tq3'; sN = --kv-sink N, ck/cv/ckv = --kv-center,\n"
                 "c0 = --kv-center none, csN = --kv-center-segment N, cr = --kv-center-rope, ks = --kv-scale-k, tc = --kv-trellis, plain = --kv-plain, LLAYERS:T = --kv-layer-type LAYERS:T),\n"
                 "run on the same windows sharing one --compare pass (replaces -ctk/-ctv); an entry @FILE reads a --kv-config file");
   s->callback([=] {
@@ -79,7 +79,7 @@ void setup(CLI::App& app) {
                            {"text_tokens", tokens.size()}, {"ctx", r0.n_ctx}, {"chunks", r0.n_chunks},
                            {"scored_tokens", r0.n_scored}, {"threads", L->model.threads()},
                            {"blas_core", tq::cli::blas_core()},
-                           {"attention", o->ref_attention ? "reference" : "fused"}};
+                           {"attention", tq::attn_kernel_name(L->model.attention_kernel())}};
     if (o->json) {
       if (sweep->empty()) {
         nlohmann::json j = all[0];

@@ -30,12 +30,21 @@ struct ModelOpts {
   int threads = 0;
   int ctx = 0;
   bool json = false;
-  bool exact = false;
-  bool lut8 = false;
-  bool ref_attention = false;
-  bool f32_decode = false;
+  std::string attn;  // --attn or one of its aliases; empty: TQ_ATTN, else fused
   KvOptions kv;
+  // The attention kernel: the one choice (--attn, else the environment variable TQ_ATTN, else fused).
+  AttnKernel kernel() const { return attn.empty() ? attn_kernel_from_env() : parse_attn_kernel(attn); }
 };
+
+// A flag or option that was removed: giving it is a one-line error saying what to use instead
+// (hidden from --help). takes_value: it took a value (the error comes before the value is read).
+inline void add_removed_opt(CLI::App* s, const std::string& name, bool takes_value, const std::string& why) {
+  const std::string msg = name + ": " + why;
+  if (takes_value)
+    s->add_option_function<std::string>(name, [msg](const std::string&) { throw Error(msg); })->group("");
+  else
+    s->add_flag_callback(name, [msg] { throw Error(msg); })->group("");
+}
 
 inline void add_model_opts(CLI::App* s, ModelOpts& o, int default_ctx) {
   o.ctx = default_ctx;
@@ -44,17 +53,25 @@ inline void add_model_opts(CLI::App* s, ModelOpts& o, int default_ctx) {
   s->add_option("-t,--threads", o.threads, "threads (default: all cores)");
   s->add_option("-c,--ctx-size", o.ctx, "context size in tokens")->capture_default_str();
   s->add_flag("--json", o.json, "print one JSON object on stdout");
-  s->add_flag("--attn-lut8", o.lut8,
-              "tq cache decode with int8 lookup tables (AVX-512 VNNI: faster, ~2e-2 relative attention error; "
-              "default: float arithmetic from the codes)");
-  s->add_flag("--exact-attention", o.exact, "never the int8 lookup tables (wins over --attn-lut8 and TQ_KV_LUT8=1)");
-  s->add_flag("--reference-attention", o.ref_attention,
-              "attention by the test oracle instead of the fused kernels: every cached row dequantized, then "
-              "exact attention (slow; for checking the kernels on a real model)");
-  s->add_flag("--f32-decode", o.f32_decode,
-              "dequantize the weights to f32 copies and run every projection on them with OpenBLAS "
-              "(sgemv for decode) instead of the block kernels on the GGUF weights (same as "
-              "TQ_F32_DECODE=1; for A/B runs)");
+  // The attention kernel: --attn or one of its spellings below, each setting it once.
+  auto set_attn = [&o](const std::string& flag, const std::string& k) {
+    parse_attn_kernel(k);  // a bad name fails here, listing the valid ones
+    TQ_CHECK(o.attn.empty() || o.attn == k, "%s: the attention kernel is already %s", flag.c_str(), o.attn.c_str());
+    o.attn = k;
+  };
+  s->add_option_function<std::string>(
+      "--attn", [set_attn](const std::string& k) { set_attn("--attn", k); },
+      "attention kernel: fused (default: float arithmetic from the codes), lut8 (tq caches: int8 lookup tables on "
+      "AVX-512 VNNI, faster, ~2e-2 relative attention error; fused where it cannot run) or reference (the test "
+      "oracle: every cached row dequantized, then exact attention; slow); default: $TQ_ATTN, else fused");
+  s->add_flag_callback("--attn-lut8", [set_attn] { set_attn("--attn-lut8", "lut8"); }, "same as --attn lut8");
+  s->add_flag_callback("--exact-attention", [set_attn] { set_attn("--exact-attention", "fused"); },
+                       "same as --attn fused (over TQ_ATTN=lut8)");
+  s->add_flag_callback("--reference-attention", [set_attn] { set_attn("--reference-attention", "reference"); },
+                       "same as --attn reference");
+  add_removed_opt(s, "--f32-decode", false,
+                  "removed (f32 copies of the weights with OpenBLAS sgemv: 538 MB more, decode 4x slower than "
+                  "the block kernels); the block kernels always run");
 }
 
 inline KvOptions label_options(const std::string& label, const KvOptions& global, const std::string& source = "");
@@ -101,9 +118,7 @@ inline void add_kv_opts(CLI::App* s, KvOptions& kv) {
       },
       "per-stream mean centring of the quantized K and/or V: k, v, kv or none (mean chosen online; default: k "
       "with a tq K type, see --kv-plain, else none)");
-  s->add_option("--kv-center-tokens", kv.center_tokens,
-                "with --kv-center: the mean uses positions 1..N only (0: every token seen when the first is quantized)")
-      ->capture_default_str();
+  add_removed_opt(s, "--kv-center-tokens", true, kRemovedCenterTokens);
   s->add_option("--kv-center-segment", kv.center_segment,
                 "with --kv-center: one mean per N quantized tokens (multiple of 32, <= 2048), each the mean of the previous "
                 "segment; 0: one mean (default: 512 with the automatic K centring, which this option does not turn off; else 0)")
@@ -215,6 +230,7 @@ inline void ensure_runtime_env() {
 
 inline std::unique_ptr<Loaded> load_model(ModelOpts& o) {
   ensure_runtime_env();
+  const AttnKernel kernel = o.kernel();  // a bad TQ_ATTN fails before anything is read
   o.kv.boundary_type_v = o.kv.boundary_type_k;
   auto g = GgufFile::open(resolve_model(o.model));
   // The cache config against the model's shape before anything large is read: layer / head
@@ -228,8 +244,9 @@ inline std::unique_ptr<Loaded> load_model(ModelOpts& o) {
       for (const std::string& t : *list)
         if (!t.empty()) types.push_back(t);
     for (const std::string& t : types) {
+      const KvType kt = parse_kv_type(t);  // unknown or removed names: their own message
       try {
-        kv_type_bytes(parse_kv_type(t), mc.head_dim);
+        kv_type_bytes(kt, mc.head_dim);
       } catch (const Error& e) {
         throw Error(std::string(e.what()) + " (the model " + g.path() + " has head_dim " +
                     std::to_string(mc.head_dim) + ")");
@@ -239,10 +256,7 @@ inline std::unique_ptr<Loaded> load_model(ModelOpts& o) {
   Tokenizer tok(g);
   LlamaModel m = LlamaModel::load(g);
   m.set_threads(o.threads);
-  m.set_attention_exact(o.exact);
-  m.set_attention_lut8(o.lut8);
-  if (o.ref_attention) m.set_attention_impl(AttentionImpl::Reference);
-  if (o.f32_decode) m.set_f32_decode(true);
+  m.set_attention_kernel(kernel);
   return std::unique_ptr<Loaded>(new Loaded{std::move(g), std::move(tok), std::move(m)});
 }
 
@@ -284,7 +298,7 @@ inline std::vector<std::string> split_configs(const std::string& list, char sep)
 inline nlohmann::json kv_json(const KvOptions& opts) {
   const KvOptions kv = opts.resolved();
   return {{"type_k", kv.type_k}, {"type_v", kv.type_v}, {"window", kv.window}, {"sink", kv.sink},
-          {"center_k", kv.center_k}, {"center_v", kv.center_v}, {"center_tokens", kv.center_tokens}, {"center_segment", kv.center_segment}, {"center_rope", kv.center_rope}, {"scale_k", kv.scale_k}, {"trellis", kv.trellis},
+          {"center_k", kv.center_k}, {"center_v", kv.center_v}, {"center_segment", kv.center_segment}, {"center_rope", kv.center_rope}, {"scale_k", kv.scale_k}, {"trellis", kv.trellis},
           {"boundary_layers", kv.boundary_layers}, {"boundary_type", kv.boundary_type_k},
           {"layer_types", kv.layer_types}, {"auto_protected", opts.auto_protected()},
           {"label", opts.label()}};
