@@ -150,6 +150,27 @@ def llama_speed(args, tokens, type_k, type_v, ctx):
     return statistics.median(pf), statistics.median(dc)
 
 
+def speed_ratios(speed):
+    """Per context and cache type both engines ran: tq / llama.cpp tok/s of each round (the
+    two runs next to each other), and the median over rounds."""
+    out = []
+    keys = sorted({(r["context"], r["cache"]) for r in speed if r["engine"] == "llama.cpp"})
+    for ctx, cache in keys:
+        pf, dc = [], []
+        for rnd in sorted({r["round"] for r in speed if r["context"] == ctx}):
+            a = [r for r in speed if (r["engine"], r["context"], r["cache"], r["round"]) == ("llama.cpp", ctx, cache, rnd)]
+            b = [r for r in speed if (r["engine"], r["context"], r["cache"], r["round"]) == ("tq", ctx, cache, rnd)]
+            if a and b:
+                pf.append(b[0]["prefill_tok_s"] / a[0]["prefill_tok_s"])
+                dc.append(b[0]["decode_tok_s"] / a[0]["decode_tok_s"])
+        if pf:
+            out.append({"context": ctx, "cache": cache, "rounds": len(pf), "prefill_ratio": pf, "decode_ratio": dc,
+                        "prefill_ratio_median": statistics.median(pf), "decode_ratio_median": statistics.median(dc),
+                        "prefill_ratio_min": min(pf), "prefill_ratio_max": max(pf),
+                        "decode_ratio_min": min(dc), "decode_ratio_max": max(dc)})
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tq", default="build/tq")
@@ -162,6 +183,9 @@ def main():
     ap.add_argument("--speed-contexts", default="512", help="comma-separated; empty: no speed runs")
     ap.add_argument("--decode", type=int, default=32, help="greedy decode steps in the speed runs")
     ap.add_argument("--reps", type=int, default=3, help="speed repetitions (median)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="speed rounds per context: llama.cpp then tq, alternating, each with --reps; the "
+                         "report gives every round and the median over rounds of tq / llama.cpp per cache")
     ap.add_argument("--tq-caches", default="f16,q8_0,q4_0,tq5/tq3 plain",
                     help="tq caches in the speed runs (tq bench model --caches: types or whole labels)")
     ap.add_argument("--llama-caches", default="f16,q8_0,q4_0", help="llama.cpp caches in the speed runs (of f16, q8_0, q4_0)")
@@ -275,29 +299,34 @@ def main():
     speed = []
     ctxs = [int(x) for x in args.speed_contexts.split(",") if x.strip()]
     for ctx in ctxs:
-        load0 = os.getloadavg()[0]
-        for name, t in (("f16", F16), ("q8_0", Q8), ("q4_0", Q4)):
-            if name not in args.llama_caches.split(","):
-                continue
-            pf, dc = llama_speed(args, ours, t, t, ctx)
-            speed.append({"engine": "llama.cpp", "context": ctx, "cache": name, "prefill_tok_s": pf,
-                          "decode_tok_s": dc, "threads": args.speed_threads, "reps": args.reps,
-                          "decode_tokens": args.decode})
-            print(f"llama.cpp ctx {ctx} {name}: prefill {pf:.1f} tok/s, decode {dc:.2f} tok/s")
-        tq = tq_json(args, "bench", "model", "-m", args.model, "-f", args.corpus, "-t", str(args.speed_threads),
-                     "--contexts", str(ctx), "--caches", args.tq_caches, "--decode", str(args.decode),
-                     "--reps", str(args.reps))
-        for r in tq["rows"]:
-            speed.append({"engine": "tq", "context": ctx, "cache": r["cache"], "prefill_tok_s": r["prefill_tok_s"],
-                          "decode_tok_s": r["decode_tok_s"], "threads": args.speed_threads, "reps": args.reps,
-                          "decode_tokens": args.decode})
-            print(f"tq        ctx {ctx} {r['cache']}: prefill {r['prefill_tok_s']:.1f} tok/s, "
-                  f"decode {r['decode_tok_s']:.2f} tok/s")
-        for row in speed:
-            if row["context"] == ctx:
-                row["loadavg_1min_before"] = load0
-        report["speed"] = speed
-        save()
+        for rnd in range(args.rounds):
+            load0 = os.getloadavg()[0]
+            for name, t in (("f16", F16), ("q8_0", Q8), ("q4_0", Q4)):
+                if name not in args.llama_caches.split(","):
+                    continue
+                pf, dc = llama_speed(args, ours, t, t, ctx)
+                speed.append({"engine": "llama.cpp", "context": ctx, "cache": name, "prefill_tok_s": pf,
+                              "decode_tok_s": dc, "threads": args.speed_threads, "reps": args.reps,
+                              "decode_tokens": args.decode, "round": rnd})
+                print(f"llama.cpp ctx {ctx} {name}: prefill {pf:.1f} tok/s, decode {dc:.2f} tok/s")
+            tq = tq_json(args, "bench", "model", "-m", args.model, "-f", args.corpus, "-t", str(args.speed_threads),
+                         "--contexts", str(ctx), "--caches", args.tq_caches, "--decode", str(args.decode),
+                         "--reps", str(args.reps))
+            for r in tq["rows"]:
+                speed.append({"engine": "tq", "context": ctx, "cache": r["cache"], "prefill_tok_s": r["prefill_tok_s"],
+                              "decode_tok_s": r["decode_tok_s"], "threads": args.speed_threads, "reps": args.reps,
+                              "decode_tokens": args.decode, "round": rnd, "kv_bytes": r.get("kv_bytes")})
+                print(f"tq        ctx {ctx} {r['cache']}: prefill {r['prefill_tok_s']:.1f} tok/s, "
+                      f"decode {r['decode_tok_s']:.2f} tok/s")
+            for row in speed:
+                if row["context"] == ctx and row["round"] == rnd:
+                    row["loadavg_1min_before"] = load0
+            report["speed"] = speed
+            report["speed_ratio"] = speed_ratios(speed)
+            save()
+    for r in report.get("speed_ratio", []):
+        print(f"tq / llama.cpp ctx {r['context']} {r['cache']}: prefill {r['prefill_ratio_median']:.3f}x, "
+              f"decode {r['decode_ratio_median']:.3f}x (median of {r['rounds']} rounds)")
 
 
 if __name__ == "__main__":

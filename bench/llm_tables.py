@@ -55,6 +55,20 @@ def speed_table(path):
     return "\n".join(out)
 
 
+def kv_bytes_table(path):
+    """KV bytes a cache holds at the end of each run of a `tq bench model --json` file
+    (KvCache::bytes_used), beside a cache that keeps every token of every layer
+    (bytes_per_token x tokens appended)."""
+    j = json.load(open(path))
+    out = ["| tokens | cache | bytes held (MiB) | keeping every token (MiB) | held / every token |",
+           "|---:|---|---:|---:|---:|"]
+    for r in j["rows"]:
+        full = r["kv_bytes_per_token"] * r["kv_tokens"]
+        out.append(f"| {r['kv_tokens']} | {r['cache']} | {r['kv_bytes'] / 2**20:.2f} | {full / 2**20:.2f} | "
+                   f"{r['kv_bytes'] / full:.4f} |")
+    return "\n".join(out)
+
+
 if __name__ == "__main__":
     d = sys.argv[1] if len(sys.argv) > 1 else "bench/results"
     for p in sorted(glob.glob(f"{d}/ppl_c*.json")):

@@ -19,6 +19,8 @@ repository root:
     {{include FILE table}}      only the first markdown table in it
     {{ppl_table FILE}}          the table of a `tq perplexity --sweep --json` file (bench/llm_tables.py)
     {{speed_table FILE}}        the table of a `tq bench model --json` file (bench/llm_tables.py)
+    {{kv_bytes_table FILE}}     KV bytes held per row of a `tq bench model --json` file, beside a
+                                cache that keeps every token (bench/llm_tables.py)
     {{niah_table GLOB}}         one row per `tq niah --json` file matching GLOB (bench/llm_tables.py)
     {{attention_table FILE...}} `tq bench attention --json` runs side by side, one column per run
     {{attention_types_table FILE}} one `tq bench attention --json` run of many types, one row each
@@ -160,7 +162,7 @@ def render_placeholder(root, text, sources):
                 end += 1
             return "\n".join(lines[start:end])
         return body.rstrip("\n")
-    if name in ("ppl_table", "speed_table"):
+    if name in ("ppl_table", "speed_table", "kv_bytes_table"):
         if len(args) != 1:
             raise TemplateError(f"{name} FILE")
         sources.append(args[0])

@@ -11,7 +11,8 @@
 #
 # Usage: bash scripts/llama_cpp_reference.sh [build/tq] [ctx] [chunks] [quality threads] [speed threads] [speed contexts] [extra args]
 #   defaults: build/tq 512 8 1 2 512 (speed contexts comma-separated; "" for none); extra args
-#   go to bench/llama_cpp_reference.py (e.g. --no-quality, --kv-ppl "", --reps 3, --self-ubatch 32,1:
+#   go to bench/llama_cpp_reference.py (e.g. --no-quality, --kv-ppl "", --reps 3, --rounds 5: speed runs of
+#   the two engines alternating, ratio per round; --self-ubatch 32,1:
 #   llama.cpp against its own run with other micro-batch sizes).
 #   TQ_REF_MODEL: the GGUF (default models/SmolLM2-135M-Instruct.Q4_1.gguf; e.g.
 #   models/gemma-3-270m-q4_k_m.gguf); TQ_REF_OUT: the report (default

@@ -5,6 +5,8 @@
 // input; and LlamaModel's decode through the block kernels against its f32 (OpenBLAS) path.
 // QGemm.*: the many-row product (panels of dequantized rows times OpenBLAS sgemm) against the
 // same exact products, for several panel heights; LlamaModel's prefill through it.
+// Activation.*: the GELU gate (src/llm/activation.h) at every SIMD level against the formula
+// in double precision.
 //
 // Error bound. Every kernel sums each 32-value block (or 32-value chunk of F32/F16 rows) on
 // its own, scales it by the block's d, adds the Q4 offset term m * (float sum of the block's
@@ -26,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "llm/activation.h"
 #include "llm/qmatvec.h"
 #include "llm_test_util.h"
 #include "tq/common.h"
@@ -431,4 +434,33 @@ TEST(QGemm, DequantizeRowSameBitsAtEveryLevel) {
     }
   }
   EXPECT_GE(checked, 13);
+}
+
+TEST(Activation, GeluTanhMulMatchesDoubleAtEveryLevel) {
+  // z over [-12, 12] in steps of 1/64, then far values and zeros; odd length (a SIMD tail).
+  std::vector<float> z, u;
+  tq::Rng r(23);
+  for (int i = -768; i <= 768; ++i) z.push_back(i / 64.0f);
+  for (float f : {0.0f, -0.0f, 1e-30f, -1e-30f, 1e-3f, -1e-3f, 30.0f, -30.0f, 1e4f, -1e4f, 1e13f, -1e13f}) z.push_back(f);
+  for (size_t i = 0; i < z.size(); ++i) u.push_back(static_cast<float>(r.normal()));
+  ASSERT_EQ(z.size() % 2, 1u);
+  auto exact = [](double x) { return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * x * (1.0 + 0.044715 * x * x))); };
+  auto levels = tq::simd::available_levels();
+  for (const auto& level : levels) {
+    tq::simd::ScopedLevel sl(level);
+    for (size_t n : {z.size(), size_t{1}, size_t{7}, size_t{17}}) {
+      std::vector<float> g(z.begin(), z.begin() + n);
+      tq::llm::gelu_tanh_mul(g.data(), u.data(), n);
+      for (size_t i = 0; i < n; ++i) {
+        const double want = exact(z[i]) * u[i];
+        EXPECT_LE(std::fabs(g[i] - want), 1e-6 * std::fabs(static_cast<double>(z[i]) * u[i]))
+            << level << " z=" << z[i] << " got " << g[i] << " want " << want;
+      }
+    }
+  }
+  // The reference formula gives the same within the same bound.
+  std::vector<float> g = z;
+  tq::llm::gelu_tanh_mul_ref(g.data(), u.data(), g.size());
+  for (size_t i = 0; i < g.size(); ++i)
+    EXPECT_LE(std::fabs(g[i] - exact(z[i]) * u[i]), 1e-6 * std::fabs(static_cast<double>(z[i]) * u[i])) << z[i];
 }

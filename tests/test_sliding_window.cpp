@@ -12,18 +12,25 @@
 //  - a cache told the layer's window (KvCacheConfig::layer_window) drops the blocks the window
 //    has left: attention on it gives the same bits as on a cache that keeps everything, it
 //    holds at most a window plus a block plus one append of quantized tokens, bytes_used counts
-//    only those, and a query that would need a dropped token is an error.
+//    only those, and a query that would need a dropped token is an error;
+//  - the cache the real Gemma 3 270M builds (kv_config_for on its GGUF metadata: 18 layers, 15
+//    with a window of 512) holds at 4K and 32K tokens what the window implies: its 3 global
+//    layers in full and 512 tokens of each windowed one, against a cache that keeps every token
+//    (f16, q8_0, q4_0 at 4K; f16 at 32K: the fraction does not depend on the format).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kv_test_util.h"
+#include "llm_test_util.h"
 #include "../src/kv/kv_internal.h"
 #include "tq/common.h"
 #include "tq/error.h"
 #include "tq/kv_cache.h"
+#include "tq/model.h"
 
 namespace {
 
@@ -279,4 +286,48 @@ TEST(SlidingWindow, QueryNeedingDroppedTokensIsAnError) {
   EXPECT_THROW(tq::KvCache cache2(bad), tq::Error);
   bad.layer_window = {-1};
   EXPECT_THROW(tq::KvCache cache2(bad), tq::Error);
+}
+
+TEST(SlidingWindow, GemmaCacheHoldsWhatTheWindowImplies) {
+  const std::string path = tq_test::source_path("models/gemma-3-270m-q4_k_m.gguf");
+  if (!tq_test::file_exists(path))
+    GTEST_SKIP() << path << " missing: run scripts/fetch-model.sh gemma3-270m (make test does)";
+  const tq::LlamaConfig c = tq::LlamaModel::read_config(tq::GgufFile::open(path));
+  ASSERT_EQ(c.sliding_window, 512);
+  int n_swa = 0;
+  for (int l = 0; l < c.n_layers; ++l) n_swa += c.layer_is_swa(l);
+  ASSERT_EQ(c.n_layers, 18);
+  ASSERT_EQ(n_swa, 15);
+  const int W = c.sliding_window, n_global = c.n_layers - n_swa;
+  // K/V rows of one 512-token prefill step (the values do not change what a format holds).
+  constexpr int kStep = 512;
+  tq::Rng r(17);
+  const size_t row = static_cast<size_t>(c.n_kv_heads) * c.head_dim;
+  const std::vector<float> kv = randv(kStep * row, r);
+  const std::vector<std::pair<int, const char*>> cases = {{4096, "f16"}, {4096, "q8_0"}, {4096, "q4_0"}, {32768, "f16"}};
+  for (const auto& [n_total, type] : cases) {
+    tq::KvCacheConfig cfg = tq::kv_config_for(c, n_total);
+    cfg.type_k = cfg.type_v = type;
+    ASSERT_EQ(cfg.layer_window.size(), static_cast<size_t>(c.n_layers));
+    // One layer that keeps every token: what each layer of a cache without windows holds.
+    tq::KvCacheConfig one = cfg;
+    one.n_layers = 1;
+    one.layer_window.clear();
+    tq::KvCache cache(cfg), full_layer(one);
+    // A prefill of n_total - 1 tokens in steps of 512, then one decode step.
+    for (int t = 0; t < n_total;) {
+      const int n = t == 0 ? kStep - 1 : std::min(kStep, n_total - t);
+      for (int l = 0; l < c.n_layers; ++l) cache.append(l, n, kv.data(), kv.data(), 2);
+      full_layer.append(0, n, kv.data(), kv.data(), 2);
+      t += n;
+    }
+    ASSERT_EQ(cache.n_tokens(0), n_total);
+    // Position n_total - 1 sees n_total - 512 .. n_total - 1, a whole number of 32-token
+    // blocks here: each windowed layer holds exactly W tokens, the global ones all of them.
+    const double full = static_cast<double>(c.n_layers) * full_layer.bytes_used();
+    const double want = (static_cast<double>(n_global) * n_total + static_cast<double>(n_swa) * W) /
+                        (static_cast<double>(c.n_layers) * n_total);
+    EXPECT_DOUBLE_EQ(cache.bytes_used() / full, want) << type << " at " << n_total;
+    EXPECT_DOUBLE_EQ(full, cache.bytes_per_token() * n_total) << type << " at " << n_total;
+  }
 }

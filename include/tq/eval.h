@@ -147,7 +147,9 @@ struct SpeedResult {
   double prefill_tok_s = 0;   // prefill of `context` tokens
   double decode_tok_s = 0;    // decode steps right after it
   int decode_tokens = 0;
-  double kv_bytes = 0;        // cache bytes held at the end
+  double kv_bytes = 0;        // cache bytes held at the end (KvCache::bytes_used)
+  double kv_bytes_per_token = 0;  // KvCache::bytes_per_token: one token in every layer
+  int kv_tokens = 0;          // tokens appended: context + decode_tokens
 };
 SpeedResult bench_speed(const LlamaModel& m, const std::vector<int32_t>& tokens, int context,
                         int decode_tokens, const KvOptions& kv);

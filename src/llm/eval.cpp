@@ -460,6 +460,8 @@ SpeedResult bench_speed(const LlamaModel& m, const std::vector<int32_t>& tokens,
   r.decode_tokens = decode_tokens;
   r.decode_tok_s = decode_tokens > 0 ? decode_tokens / (now_s() - t0) : 0;
   r.kv_bytes = static_cast<double>(cache.bytes_used());
+  r.kv_bytes_per_token = cache.bytes_per_token();
+  r.kv_tokens = cache.n_tokens(0);
   return r;
 }
 

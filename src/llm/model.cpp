@@ -24,6 +24,7 @@
 #include <cstring>
 #include <string>
 
+#include "llm/activation.h"
 #include "llm/qmatvec.h"
 #include "tq/common.h"
 #include "tq/error.h"
@@ -481,11 +482,13 @@ void LlamaModel::Impl::layer_out_ffn(int l, float* x, int n, Scratch& s) const {
   float* g = s.g.data();
   const float* u = s.u.data();
   if (c.traits.gelu) {
-    // GELU, tanh approximation (ggml_gelu): 0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2))).
-#pragma omp parallel for num_threads(nt) schedule(static) if (nf > 65536)
-    for (size_t j = 0; j < nf; ++j) {
-      const float z = g[j];
-      g[j] = 0.5f * z * (1.0f + std::tanh(0.7978845608028654f * z * (1.0f + 0.044715f * z * z))) * u[j];
+    // GELU, tanh approximation (ggml_gelu), vectorized (llm/activation.h); rows split over
+    // the threads for a prefill.
+    const int parts = nf > 65536 ? nt : 1;
+#pragma omp parallel for num_threads(parts) schedule(static) if (parts > 1)
+    for (int p = 0; p < parts; ++p) {
+      const size_t j0 = nf * p / parts, j1 = nf * (p + 1) / parts;
+      llm::gelu_tanh_mul(g + j0, u + j0, j1 - j0);
     }
   } else {
 #pragma omp parallel for num_threads(nt) schedule(static) if (nf > 65536)

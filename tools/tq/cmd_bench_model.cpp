@@ -79,7 +79,9 @@ void setup(CLI::App& app) {
         rows.push_back({{"context", ctx}, {"cache", caches[ci]}, {"kv", kvs[ci].label()}, {"prefill_tok_s", pf}, {"decode_tok_s", dc},
                         {"prefill_vs_first", pf / med0([](const tq::SpeedResult& x) { return x.prefill_tok_s; })},
                         {"decode_vs_first", dc / med0([](const tq::SpeedResult& x) { return x.decode_tok_s; })},
-                        {"kv_bytes", runs[ci].back().kv_bytes}, {"decode_tokens", *decode}, {"reps", runs[ci].size()}});
+                        {"kv_bytes", runs[ci].back().kv_bytes},
+                        {"kv_bytes_per_token", runs[ci].back().kv_bytes_per_token},
+                        {"kv_tokens", runs[ci].back().kv_tokens}, {"decode_tokens", *decode}, {"reps", runs[ci].size()}});
       }
     }
     pb.finish();
