@@ -275,8 +275,8 @@ void setup(CLI::App& app) {
                   "per value, everything counted (%.4f at ctx %d: sinks, centring means, K scales included), fitted by",
                   a.bits_all, a.n_ctx);
     comments.push_back(line);
-    std::snprintf(line, sizeof line, "`tq calibrate` on %s (%d windows of %d tokens, %zu scored; f16 perplexity %.4f there).",
-                  text_name.c_str(), sv.windows, sv.n_ctx, sv.n_scored, sv.ppl_ref);
+    std::snprintf(line, sizeof line, "`tq calibrate` on %s (%d window%s of %d tokens, %zu scored; f16 perplexity %.4f there).",
+                  text_name.c_str(), sv.windows, sv.windows == 1 ? "" : "s", sv.n_ctx, sv.n_scored, sv.ppl_ref);
     comments.push_back(line);
     std::snprintf(line, sizeof line,
                   "Predicted KLD vs f16 %.6g (one-head sensitivities, probes K %s / V %s, x whole-model type KLDs).",
