@@ -6,19 +6,30 @@ import json
 import sys
 
 
+def short_label(label):
+    """A per-head allocation's label (a `--kv-config` file's, hundreds of characters) as its
+    base types and the number of its L entries."""
+    if len(label) <= 80:
+        return label
+    toks = label.split()
+    entries = sum(t.startswith("L") and ":" in t for t in toks)
+    return " ".join(t for t in toks if not (t.startswith("L") and ":" in t)) + f" + {entries} L entries"
+
+
 def ppl_table(path):
     j = json.load(open(path))
     rows = j["results"]
     ppl_f16 = rows[0]["ppl_f16"]
+    f16_bytes = rows[0].get("kv_bytes_per_token_f16", 23040)  # older SmolLM2 runs lack it
     out = [f"ctx {j['ctx']}, {j['chunks']} windows, {j['scored_tokens']} scored tokens, "
-           f"{j['threads']} thread(s); f16 perplexity **{ppl_f16:.4f}** (23040 B/token, 16 bits/value)", ""]
+           f"{j['threads']} thread(s); f16 perplexity **{ppl_f16:.4f}** ({f16_bytes:.0f} B/token, 16 bits/value)", ""]
     if all("bits_per_value_all" in r for r in rows):
         # Newer runs: bits/value with everything counted (f16 sinks and window rows, means)
         # for a cache holding one full window of ctx tokens.
         out += ["| cache (K/V, window, sinks, centring, boundary) | bits/value all counted | bits/value per quantized token | ppl | delta vs f16 | KLD mean | KLD p99 | top-1 agree |",
                 "|---|---:|---:|---:|---:|---:|---:|---:|"]
         for r in sorted(rows, key=lambda r: (-r["bits_per_value_all"], r["ppl"])):
-            out.append(f"| {r['kv']['label']} | {r['bits_per_value_all']:.3f} | {r['bits_per_value']:.3f} | "
+            out.append(f"| {short_label(r['kv']['label'])} | {r['bits_per_value_all']:.3f} | {r['bits_per_value']:.3f} | "
                        f"{r['ppl']:.4f} | {r['ppl_delta_pct']:+.2f}% | {r['kld_mean']:.4f} | {r['kld_p99']:.3f} | "
                        f"{100 * r['top1_agreement']:.2f}% |")
         return "\n".join(out)

@@ -990,7 +990,7 @@ TEST(Index, ShardCandidatesMergeIntoTheSingleIndexResult) {
     c.keep_vectors = cs.keep;
     const std::string what = std::string(tq::metric_name(cs.m)) + " bits " + std::to_string(cs.bits);
     tq::Index single(c);
-    const size_t n1 = 1000;
+    const size_t n1 = n * 2 / 5;  // two add batches (1000 + 1500 rows; 360 + 540 small)
     single.add(n1, x.data());
     single.add(n - n1, x.data() + n1 * d);
     for (size_t S : {1, 2, 3}) {

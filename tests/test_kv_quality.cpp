@@ -704,29 +704,40 @@ TEST(KvQuality, LabelFiles) {
   fs::remove_all(dir);
 }
 
-// The shipped per-head allocations (configs/*.kv) parse, fit SmolLM2-135M's 30 layers x 3 KV
-// heads of 64 dims within the bits their names promise (the regular per-token bytes; sink and
-// means come on top and are counted by `tq perplexity`), and are refused by a smaller model.
+// The shipped per-head allocations (configs/*.kv) parse, fit their model's shape (named by the
+// file: SmolLM2-135M's 30 layers x 3 KV heads of 64 dims, Gemma 3 270M's 18 x 1 of 256) within
+// the bits their names promise (the regular per-token bytes; sink and means come on top and are
+// counted by `tq perplexity`), and are refused by a smaller model.
 TEST(KvQuality, ShippedConfigsFitTheirModel) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::path(TQ_SOURCE_DIR) / "configs";
+  struct Shape {
+    const char* prefix;
+    int layers, heads, dim;
+  };
+  const Shape shapes[] = {{"smollm2-135m-", 30, 3, 64}, {"gemma3-270m-", 18, 1, 256}};
   int seen = 0;
   for (const auto& e : fs::directory_iterator(dir)) {
     if (e.path().extension() != ".kv") continue;
     ++seen;
     const std::string name = e.path().filename().string();
+    const Shape* sh = nullptr;
+    for (const Shape& x : shapes)
+      if (name.rfind(x.prefix, 0) == 0) sh = &x;
+    ASSERT_NE(sh, nullptr) << name << ": a config for a model this test does not know (add its shape)";
     const tq::KvOptions kv = tq::parse_kv_label(tq::read_kv_label_file(e.path().string()));
-    tq::KvCacheConfig cfg = tq_test::kv_config(30, 3, 64, 2048, kv.type_k, kv.type_v);
+    tq::KvCacheConfig cfg = tq_test::kv_config(sh->layers, sh->heads, sh->dim, 2048, kv.type_k, kv.type_v);
     tq::apply_layer_types(kv.layer_types, cfg);
-    int per_head = 0;
-    for (const auto& t : cfg.head_type_k) per_head += !t.empty();
-    EXPECT_GT(per_head, 0) << name << ": per-KV-head entries";
+    int entries = 0;
+    for (const auto& t : cfg.head_type_k) entries += !t.empty();
+    for (const auto& t : cfg.layer_type_k) entries += !t.empty();
+    EXPECT_GT(entries, 0) << name << ": per-KV-head (or, one head per layer, per-layer) entries";
     const tq::KvCache cache(cfg);
-    const double bits = cache.bytes_per_token() * 8.0 / (2.0 * 30 * 3 * 64);
+    const double bits = cache.bytes_per_token() * 8.0 / (2.0 * sh->layers * sh->heads * sh->dim);
     const double promised = std::stod(name.substr(name.find("-kv") + 3));
     EXPECT_LE(bits, promised) << name;
     EXPECT_GT(bits, promised - 0.25) << name;
-    tq::KvCacheConfig small = tq_test::kv_config(2, 3, 64, 2048, kv.type_k, kv.type_v);
+    tq::KvCacheConfig small = tq_test::kv_config(2, sh->heads, sh->dim, 2048, kv.type_k, kv.type_v);
     EXPECT_THROW(tq::apply_layer_types(kv.layer_types, small), tq::Error) << name;
   }
   EXPECT_GE(seen, 2);

@@ -1,0 +1,393 @@
+// Per-KV-head cache allocation fitted to a model (include/tq/calibrate.h).
+#include "tq/calibrate.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <utility>
+
+#include "tq/common.h"
+#include "tq/error.h"
+#include "tq/kv_cache.h"
+
+namespace tq {
+
+std::vector<int> solve_mckp(const std::vector<std::vector<McOption>>& groups, int64_t cap, double* value,
+                            int64_t* cost) {
+  int64_t base = 0;
+  std::vector<int64_t> cmin(groups.size());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    TQ_CHECK(!groups[g].empty() && groups[g].size() <= 127, "knapsack: group %zu has %zu options (1 to 127)", g,
+             groups[g].size());
+    cmin[g] = std::numeric_limits<int64_t>::max();
+    for (const McOption& o : groups[g]) {
+      TQ_CHECK(o.cost >= 0 && std::isfinite(o.value), "knapsack: an option with cost < 0 or a value not finite");
+      cmin[g] = std::min(cmin[g], o.cost);
+    }
+    base += cmin[g];
+  }
+  TQ_CHECK(base <= cap, "knapsack: the cheapest options cost %lld, above the cap %lld", (long long)base,
+           (long long)cap);
+  const int64_t room = cap - base;
+  const size_t width = static_cast<size_t>(room) + 1;
+  TQ_CHECK(static_cast<double>(width) * std::max<size_t>(groups.size(), 1) <= double(1 << 28),
+           "knapsack: %zu groups x %lld cost units is too large a table", groups.size(), (long long)room);
+  const double inf = std::numeric_limits<double>::infinity();
+  // best[x]: least summed value of the groups so far with extra cost x above their cheapest.
+  std::vector<double> best(width, inf), nb(width);
+  best[0] = 0;
+  std::vector<std::vector<int8_t>> picks(groups.size());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    std::fill(nb.begin(), nb.end(), inf);
+    std::vector<int8_t>& pk = picks[g];
+    pk.assign(width, -1);
+    for (size_t i = 0; i < groups[g].size(); ++i) {
+      const int64_t e = groups[g][i].cost - cmin[g];
+      if (e > room) continue;
+      const double v0 = groups[g][i].value;
+      for (int64_t x = room - e; x >= 0; --x) {
+        const double v = best[x] + v0;
+        if (v < nb[x + e]) {
+          nb[x + e] = v;
+          pk[x + e] = static_cast<int8_t>(i);
+        }
+      }
+    }
+    std::swap(best, nb);
+  }
+  int64_t x = 0;
+  for (int64_t i = 1; i <= room; ++i)
+    if (best[i] < best[x]) x = i;
+  if (value) *value = best[x];
+  std::vector<int> choice(groups.size());
+  int64_t total = 0;
+  for (size_t g = groups.size(); g-- > 0;) {
+    const int i = picks[g][x];
+    choice[g] = i;
+    total += groups[g][i].cost;
+    x -= groups[g][i].cost - cmin[g];
+  }
+  if (cost) *cost = total;
+  return choice;
+}
+
+namespace {
+std::string unit_name(int l, int h, int n_kv_heads) {
+  return n_kv_heads == 1 ? std::to_string(l) : std::to_string(l) + "." + std::to_string(h);
+}
+}  // namespace
+
+AllocResult allocate_heads(const AllocInput& in) {
+  const int n_units = in.n_layers * in.n_kv_heads;
+  TQ_CHECK(n_units >= 1, "allocation: no KV heads");
+  TQ_CHECK(in.sens_k.size() == (size_t)n_units && in.sens_v.size() == (size_t)n_units,
+           "allocation: %zu K and %zu V sensitivities for %d KV heads", in.sens_k.size(), in.sens_v.size(), n_units);
+  TQ_CHECK(!in.k_types.empty() && !in.v_types.empty(), "allocation: no candidate types");
+  TQ_CHECK(in.kld_k.size() == in.k_types.size() && in.cost_k.size() == in.k_types.size() &&
+               in.kld_v.size() == in.v_types.size() && in.cost_v.size() == in.v_types.size(),
+           "allocation: a KLD and a cost for every candidate type");
+  std::vector<std::vector<McOption>> groups;
+  for (int side = 0; side < 2; ++side) {
+    const auto& sens = side == 0 ? in.sens_k : in.sens_v;
+    const auto& kld = side == 0 ? in.kld_k : in.kld_v;
+    const auto& cost = side == 0 ? in.cost_k : in.cost_v;
+    double tot = 0;
+    for (double s : sens) tot += s;
+    for (int u = 0; u < n_units; ++u) {
+      const double share = tot > 0 ? sens[u] / tot : 1.0 / n_units;
+      std::vector<McOption> og;
+      for (size_t t = 0; t < kld.size(); ++t) og.push_back({share * kld[t], cost[t]});
+      groups.push_back(std::move(og));
+    }
+  }
+  AllocResult r;
+  const std::vector<int> pick = solve_mckp(groups, in.budget, &r.predicted_kld, &r.cost);
+  std::vector<int> count_k(in.k_types.size()), count_v(in.v_types.size());
+  for (int u = 0; u < n_units; ++u) {
+    r.k_type.push_back(in.k_types[pick[u]]);
+    r.v_type.push_back(in.v_types[pick[n_units + u]]);
+    count_k[pick[u]]++;
+    count_v[pick[n_units + u]]++;
+  }
+  // The base type of a side: the one most units take; ties go to the cheaper, then the earlier.
+  auto base_of = [](const std::vector<int>& count, const std::vector<int64_t>& cost) {
+    size_t b = 0;
+    for (size_t t = 1; t < count.size(); ++t)
+      if (count[t] > count[b] || (count[t] == count[b] && cost[t] < cost[b])) b = t;
+    return b;
+  };
+  const std::string bk = in.k_types[base_of(count_k, in.cost_k)], bv = in.v_types[base_of(count_v, in.cost_v)];
+  std::vector<std::pair<std::string, std::string>> pairs;  // distinct (K, V), first appearance
+  std::vector<std::string> members;
+  for (int u = 0; u < n_units; ++u) {
+    if (r.k_type[u] == bk && r.v_type[u] == bv) continue;
+    const auto kv = std::make_pair(r.k_type[u], r.v_type[u]);
+    const size_t at = std::find(pairs.begin(), pairs.end(), kv) - pairs.begin();
+    const std::string name = unit_name(u / in.n_kv_heads, u % in.n_kv_heads, in.n_kv_heads);
+    if (at == pairs.size()) {
+      pairs.push_back(kv);
+      members.push_back(name);
+    } else {
+      members[at] += "," + name;
+    }
+  }
+  r.label = bk + "/" + bv + in.suffix;
+  for (size_t p = 0; p < pairs.size(); ++p) r.label += " L" + members[p] + ":" + pairs[p].first + "/" + pairs[p].second;
+  return r;
+}
+
+std::vector<std::string> default_calib_k_types() {
+  return {"tq2h4n8", "tq2h5n8", "tq2h6n8", "tq3h4n8", "tq3h5n8", "tq3h6n8", "tq4n8", "tq4h5n8", "tq4h6n8"};
+}
+std::vector<std::string> default_calib_v_types() {
+  return {"tq2h5n8", "tq3n8", "tq3h4n8", "tq4n8", "tq4h5n8", "tq4h6n8", "tq5n8"};
+}
+
+KvOptions calib_protection(const std::string& protect, uint64_t seed) {
+  KvOptions kv = parse_kv_label("tq3 " + protect);
+  TQ_CHECK(kv.type_k == "tq3" && kv.layer_types.empty() && kv.boundary_layers == 0 && kv.window == 0,
+           "--protect '%s': only protection tokens (sN, ck/cv/ckv[:N], c0, csN, cr, ks, tc, plain), no types, "
+           "window, boundary or L entries", protect.c_str());
+  KvOptions r = kv.resolved();  // the automatic protection of a tq K type, spelled out
+  r.plain = false;
+  r.type_k = r.type_v = "f16";
+  r.seed = seed;
+  return r;
+}
+
+std::vector<KvOptions> calib_configs(const LlamaConfig& mc, const CalibOptions& opt,
+                                     const std::vector<std::string>& k_types,
+                                     const std::vector<std::string>& v_types) {
+  const KvOptions p = calib_protection(opt.protect, opt.seed);
+  std::vector<KvOptions> out;
+  for (int side = 0; side < 2; ++side)
+    for (int l = 0; l < mc.n_layers; ++l)
+      for (int h = 0; h < mc.n_kv_heads; ++h) {
+        KvOptions o = p;
+        o.layer_types = {std::to_string(l) + "." + std::to_string(h) + ":" +
+                         (side == 0 ? opt.probe_k + "/f16" : "f16/" + opt.probe_v)};
+        out.push_back(o);
+      }
+  for (const auto& t : k_types) {
+    KvOptions o = p;
+    o.type_k = t;
+    out.push_back(o);
+  }
+  for (const auto& t : v_types) {
+    KvOptions o = p;
+    o.type_v = t;
+    out.push_back(o);
+  }
+  return out;
+}
+
+namespace {
+struct Stopped {};
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+CalibSensitivity calibrate_measure(const LlamaModel& m, const std::vector<int32_t>& tokens, const CalibOptions& opt) {
+  const LlamaConfig& mc = m.config();
+  TQ_CHECK(opt.n_ctx >= 16, "calibrate: context %d too small (>= 16)", opt.n_ctx);
+  const int avail = static_cast<int>(tokens.size() / opt.n_ctx);
+  TQ_CHECK(avail >= 1, "calibrate: the calibration text has %zu tokens, fewer than one window of %d (-c)",
+           tokens.size(), opt.n_ctx);
+  const std::vector<std::string> kt = opt.k_types.empty() ? default_calib_k_types() : opt.k_types;
+  const std::vector<std::string> vt = opt.v_types.empty() ? default_calib_v_types() : opt.v_types;
+  const std::vector<KvOptions> configs = calib_configs(mc, opt, kt, vt);
+  const int n_units = mc.n_layers * mc.n_kv_heads;
+  CalibSensitivity s;
+  s.n_layers = mc.n_layers;
+  s.n_kv_heads = mc.n_kv_heads;
+  s.head_dim = mc.head_dim;
+  s.n_ctx = opt.n_ctx;
+  s.windows_requested = opt.n_chunks > 0 ? std::min(opt.n_chunks, avail) : avail;
+  s.probe_k = opt.probe_k;
+  s.probe_v = opt.probe_v;
+  s.protect = opt.protect;
+  s.k_types = kt;
+  s.v_types = vt;
+  const size_t nc = configs.size(), per_window = nc + 1;
+  const size_t total = static_cast<size_t>(s.windows_requested) * per_window;
+  std::vector<double> kld_sum(nc, 0);
+  double nll_ref = 0;
+  const double t0 = now_s();
+  for (int w = 0; w < s.windows_requested; ++w) {
+    const std::vector<int32_t> win(tokens.begin() + static_cast<size_t>(w) * opt.n_ctx,
+                                   tokens.begin() + static_cast<size_t>(w + 1) * opt.n_ctx);
+    PerplexityOptions po;
+    po.n_ctx = opt.n_ctx;
+    po.n_chunks = 1;
+    po.compare = true;
+    po.ref.seed = opt.seed;
+    po.progress = [&](size_t d, size_t t) {
+      if (opt.progress) opt.progress(static_cast<size_t>(w) * per_window + d, total);
+      if (d < t && opt.stop && opt.stop()) throw Stopped{};
+    };
+    std::vector<PerplexityResult> res;
+    try {
+      res = perplexity_multi(m, win, po, configs);
+    } catch (const Stopped&) {
+      break;
+    }
+    for (size_t c = 0; c < nc; ++c) kld_sum[c] += res[c].kld_mean * static_cast<double>(res[c].n_scored);
+    nll_ref += std::log(res[0].ppl_ref) * static_cast<double>(res[0].n_scored);
+    s.n_scored += res[0].n_scored;
+    s.windows++;
+    if (opt.stop && opt.stop()) break;
+  }
+  s.seconds = now_s() - t0;
+  if (s.n_scored == 0) return s;
+  const double n = static_cast<double>(s.n_scored);
+  for (int u = 0; u < n_units; ++u) {
+    s.sens_k.push_back(kld_sum[u] / n);
+    s.sens_v.push_back(kld_sum[n_units + u] / n);
+  }
+  for (size_t t = 0; t < kt.size(); ++t) s.kld_k.push_back(kld_sum[2 * n_units + t] / n);
+  for (size_t t = 0; t < vt.size(); ++t) s.kld_v.push_back(kld_sum[2 * n_units + kt.size() + t] / n);
+  s.ppl_ref = std::exp(nll_ref / n);
+  return s;
+}
+
+size_t calib_bytes_used(const LlamaConfig& mc, const KvOptions& kv, int n_ctx) {
+  KvCacheConfig cfg = make_kv_config(mc, kv, n_ctx);
+  cfg.layer_window.clear();  // every layer holds every token
+  KvCache cache(cfg);
+  Rng r(0xca1b);
+  const int D = mc.head_dim;
+  std::vector<float> q(static_cast<size_t>(n_ctx) * mc.n_heads * D);
+  std::vector<float> k(static_cast<size_t>(n_ctx) * mc.n_kv_heads * D), v(k.size());
+  for (int l = 0; l < mc.n_layers; ++l) {
+    for (auto* buf : {&q, &k, &v})
+      for (float& x : *buf) x = static_cast<float>(r.normal());
+    cache.observe_queries(l, n_ctx, q.data(), mc.n_heads);
+    cache.append(l, n_ctx, k.data(), v.data());
+  }
+  return cache.bytes_used();
+}
+
+namespace {
+// Bytes of one stream per 32 tokens once quantized (KvCache::bytes_per_token's unit, x 32).
+int64_t block_cost(const std::string& t, int head_dim) {
+  const KvTypeTraits& f = kv_type_traits(parse_kv_type(t));
+  TQ_CHECK(f.supports(head_dim), "cache type %s does not support head_dim %d", t.c_str(), head_dim);
+  return static_cast<int64_t>(f.block_bytes(head_dim));
+}
+size_t cheapest(const std::vector<std::string>& types, int head_dim) {
+  size_t b = 0;
+  for (size_t t = 1; t < types.size(); ++t)
+    if (block_cost(types[t], head_dim) < block_cost(types[b], head_dim)) b = t;
+  return b;
+}
+KvOptions label_kv(const std::string& label, uint64_t seed) {
+  KvOptions kv = parse_kv_label(label);
+  kv.seed = seed;
+  return kv;
+}
+}  // namespace
+
+double calib_cheapest_bits(const LlamaConfig& mc, const std::vector<std::string>& k_types,
+                           const std::vector<std::string>& v_types, const std::string& protect, int n_ctx,
+                           uint64_t seed) {
+  TQ_CHECK(!k_types.empty() && !v_types.empty(), "calibrate: no candidate types");
+  const std::string label =
+      k_types[cheapest(k_types, mc.head_dim)] + "/" + v_types[cheapest(v_types, mc.head_dim)] + " " + protect;
+  const double values = 2.0 * mc.n_layers * mc.n_kv_heads * mc.head_dim * n_ctx;
+  return 8.0 * static_cast<double>(calib_bytes_used(mc, label_kv(label, seed), n_ctx)) / values;
+}
+
+CalibAllocation calibrate_allocate(const LlamaConfig& mc, const CalibSensitivity& s, double bits, int n_ctx,
+                                   uint64_t seed) {
+  TQ_CHECK(s.n_layers == mc.n_layers && s.n_kv_heads == mc.n_kv_heads && s.head_dim == mc.head_dim,
+           "calibrate: the sensitivities are of a model with %d layers x %d KV heads of %d dims, this one has "
+           "%d x %d of %d", s.n_layers, s.n_kv_heads, s.head_dim, mc.n_layers, mc.n_kv_heads, mc.head_dim);
+  TQ_CHECK(s.n_scored > 0 && !s.sens_k.empty(), "calibrate: no measured sensitivities");
+  TQ_CHECK(std::isfinite(bits) && bits > 0, "calibrate: bits per value %g is not > 0", bits);
+  TQ_CHECK(n_ctx >= 1, "calibrate: context %d", n_ctx);
+  const int D = mc.head_dim;
+  const std::string suffix = s.protect.empty() ? "" : " " + s.protect;
+  AllocInput in;
+  in.n_layers = mc.n_layers;
+  in.n_kv_heads = mc.n_kv_heads;
+  in.sens_k = s.sens_k;
+  in.sens_v = s.sens_v;
+  in.k_types = s.k_types;
+  in.v_types = s.v_types;
+  in.kld_k = s.kld_k;
+  in.kld_v = s.kld_v;
+  for (const auto& t : s.k_types) in.cost_k.push_back(block_cost(t, D));
+  for (const auto& t : s.v_types) in.cost_v.push_back(block_cost(t, D));
+  in.suffix = suffix;
+  const double values_per_token = 2.0 * mc.n_layers * mc.n_kv_heads * D;
+  const double allowed = std::floor(bits * values_per_token * n_ctx / 8.0 + 1e-9);  // bytes at n_ctx tokens
+  const int64_t n_units = static_cast<int64_t>(mc.n_layers) * mc.n_kv_heads;
+  const size_t ck = cheapest(s.k_types, D), cv = cheapest(s.v_types, D);
+  const int64_t base_cost = n_units * (in.cost_k[ck] + in.cost_v[cv]);
+  CalibAllocation out;
+  out.n_ctx = n_ctx;
+  const size_t bytes_cheapest =
+      calib_bytes_used(mc, label_kv(s.k_types[ck] + "/" + s.v_types[cv] + suffix, seed), n_ctx);
+  out.bits_cheapest = 8.0 * static_cast<double>(bytes_cheapest) / (values_per_token * n_ctx);
+  TQ_CHECK(static_cast<double>(bytes_cheapest) <= allowed,
+           "--bits %g is below the cheapest candidates (K %s, V %s on every head): %.4f bits per value, everything "
+           "counted at ctx %d", bits, s.k_types[ck].c_str(), s.v_types[cv].c_str(), out.bits_cheapest, n_ctx);
+  // The fixed part (sink rows, means, scales, masks) at n_ctx tokens, from the cheapest
+  // allocation first, then from each allocation that did not fit.
+  double fixed = static_cast<double>(bytes_cheapest) - n_ctx * static_cast<double>(base_cost) / 32.0;
+  int64_t cap = std::numeric_limits<int64_t>::max();
+  for (int iter = 0; iter < 64; ++iter) {
+    const int64_t want = static_cast<int64_t>(std::floor((allowed - fixed) * 32.0 / n_ctx + 1e-9));
+    cap = std::max(base_cost, std::min(want, cap == std::numeric_limits<int64_t>::max() ? want : cap - 1));
+    in.budget = cap;
+    out.alloc = allocate_heads(in);
+    out.bytes_used = calib_bytes_used(mc, label_kv(out.alloc.label, seed), n_ctx);
+    out.bits_all = 8.0 * static_cast<double>(out.bytes_used) / (values_per_token * n_ctx);
+    if (static_cast<double>(out.bytes_used) <= allowed) return out;
+    TQ_CHECK(cap > base_cost, "calibrate: no allocation fits %g bits per value", bits);
+    fixed = static_cast<double>(out.bytes_used) - n_ctx * static_cast<double>(out.alloc.cost) / 32.0;
+  }
+  TQ_CHECK(false, "calibrate: no allocation within %g bits per value found", bits);
+  return out;
+}
+
+void write_kv_config_file(const std::string& path, const std::vector<std::string>& comments,
+                          const std::string& label) {
+  std::string text;
+  for (const auto& c : comments) text += "# " + c + "\n";
+  std::istringstream words(label);
+  std::string tok, head, entries;
+  while (words >> tok) {
+    if (tok.size() > 1 && tok[0] == 'L' && tok.find(':') != std::string::npos) entries += tok + "\n";
+    else head += (head.empty() ? "" : " ") + tok;
+  }
+  text += head + "\n" + entries;
+  const std::string tmp = path + ".tmp" + std::to_string(getpid());
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    TQ_CHECK(f.good(), "cannot write '%s'", path.c_str());
+    f << text;
+    f.flush();
+    if (!f.good()) {
+      std::error_code ec;
+      std::filesystem::remove(tmp, ec);
+      TQ_CHECK(false, "cannot write '%s'", path.c_str());
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::filesystem::remove(tmp, ec);
+    TQ_CHECK(false, "cannot write '%s'", path.c_str());
+  }
+}
+
+}  // namespace tq

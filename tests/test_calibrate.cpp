@@ -1,0 +1,305 @@
+// tq calibrate's method (include/tq/calibrate.h): the knapsack against brute force, the budget
+// as the cache counts it, an end-to-end run on a tiny random llama, and the SmolLM2 allocations
+// of configs/ reproduced from the sensitivities bench/kv_layer_plan.py fitted them with.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "llm_test_util.h"
+#include "tq/calibrate.h"
+#include "tq/error.h"
+#include "tq/eval.h"
+#include "tq/gguf.h"
+#include "tq/kv_cache.h"
+#include "tq/model.h"
+
+namespace {
+
+// Every combination: the least value within the cap (inf when none fits).
+double brute_force(const std::vector<std::vector<tq::McOption>>& g, int64_t cap) {
+  double best = std::numeric_limits<double>::infinity();
+  std::vector<size_t> idx(g.size(), 0);
+  while (true) {
+    double v = 0;
+    int64_t c = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      v += g[i][idx[i]].value;
+      c += g[i][idx[i]].cost;
+    }
+    if (c <= cap) best = std::min(best, v);
+    size_t i = 0;
+    while (i < g.size() && ++idx[i] == g[i].size()) idx[i++] = 0;
+    if (i == g.size()) return best;
+  }
+}
+
+TEST(Calibrate, KnapsackMatchesBruteForce) {
+  tq::Rng r(11);
+  int feasible = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const int n_groups = 1 + static_cast<int>(r.below(5));
+    std::vector<std::vector<tq::McOption>> g(n_groups);
+    int64_t min_sum = 0;
+    for (auto& og : g) {
+      const int n = 1 + static_cast<int>(r.below(4));
+      int64_t mn = 1 << 30;
+      for (int i = 0; i < n; ++i) {
+        og.push_back({r.uniform() * (trial % 3 == 0 ? 1.0 : 0.01), static_cast<int64_t>(r.below(12))});
+        mn = std::min(mn, og.back().cost);
+      }
+      min_sum += mn;
+    }
+    const int64_t cap = static_cast<int64_t>(r.below(static_cast<uint32_t>(12 * n_groups)));
+    const double want = brute_force(g, cap);
+    if (cap < min_sum) {
+      EXPECT_TRUE(std::isinf(want));
+      EXPECT_THROW(tq::solve_mckp(g, cap), tq::Error);
+      continue;
+    }
+    ++feasible;
+    double value = -1;
+    int64_t cost = -1;
+    const std::vector<int> pick = tq::solve_mckp(g, cap, &value, &cost);
+    ASSERT_EQ(pick.size(), g.size());
+    double v = 0;
+    int64_t c = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      ASSERT_GE(pick[i], 0);
+      ASSERT_LT(pick[i], static_cast<int>(g[i].size()));
+      v += g[i][pick[i]].value;
+      c += g[i][pick[i]].cost;
+    }
+    EXPECT_LE(c, cap);
+    EXPECT_EQ(c, cost);
+    EXPECT_NEAR(v, value, 1e-12);
+    EXPECT_NEAR(value, want, 1e-12) << "trial " << trial;
+  }
+  EXPECT_GT(feasible, 200);
+}
+
+// A tiny llama with head_dim 64 (the tq h-types need it) and its model.
+struct Tiny {
+  std::vector<uint8_t> bytes;
+  tq::GgufFile g;
+  tq::LlamaModel m;
+  static std::vector<uint8_t> make() {
+    tq_test::TinyLlama c;
+    c.n_embd = 256;
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    c.n_ff = 128;
+    c.rope_dim = 64;
+    return tq_test::tiny_llama_gguf(c, tq::GgmlType::F32, 5).bytes();
+  }
+  Tiny() : bytes(make()), g(tq::GgufFile::from_bytes(bytes.data(), bytes.size())), m(tq::LlamaModel::load(g)) {
+    m.set_threads(1);
+  }
+};
+
+std::vector<int32_t> random_tokens(size_t n, int vocab, uint64_t seed) {
+  tq::Rng r(seed);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = static_cast<int32_t>(r.below(static_cast<uint32_t>(vocab)));
+  return t;
+}
+
+// Made-up sensitivities over the default types (KLD falling with the bytes).
+tq::CalibSensitivity fake_sens(const tq::LlamaConfig& mc, uint64_t seed) {
+  tq::Rng r(seed);
+  tq::CalibSensitivity s;
+  s.n_layers = mc.n_layers;
+  s.n_kv_heads = mc.n_kv_heads;
+  s.head_dim = mc.head_dim;
+  s.n_ctx = 64;
+  s.windows = s.windows_requested = 1;
+  s.n_scored = 31;
+  s.protect = "ks";
+  for (int u = 0; u < mc.n_layers * mc.n_kv_heads; ++u) {
+    s.sens_k.push_back(r.uniform() * 0.01);
+    s.sens_v.push_back(r.uniform() * 0.01);
+  }
+  s.k_types = tq::default_calib_k_types();
+  s.v_types = tq::default_calib_v_types();
+  for (const auto& t : s.k_types)
+    s.kld_k.push_back(1.0 / tq::kv_type_traits(tq::parse_kv_type(t)).block_bytes(mc.head_dim) + 0.001 * r.uniform());
+  for (const auto& t : s.v_types)
+    s.kld_v.push_back(1.0 / tq::kv_type_traits(tq::parse_kv_type(t)).block_bytes(mc.head_dim) + 0.001 * r.uniform());
+  return s;
+}
+
+// The budget holds as `tq perplexity` counts it (bits_per_value_all of a window of n_ctx
+// tokens), and calib_bytes_used agrees with the cache the model fills.
+TEST(Calibrate, BudgetAsTheCacheCountsIt) {
+  Tiny t;
+  const tq::LlamaConfig& mc = t.m.config();
+  const int n_ctx = 96;
+  const std::vector<int32_t> tokens = random_tokens(n_ctx, mc.n_vocab, 3);
+  double prev_kld = std::numeric_limits<double>::infinity();
+  for (double bits : {3.25, 3.6, 4.25, 5.0}) {
+    const tq::CalibSensitivity s = fake_sens(mc, 7);
+    const tq::CalibAllocation a = tq::calibrate_allocate(mc, s, bits, n_ctx);
+    EXPECT_LE(a.bits_all, bits) << a.alloc.label;
+    EXPECT_GT(a.bits_all, bits - 0.25) << "the budget is nearly spent: " << a.alloc.label;
+    EXPECT_LE(a.alloc.predicted_kld, prev_kld);  // more bits, no worse
+    prev_kld = a.alloc.predicted_kld;
+    tq::KvOptions kv = tq::parse_kv_label(a.alloc.label);
+    tq::PerplexityOptions po;
+    po.n_ctx = n_ctx;
+    const tq::PerplexityResult r = tq::perplexity_multi(t.m, tokens, po, {kv})[0];
+    EXPECT_EQ(r.kv_bytes_used, a.bytes_used) << a.alloc.label;
+    EXPECT_LE(r.bits_per_value_all, bits);
+  }
+  const tq::CalibSensitivity s = fake_sens(mc, 7);
+  EXPECT_THROW(tq::calibrate_allocate(mc, s, 2.0, n_ctx), tq::Error);  // below the cheapest types
+}
+
+TEST(Calibrate, EndToEndOnTinyModel) {
+  Tiny t;
+  const tq::LlamaConfig& mc = t.m.config();
+  const std::vector<int32_t> tokens = random_tokens(3 * 64 + 5, mc.n_vocab, 9);
+  tq::CalibOptions co;
+  co.n_ctx = 64;
+  co.n_chunks = 2;
+  size_t last = 0, total = 0;
+  co.progress = [&](size_t d, size_t n) {
+    EXPECT_GT(d, last);
+    last = d;
+    total = n;
+  };
+  const tq::CalibSensitivity s = tq::calibrate_measure(t.m, tokens, co);
+  const size_t n_configs = 2 * mc.n_layers * mc.n_kv_heads + s.k_types.size() + s.v_types.size();
+  EXPECT_EQ(total, 2 * (n_configs + 1));
+  EXPECT_EQ(last, total);
+  ASSERT_TRUE(s.complete());
+  EXPECT_EQ(s.windows, 2);
+  EXPECT_EQ(s.n_scored, 2u * 31);
+  ASSERT_EQ(s.sens_k.size(), static_cast<size_t>(mc.n_layers * mc.n_kv_heads));
+  for (double x : s.sens_k) EXPECT_GT(x, 0);
+  for (double x : s.sens_v) EXPECT_GT(x, 0);
+  // Fewer bits, more KLD: the whole-model KLD of tq2h4n8 K above tq4h6n8's.
+  EXPECT_GT(s.kld_k.front(), s.kld_k.back());
+
+  const tq::CalibAllocation a = tq::calibrate_allocate(mc, s, 4.25, co.n_ctx);
+  EXPECT_LE(a.bits_all, 4.25);
+  const std::string path = std::filesystem::temp_directory_path() / ("tq_calib_" + std::to_string(getpid()) + ".kv");
+  tq::write_kv_config_file(path, {"a comment", "another"}, a.alloc.label);
+  const std::string label = tq::read_kv_label_file(path);
+  std::filesystem::remove(path);
+  EXPECT_EQ(label, a.alloc.label);
+  const tq::KvOptions kv = tq::parse_kv_label(label);
+  EXPECT_TRUE(kv.auto_protected());  // the base K is a tq type: sink, centring as measured
+  EXPECT_TRUE(kv.scale_k);
+  tq::PerplexityOptions po;
+  po.n_ctx = co.n_ctx;
+  po.n_chunks = 1;
+  po.compare = true;
+  const tq::PerplexityResult r = tq::perplexity_multi(t.m, tokens, po, {kv})[0];
+  EXPECT_LE(r.bits_per_value_all, 4.25);
+  EXPECT_GT(r.kld_mean, 0);
+
+  // Stopped after the first window's passes: what that window measured, nothing of the second.
+  co.progress = nullptr;
+  int calls = 0;
+  co.stop = [&] { return ++calls > static_cast<int>(n_configs + 3); };
+  const tq::CalibSensitivity p = tq::calibrate_measure(t.m, tokens, co);
+  EXPECT_FALSE(p.complete());
+  EXPECT_EQ(p.windows, 1);
+  EXPECT_EQ(p.windows_requested, 2);
+  ASSERT_EQ(p.sens_k.size(), s.sens_k.size());
+  co.stop = [] { return true; };
+  EXPECT_EQ(tq::calibrate_measure(t.m, tokens, co).windows, 0);
+}
+
+TEST(Calibrate, ProbesSpellTheProtectionOut) {
+  Tiny t;
+  tq::CalibOptions co;
+  const auto cfg = tq::calib_configs(t.m.config(), co, {"tq3h6n8"}, {"tq4n8"});
+  ASSERT_EQ(cfg.size(), 2u * 2 * 2 + 2);
+  for (const auto& kv : cfg) {
+    EXPECT_FALSE(kv.auto_protected());
+    const tq::KvOptions r = kv.resolved();
+    EXPECT_EQ(r.sink, 1);
+    EXPECT_TRUE(r.center_k && r.center_rope && r.scale_k);
+    EXPECT_EQ(r.center_segment, 512);
+  }
+  EXPECT_EQ(cfg[0].label(), "f16 s1 ck cs512 cr ks L0.0:tq2h5n8/f16");
+  EXPECT_EQ(cfg[5].label(), "f16 s1 ck cs512 cr ks L0.1:f16/tq3n8");
+  EXPECT_EQ(cfg[8].label(), "tq3h6n8/f16 s1 ck cs512 cr ks");
+  co.protect = "plain ks";
+  EXPECT_EQ(tq::calib_configs(t.m.config(), co, {"tq3h6n8"}, {"tq4n8"})[8].label(), "tq3h6n8/f16 ks plain");
+  co.protect = "ks L0:tq4";
+  EXPECT_THROW(tq::calib_configs(t.m.config(), co, {"tq3h6n8"}, {"tq4n8"}), tq::Error);
+}
+
+// bench/kv_layer_plan.py `alloc` fed the same inputs: the labels of configs/smollm2-135m-kv*.kv
+// and the predicted KLDs their comments give.
+
+TEST(Calibrate, ReproducesKvLayerPlanAlloc) {
+  const std::string sens_path = tq_test::source_path("bench/results/kv_head_sens_c2048_calib_q2.json");
+  if (!tq_test::file_exists(sens_path)) GTEST_SKIP() << "no " << sens_path;
+  nlohmann::json sj = nlohmann::json::parse(std::ifstream(sens_path));
+  tq::AllocInput base;
+  base.n_layers = 30;
+  base.n_kv_heads = 3;
+  base.sens_k.assign(90, -1);
+  base.sens_v.assign(90, -1);
+  const std::regex unit(R"(\bL(\d+)\.(\d+):(\S+)/(\S+))");
+  for (const auto& r : sj["results"]) {
+    const std::string lab = r["kv"]["label"];
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(lab, m, unit)) << lab;
+    const int u = std::stoi(m[1]) * 3 + std::stoi(m[2]);
+    (m[4] == "f16" ? base.sens_k : base.sens_v)[u] = r["kld_mean"].get<double>();
+  }
+  for (double x : base.sens_k) ASSERT_GE(x, 0);
+  for (double x : base.sens_v) ASSERT_GE(x, 0);
+  // The type options as kv_layer_plan.py reads them: bytes per unit from one-side configs,
+  // in 1/16 B rounded up.
+  auto add_types = [&](tq::AllocInput& in, const std::string& rel) {
+    nlohmann::json tj = nlohmann::json::parse(std::ifstream(tq_test::source_path(rel)));
+    for (const auto& r : tj["results"]) {
+      const std::string lab = r["kv"]["label"];
+      const std::string first = lab.substr(0, lab.find(' '));
+      const std::string tk = first.substr(0, first.find('/')), tv = first.substr(first.find('/') + 1);
+      const double b = (r["kv_bytes_per_token"].get<double>() - r["kv_bytes_per_token_f16"].get<double>() / 2) / 90;
+      const int64_t c = static_cast<int64_t>(std::ceil(b * 16 - 1e-9));
+      if (tv == "f16") {
+        in.k_types.push_back(tk);
+        in.kld_k.push_back(r["kld_mean"]);
+        in.cost_k.push_back(c);
+      } else {
+        in.v_types.push_back(tv);
+        in.kld_v.push_back(r["kld_mean"]);
+        in.cost_v.push_back(c);
+      }
+    }
+  };
+  struct Case {
+    const char* config;
+    std::vector<std::string> types;
+    double budget;
+    double predicted;
+  };
+  for (const Case& c : {Case{"configs/smollm2-135m-kv3.25.kv", {"bench/results/kv_types_c2048_calib.json"}, 4608, 0.0297698},
+                        Case{"configs/smollm2-135m-kv4.25.kv",
+                             {"bench/results/kv_types_c2048_calib.json", "bench/results/kv_types3_c2048_calib.json"},
+                             6050, 0.00733226}}) {
+    tq::AllocInput in = base;
+    for (const auto& t : c.types) add_types(in, t);
+    in.budget = static_cast<int64_t>(std::floor(c.budget * 16 + 1e-9));
+    in.suffix = " ks";
+    const tq::AllocResult r = tq::allocate_heads(in);
+    EXPECT_EQ(r.label, tq::read_kv_label_file(tq_test::source_path(c.config))) << c.config;
+    EXPECT_LE(r.cost, in.budget);
+    EXPECT_NEAR(r.predicted_kld, c.predicted, c.predicted * 1e-5);
+  }
+}
+
+}  // namespace
