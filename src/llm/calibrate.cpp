@@ -1,20 +1,17 @@
 // Per-KV-head cache allocation fitted to a model (include/tq/calibrate.h).
 #include "tq/calibrate.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <limits>
 #include <sstream>
 #include <utility>
 
 #include "tq/common.h"
 #include "tq/error.h"
+#include "tq/fileio.h"
 #include "tq/kv_cache.h"
 
 namespace tq {
@@ -370,24 +367,7 @@ void write_kv_config_file(const std::string& path, const std::vector<std::string
     else head += (head.empty() ? "" : " ") + tok;
   }
   text += head + "\n" + entries;
-  const std::string tmp = path + ".tmp" + std::to_string(getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    TQ_CHECK(f.good(), "cannot write '%s'", path.c_str());
-    f << text;
-    f.flush();
-    if (!f.good()) {
-      std::error_code ec;
-      std::filesystem::remove(tmp, ec);
-      TQ_CHECK(false, "cannot write '%s'", path.c_str());
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    TQ_CHECK(false, "cannot write '%s'", path.c_str());
-  }
+  atomic_write_file(path, text.data(), text.size());
 }
 
 }  // namespace tq

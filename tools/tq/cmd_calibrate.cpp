@@ -13,6 +13,7 @@
 
 #include "llm_cli.h"
 #include "tq/calibrate.h"
+#include "tq/fileio.h"
 
 namespace {
 
@@ -112,16 +113,8 @@ tq::CalibSensitivity read_sens(const std::string& path, std::string* file) {
 }
 
 void write_json_file(const std::string& path, const nlohmann::json& j) {
-  const std::string tmp = path + ".tmp" + std::to_string(getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    TQ_CHECK(f.good(), "cannot write '%s'", path.c_str());
-    f << j.dump(1) << "\n";
-    TQ_CHECK(f.good(), "cannot write '%s'", path.c_str());
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  TQ_CHECK(!ec, "cannot write '%s'", path.c_str());
+  const std::string text = j.dump(1) + "\n";
+  tq::atomic_write_file(path, text.data(), text.size());
 }
 
 // Fails now, not after the measuring, when `path` cannot be created.
