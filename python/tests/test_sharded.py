@@ -4,7 +4,6 @@ same rows (ids and float scores), on GloVe-100 when the shared copy is there (el
 Gaussian data); save/load; bad input raises clear errors. Skipped only when Ray is not installed.
 """
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -16,21 +15,14 @@ import turboquant as tq
 
 N_BASE, N_QUERY = 4000, 200
 
-
-def glove_dir():
-    if os.environ.get("TQ_GLOVE_DIR"):
-        return pathlib.Path(os.environ["TQ_GLOVE_DIR"])
-    root = pathlib.Path(__file__).resolve().parents[2]
-    for c in (root.parent / "shared" / "data" / "glove100", root.parents[1] / "shared" / "data" / "glove100"):
-        if c.exists():
-            return c
-    return None
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples"))
+from glove_search import default_dir  # noqa: E402  (the example's search for the shared GloVe copy)
 
 
 @pytest.fixture(scope="module")
 def data():
-    g = glove_dir()
-    if g is not None and (g / "glove100_base.fvecs").exists():
+    g = default_dir()
+    if (g / "glove100_base.fvecs").exists():
         x = tq.read_vectors(str(g / "glove100_base.fvecs"), max_rows=N_BASE)
         q = tq.read_vectors(str(g / "glove100_query.fvecs"), max_rows=N_QUERY)
     else:  # clustered Gaussian data of the same shape
