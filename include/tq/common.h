@@ -58,6 +58,10 @@ class Rng {
 struct AlignedFree {
   void operator()(void* p) const noexcept;
 };
+// Seconds on the monotonic clock (for intervals), and the CPU seconds of this process (all
+// threads).
+double wall_seconds() noexcept;
+double cpu_seconds() noexcept;
 void* aligned_alloc_bytes(size_t bytes);  // throws tq::Error on failure; 64-byte aligned
 template <class T>
 using AlignedPtr = std::unique_ptr<T[], AlignedFree>;

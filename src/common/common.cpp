@@ -1,10 +1,22 @@
 #include "tq/common.h"
 
+#include <chrono>
 #include <cstdlib>
+#include <ctime>
 
 #include "tq/error.h"
 
 namespace tq {
+
+double wall_seconds() noexcept {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double cpu_seconds() noexcept {
+  struct timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
 
 uint16_t fp32_to_fp16(float f) noexcept {
   uint32_t x;

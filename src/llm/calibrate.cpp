@@ -187,9 +187,6 @@ std::vector<KvOptions> calib_configs(const LlamaConfig& mc, const CalibOptions& 
 
 namespace {
 struct Stopped {};
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 }  // namespace
 
 CalibSensitivity calibrate_measure(const LlamaModel& m, const std::vector<int32_t>& tokens, const CalibOptions& opt) {
@@ -217,7 +214,7 @@ CalibSensitivity calibrate_measure(const LlamaModel& m, const std::vector<int32_
   const size_t total = static_cast<size_t>(s.windows_requested) * per_window;
   std::vector<double> kld_sum(nc, 0);
   double nll_ref = 0;
-  const double t0 = now_s();
+  const double t0 = tq::wall_seconds();
   for (int w = 0; w < s.windows_requested; ++w) {
     const std::vector<int32_t> win(tokens.begin() + static_cast<size_t>(w) * opt.n_ctx,
                                    tokens.begin() + static_cast<size_t>(w + 1) * opt.n_ctx);
@@ -242,7 +239,7 @@ CalibSensitivity calibrate_measure(const LlamaModel& m, const std::vector<int32_
     s.windows++;
     if (opt.stop && opt.stop()) break;
   }
-  s.seconds = now_s() - t0;
+  s.seconds = tq::wall_seconds() - t0;
   if (s.n_scored == 0) return s;
   const double n = static_cast<double>(s.n_scored);
   for (int u = 0; u < n_units; ++u) {

@@ -18,12 +18,6 @@
 namespace tq {
 
 namespace {
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-}  // namespace
-
-namespace {
 // The K types the automatic protection is for (and whose bare label needs "plain"): the
 // TurboQuant formats of the traits table (an unknown name fails later, listing the valid ones).
 bool tq_keys(const KvOptions& kv) {
@@ -332,7 +326,7 @@ std::vector<PerplexityResult> perplexity_multi(const LlamaModel& m, const std::v
       if (opt.progress) opt.progress(++step, total_steps);
     }
     for (size_t c = 0; c < nc; ++c) {
-      const double t0 = now_s();
+      const double t0 = tq::wall_seconds();
       caches[c]->clear();
       m.forward(*caches[c], tk, n_ctx, hidden.data());
       res[c].kv_bytes_used = std::max(res[c].kv_bytes_used, caches[c]->bytes_used());
@@ -357,7 +351,7 @@ std::vector<PerplexityResult> perplexity_multi(const LlamaModel& m, const std::v
         }
       });
       res[c].chunk_ppl.push_back(std::exp(chunk_nll / n_score));
-      secs[c] += now_s() - t0;
+      secs[c] += tq::wall_seconds() - t0;
       if (opt.progress) opt.progress(++step, total_steps);
     }
   }
@@ -392,7 +386,7 @@ NiahResult niah(const LlamaModel& m, const Tokenizer& tok, const std::string& co
       tok.encode("\n\nThe secret number of the blue dragon is");
   const int answer_budget = 10;
   NiahResult res;
-  const double t0 = now_s();
+  const double t0 = tq::wall_seconds();
   Rng rng(opt.seed);
   KvCache cache(make_kv_config(m, opt.kv, opt.context + answer_budget));
   const size_t total = opt.depths.size() * static_cast<size_t>(opt.trials);
@@ -437,7 +431,7 @@ NiahResult niah(const LlamaModel& m, const Tokenizer& tok, const std::string& co
       if (opt.progress) opt.progress(++done, total);
     }
   }
-  res.seconds = now_s() - t0;
+  res.seconds = tq::wall_seconds() - t0;
   return res;
 }
 
@@ -449,16 +443,16 @@ SpeedResult bench_speed(const LlamaModel& m, const std::vector<int32_t>& tokens,
   SpeedResult r;
   r.context = context;
   std::vector<int32_t> prompt(tokens.begin(), tokens.begin() + context);
-  double t0 = now_s();
+  double t0 = tq::wall_seconds();
   std::vector<float> lg = m.forward_last(cache, prompt);
-  r.prefill_tok_s = context / (now_s() - t0);
-  t0 = now_s();
+  r.prefill_tok_s = context / (tq::wall_seconds() - t0);
+  t0 = tq::wall_seconds();
   for (int i = 0; i < decode_tokens; ++i) {
     const int32_t id = argmax(lg.data(), static_cast<int>(lg.size()));
     lg = m.forward_last(cache, {id});
   }
   r.decode_tokens = decode_tokens;
-  r.decode_tok_s = decode_tokens > 0 ? decode_tokens / (now_s() - t0) : 0;
+  r.decode_tok_s = decode_tokens > 0 ? decode_tokens / (tq::wall_seconds() - t0) : 0;
   r.kv_bytes = static_cast<double>(cache.bytes_used());
   r.kv_bytes_per_token = cache.bytes_per_token();
   r.kv_tokens = cache.n_tokens(0);

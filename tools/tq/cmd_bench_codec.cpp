@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "cli.h"
+#include "tq/common.h"
 #include "tq/distortion.h"
 #include "tq/error.h"
 #include "tq/quantizer.h"
@@ -13,18 +14,14 @@
 
 namespace {
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 // Median over `reps` of the time for `fn` (which processes the whole batch).
 template <class F>
 double median_time(int reps, F&& fn) {
   std::vector<double> t;
   for (int r = 0; r < reps; ++r) {
-    double t0 = now_s();
+    double t0 = tq::wall_seconds();
     fn();
-    t.push_back(now_s() - t0);
+    t.push_back(tq::wall_seconds() - t0);
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];

@@ -12,6 +12,7 @@
 #include <fstream>
 
 #include "llm_cli.h"
+#include "tq/common.h"
 #include "tq/calibrate.h"
 #include "tq/fileio.h"
 
@@ -129,8 +130,6 @@ void check_writable(const std::string& path, const char* what) {
   std::filesystem::remove(tmp, ec);
 }
 
-double cpu_seconds() { return static_cast<double>(std::clock()) / CLOCKS_PER_SEC; }
-
 void setup(CLI::App& app) {
   auto* s = tq::cli::subcommand(
       app, "calibrate",
@@ -172,7 +171,7 @@ void setup(CLI::App& app) {
       ->capture_default_str();
   s->add_option("--kv-seed", *seed, "seed of the cache rotations")->capture_default_str();
   s->callback([=] {
-    const double c0 = cpu_seconds();
+    const double c0 = tq::cpu_seconds();
     const auto w0 = std::chrono::steady_clock::now();
     TQ_CHECK(std::isfinite(*bits) && *bits > 0 && *bits < 16,
              "--bits %g out of range: bits per cached value, more than 0 and less than 16 (f16)", *bits);
@@ -280,7 +279,7 @@ void setup(CLI::App& app) {
     comments.push_back("  " + command_line());
     tq::write_kv_config_file(*out, comments, a.alloc.label);
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
-    const double cpu = cpu_seconds() - c0;
+    const double cpu = tq::cpu_seconds() - c0;
     if (o->json) {
       nlohmann::json units = nlohmann::json::array();
       for (size_t u = 0; u < a.alloc.k_type.size(); ++u)

@@ -5,12 +5,9 @@
 #include <iostream>
 
 #include "llm_cli.h"
+#include "tq/common.h"
 
 namespace {
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 void setup(CLI::App& app) {
   auto* s = tq::cli::subcommand(app, "generate",
@@ -42,12 +39,12 @@ void setup(CLI::App& app) {
              *n_predict, o->ctx);
     tq::KvCache cache(tq::make_kv_config(L->model, o->kv, o->ctx));
     tq::Sampler sampler(*sp);
-    double t0 = now_s();
+    double t0 = tq::wall_seconds();
     std::vector<float> lg = L->model.forward_last(cache, ids);
-    const double t_prompt = now_s() - t0;
+    const double t_prompt = tq::wall_seconds() - t0;
     std::vector<int32_t> out;
     std::string gen;
-    t0 = now_s();
+    t0 = tq::wall_seconds();
     for (int i = 0; i < *n_predict; ++i) {
       const int32_t id = sampler.sample(lg.data(), static_cast<int>(lg.size()));
       if (L->tok.is_end_of_generation(id)) break;
@@ -60,7 +57,7 @@ void setup(CLI::App& app) {
       }
       if (i + 1 < *n_predict) lg = L->model.forward_last(cache, {id});
     }
-    const double t_gen = now_s() - t0;
+    const double t_gen = tq::wall_seconds() - t0;
     const double gen_tps = out.empty() ? 0 : out.size() / t_gen;
     if (o->json) {
       tq::cli::print_json({{"prompt", *prompt}, {"chat", *chat}, {"text", gen},

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cli.h"
+#include "tq/common.h"
 #include "tq/error.h"
 #include "tq/fileio.h"
 #include "tq/index.h"
@@ -18,16 +19,6 @@
 #include "tq/vecs.h"
 
 namespace {
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double cpu_s() {
-  struct timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
 
 double peak_rss_mb() {
   struct rusage ru;
@@ -114,17 +105,17 @@ double build_into(tq::Index& idx, const tq::FloatMatrix& x, int threads, double*
   // Flat: --center's mean from every vector of the file, as one add() of the whole matrix
   // fits it (the Python Index.add(x)), not from the first batch (a no-op without --center).
   if (idx.nlist() == 0 && x.n > 0) {
-    const double t0 = now_s(), c0 = cpu_s();
+    const double t0 = tq::wall_seconds(), c0 = tq::cpu_seconds();
     idx.train(x.n, x.row(0));
-    t += now_s() - t0;
-    c += cpu_s() - c0;
+    t += tq::wall_seconds() - t0;
+    c += tq::cpu_seconds() - c0;
   }
   for (size_t i = 0; i < x.n; i += batch) {
     const size_t m = std::min(batch, x.n - i);
-    const double t0 = now_s(), c0 = cpu_s();
+    const double t0 = tq::wall_seconds(), c0 = tq::cpu_seconds();
     idx.add(m, x.row(i));
-    t += now_s() - t0;
-    c += cpu_s() - c0;
+    t += tq::wall_seconds() - t0;
+    c += tq::cpu_seconds() - c0;
     prog.update(i + m);
   }
   prog.finish();
@@ -221,18 +212,18 @@ void setup(CLI::App& app) {
     add_search_options(sub, o->s, true);
     sub->add_flag("--json", o->json, "print one JSON object on stdout");
     sub->callback([o] {
-      const double tl0 = now_s();
+      const double tl0 = tq::wall_seconds();
       auto idx = tq::Index::load(o->index);
-      const double load_s = now_s() - tl0;
+      const double load_s = tq::wall_seconds() - tl0;
       TQ_CHECK(idx.nlist() > 0 || o->s.nprobe == 1, "search: --nprobe %d needs an IVF index (tq index build --ivf NLIST)",
                o->s.nprobe);
       auto q = tq::read_vectors(o->queries, o->max_q);
       const size_t k = static_cast<size_t>(o->s.k);
       std::vector<float> s(q.n * k);
       std::vector<int64_t> ids(q.n * k);
-      const double t0 = now_s();
+      const double t0 = tq::wall_seconds();
       idx.search(q.n, q.d, q.data.data(), params_of(o->s, o->s.k, o->s.threads), s.data(), ids.data());
-      const double t = now_s() - t0;
+      const double t = tq::wall_seconds() - t0;
       if (o->json) {
         nlohmann::json jid = nlohmann::json::array(), js = nlohmann::json::array();
         for (size_t i = 0; i < q.n; ++i) {
@@ -348,9 +339,9 @@ void setup(CLI::App& app) {
         const auto p = params_of(so, k, threads);
         std::vector<double> times;
         for (int r = 0; r < o->reps; ++r) {
-          const double t0 = now_s();
+          const double t0 = tq::wall_seconds();
           idx->search(q.n, q.d, q.data.data(), p, s.data(), ids.data());
-          times.push_back(now_s() - t0);
+          times.push_back(tq::wall_seconds() - t0);
         }
         std::sort(times.begin(), times.end());
         const double ts = times[times.size() / 2];
