@@ -14,6 +14,11 @@
 #include "tq/eval.h"
 #include "tq/kv_cache.h"
 
+namespace tq {
+// gtest prints a spec by its label.
+void PrintTo(const KvSpec& s, std::ostream* os) { *os << s.to_string() << " (protection " << int(s.protection) << ")"; }
+}  // namespace tq
+
 namespace {
 
 // Every field of a KvCacheConfig a cache spec sets, one line.
@@ -97,4 +102,123 @@ TEST(KvSpec, OldLabelsResolveToTheRecordedConfig) {
   const nlohmann::json golden = nlohmann::json::parse(f);
   ASSERT_EQ(golden.size(), kOldLabels.size());
   for (const auto& l : kOldLabels) EXPECT_EQ(resolve_old(l), golden.at(l).get<std::string>()) << l;
+  for (const auto& l : kOldLabels) {
+    std::string got;
+    try {
+      got = fingerprint(tq::KvSpec::parse(label_text(l)).resolve(shape_for(l)));
+    } catch (const tq::Error& e) {
+      got = "error";
+    }
+    EXPECT_EQ(got, golden.at(l).get<std::string>()) << l;
+  }
+}
+
+// parse(to_string(x)) == x, for every old label as parsed and as resolved, and the resolved
+// spec names the same cache.
+TEST(KvSpec, RoundTrip) {
+  for (const auto& l : kOldLabels) {
+    SCOPED_TRACE(l);
+    tq::KvSpec s;
+    try {
+      s = tq::KvSpec::parse(label_text(l));
+    } catch (const tq::Error&) {
+      continue;  // the refused ones (cr without K centring)
+    }
+    EXPECT_EQ(tq::KvSpec::parse(s.to_string()), s) << s.to_string();
+    const tq::KvSpec r = s.resolved();
+    EXPECT_EQ(tq::KvSpec::parse(r.to_string()), r) << r.to_string();
+    EXPECT_EQ(r.resolved(), r);
+    EXPECT_EQ(fingerprint(r.resolve(shape_for(l))), fingerprint(s.resolve(shape_for(l))));
+    EXPECT_EQ(fingerprint(tq::KvSpec::parse(r.to_string()).resolve(shape_for(l))), fingerprint(s.resolve(shape_for(l))));
+  }
+  // Values built field by field, including seeds and every protection.
+  tq::KvSpec x;
+  x.k = tq::KvFormat::tq3h6;
+  x.v = tq::KvFormat::tq4n8;
+  x.seed = 7;
+  x.scale_k = x.trellis = true;
+  x.window = 64;
+  x.boundary_layers = 2;
+  x.boundary_k = tq::KvFormat::q8_0;
+  x.layers.push_back({{{0, 0, std::nullopt}, {3, 5, std::nullopt}, {7, 7, 1}}, tq::KvFormat::tq6, tq::KvFormat::f16});
+  for (tq::Protection p : {tq::Protection::automatic, tq::Protection::given, tq::Protection::none}) {
+    x.protection = p;
+    const bool given = p == tq::Protection::given;  // the protection fields act only then
+    x.sink = given ? 4 : 0;
+    x.center_k = x.center_v = x.center_rope = given;
+    x.center_segment = given ? 256 : 0;
+    EXPECT_EQ(tq::KvSpec::parse(x.to_string()), x) << x.to_string();
+  }
+}
+
+// The readable form of the short labels.
+TEST(KvSpec, ReadableLabels) {
+  struct Case {
+    const char* in;
+    const char* spec;      // to_string()
+    const char* resolved;  // resolved().to_string()
+  };
+  for (const Case& c : std::vector<Case>{
+           {"tq3", "k=tq3 v=tq3", "k=tq3 v=tq3 sink=1 center=k,rope,512"},
+           {"f16", "k=f16 v=f16", "k=f16 v=f16"},
+           {"tq3h6/tq4n8 s1 ck cs512 cr ks", "k=tq3h6 v=tq4n8 sink=1 center=k,rope,512 scale-k",
+            "k=tq3h6 v=tq4n8 sink=1 center=k,rope,512 scale-k"},
+           {"tq3h6/tq4n8 ks", "k=tq3h6 v=tq4n8 scale-k", "k=tq3h6 v=tq4n8 sink=1 center=k,rope,512 scale-k"},
+           {"tq3 plain", "k=tq3 v=tq3 plain", "k=tq3 v=tq3 plain"},
+           {"tq3 s0", "k=tq3 v=tq3 plain", "k=tq3 v=tq3 plain"},
+           {"tq3 cs256", "k=tq3 v=tq3 sink=1 center=k,rope,256", "k=tq3 v=tq3 sink=1 center=k,rope,256"},
+           {"tq4/tq3 w128 s4 ckv b2:f16 L5:tq6", "k=tq4 v=tq3 window=128 sink=4 center=kv boundary=2:f16 layers=5:tq6",
+            "k=tq4 v=tq3 window=128 sink=4 center=kv boundary=2:f16 layers=5:tq6"},
+           {"tq4 plain L2.1,0.0:tq4/tq2 tc", "k=tq4 v=tq4 plain trellis layers=2.1,0.0:tq4/tq2",
+            "k=tq4 v=tq4 plain trellis layers=2.1,0.0:tq4/tq2"},
+           {"k=tq3 sink=2 center=v", "k=tq3 v=f16 sink=2 center=v", "k=tq3 v=f16 sink=2 center=v"},
+           {"tq4 k=tq3 boundary=2 boundary=q8_0", "k=tq3 v=tq4 boundary=2:q8_0", "k=tq3 v=tq4 sink=1 center=k,rope,512 boundary=2:q8_0"},
+           {"tq3 center=256", "k=tq3 v=tq3 sink=1 center=k,rope,256", "k=tq3 v=tq3 sink=1 center=k,rope,256"},
+           {"tq3 plain sink=2", "k=tq3 v=tq3 sink=2", "k=tq3 v=tq3 sink=2"},
+           {"tq3 seed=7", "k=tq3 v=tq3 seed=7", "k=tq3 v=tq3 sink=1 center=k,rope,512 seed=7"},
+       }) {
+    SCOPED_TRACE(c.in);
+    const tq::KvSpec s = tq::KvSpec::parse(c.in);
+    EXPECT_EQ(s.to_string(), c.spec);
+    EXPECT_EQ(s.resolved().to_string(), c.resolved);
+  }
+  EXPECT_TRUE(tq::KvSpec::parse("tq3").auto_protected());
+  EXPECT_FALSE(tq::KvSpec::parse("tq3 plain").auto_protected());
+  EXPECT_FALSE(tq::KvSpec::parse("f16").auto_protected());
+  EXPECT_EQ(tq::KvSpec::parse("tq3 plain").protection, tq::Protection::none);
+  EXPECT_EQ(tq::KvSpec::parse("tq3 s1 ck").protection, tq::Protection::given);
+  EXPECT_EQ(tq::KvSpec::parse("tq3").protection, tq::Protection::automatic);
+}
+
+// Bad labels: one line, naming the bad token.
+TEST(KvSpec, BadLabels) {
+  struct Case {
+    const char* in;
+    const char* names;  // in the message
+  };
+  for (const Case& c : std::vector<Case>{
+           {"tq3 zz", "'zz'"}, {"tq3 sink=x", "sink=x"}, {"tq3 window=-1", "window=-1"}, {"tq3 center=q", "'q'"},
+           {"tq3 center=", "center="}, {"tq3 seed=1x", "seed=1x"}, {"k=tq9", "tq9"}, {"tq3 v=", "''"},
+           {"tq3 boundary=2:", "boundary=2:"}, {"tq3 layers=tq4", "LAYERS:K[/V]"}, {"tq3 layers=1,:tq4", "empty layer list"},
+           {"tq3 layers=x:tq4", "'x'"}, {"tq3 layers=2-1:tq4", "empty range"}, {"tq3 layers=1:fp8", "fp8"},
+           {"tq3 ck:64", "removed"}, {"tq3p", "removed"}, {"tq3.5/tq3", "removed"}, {"tq3 plain center=rope", "centring"},
+           {"tq3 s99999999999", "needs a number"}, {"tq3 bX:f16", "needs a number"}, {"tq3 ksx", "ksx"},
+           {"", "empty"},
+       }) {
+    try {
+      tq::KvSpec::parse(c.in);
+      ADD_FAILURE() << c.in << ": no error";
+    } catch (const tq::Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(c.names), std::string::npos) << c.in << ": " << m;
+      EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+    }
+  }
+  // Out-of-range layers fail against the shape.
+  tq::KvCacheConfig small;
+  small.n_layers = 2;
+  small.n_kv_heads = 1;
+  EXPECT_THROW(tq::KvSpec::parse("tq3 layers=5:tq4").resolve(small), tq::Error);
+  EXPECT_THROW(tq::KvSpec::parse("tq3 layers=1.1:tq4").resolve(small), tq::Error);
+  EXPECT_NO_THROW(tq::KvSpec::parse("tq3 layers=1.0:tq4").resolve(small));
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "tq/kv_cache.h"
+#include "tq/kv_spec.h"
 #include "tq/model.h"
 
 namespace tq {
@@ -53,15 +54,6 @@ struct KvOptions {
 // "K[/V] [wN] [sN] [ck|cv|ckv|c0] [csN] [cr] [ks] [tc] [plain] [bN:T[/T]] [LLAYERS:T[/T]]...".
 // A removed form (ck:N) or type (tq3p, ...) is a tq::Error saying what to use instead.
 KvOptions parse_kv_label(const std::string& label);
-// Why the label's ck:N (--kv-center-tokens) was removed and what to use instead.
-extern const char* const kRemovedCenterTokens;
-// A label for messages and text output: past `max` characters its start and "..." (a
-// per-KV-head allocation's label is a thousand characters long).
-std::string short_label(const std::string& label, size_t max = 48);
-// Reads a cache config file: one label in the syntax above, split over any number of lines,
-// '#' starting a comment to the end of its line (e.g. a per-head allocation fitted to one
-// model, configs/*.kv). Throws on an unreadable file or one that holds no label.
-std::string read_kv_label_file(const std::string& path);
 KvCacheConfig make_kv_config(const LlamaModel& m, const KvOptions& kv, int max_tokens);
 // The same from the model's config alone (LlamaModel::read_config: before the weights load).
 KvCacheConfig make_kv_config(const LlamaConfig& mc, const KvOptions& kv, int max_tokens);

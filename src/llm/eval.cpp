@@ -168,30 +168,6 @@ std::string read_text_file(const std::string& path) {
   return ss.str();
 }
 
-std::string read_kv_label_file(const std::string& path) {
-  std::error_code ec;
-  TQ_CHECK(!std::filesystem::is_directory(path, ec), "cache config '%s' is a directory, not a file", path.c_str());
-  std::ifstream f(path, std::ios::binary);
-  TQ_CHECK(f.good(), "cannot read cache config '%s'", path.c_str());
-  std::string label, line, tok;
-  while (std::getline(f, line)) {
-    TQ_CHECK(line.find('\0') == std::string::npos, "cache config '%s' is not a text file", path.c_str());
-    std::istringstream words(line.substr(0, line.find('#')));
-    while (words >> tok) label += (label.empty() ? "" : " ") + tok;
-  }
-  TQ_CHECK(!label.empty(), "cache config '%s' holds no cache label (only comments or blank lines)", path.c_str());
-  return label;
-}
-
-std::string short_label(const std::string& label, size_t max) {
-  return label.size() > max ? label.substr(0, max - 3) + "..." : label;
-}
-
-extern const char* const kRemovedCenterTokens;
-const char* const kRemovedCenterTokens =
-    "the centring token limit (ck:N, --kv-center-tokens) was removed (the mean of the first N tokens only lost to "
-    "the mean of every token seen: tq3 KLD 0.066-0.084 vs 0.059); use ck, with csN for a mean per N tokens";
-
 KvOptions parse_kv_label(const std::string& label) {
   KvOptions kv;
   const std::string shown = short_label(label, 72);  // errors quote the label
