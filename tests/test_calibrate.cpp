@@ -149,7 +149,7 @@ TEST(Calibrate, BudgetAsTheCacheCountsIt) {
     EXPECT_GT(a.bits_all, bits - 0.25) << "the budget is nearly spent: " << a.alloc.label;
     EXPECT_LE(a.alloc.predicted_kld, prev_kld);  // more bits, no worse
     prev_kld = a.alloc.predicted_kld;
-    tq::KvOptions kv = tq::parse_kv_label(a.alloc.label);
+    tq::KvSpec kv = tq::KvSpec::parse(a.alloc.label);
     tq::PerplexityOptions po;
     po.n_ctx = n_ctx;
     const tq::PerplexityResult r = tq::perplexity_multi(t.m, tokens, po, {kv})[0];
@@ -193,7 +193,7 @@ TEST(Calibrate, EndToEndOnTinyModel) {
   const std::string label = tq::read_kv_label_file(path);
   std::filesystem::remove(path);
   EXPECT_EQ(label, a.alloc.label);
-  const tq::KvOptions kv = tq::parse_kv_label(label);
+  const tq::KvSpec kv = tq::KvSpec::parse(label);
   EXPECT_TRUE(kv.auto_protected());  // the base K is a tq type: sink, centring as measured
   EXPECT_TRUE(kv.scale_k);
   tq::PerplexityOptions po;
@@ -224,16 +224,20 @@ TEST(Calibrate, ProbesSpellTheProtectionOut) {
   ASSERT_EQ(cfg.size(), 2u * 2 * 2 + 2);
   for (const auto& kv : cfg) {
     EXPECT_FALSE(kv.auto_protected());
-    const tq::KvOptions r = kv.resolved();
+    const tq::KvSpec r = kv.resolved();
     EXPECT_EQ(r.sink, 1);
     EXPECT_TRUE(r.center_k && r.center_rope && r.scale_k);
     EXPECT_EQ(r.center_segment, 512);
   }
-  EXPECT_EQ(cfg[0].label(), "f16 s1 ck cs512 cr ks L0.0:tq2h5n8/f16");
-  EXPECT_EQ(cfg[5].label(), "f16 s1 ck cs512 cr ks L0.1:f16/tq3n8");
-  EXPECT_EQ(cfg[8].label(), "tq3h6n8/f16 s1 ck cs512 cr ks");
+  EXPECT_EQ(cfg[0].resolved().to_string(), "k=f16 v=f16 sink=1 center=k,rope,512 scale-k layers=0.0:tq2h5n8/f16");
+  EXPECT_EQ(cfg[5].resolved().to_string(), "k=f16 v=f16 sink=1 center=k,rope,512 scale-k layers=0.1:f16/tq3n8");
+  EXPECT_EQ(cfg[8].resolved().to_string(), "k=tq3h6n8 v=f16 sink=1 center=k,rope,512 scale-k");
+  // The same caches as the short labels of earlier releases.
+  EXPECT_EQ(cfg[0].resolved(), tq::KvSpec::parse("f16 s1 ck cs512 cr ks L0.0:tq2h5n8/f16").resolved());
+  EXPECT_EQ(cfg[8].resolved(), tq::KvSpec::parse("tq3h6n8/f16 s1 ck cs512 cr ks").resolved());
   co.protect = "plain ks";
-  EXPECT_EQ(tq::calib_configs(t.m.config(), co, {"tq3h6n8"}, {"tq4n8"})[8].label(), "tq3h6n8/f16 ks plain");
+  EXPECT_EQ(tq::calib_configs(t.m.config(), co, {"tq3h6n8"}, {"tq4n8"})[8].resolved().to_string(),
+            "k=tq3h6n8 v=f16 plain scale-k");
   co.protect = "ks L0:tq4";
   EXPECT_THROW(tq::calib_configs(t.m.config(), co, {"tq3h6n8"}, {"tq4n8"}), tq::Error);
 }
@@ -296,7 +300,9 @@ TEST(Calibrate, ReproducesKvLayerPlanAlloc) {
     in.budget = static_cast<int64_t>(std::floor(c.budget * 16 + 1e-9));
     in.suffix = " ks";
     const tq::AllocResult r = tq::allocate_heads(in);
-    EXPECT_EQ(r.label, tq::read_kv_label_file(tq_test::source_path(c.config))) << c.config;
+    // The shipped file (written in the short form of earlier releases) names the same cache.
+    EXPECT_EQ(tq::KvSpec::parse(r.label), tq::KvSpec::parse(tq::read_kv_label_file(tq_test::source_path(c.config))))
+        << c.config << ": " << r.label;
     EXPECT_LE(r.cost, in.budget);
     EXPECT_NEAR(r.predicted_kld, c.predicted, c.predicted * 1e-5);
   }

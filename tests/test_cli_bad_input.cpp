@@ -413,8 +413,8 @@ TEST(CliBadInput, BenchModelTakesLabels) {
   const RunResult r = run_tq({"bench", "model", "-m", fx.model, "-f", fx.text, "-t", "1", "--contexts", "64",
                               "--decode", "2", "--caches", "f16,tq3/tq4 s1 ck ks", "--kv-window", "8", "--json"});
   ASSERT_EQ(r.status, 0) << r.err;
-  EXPECT_NE(r.out.find("\"kv\": \"tq3/tq4 s1 ck ks\""), std::string::npos) << r.out;  // no w8: label's own flags
-  EXPECT_NE(r.out.find("\"kv\": \"f16 w8\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"kv\": \"k=tq3 v=tq4 sink=1 center=k scale-k\""), std::string::npos) << r.out;  // no w8: label's own flags
+  EXPECT_NE(r.out.find("\"kv\": \"k=f16 v=f16 window=8\""), std::string::npos) << r.out;
 }
 
 
@@ -452,11 +452,11 @@ TEST(CliBadInput, KvConfigFile) {
   const auto from_file = run({"--kv-config", cfg});
   const auto from_flags = run({"-ctk", "tq3", "-ctv", "tq4", "--kv-layer-type", "0.1:tq4/tq3", "--kv-layer-type", "1:f16"});
   ASSERT_TRUE(from_file.contains("ppl") && from_flags.contains("ppl"));
-  EXPECT_EQ(from_file["kv"]["label"], "tq3/tq4 s1 ck cs512 cr L0.1:tq4/tq3 L1:f16");
+  EXPECT_EQ(from_file["kv"]["label"], "k=tq3 v=tq4 sink=1 center=k,rope,512 layers=0.1:tq4/tq3 layers=1:f16");
   EXPECT_EQ(from_file["kv"]["label"], from_flags["kv"]["label"]);
   EXPECT_EQ(from_file["ppl"].get<double>(), from_flags["ppl"].get<double>());
   const auto overridden = run({"--kv-config", cfg, "-ctv", "tq2", "--kv-sink", "2"});
-  EXPECT_EQ(overridden["kv"]["label"], "tq3/tq2 s2 L0.1:tq4/tq3 L1:f16");
+  EXPECT_EQ(overridden["kv"]["label"], "k=tq3 v=tq2 sink=2 layers=0.1:tq4/tq3 layers=1:f16");
   const auto sweep = run({"--sweep", "f16;@" + cfg});
   ASSERT_EQ(sweep["results"].size(), 2u);
   EXPECT_EQ(sweep["results"][1]["ppl"].get<double>(), from_file["ppl"].get<double>());
@@ -470,8 +470,8 @@ TEST(CliBadInput, KvConfigFile) {
       for (const auto& row : j["rows"]) kvs.push_back(row["kv"]);
     return kvs;
   };
-  EXPECT_EQ(bench("f16,@" + cfg), (std::vector<std::string>{"f16", "tq3/tq4 s1 ck cs512 cr L0.1:tq4/tq3 L1:f16"}));
-  EXPECT_EQ(bench("f16; tq3/tq4 L0,1:tq4 ;"), (std::vector<std::string>{"f16", "tq3/tq4 s1 ck cs512 cr L0,1:tq4"}));
+  EXPECT_EQ(bench("f16,@" + cfg), (std::vector<std::string>{"k=f16 v=f16", "k=tq3 v=tq4 sink=1 center=k,rope,512 layers=0.1:tq4/tq3 layers=1:f16"}));
+  EXPECT_EQ(bench("f16; tq3/tq4 L0,1:tq4 ;"), (std::vector<std::string>{"k=f16 v=f16", "k=tq3 v=tq4 sink=1 center=k,rope,512 layers=0,1:tq4"}));
 }
 
 // --kv-trellis (label tc): the flag and the label token run the same cache, shown in the label
@@ -481,7 +481,7 @@ TEST(CliBadInput, KvTrellisFlagAndLabel) {
   auto run = [&](const std::vector<std::string>& extra) { return fixture_perplexity(fx, extra); };
   const auto flag = run({"-ctk", "tq2", "-ctv", "tq3", "--kv-trellis"});
   ASSERT_TRUE(flag.contains("ppl")) << flag.dump();
-  EXPECT_EQ(flag["kv"]["label"], "tq2/tq3 s1 ck cs512 cr tc");
+  EXPECT_EQ(flag["kv"]["label"], "k=tq2 v=tq3 sink=1 center=k,rope,512 trellis");
   EXPECT_TRUE(flag["kv"]["trellis"].get<bool>());
   const auto label = run({"--sweep", "tq2/tq3 tc;tq2/tq3"});
   ASSERT_EQ(label["results"].size(), 2u);
@@ -497,34 +497,34 @@ TEST(CliBadInput, TqKeysProtectedByDefault) {
   Fixtures fx;
   auto run = [&](const std::vector<std::string>& extra) { return fixture_perplexity(fx, extra); };
   const auto prot = run({"-ctk", "tq3", "-ctv", "tq3"});
-  EXPECT_EQ(prot["kv"]["label"], "tq3 s1 ck cs512 cr");
+  EXPECT_EQ(prot["kv"]["label"], "k=tq3 v=tq3 sink=1 center=k,rope,512");
   EXPECT_TRUE(prot["kv"]["auto_protected"].get<bool>());
   EXPECT_EQ(prot["kv"]["sink"], 1);
   const auto plain = run({"-ctk", "tq3", "-ctv", "tq3", "--kv-plain"});
-  EXPECT_EQ(plain["kv"]["label"], "tq3 plain");
+  EXPECT_EQ(plain["kv"]["label"], "k=tq3 v=tq3 plain");
   EXPECT_EQ(plain["kv"]["sink"], 0);
   EXPECT_NE(plain["ppl"].get<double>(), prot["ppl"].get<double>());
   const auto given = run({"-ctk", "tq3", "-ctv", "tq3", "--kv-sink", "2"});  // one option given: no others added
-  EXPECT_EQ(given["kv"]["label"], "tq3 s2");
+  EXPECT_EQ(given["kv"]["label"], "k=tq3 v=tq3 sink=2");
   const auto sweep = run({"--sweep", "tq3 plain;tq3;f16/tq3"});
   ASSERT_TRUE(sweep.contains("results")) << sweep.dump();
   ASSERT_EQ(sweep["results"].size(), 3u);
-  EXPECT_EQ(sweep["results"][0]["kv"]["label"], "tq3 plain");
+  EXPECT_EQ(sweep["results"][0]["kv"]["label"], "k=tq3 v=tq3 plain");
   EXPECT_EQ(sweep["results"][0]["ppl"].get<double>(), plain["ppl"].get<double>());
-  EXPECT_EQ(sweep["results"][1]["kv"]["label"], "tq3 s1 ck cs512 cr");
+  EXPECT_EQ(sweep["results"][1]["kv"]["label"], "k=tq3 v=tq3 sink=1 center=k,rope,512");
   EXPECT_EQ(sweep["results"][1]["ppl"].get<double>(), prot["ppl"].get<double>());
-  EXPECT_EQ(sweep["results"][2]["kv"]["label"], "f16/tq3");  // K not tq: as given
+  EXPECT_EQ(sweep["results"][2]["kv"]["label"], "k=f16 v=tq3");  // K not tq: as given
   const auto swept_plain = run({"--sweep", "tq3;tq3 s1 ck", "--kv-plain"});  // global flag: unset entries only
-  EXPECT_EQ(swept_plain["results"][0]["kv"]["label"], "tq3 plain");
-  EXPECT_EQ(swept_plain["results"][1]["kv"]["label"], "tq3 s1 ck");
+  EXPECT_EQ(swept_plain["results"][0]["kv"]["label"], "k=tq3 v=tq3 plain");
+  EXPECT_EQ(swept_plain["results"][1]["kv"]["label"], "k=tq3 v=tq3 sink=1 center=k");
   // The protection's K means rotate with RoPE; spelled out, the same cache; without cr, another
   EXPECT_TRUE(prot["kv"]["center_rope"].get<bool>());
   const auto cr = run({"-ctk", "tq3", "-ctv", "tq3", "--kv-sink", "1", "--kv-center", "k", "--kv-center-segment", "512",
                        "--kv-center-rope"});
-  EXPECT_EQ(cr["kv"]["label"], "tq3 s1 ck cs512 cr");
+  EXPECT_EQ(cr["kv"]["label"], "k=tq3 v=tq3 sink=1 center=k,rope,512");
   EXPECT_EQ(cr["ppl"].get<double>(), prot["ppl"].get<double>());
   const auto no_cr = run({"--sweep", "tq3 s1 ck cs512"});
-  EXPECT_EQ(no_cr["results"][0]["kv"]["label"], "tq3 s1 ck cs512");
+  EXPECT_EQ(no_cr["results"][0]["kv"]["label"], "k=tq3 v=tq3 sink=1 center=k,512");
   EXPECT_FALSE(no_cr["results"][0]["kv"]["center_rope"].get<bool>());
   EXPECT_NE(no_cr["results"][0]["ppl"].get<double>(), prot["ppl"].get<double>());
 }

@@ -438,8 +438,7 @@ TEST(Determinism, PerplexityAcrossThreadCounts) {
   for (auto& t : toks) t = static_cast<int32_t>(r.below(static_cast<uint32_t>(c.n_vocab)));
   tq::PerplexityOptions opt;
   opt.n_ctx = 64;
-  opt.kv.type_k = "tq4";
-  opt.kv.type_v = "tq3";
+  opt.kv = tq::KvSpec::parse("tq4/tq3");
   double ref = 0;
   for (int T : {1, 2, 3}) {
     m.set_threads(T);

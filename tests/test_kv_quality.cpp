@@ -500,23 +500,24 @@ TEST(KvQuality, BadConfigAndLabels) {
   }
   EXPECT_NO_THROW(make([](tq::KvCacheConfig& c) { c.sink = 64; c.window = 64; c.center_k = true; }));
 
-  const tq::KvOptions kv = tq::parse_kv_label("tq4/tq2 w16 s4 ckv b1:f16");
-  EXPECT_EQ(kv.type_k, "tq4");
-  EXPECT_EQ(kv.type_v, "tq2");
+  using tq::KvFormat;
+  const tq::KvSpec kv = tq::KvSpec::parse("tq4/tq2 w16 s4 ckv b1:f16");
+  EXPECT_EQ(kv.k, KvFormat::tq4);
+  EXPECT_EQ(kv.v, KvFormat::tq2);
   EXPECT_EQ(kv.window, 16);
   EXPECT_EQ(kv.sink, 4);
   EXPECT_TRUE(kv.center_k);
   EXPECT_TRUE(kv.center_v);
   EXPECT_EQ(kv.boundary_layers, 1);
-  EXPECT_EQ(kv.label(), "tq4/tq2 w16 s4 ckv b1:f16");
-  EXPECT_EQ(tq::parse_kv_label(tq::parse_kv_label("tq3 cv").label()).label(), "tq3 cv");
-  const tq::KvOptions k_only = tq::parse_kv_label("tq3 ck");
+  EXPECT_EQ(kv.resolved().to_string(), "k=tq4 v=tq2 window=16 sink=4 center=kv boundary=1:f16");
+  EXPECT_EQ(tq::KvSpec::parse(tq::KvSpec::parse("tq3 cv").to_string()).to_string(), "k=tq3 v=tq3 center=v");
+  const tq::KvSpec k_only = tq::KvSpec::parse("tq3 ck");
   EXPECT_TRUE(k_only.center_k);
   EXPECT_FALSE(k_only.center_v);
   // ck:N (the centring token limit) was removed: a one-line error that says what to use instead.
   for (const char* old : {"tq3 s1 ck:64", "tq3 ckv:16", "tq3 ck:", "tq3 ck:x"}) {
     try {
-      tq::parse_kv_label(old);
+      tq::KvSpec::parse(old);
       ADD_FAILURE() << old << ": no error";
     } catch (const tq::Error& e) {
       const std::string msg = e.what();
@@ -526,30 +527,30 @@ TEST(KvQuality, BadConfigAndLabels) {
   }
   EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.center_segment = 48; }), tq::Error);   // not a multiple of 32
   EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.center_segment = 4096; }), tq::Error); // above the chunk
-  EXPECT_EQ(tq::parse_kv_label("tq3 s1 ck cs256").center_segment, 256);
-  EXPECT_EQ(tq::parse_kv_label("tq3 s1 ck cs256").label(), "tq3 s1 ck cs256");
-  EXPECT_TRUE(tq::parse_kv_label("tq3h6/tq4n8 s1 ck ks").scale_k);
-  EXPECT_EQ(tq::parse_kv_label("tq3h6/tq4n8 s1 ck cs256 ks").label(), "tq3h6/tq4n8 s1 ck cs256 ks");
-  EXPECT_THROW(tq::parse_kv_label("tq3 ksx"), tq::Error);
-  EXPECT_TRUE(tq::parse_kv_label("tq3h6/tq4n8 s1 ck tc").trellis);
-  EXPECT_FALSE(tq::parse_kv_label("tq3h6/tq4n8 s1 ck").trellis);
-  EXPECT_EQ(tq::parse_kv_label("tq3h6/tq4n8 tc s1 ck ks").label(), "tq3h6/tq4n8 s1 ck ks tc");
-  EXPECT_THROW(tq::parse_kv_label("tq3 tcx"), tq::Error);
-  EXPECT_THROW(tq::parse_kv_label("tq3 cx"), tq::Error);
-  EXPECT_THROW(tq::parse_kv_label("tq3 sx"), tq::Error);
-  EXPECT_THROW(tq::parse_kv_label("tq3 plainx"), tq::Error);
+  EXPECT_EQ(tq::KvSpec::parse("tq3 s1 ck cs256").center_segment, 256);
+  EXPECT_EQ(tq::KvSpec::parse("tq3 s1 ck cs256").to_string(), "k=tq3 v=tq3 sink=1 center=k,256");
+  EXPECT_TRUE(tq::KvSpec::parse("tq3h6/tq4n8 s1 ck ks").scale_k);
+  EXPECT_EQ(tq::KvSpec::parse("tq3h6/tq4n8 s1 ck cs256 ks").to_string(), "k=tq3h6 v=tq4n8 sink=1 center=k,256 scale-k");
+  EXPECT_THROW(tq::KvSpec::parse("tq3 ksx"), tq::Error);
+  EXPECT_TRUE(tq::KvSpec::parse("tq3h6/tq4n8 s1 ck tc").trellis);
+  EXPECT_FALSE(tq::KvSpec::parse("tq3h6/tq4n8 s1 ck").trellis);
+  EXPECT_EQ(tq::KvSpec::parse("tq3h6/tq4n8 tc s1 ck ks").to_string(), "k=tq3h6 v=tq4n8 sink=1 center=k scale-k trellis");
+  EXPECT_THROW(tq::KvSpec::parse("tq3 tcx"), tq::Error);
+  EXPECT_THROW(tq::KvSpec::parse("tq3 cx"), tq::Error);
+  EXPECT_THROW(tq::KvSpec::parse("tq3 sx"), tq::Error);
+  EXPECT_THROW(tq::KvSpec::parse("tq3 plainx"), tq::Error);
   // Numbers: digits only and in range, with an error that names the token.
   for (const char* bad : {"tq3 wX", "tq3 w-4", "tq3 s99999999999", "tq3 cs99999999999",
                           "tq3 bX:f16", "tq3 b:f16"}) {
     try {
-      tq::parse_kv_label(bad);
+      tq::KvSpec::parse(bad);
       ADD_FAILURE() << bad << ": no error";
     } catch (const tq::Error& e) {
       EXPECT_NE(std::string(e.what()).find("needs a number"), std::string::npos) << bad << ": " << e.what();
     }
   }
-  EXPECT_EQ(tq::parse_kv_label("tq3 w128 b2:f16").window, 128);
-  EXPECT_THROW(tq::parse_kv_label("tq3 crx"), tq::Error);
+  EXPECT_EQ(tq::KvSpec::parse("tq3 w128 b2:f16").window, 128);
+  EXPECT_THROW(tq::KvSpec::parse("tq3 crx"), tq::Error);
   // RoPE-rotating K means: need K centring and the keys' RoPE
   EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.center_rope = true; c.rope_base = 1e4f; c.rope_dim = 64; }),
                tq::Error);  // no center_k
@@ -571,42 +572,45 @@ TEST(KvQuality, BadConfigAndLabels) {
     const char* label;
   };
   for (const AutoCase& c : std::vector<AutoCase>{
-           {"tq3", true, 1, true, false, 512, "tq3 s1 ck cs512 cr"},
-           {"tq3h6/tq4n8 ks", true, 1, true, false, 512, "tq3h6/tq4n8 s1 ck cs512 cr ks"},
-           {"tq3h6/tq4n8 cr", true, 1, true, false, 512, "tq3h6/tq4n8 s1 ck cs512 cr"},
-           {"tq3 s1 ckv cr", false, 1, true, true, 0, "tq3 s1 ckv cr"},
-           {"tq4/tq3 w64 b1:f16", true, 1, true, false, 512, "tq4/tq3 w64 s1 ck cs512 cr b1:f16"},
-           {"tq3 plain", false, 0, false, false, 0, "tq3 plain"},
-           {"tq3 s0", false, 0, false, false, 0, "tq3 plain"},
-           {"tq3 c0", false, 0, false, false, 0, "tq3 plain"},
-           {"tq3 cs256", true, 1, true, false, 256, "tq3 s1 ck cs256 cr"},  // the segment of the automatic means
-           {"tq3 s0 cs256", false, 0, false, false, 256, "tq3 plain"},  // a segment without centring does nothing
-           {"tq3 s4", false, 4, false, false, 0, "tq3 s4"},
-           {"tq3 ck", false, 0, true, false, 0, "tq3 ck"},
-           {"tq3 s1 ck", false, 1, true, false, 0, "tq3 s1 ck"},
-           {"tq3 plain s2 cv", false, 2, false, true, 0, "tq3 s2 cv"},
-           {"q4_0h", false, 0, false, false, 0, "q4_0h"},
-           {"f16/tq3", false, 0, false, false, 0, "f16/tq3"},
-           {"q8_0/tq3 ckv", false, 0, true, true, 0, "q8_0/tq3 ckv"},
+           {"tq3", true, 1, true, false, 512, "k=tq3 v=tq3 sink=1 center=k,rope,512"},
+           {"tq3h6/tq4n8 ks", true, 1, true, false, 512, "k=tq3h6 v=tq4n8 sink=1 center=k,rope,512 scale-k"},
+           {"tq3h6/tq4n8 cr", true, 1, true, false, 512, "k=tq3h6 v=tq4n8 sink=1 center=k,rope,512"},
+           {"tq3 s1 ckv cr", false, 1, true, true, 0, "k=tq3 v=tq3 sink=1 center=kv,rope"},
+           {"tq4/tq3 w64 b1:f16", true, 1, true, false, 512, "k=tq4 v=tq3 window=64 sink=1 center=k,rope,512 boundary=1:f16"},
+           {"tq3 plain", false, 0, false, false, 0, "k=tq3 v=tq3 plain"},
+           {"tq3 s0", false, 0, false, false, 0, "k=tq3 v=tq3 plain"},
+           {"tq3 c0", false, 0, false, false, 0, "k=tq3 v=tq3 plain"},
+           // The segment of the automatic means: the protection it implies is spelled out when parsed
+           // (KvSpec has no "automatic but with another segment"), the same cache.
+           {"tq3 cs256", false, 1, true, false, 256, "k=tq3 v=tq3 sink=1 center=k,rope,256"},
+           // A segment without centring does nothing (and a KvSpec does not keep it).
+           {"tq3 s0 cs256", false, 0, false, false, 0, "k=tq3 v=tq3 plain"},
+           {"tq3 s4", false, 4, false, false, 0, "k=tq3 v=tq3 sink=4"},
+           {"tq3 ck", false, 0, true, false, 0, "k=tq3 v=tq3 center=k"},
+           {"tq3 s1 ck", false, 1, true, false, 0, "k=tq3 v=tq3 sink=1 center=k"},
+           {"tq3 plain s2 cv", false, 2, false, true, 0, "k=tq3 v=tq3 sink=2 center=v"},
+           {"q4_0h", false, 0, false, false, 0, "k=q4_0h v=q4_0h"},
+           {"f16/tq3", false, 0, false, false, 0, "k=f16 v=tq3"},
+           {"q8_0/tq3 ckv", false, 0, true, true, 0, "k=q8_0 v=tq3 center=kv"},
        }) {
     SCOPED_TRACE(c.in);
-    const tq::KvOptions kv = tq::parse_kv_label(c.in);
+    const tq::KvSpec kv = tq::KvSpec::parse(c.in);
     EXPECT_EQ(kv.auto_protected(), c.prot);
-    const tq::KvOptions r = kv.resolved();
+    const tq::KvSpec r = kv.resolved();
     EXPECT_EQ(r.sink, c.sink);
     EXPECT_EQ(r.center_k, c.ck);
     EXPECT_EQ(r.center_v, c.cv);
     EXPECT_EQ(r.center_segment, c.seg);
     EXPECT_FALSE(r.auto_protected());  // resolving twice changes nothing
-    EXPECT_EQ(kv.label(), c.label);
+    EXPECT_EQ(r.to_string(), c.label);
     // The label names the same cache: it parses back to the same resolved options.
-    const tq::KvOptions back = tq::parse_kv_label(kv.label()).resolved();
+    const tq::KvSpec back = tq::KvSpec::parse(r.to_string()).resolved();
     EXPECT_EQ(back.sink, r.sink);
     EXPECT_EQ(back.center_k, r.center_k);
     EXPECT_EQ(back.center_v, r.center_v);
     EXPECT_EQ(back.center_rope, r.center_rope);
     EXPECT_EQ(back.center_k || back.center_v ? back.center_segment : 0, r.center_k || r.center_v ? r.center_segment : 0);
-    EXPECT_EQ(back.label(), kv.label());
+    EXPECT_EQ(back.to_string(), r.to_string());
   }
   // The automatic rotating mean is for the tq K types: the label rule and the cache agree on
   // every type name.
@@ -621,23 +625,24 @@ TEST(KvQuality, BadConfigAndLabels) {
     c.rope_base = 1e4f;
     c.rope_dim = 64;
     tq::KvCache cache(c);
-    EXPECT_EQ(cache.impl().layers[0].k[0].rope_mu, tq::parse_kv_label(t).resolved().center_rope);
+    EXPECT_EQ(cache.impl().layers[0].k[0].rope_mu, tq::KvSpec::parse(t).resolved().center_rope);
   }
-  tq::KvOptions plain_flag;  // --kv-plain on a type given with -ctk
-  plain_flag.type_k = plain_flag.type_v = "tq3";
+  tq::KvSpec plain_flag;  // --kv-plain on a type given with -ctk
+  plain_flag.k = plain_flag.v = KvFormat::tq3;
   EXPECT_TRUE(plain_flag.auto_protected());
-  plain_flag.plain = true;
+  plain_flag.protection = tq::Protection::none;
   EXPECT_FALSE(plain_flag.auto_protected());
-  EXPECT_EQ(plain_flag.label(), "tq3 plain");
+  EXPECT_EQ(plain_flag.resolved().to_string(), "k=tq3 v=tq3 plain");
+  EXPECT_TRUE(tq::KvSpec::parse("k=tq3 v=tq3 plain") == plain_flag);
 
   // Per-layer types: label round trip and expansion onto the cache config.
-  const tq::KvOptions lk = tq::parse_kv_label("tq4/tq3 s1 ck L0,2-3:tq6/tq4n8 L3:f16");
-  ASSERT_EQ(lk.layer_types.size(), 2u);
-  EXPECT_EQ(lk.layer_types[0], "0,2-3:tq6/tq4n8");
-  EXPECT_EQ(lk.label(), "tq4/tq3 s1 ck L0,2-3:tq6/tq4n8 L3:f16");
+  const tq::KvSpec lk = tq::KvSpec::parse("tq4/tq3 s1 ck L0,2-3:tq6/tq4n8 L3:f16");
+  ASSERT_EQ(lk.layers.size(), 2u);
+  EXPECT_EQ(lk.layers[0].to_string(), "0,2-3:tq6/tq4n8");
+  EXPECT_EQ(lk.to_string(), "k=tq4 v=tq3 sink=1 center=k layers=0,2-3:tq6/tq4n8 layers=3:f16");
   tq::KvCacheConfig lc;
   lc.n_layers = 5;
-  tq::apply_layer_types(lk.layer_types, lc);
+  lc = lk.resolve(lc);
   const std::vector<std::string> want_k = {"tq6", "", "tq6", "f16", ""}, want_v = {"tq4n8", "", "tq4n8", "f16", ""};
   EXPECT_EQ(lc.layer_type_k, want_k);
   EXPECT_EQ(lc.layer_type_v, want_v);
@@ -645,18 +650,19 @@ TEST(KvQuality, BadConfigAndLabels) {
   tq::KvCacheConfig hc;
   hc.n_layers = 3;
   hc.n_kv_heads = 2;
-  tq::apply_layer_types({"1:tq3", "2.1,0.0:tq4/tq2"}, hc);
+  hc = tq::KvSpec::parse("f16 layers=1:tq3 layers=2.1,0.0:tq4/tq2").resolve(hc);
   const std::vector<std::string> want_hk = {"tq4", "", "", "", "", "tq4"}, want_hv = {"tq2", "", "", "", "", "tq2"};
   EXPECT_EQ(hc.layer_type_k, (std::vector<std::string>{"", "tq3", ""}));
   EXPECT_EQ(hc.head_type_k, want_hk);
   EXPECT_EQ(hc.head_type_v, want_hv);
-  EXPECT_EQ(tq::parse_kv_label("tq4 plain L2.1,0.0:tq4/tq2").label(), "tq4 plain L2.1,0.0:tq4/tq2");
+  EXPECT_EQ(tq::KvSpec::parse("tq4 plain L2.1,0.0:tq4/tq2").to_string(), "k=tq4 v=tq4 plain layers=2.1,0.0:tq4/tq2");
   for (const char* bad : {"5:tq4", "1-0:tq4", "x:tq4", "1,:tq4", ":tq4", "1:", "1:fp8", "1:tq4/", "-1:tq4", "1--2:tq4",
                           "1.2:tq4", "1.:tq4", ".1:tq4", "5.0:tq4", "1.0-2:tq4", "1.x:tq4"}) {
     tq::KvCacheConfig c;
     c.n_layers = 5;
     c.n_kv_heads = 2;
-    EXPECT_THROW(tq::apply_layer_types({bad}, c), tq::Error) << bad;
+    EXPECT_THROW(tq::KvSpec::parse(std::string("f16 layers=") + bad).resolve(c), tq::Error) << bad;
+    EXPECT_THROW(tq::KvSpec::parse(std::string("f16 L") + bad).resolve(c), tq::Error) << bad;
   }
 }
 
@@ -672,11 +678,11 @@ TEST(KvQuality, LabelFiles) {
   };
   const std::string good = write("good.kv", "# a comment\r\n\r\ntq4h6n8/tq4n8 ks   # base\r\n\tL0.1,2.0:tq3h6n8/tq3n8\r\nL5:tq6\n");
   EXPECT_EQ(tq::read_kv_label_file(good), "tq4h6n8/tq4n8 ks L0.1,2.0:tq3h6n8/tq3n8 L5:tq6");
-  const tq::KvOptions kv = tq::parse_kv_label(tq::read_kv_label_file(good));
-  EXPECT_EQ(kv.type_k, "tq4h6n8");
+  const tq::KvSpec kv = tq::KvSpec::parse(tq::read_kv_label_file(good));
+  EXPECT_EQ(kv.k, tq::KvFormat::tq4h6n8);
   EXPECT_TRUE(kv.scale_k);
-  ASSERT_EQ(kv.layer_types.size(), 2u);
-  EXPECT_EQ(kv.layer_types[0], "0.1,2.0:tq3h6n8/tq3n8");
+  ASSERT_EQ(kv.layers.size(), 2u);
+  EXPECT_EQ(kv.layers[0].to_string(), "0.1,2.0:tq3h6n8/tq3n8");
   auto error_of = [](const std::string& path) {
     try {
       tq::read_kv_label_file(path);
@@ -694,7 +700,7 @@ TEST(KvQuality, LabelFiles) {
   std::string long_label = "tq4";
   for (int i = 0; i < 60; ++i) long_label += " L" + std::to_string(i) + ":tq3";
   try {
-    tq::parse_kv_label(long_label + " zz");
+    tq::KvSpec::parse(long_label + " zz");
     ADD_FAILURE() << "no error";
   } catch (const tq::Error& e) {
     const std::string m = e.what();
@@ -725,9 +731,16 @@ TEST(KvQuality, ShippedConfigsFitTheirModel) {
     for (const Shape& x : shapes)
       if (name.rfind(x.prefix, 0) == 0) sh = &x;
     ASSERT_NE(sh, nullptr) << name << ": a config for a model this test does not know (add its shape)";
-    const tq::KvOptions kv = tq::parse_kv_label(tq::read_kv_label_file(e.path().string()));
-    tq::KvCacheConfig cfg = tq_test::kv_config(sh->layers, sh->heads, sh->dim, 2048, kv.type_k, kv.type_v);
-    tq::apply_layer_types(kv.layer_types, cfg);
+    const tq::KvSpec kv = tq::KvSpec::parse(tq::read_kv_label_file(e.path().string()));
+    tq::KvCacheConfig cfg = tq_test::kv_config(sh->layers, sh->heads, sh->dim, 2048, tq::kv_format_name(kv.k),
+                                               tq::kv_format_name(kv.v));
+    {  // the per-layer and per-head types only (the protection needs the model's RoPE)
+      const tq::KvCacheConfig full = kv.resolve(cfg);
+      cfg.layer_type_k = full.layer_type_k;
+      cfg.layer_type_v = full.layer_type_v;
+      cfg.head_type_k = full.head_type_k;
+      cfg.head_type_v = full.head_type_v;
+    }
     int entries = 0;
     for (const auto& t : cfg.head_type_k) entries += !t.empty();
     for (const auto& t : cfg.layer_type_k) entries += !t.empty();
@@ -737,8 +750,8 @@ TEST(KvQuality, ShippedConfigsFitTheirModel) {
     const double promised = std::stod(name.substr(name.find("-kv") + 3));
     EXPECT_LE(bits, promised) << name;
     EXPECT_GT(bits, promised - 0.25) << name;
-    tq::KvCacheConfig small = tq_test::kv_config(2, sh->heads, sh->dim, 2048, kv.type_k, kv.type_v);
-    EXPECT_THROW(tq::apply_layer_types(kv.layer_types, small), tq::Error) << name;
+    const tq::KvCacheConfig small = tq_test::kv_config(2, sh->heads, sh->dim, 2048, "f16", "f16");
+    EXPECT_THROW(kv.resolve(small), tq::Error) << name;
   }
   EXPECT_GE(seen, 2);
 }

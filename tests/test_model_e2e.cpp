@@ -83,8 +83,7 @@ TEST(ModelE2E, RealModelChatAndPerplexity) {
   tq::PerplexityOptions po;
   po.n_ctx = 192;
   po.compare = true;
-  po.kv.type_k = po.kv.type_v = compressed;
-  po.kv.plain = true;  // the bare format; the protected one (the default for tq K) is checked below
+  po.kv = tq::KvSpec::parse(compressed + " plain");  // the bare format; the protected one (the default for tq K) is checked below
   const auto r = tq::perplexity(R.m, slice, po);
   EXPECT_EQ(r.n_chunks, 2);
   EXPECT_EQ(r.n_scored, 2u * 95u);
@@ -114,14 +113,13 @@ TEST(ModelE2E, RealModelChatAndPerplexity) {
   // and query-weighted K channels and scaling (the model hands the queries to the cache
   // before each append) beat the bare symmetric cache at about the same size.
   if (compressed == "tq4") {
-    po.kv = tq::KvOptions();
-    po.kv.type_k = po.kv.type_v = "tq4";
+    po.kv = tq::KvSpec::parse("tq4");
     ASSERT_TRUE(po.kv.auto_protected());
     const auto rp = tq::perplexity(R.m, slice, po);
     EXPECT_LT(rp.kld_mean, r.kld_mean) << "automatic sink and K means no better than bare tq4";
     EXPECT_GT(rp.bits_per_value_all, r.bits_per_value_all);  // the sink row and the means are counted
 
-    po.kv = tq::parse_kv_label("tq3h6/tq4n8 s1 ck cs512 ks");
+    po.kv = tq::KvSpec::parse("tq3h6/tq4n8 s1 ck cs512 ks");
     const auto rr = tq::perplexity(R.m, slice, po);
     EXPECT_LT(rr.ppl / rr.ppl_ref, kCompressedMaxRatio) << "ppl " << rr.ppl << " vs f16 " << rr.ppl_ref;
     EXPECT_LT(rr.kld_mean, r.kld_mean) << "query-weighted cache no better than bare tq4";

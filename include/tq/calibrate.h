@@ -49,13 +49,13 @@ struct AllocInput {
   std::string suffix;                        // appended to the base K/V of the label, e.g. " ks"
 };
 struct AllocResult {
-  std::string label;                         // "K/V<suffix> LUNITS:K/V ..." (--kv-config syntax)
+  std::string label;                         // "k=K v=V<suffix> layers=UNITS:K/V ..." (KvSpec::to_string)
   std::vector<std::string> k_type, v_type;   // the type of each unit
   double predicted_kld = 0;
   int64_t cost = 0;                          // summed cost
 };
 // The knapsack above and the label: base K (V) = the type most units take (ties: the cheaper),
-// then one `L` entry per distinct (K, V) pair of the other units, in order of first appearance;
+// then one layers= rule per distinct (K, V) pair of the other units, in order of first appearance;
 // units are named "l.h" ("l" when the model has one KV head per layer).
 AllocResult allocate_heads(const AllocInput& in);
 
@@ -90,10 +90,10 @@ struct CalibSensitivity {
 };
 
 // The protection of every cache calibrate measures or writes: `protect` resolved on a tq K
-// type (so the automatic sink / centring is spelled out), as KvOptions without types.
-KvOptions calib_protection(const std::string& protect, uint64_t seed);
+// type (so the automatic sink / centring is spelled out), as a KvSpec of f16 types.
+KvSpec calib_protection(const std::string& protect, uint64_t seed);
 // The probe and type configs of step 1, in the order sens_k, sens_v, kld_k, kld_v.
-std::vector<KvOptions> calib_configs(const LlamaConfig& mc, const CalibOptions& opt,
+std::vector<KvSpec> calib_configs(const LlamaConfig& mc, const CalibOptions& opt,
                                      const std::vector<std::string>& k_types,
                                      const std::vector<std::string>& v_types);
 // Step 1 on `tokens` (windows of opt.n_ctx from the start). With opt.stop returning true it
@@ -106,7 +106,7 @@ CalibSensitivity calibrate_measure(const LlamaModel& m, const std::vector<int32_
 // f16 sink rows, centring means, K scales, channel masks), every layer holding every token
 // (sliding-window layers hold fewer; this counts them in full). Filled with random keys,
 // values and queries: nothing it counts depends on the values.
-size_t calib_bytes_used(const LlamaConfig& mc, const KvOptions& kv, int n_ctx);
+size_t calib_bytes_used(const LlamaConfig& mc, const KvSpec& kv, int n_ctx);
 
 struct CalibAllocation {
   AllocResult alloc;
@@ -127,8 +127,8 @@ double calib_cheapest_bits(const LlamaConfig& mc, const std::vector<std::string>
 CalibAllocation calibrate_allocate(const LlamaConfig& mc, const CalibSensitivity& s, double bits, int n_ctx,
                                    uint64_t seed = 0x5eed);
 
-// Writes a --kv-config file: each of `comments` as a '#' line, then the label with one `L`
-// entry per line. Written to a temporary file and renamed (never half a file); tq::Error when
+// Writes a --kv-config file: each of `comments` as a '#' line, then the label with one
+// layers= rule per line. Written to a temporary file and renamed (never half a file); tq::Error when
 // it cannot be written.
 void write_kv_config_file(const std::string& path, const std::vector<std::string>& comments,
                           const std::string& label);

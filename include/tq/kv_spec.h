@@ -93,6 +93,8 @@ struct KvSpec {
 // Every KvFormat the spec names (K, V, boundary, layer rules), in order, repeats included.
 std::vector<KvFormat> kv_spec_formats(const KvSpec& s);
 const char* kv_format_name(KvFormat f);
+// A format by name (parse_kv_type's errors).
+KvFormat parse_kv_format(const std::string& name);
 
 // Why the label's ck:N (--kv-center-tokens) was removed and what to use instead.
 extern const char* const kRemovedCenterTokens;

@@ -604,7 +604,8 @@ NB_MODULE(_turboquant, m) {
   nb::class_<PyKVCache>(m, "KVCache",
                         "Quantized KV cache of n_layers x n_kv_heads x head_dim with fused attention. The cache "
                         "choice is a label as `tq perplexity --kv-config` takes it: 'f16', 'tq4/tq3' (K/V types), "
-                        "'tq4/tq3 w128 plain', ..., or '@path' for a cache config file.")
+                        "'k=tq3h6 v=tq4n8 sink=1 center=k,rope,512 scale-k', 'tq4/tq3 w128 plain', ..., or '@path' for "
+                        "a cache config file.")
       .def("__init__",
            [](PyKVCache* self, const std::string& label, int n_layers, int n_kv_heads, int head_dim, int max_tokens,
               float rope_base, int rope_dim) {
@@ -714,7 +715,7 @@ NB_MODULE(_turboquant, m) {
                                                   "partial: decode with errors='replace').")
       .def("new_cache",
            [](const PyModel& m, const std::string& label, int max_tokens) {
-             return new PyKVCache(label, tq::make_kv_config(m.model, tq::capi::kv_options(label), max_tokens));
+             return new PyKVCache(label, tq::capi::kv_options(label).resolve(m.model.config(), max_tokens));
            },
            "label"_a = "f16", "max_tokens"_a = 2048, "A KVCache with this model's shape.")
       .def("perplexity",
@@ -767,7 +768,7 @@ NB_MODULE(_turboquant, m) {
              }
              TQ_CHECK(!ids.empty(), "generate: empty prompt");
              TQ_CHECK(max_tokens >= 0, "generate: max_tokens must be >= 0");
-             const tq::KvOptions kv = tq::capi::kv_options(cache);
+             const tq::KvSpec kv = tq::capi::kv_options(cache);
              tq::SamplerParams sp;
              sp.temperature = temperature;
              sp.top_p = top_p;
@@ -776,7 +777,7 @@ NB_MODULE(_turboquant, m) {
              std::vector<int32_t> out;
              {
                nb::gil_scoped_release nogil;
-               tq::KvCache kc(tq::make_kv_config(m.model, kv, static_cast<int>(ids.size()) + max_tokens));
+               tq::KvCache kc(kv.resolve(m.model.config(), static_cast<int>(ids.size()) + max_tokens));
                tq::Sampler sampler(sp);
                std::vector<float> lg = m.model.forward_last(kc, ids);
                for (int i = 0; i < max_tokens; ++i) {

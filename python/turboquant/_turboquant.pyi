@@ -237,7 +237,7 @@ def exact_search(x: Annotated[NDArray, dict(device='cpu', writable=False)], q: A
 
 class KVCache:
     """
-    Quantized KV cache of n_layers x n_kv_heads x head_dim with fused attention. The cache choice is a label as `tq perplexity --kv-config` takes it: 'f16', 'tq4/tq3' (K/V types), 'tq4/tq3 w128 plain', ..., or '@path' for a cache config file.
+    Quantized KV cache of n_layers x n_kv_heads x head_dim with fused attention. The cache choice is a label as `tq perplexity --kv-config` takes it: 'f16', 'tq4/tq3' (K/V types), 'k=tq3h6 v=tq4n8 sink=1 center=k,rope,512 scale-k', 'tq4/tq3 w128 plain', ..., or '@path' for a cache config file.
     """
 
     def __init__(self, label: str = 'f16', n_layers: int = 1, n_kv_heads: int = 1, head_dim: int = 128, max_tokens: int = 4096, rope_base: float = 0.0, rope_dim: int = 0) -> None:

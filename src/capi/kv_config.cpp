@@ -5,10 +5,7 @@
 
 namespace tq::capi {
 
-KvOptions kv_options(const std::string& label) {
-  if (!label.empty() && label[0] == '@') return parse_kv_label(read_kv_label_file(label.substr(1)));
-  return parse_kv_label(label);
-}
+KvSpec kv_options(const std::string& label) { return parse_kv_spec_or_file(label); }
 
 KvCacheConfig kv_cache_config(const std::string& label, int n_layers, int n_kv_heads, int head_dim,
                               int max_tokens, float rope_base, int rope_dim) {
@@ -22,13 +19,13 @@ KvCacheConfig kv_cache_config(const std::string& label, int n_layers, int n_kv_h
   shape.max_tokens = max_tokens;
   shape.rope_base = rope_base;
   shape.rope_dim = rope_dim;
-  const KvOptions kv = kv_options(label);
+  const KvSpec kv = kv_options(label);
   TQ_CHECK(rope_base > 0 || !kv.resolved().center_rope,
-           "kv cache '%s': the K mean rotates with RoPE (label 'cr', part of a tq K type's automatic "
+           "kv cache '%s': the K mean rotates with RoPE (center=...,rope, part of a tq K type's automatic "
            "protection), which needs the keys' RoPE: give rope_base and rope_dim, or add 'plain' (no "
-           "automatic protection) or an explicit centring such as 'ck' to the label",
+           "automatic protection) or an explicit centring such as 'center=k' to the label",
            short_label(label).c_str());
-  return make_kv_config(shape, kv);
+  return kv.resolve(shape);
 }
 
 }  // namespace tq::capi

@@ -1,20 +1,20 @@
 // The one place where the bindings (C API, Python) build a KvCacheConfig: a stand-alone
 // cache of a given shape whose cache choice is a label parsed by the library
-// (tq::parse_kv_label, the syntax of `tq perplexity --kv-config`), mapped onto the config
-// by tq::make_kv_config.
+// (tq::KvSpec::parse, the syntax of `tq perplexity --kv-config`), mapped onto the config
+// by KvSpec::resolve.
 #pragma once
 
 #include <string>
 
 #include "tq/kv_cache.h"
 
-#include "tq/eval.h"
+#include "tq/kv_spec.h"
 
 namespace tq::capi {
 
-// A cache label (tq::parse_kv_label syntax), or "@PATH" for a cache config file
+// A cache label (tq::KvSpec syntax), or "@PATH" for a cache config file
 // (tq::read_kv_label_file), as `tq perplexity --sweep` takes them.
-KvOptions kv_options(const std::string& label);
+KvSpec kv_options(const std::string& label);
 
 // rope_base / rope_dim: the keys' RoPE (normal mode), needed by labels whose K mean rotates
 // with RoPE ("cr", part of a tq K type's automatic protection); 0: none.

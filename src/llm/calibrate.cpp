@@ -76,8 +76,9 @@ std::vector<int> solve_mckp(const std::vector<std::vector<McOption>>& groups, in
 }
 
 namespace {
-std::string unit_name(int l, int h, int n_kv_heads) {
-  return n_kv_heads == 1 ? std::to_string(l) : std::to_string(l) + "." + std::to_string(h);
+// A unit as a layers= item: the layer when the model has one KV head per layer, else LAYER.HEAD.
+KvLayerItem unit_item(int l, int h, int n_kv_heads) {
+  return n_kv_heads == 1 ? KvLayerItem{l, l, std::nullopt} : KvLayerItem{l, l, h};
 }
 }  // namespace
 
@@ -122,21 +123,23 @@ AllocResult allocate_heads(const AllocInput& in) {
   };
   const std::string bk = in.k_types[base_of(count_k, in.cost_k)], bv = in.v_types[base_of(count_v, in.cost_v)];
   std::vector<std::pair<std::string, std::string>> pairs;  // distinct (K, V), first appearance
-  std::vector<std::string> members;
+  std::vector<std::vector<KvLayerItem>> members;
   for (int u = 0; u < n_units; ++u) {
     if (r.k_type[u] == bk && r.v_type[u] == bv) continue;
     const auto kv = std::make_pair(r.k_type[u], r.v_type[u]);
     const size_t at = std::find(pairs.begin(), pairs.end(), kv) - pairs.begin();
-    const std::string name = unit_name(u / in.n_kv_heads, u % in.n_kv_heads, in.n_kv_heads);
+    const KvLayerItem item = unit_item(u / in.n_kv_heads, u % in.n_kv_heads, in.n_kv_heads);
     if (at == pairs.size()) {
       pairs.push_back(kv);
-      members.push_back(name);
+      members.push_back({item});
     } else {
-      members[at] += "," + name;
+      members[at].push_back(item);
     }
   }
-  r.label = bk + "/" + bv + in.suffix;
-  for (size_t p = 0; p < pairs.size(); ++p) r.label += " L" + members[p] + ":" + pairs[p].first + "/" + pairs[p].second;
+  KvSpec spec = KvSpec::parse("k=" + bk + " v=" + bv + in.suffix);
+  for (size_t p = 0; p < pairs.size(); ++p)
+    spec.layers.push_back({members[p], parse_kv_format(pairs[p].first), parse_kv_format(pairs[p].second)});
+  r.label = spec.to_string();
   return r;
 }
 
@@ -147,39 +150,39 @@ std::vector<std::string> default_calib_v_types() {
   return {"tq2h5n8", "tq3n8", "tq3h4n8", "tq4n8", "tq4h5n8", "tq4h6n8", "tq5n8"};
 }
 
-KvOptions calib_protection(const std::string& protect, uint64_t seed) {
-  KvOptions kv = parse_kv_label("tq3 " + protect);
-  TQ_CHECK(kv.type_k == "tq3" && kv.layer_types.empty() && kv.boundary_layers == 0 && kv.window == 0,
-           "--protect '%s': only protection tokens (sN, ck/cv/ckv[:N], c0, csN, cr, ks, tc, plain), no types, "
-           "window, boundary or L entries", protect.c_str());
-  KvOptions r = kv.resolved();  // the automatic protection of a tq K type, spelled out
-  r.plain = false;
-  r.type_k = r.type_v = "f16";
+KvSpec calib_protection(const std::string& protect, uint64_t seed) {
+  const KvSpec kv = KvSpec::parse("k=tq3 v=tq3 " + protect);
+  TQ_CHECK(kv.k == KvFormat::tq3 && kv.v == KvFormat::tq3 && kv.layers.empty() && kv.boundary_layers == 0 &&
+               kv.window == 0 && kv.seed == KvSpec::kDefaultSeed,
+           "--protect '%s': only protection tokens (sink=N, center=..., plain, scale-k, trellis; or sN, ck/cv/ckv, c0, "
+           "csN, cr, ks, tc), no types, window, boundary, layers or seed", protect.c_str());
+  KvSpec r = kv.resolved();  // the automatic protection of a tq K type, spelled out
+  r.k = r.v = KvFormat::f16;  // (protection none stays none: the types set later are tq ones)
   r.seed = seed;
   return r;
 }
 
-std::vector<KvOptions> calib_configs(const LlamaConfig& mc, const CalibOptions& opt,
+std::vector<KvSpec> calib_configs(const LlamaConfig& mc, const CalibOptions& opt,
                                      const std::vector<std::string>& k_types,
                                      const std::vector<std::string>& v_types) {
-  const KvOptions p = calib_protection(opt.protect, opt.seed);
-  std::vector<KvOptions> out;
+  const KvSpec p = calib_protection(opt.protect, opt.seed);
+  std::vector<KvSpec> out;
+  const KvFormat probe_k = parse_kv_format(opt.probe_k), probe_v = parse_kv_format(opt.probe_v);
   for (int side = 0; side < 2; ++side)
     for (int l = 0; l < mc.n_layers; ++l)
       for (int h = 0; h < mc.n_kv_heads; ++h) {
-        KvOptions o = p;
-        o.layer_types = {std::to_string(l) + "." + std::to_string(h) + ":" +
-                         (side == 0 ? opt.probe_k + "/f16" : "f16/" + opt.probe_v)};
+        KvSpec o = p;
+        o.layers = {{{{l, l, h}}, side == 0 ? probe_k : KvFormat::f16, side == 0 ? KvFormat::f16 : probe_v}};
         out.push_back(o);
       }
   for (const auto& t : k_types) {
-    KvOptions o = p;
-    o.type_k = t;
+    KvSpec o = p;
+    o.k = parse_kv_format(t);
     out.push_back(o);
   }
   for (const auto& t : v_types) {
-    KvOptions o = p;
-    o.type_v = t;
+    KvSpec o = p;
+    o.v = parse_kv_format(t);
     out.push_back(o);
   }
   return out;
@@ -197,7 +200,7 @@ CalibSensitivity calibrate_measure(const LlamaModel& m, const std::vector<int32_
            tokens.size(), opt.n_ctx);
   const std::vector<std::string> kt = opt.k_types.empty() ? default_calib_k_types() : opt.k_types;
   const std::vector<std::string> vt = opt.v_types.empty() ? default_calib_v_types() : opt.v_types;
-  const std::vector<KvOptions> configs = calib_configs(mc, opt, kt, vt);
+  const std::vector<KvSpec> configs = calib_configs(mc, opt, kt, vt);
   const int n_units = mc.n_layers * mc.n_kv_heads;
   CalibSensitivity s;
   s.n_layers = mc.n_layers;
@@ -252,8 +255,8 @@ CalibSensitivity calibrate_measure(const LlamaModel& m, const std::vector<int32_
   return s;
 }
 
-size_t calib_bytes_used(const LlamaConfig& mc, const KvOptions& kv, int n_ctx) {
-  KvCacheConfig cfg = make_kv_config(mc, kv, n_ctx);
+size_t calib_bytes_used(const LlamaConfig& mc, const KvSpec& kv, int n_ctx) {
+  KvCacheConfig cfg = kv.resolve(mc, n_ctx);
   cfg.layer_window.clear();  // every layer holds every token
   KvCache cache(cfg);
   Rng r(0xca1b);
@@ -282,8 +285,8 @@ size_t cheapest(const std::vector<std::string>& types, int head_dim) {
     if (block_cost(types[t], head_dim) < block_cost(types[b], head_dim)) b = t;
   return b;
 }
-KvOptions label_kv(const std::string& label, uint64_t seed) {
-  KvOptions kv = parse_kv_label(label);
+KvSpec label_kv(const std::string& label, uint64_t seed) {
+  KvSpec kv = KvSpec::parse(label);
   kv.seed = seed;
   return kv;
 }
@@ -360,7 +363,8 @@ void write_kv_config_file(const std::string& path, const std::vector<std::string
   std::istringstream words(label);
   std::string tok, head, entries;
   while (words >> tok) {
-    if (tok.size() > 1 && tok[0] == 'L' && tok.find(':') != std::string::npos) entries += tok + "\n";
+    if (tok.rfind("layers=", 0) == 0 || (tok.size() > 1 && tok[0] == 'L' && tok.find(':') != std::string::npos))
+      entries += tok + "\n";
     else head += (head.empty() ? "" : " ") + tok;
   }
   text += head + "\n" + entries;

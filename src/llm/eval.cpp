@@ -17,141 +17,6 @@
 
 namespace tq {
 
-namespace {
-// The K types the automatic protection is for (and whose bare label needs "plain"): the
-// TurboQuant formats of the traits table (an unknown name fails later, listing the valid ones).
-bool tq_keys(const KvOptions& kv) {
-  const KvTypeTraits* f = find_kv_type(kv.type_k);
-  return f && f->turboquant();
-}
-}  // namespace
-
-bool KvOptions::auto_protected() const { return !plain && sink < 0 && !center_set && tq_keys(*this); }
-
-KvOptions KvOptions::resolved() const {
-  KvOptions r = *this;
-  if (auto_protected()) {
-    r.sink = kAutoSink;
-    r.center_k = true;
-    if (r.center_segment < 0) r.center_segment = kAutoSegment;
-    r.center_rope = true;
-  }
-  r.sink = std::max(r.sink, 0);
-  r.center_segment = std::max(r.center_segment, 0);
-  r.center_set = true;
-  return r;
-}
-
-std::string KvOptions::label() const {
-  const KvOptions r = resolved();
-  std::string s = type_k == type_v ? type_k : type_k + "/" + type_v;
-  if (r.window > 0) s += " w" + std::to_string(r.window);
-  if (r.sink > 0) s += " s" + std::to_string(r.sink);
-  if (r.center_k || r.center_v) {
-    s += std::string(" c") + (r.center_k ? "k" : "") + (r.center_v ? "v" : "");
-    if (r.center_segment > 0) s += " cs" + std::to_string(r.center_segment);
-  }
-  if (r.center_rope) s += " cr";
-  if (r.scale_k) s += " ks";
-  if (r.trellis) s += " tc";
-  // The bare format: without a token saying so the label would parse back to the protected cache.
-  if (r.sink == 0 && !r.center_k && !r.center_v && tq_keys(r)) s += " plain";
-  if (r.boundary_layers > 0) {
-    s += " b" + std::to_string(r.boundary_layers) + ":" +
-         (r.boundary_type_k == r.boundary_type_v ? r.boundary_type_k : r.boundary_type_k + "/" + r.boundary_type_v);
-  }
-  for (const auto& lt : r.layer_types) s += " L" + lt;
-  return s;
-}
-
-namespace {
-// "LAYERS:K[/V]" (LAYERS = "0,3,10-12,5.1": whole layers, ranges of them, LAYER.HEAD single
-// KV heads) onto the per-layer and per-head type vectors of cfg.
-void apply_layer_type(const std::string& spec, KvCacheConfig& cfg) {
-  const int n_layers = cfg.n_layers, n_heads = cfg.n_kv_heads;
-  TQ_CHECK(n_layers >= 1 && n_heads >= 1, "layer types '%s': the cache has no layers", spec.c_str());
-  const size_t colon = spec.find(':');
-  TQ_CHECK(colon != std::string::npos && colon > 0 && colon + 1 < spec.size(),
-           "layer types '%s': expected LAYERS:K[/V], e.g. 0,3,10-12:tq6/tq3 (LAYER.HEAD for one KV head)",
-           spec.c_str());
-  const std::string layers = spec.substr(0, colon), types = spec.substr(colon + 1);
-  const size_t slash = types.find('/');
-  const std::string k = types.substr(0, slash), v = slash == std::string::npos ? k : types.substr(slash + 1);
-  TQ_CHECK(!k.empty() && !v.empty(), "layer types '%s': empty cache type", spec.c_str());
-  parse_kv_type(k);  // unknown names fail here, with the list of known ones
-  parse_kv_type(v);
-  auto number = [&](const std::string& x, const char* what, int n) {
-    TQ_CHECK(!x.empty() && x.size() <= 6 && x.find_first_not_of("0123456789") == std::string::npos,
-             "layer types '%s': '%s' is not a %s number", spec.c_str(), x.c_str(), what);
-    const int i = std::stoi(x);
-    TQ_CHECK(i < n, "layer types '%s': %s %d out of range [0, %d]", spec.c_str(), what, i, n - 1);
-    return i;
-  };
-  std::istringstream in(layers);
-  std::string part;
-  while (std::getline(in, part, ',')) {
-    const size_t dot = part.find('.');
-    if (dot != std::string::npos) {  // one KV head
-      const int l = number(part.substr(0, dot), "layer", n_layers);
-      const int h = number(part.substr(dot + 1), "KV head", n_heads);
-      const size_t i = (size_t)l * n_heads + h;
-      cfg.head_type_k.resize((size_t)n_layers * n_heads);
-      cfg.head_type_v.resize((size_t)n_layers * n_heads);
-      cfg.head_type_k[i] = k;
-      cfg.head_type_v[i] = v;
-      continue;
-    }
-    const size_t dash = part.find('-');
-    const int a = number(part.substr(0, dash), "layer", n_layers);
-    const int b = dash == std::string::npos ? a : number(part.substr(dash + 1), "layer", n_layers);
-    TQ_CHECK(a <= b, "layer types '%s': empty range %s", spec.c_str(), part.c_str());
-    cfg.layer_type_k.resize(n_layers);
-    cfg.layer_type_v.resize(n_layers);
-    for (int l = a; l <= b; ++l) {
-      cfg.layer_type_k[l] = k;
-      cfg.layer_type_v[l] = v;
-    }
-  }
-  TQ_CHECK(!layers.empty() && layers.back() != ',', "layer types '%s': empty layer list entry", spec.c_str());
-}
-}  // namespace
-
-void apply_layer_types(const std::vector<std::string>& specs, KvCacheConfig& cfg) {
-  for (const auto& lt : specs) apply_layer_type(lt, cfg);
-}
-
-KvCacheConfig make_kv_config(const LlamaModel& m, const KvOptions& opts, int max_tokens) {
-  return make_kv_config(m.config(), opts, max_tokens);
-}
-
-KvCacheConfig make_kv_config(const LlamaConfig& mc, const KvOptions& opts, int max_tokens) {
-  return make_kv_config(kv_config_for(mc, max_tokens), opts);
-}
-
-KvCacheConfig make_kv_config(const KvCacheConfig& shape, const KvOptions& opts) {
-  const KvOptions kv = opts.resolved();
-  KvCacheConfig c = shape;
-  c.type_k = kv.type_k;
-  c.type_v = kv.type_v;
-  c.window = kv.window;
-  c.sink = kv.sink;
-  c.center_k = kv.center_k;
-  c.center_v = kv.center_v;
-  c.center_segment = kv.center_segment;
-  c.scale_k = kv.scale_k;
-  c.trellis = kv.trellis;
-  TQ_CHECK(!kv.center_rope || kv.center_k,
-           "--kv-center-rope (label cr) needs K centring: --kv-center k or kv, or a tq K type's automatic "
-           "protection");
-  c.center_rope = kv.center_rope;
-  c.boundary_layers = kv.boundary_layers;
-  c.boundary_type_k = kv.boundary_type_k;
-  c.boundary_type_v = kv.boundary_type_v;
-  apply_layer_types(kv.layer_types, c);
-  c.seed = kv.seed;
-  return c;
-}
-
 double kv_bits_per_value(const LlamaModel& m, double bytes_per_token) {
   const auto& c = m.config();
   const double values = 2.0 * c.n_layers * c.n_kv_heads * c.head_dim;
@@ -168,72 +33,9 @@ std::string read_text_file(const std::string& path) {
   return ss.str();
 }
 
-KvOptions parse_kv_label(const std::string& label) {
-  KvOptions kv;
-  const std::string shown = short_label(label, 72);  // errors quote the label
-  std::istringstream in(label);
-  std::string tok;
-  // The number of a token (wN, sN, csN, ck:N, bN:T): digits only, at most 9 of them.
-  auto number = [&](const std::string& digits) {
-    TQ_CHECK(!digits.empty() && digits.size() <= 9 && digits.find_first_not_of("0123456789") == std::string::npos,
-             "cache config '%s': '%s' needs a number (0 to 999999999), got '%s'", shown.c_str(), tok.c_str(),
-             digits.c_str());
-    return std::stoi(digits);
-  };
-  bool first = true;
-  auto split = [](const std::string& s, std::string& a, std::string& b) {
-    const size_t sl = s.find('/');
-    a = s.substr(0, sl);
-    b = sl == std::string::npos ? a : s.substr(sl + 1);
-  };
-  while (in >> tok) {
-    if (first) {
-      split(tok, kv.type_k, kv.type_v);
-      first = false;
-    } else if (tok.size() > 1 && tok[0] == 'w') {
-      kv.window = number(tok.substr(1));
-    } else if (tok.size() > 1 && tok[0] == 's' && tok.find_first_not_of("0123456789", 1) == std::string::npos) {
-      kv.sink = number(tok.substr(1));
-    } else if (tok.size() > 2 && tok.rfind("cs", 0) == 0 && tok.find_first_not_of("0123456789", 2) == std::string::npos) {
-      kv.center_segment = number(tok.substr(2));
-    } else if (tok == "cr") {
-      kv.center_rope = true;
-    } else if (tok == "ks") {
-      kv.scale_k = true;
-    } else if (tok == "tc") {
-      kv.trellis = true;
-    } else if (tok == "plain") {
-      kv.plain = true;
-    } else if (tok == "c0") {
-      kv.center_set = true;
-      kv.center_k = kv.center_v = false;
-    } else if (tok.rfind("ck", 0) == 0 || tok.rfind("cv", 0) == 0) {
-      const size_t c = tok.find(':');
-      const std::string w = tok.substr(0, c);
-      TQ_CHECK(w == "ck" || w == "cv" || w == "ckv", "cache config '%s': cannot parse '%s' (expected ck, cv or ckv)",
-               shown.c_str(), tok.c_str());
-      TQ_CHECK(c == std::string::npos, "cache config '%s': '%s': %s", shown.c_str(), tok.c_str(), kRemovedCenterTokens);
-      kv.center_set = true;
-      kv.center_k = w.find('k') != std::string::npos;
-      kv.center_v = w.find('v') != std::string::npos;
-    } else if (tok.size() > 1 && tok[0] == 'b' && tok.find(':') != std::string::npos) {
-      const size_t c = tok.find(':');
-      kv.boundary_layers = number(tok.substr(1, c - 1));
-      split(tok.substr(c + 1), kv.boundary_type_k, kv.boundary_type_v);
-    } else if (tok.size() > 1 && tok[0] == 'L' && tok.find(':') != std::string::npos) {
-      kv.layer_types.push_back(tok.substr(1));
-    } else {
-      TQ_CHECK(false, "cache config '%s': cannot parse '%s' (expected K[/V] [wN] [sN] [ck|cv|ckv|c0] [csN] [cr] [ks] [tc] [plain] [bN:T] [LLAYERS:T])",
-               shown.c_str(), tok.c_str());
-    }
-  }
-  TQ_CHECK(!first, "empty cache config");
-  return kv;
-}
-
 std::vector<PerplexityResult> perplexity_multi(const LlamaModel& m, const std::vector<int32_t>& tokens,
                                                const PerplexityOptions& opt,
-                                               const std::vector<KvOptions>& configs) {
+                                               const std::vector<KvSpec>& configs) {
   const int n_ctx = opt.n_ctx;
   TQ_CHECK(n_ctx >= 16, "perplexity: context %d too small (>= 16)", n_ctx);
   TQ_CHECK(!configs.empty(), "perplexity: no cache config");
@@ -248,7 +50,7 @@ std::vector<PerplexityResult> perplexity_multi(const LlamaModel& m, const std::v
   std::vector<PerplexityResult> res(nc);
   std::vector<std::unique_ptr<KvCache>> caches;
   for (size_t c = 0; c < nc; ++c) {
-    caches.push_back(std::make_unique<KvCache>(make_kv_config(m, configs[c], n_ctx)));
+    caches.push_back(std::make_unique<KvCache>(configs[c].resolve(m.config(), n_ctx)));
     res[c].n_ctx = n_ctx;
     res[c].n_chunks = n_chunks;
     res[c].kv_bytes_per_token = caches[c]->bytes_per_token();
@@ -256,7 +58,7 @@ std::vector<PerplexityResult> perplexity_multi(const LlamaModel& m, const std::v
   }
   std::unique_ptr<KvCache> ref;
   if (opt.compare) {
-    ref = std::make_unique<KvCache>(make_kv_config(m, opt.ref, n_ctx));
+    ref = std::make_unique<KvCache>(opt.ref.resolve(m.config(), n_ctx));
     for (auto& r : res) r.kv_bytes_per_token_ref = ref->bytes_per_token();
   }
 
@@ -364,7 +166,7 @@ NiahResult niah(const LlamaModel& m, const Tokenizer& tok, const std::string& co
   NiahResult res;
   const double t0 = tq::wall_seconds();
   Rng rng(opt.seed);
-  KvCache cache(make_kv_config(m, opt.kv, opt.context + answer_budget));
+  KvCache cache(opt.kv.resolve(m.config(), opt.context + answer_budget));
   const size_t total = opt.depths.size() * static_cast<size_t>(opt.trials);
   size_t done = 0;
   for (double depth : opt.depths) {
@@ -412,10 +214,10 @@ NiahResult niah(const LlamaModel& m, const Tokenizer& tok, const std::string& co
 }
 
 SpeedResult bench_speed(const LlamaModel& m, const std::vector<int32_t>& tokens, int context,
-                        int decode_tokens, const KvOptions& kv) {
+                        int decode_tokens, const KvSpec& kv) {
   TQ_CHECK(context >= 1 && static_cast<size_t>(context) <= tokens.size(),
            "bench: %d context tokens requested, %zu available", context, tokens.size());
-  KvCache cache(make_kv_config(m, kv, context + decode_tokens));
+  KvCache cache(kv.resolve(m.config(), context + decode_tokens));
   SpeedResult r;
   r.context = context;
   std::vector<int32_t> prompt(tokens.begin(), tokens.begin() + context);

@@ -14,9 +14,11 @@ namespace tq {
 
 const char* kv_format_name(KvFormat f) { return kv_type_traits(kv_type(f)).name; }
 
+KvFormat parse_kv_format(const std::string& name) { return static_cast<KvFormat>(parse_kv_type(name).id); }
+
 namespace {
 
-KvFormat format_of(const std::string& name) { return static_cast<KvFormat>(parse_kv_type(name).id); }
+KvFormat format_of(const std::string& name) { return parse_kv_format(name); }
 bool turboquant(KvFormat f) { return kv_type_traits(kv_type(f)).turboquant(); }
 
 std::string pair_name(KvFormat k, KvFormat v) {
@@ -231,7 +233,7 @@ struct Parser {
 
 const char* const kRemovedCenterTokens =
     "the centring token limit (ck:N, --kv-center-tokens) was removed (the mean of the first N tokens only lost to "
-    "the mean of every token seen: tq3 KLD 0.066-0.084 vs 0.059); use center=k (ck), with center=k,N (csN) for a "
+    "the mean of every token seen: tq3 KLD 0.066-0.084 vs 0.059); use ck (center=k), with csN (center=k,N) for a "
     "mean per N tokens";
 
 std::string KvLayerRule::to_string() const {

@@ -66,12 +66,12 @@ size_t incomplete_utf8_tail(const std::string& s) {
 
 }  // namespace
 
-Scheduler::Scheduler(const LlamaModel& model, const Tokenizer& tok, const KvOptions& kv, const SchedulerOptions& opt)
+Scheduler::Scheduler(const LlamaModel& model, const Tokenizer& tok, const KvSpec& kv, const SchedulerOptions& opt)
     : model_(model), tok_(tok), opt_(opt) {
   TQ_CHECK(opt.parallel >= 1 && opt.parallel <= 256, "--parallel must be in [1, 256], got %d", opt.parallel);
   TQ_CHECK(opt.ctx >= 8, "-c must be >= 8, got %d", opt.ctx);
   TQ_CHECK(opt.queue_max >= 0, "the queue bound must be >= 0");
-  const KvCacheConfig cfg = make_kv_config(model, kv, opt.ctx);
+  const KvCacheConfig cfg = kv.resolve(model.config(), opt.ctx);
   for (int i = 0; i < opt.parallel; ++i) {
     slots_.push_back(std::make_unique<Slot>());
     slots_.back()->cache = std::make_unique<KvCache>(cfg);

@@ -16,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include "tq/kv_spec.h"
+
 #include "tq/eval.h"
 #include "tq/model.h"
 #include "tq/tokenizer.h"
@@ -75,7 +77,7 @@ struct SchedulerStats {
 
 class Scheduler {
  public:
-  Scheduler(const LlamaModel& model, const Tokenizer& tok, const KvOptions& kv, const SchedulerOptions& opt);
+  Scheduler(const LlamaModel& model, const Tokenizer& tok, const KvSpec& kv, const SchedulerOptions& opt);
   ~Scheduler();
   enum class Admit { ok, queue_full, too_big, draining };
   Admit submit(const std::shared_ptr<Request>& r);

@@ -622,7 +622,7 @@ int Server::run() {
 
 }  // namespace
 
-int run_server(const ServerOptions& so, const LlamaModel& model, const Tokenizer& tok, const KvOptions& kv,
+int run_server(const ServerOptions& so, const LlamaModel& model, const Tokenizer& tok, const KvSpec& kv,
                const SchedulerOptions& sched) {
   TQ_CHECK(pipe(g_sig_pipe) == 0, "serve: pipe() failed");
   struct sigaction sa = {};

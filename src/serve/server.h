@@ -23,7 +23,7 @@ struct ServerOptions {
 
 // Serves until SIGTERM / SIGINT, then stops admitting (503), lets every admitted and queued
 // request finish and returns 0. Throws tq::Error when it cannot bind.
-int run_server(const ServerOptions& so, const LlamaModel& model, const Tokenizer& tok, const KvOptions& kv,
+int run_server(const ServerOptions& so, const LlamaModel& model, const Tokenizer& tok, const KvSpec& kv,
                const SchedulerOptions& sched);
 
 }  // namespace tq::serve

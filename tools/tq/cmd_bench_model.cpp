@@ -21,7 +21,7 @@ void setup(CLI::App& app) {
   auto reps = std::make_shared<int>(1);
   auto file = std::make_shared<std::string>(tq::cli::kDefaultCorpus);
   tq::cli::add_model_opts(s, *o, 0);
-  tq::cli::add_kv_opts(s, o->kv);
+  tq::cli::add_kv_opts(s, *o);
   s->add_option("--contexts", *contexts, "prompt lengths")->delimiter(',')->capture_default_str();
   s->add_option("--caches", *caches_arg,
                 "cache configs separated by ',' (or by ';' when the list holds one, for labels with commas):\n"
@@ -40,17 +40,15 @@ void setup(CLI::App& app) {
     const auto tokens = L->tok.encode(tq::read_text_file(*file));
     nlohmann::json rows = nlohmann::json::array();
     const size_t total = contexts->size() * caches.size() * std::max(1, *reps);
-    std::vector<tq::KvOptions> kvs;  // parsed before the first run: a bad label fails at once
+    std::vector<tq::KvSpec> kvs;  // parsed before the first run: a bad label fails at once
     for (const std::string& cs : caches) {
-      const tq::KvOptions parsed = tq::cli::label_options(cs, o->kv);
-      tq::KvOptions kv = o->kv;
+      const tq::KvSpec parsed = tq::cli::label_options(cs, *o);
       if (cs.find(' ') != std::string::npos || cs[0] == '@') {
-        kv = parsed;
+        kvs.push_back(parsed);
       } else {  // types only: the --kv-* flags apply
-        kv.type_k = parsed.type_k;
-        kv.type_v = parsed.type_v;
+        kvs.push_back(tq::KvSpec::parse(o->kv_label + " k=" + tq::kv_format_name(parsed.k) + " v=" +
+                                        tq::kv_format_name(parsed.v)));
       }
-      kvs.push_back(kv);
     }
     tq::cli::Progress pb("bench model", total);
     size_t done = 0;
@@ -76,7 +74,7 @@ void setup(CLI::App& app) {
         };
         const double pf = med([](const tq::SpeedResult& x) { return x.prefill_tok_s; });
         const double dc = med([](const tq::SpeedResult& x) { return x.decode_tok_s; });
-        rows.push_back({{"context", ctx}, {"cache", caches[ci]}, {"kv", kvs[ci].label()}, {"prefill_tok_s", pf}, {"decode_tok_s", dc},
+        rows.push_back({{"context", ctx}, {"cache", caches[ci]}, {"kv", kvs[ci].resolved().to_string()}, {"prefill_tok_s", pf}, {"decode_tok_s", dc},
                         {"prefill_vs_first", pf / med0([](const tq::SpeedResult& x) { return x.prefill_tok_s; })},
                         {"decode_vs_first", dc / med0([](const tq::SpeedResult& x) { return x.decode_tok_s; })},
                         {"kv_bytes", runs[ci].back().kv_bytes},

@@ -19,7 +19,7 @@ void setup(CLI::App& app) {
   auto chat = std::make_shared<bool>(false);
   auto sp = std::make_shared<tq::SamplerParams>();
   tq::cli::add_model_opts(s, *o, 2048);
-  tq::cli::add_kv_opts(s, o->kv);
+  tq::cli::add_kv_opts(s, *o);
   s->add_option("-p,--prompt", *prompt, "prompt text")->required();
   s->add_option("-n,--n-predict", *n_predict, "tokens to generate")->capture_default_str();
   s->add_flag("--chat", *chat, "wrap the prompt in the model's chat template (instruct models)");
@@ -37,7 +37,7 @@ void setup(CLI::App& app) {
     const int cap = static_cast<int>(ids.size()) + *n_predict;
     TQ_CHECK(cap <= o->ctx, "prompt (%zu tokens) + %d new tokens exceed the context %d (-c)", ids.size(),
              *n_predict, o->ctx);
-    tq::KvCache cache(tq::make_kv_config(L->model, o->kv, o->ctx));
+    tq::KvCache cache(o->kv.resolve(L->model.config(), o->ctx));
     tq::Sampler sampler(*sp);
     double t0 = tq::wall_seconds();
     std::vector<float> lg = L->model.forward_last(cache, ids);
@@ -73,7 +73,7 @@ void setup(CLI::App& app) {
                    "prompt: %zu tokens, %.1f tok/s | generation: %zu tokens, %.1f tok/s | threads %d\n"
                    "kv cache %s: %zu bytes held, %.1f bytes/token (%.2f bits/value)\n",
                    ids.size(), ids.size() / t_prompt, out.size(), gen_tps, L->model.threads(),
-                   tq::short_label(o->kv.label()).c_str(), cache.bytes_used(), cache.bytes_per_token(),
+                   tq::short_label(o->kv.resolved().to_string()).c_str(), cache.bytes_used(), cache.bytes_per_token(),
                    tq::kv_bits_per_value(L->model, cache.bytes_per_token()));
     }
   });

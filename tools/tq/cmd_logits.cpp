@@ -33,7 +33,7 @@ void setup(CLI::App& app) {
   auto decode = std::make_shared<bool>(false);
   auto ubatch = std::make_shared<int>(512);
   tq::cli::add_model_opts(s, *o, 0);
-  tq::cli::add_kv_opts(s, o->kv);
+  tq::cli::add_kv_opts(s, *o);
   s->add_option("--ids", *ids_s, "token ids, separated by spaces or commas (no BOS is added)");
   s->add_option("-p,--prompt", *prompt, "text instead of --ids (tokenized with BOS)");
   s->add_flag("--all-rows", *all_rows, "the logits of every position (default: the last one)");
@@ -48,7 +48,7 @@ void setup(CLI::App& app) {
     const int ctx = o->ctx > 0 ? o->ctx : n;
     TQ_CHECK(n <= ctx, "%d tokens exceed the context %d (-c)", n, ctx);
     L->model.set_ubatch(*ubatch);
-    tq::KvCache cache(tq::make_kv_config(L->model, o->kv, ctx));
+    tq::KvCache cache(o->kv.resolve(L->model.config(), ctx));
     const auto& c = L->model.config();
     std::vector<float> hidden(static_cast<size_t>(n) * c.n_embd);
     if (*decode) {

@@ -17,7 +17,7 @@ void setup(CLI::App& app) {
   auto file = std::make_shared<std::string>(tq::cli::kDefaultCorpus);
   auto depths = std::make_shared<std::vector<double>>(std::vector<double>{0.1, 0.5, 0.9});
   tq::cli::add_model_opts(s, *o, 2048);
-  tq::cli::add_kv_opts(s, o->kv);
+  tq::cli::add_kv_opts(s, *o);
   s->add_option("--context", o->ctx, "haystack length in tokens (same as -c)");
   s->add_option("--depths", *depths, "needle depths in [0, 1]")->delimiter(',')->capture_default_str();
   s->add_option("--trials", no->trials, "trials per depth")->capture_default_str();
@@ -31,7 +31,7 @@ void setup(CLI::App& app) {
     no->kv = o->kv;
     std::unique_ptr<tq::cli::Progress> pb;
     no->progress = [&](size_t d, size_t t) {
-      if (!pb) pb = std::make_unique<tq::cli::Progress>("niah " + tq::short_label(o->kv.label(), 32), t);
+      if (!pb) pb = std::make_unique<tq::cli::Progress>("niah " + tq::short_label(o->kv.resolved().to_string(), 32), t);
       pb->update(d);
     };
     const tq::NiahResult r = tq::niah(L->model, L->tok, text, *no);
@@ -54,7 +54,7 @@ void setup(CLI::App& app) {
                            {"blas_core", tq::cli::blas_core()}});
       return;
     }
-    std::printf("niah context %d, kv %s: %d / %d passed (%.1f s)\n", o->ctx, tq::short_label(o->kv.label()).c_str(), r.passed,
+    std::printf("niah context %d, kv %s: %d / %d passed (%.1f s)\n", o->ctx, tq::short_label(o->kv.resolved().to_string()).c_str(), r.passed,
                 r.trials, r.seconds);
     for (auto& t : r.details)
       std::printf("  depth %.2f trial %d: %s -> '%s' %s\n", t.depth, t.trial, t.passphrase.c_str(),

@@ -19,7 +19,7 @@ void setup(CLI::App& app) {
   auto sweep = std::make_shared<std::string>();
   auto dump_top1 = std::make_shared<bool>(false);
   tq::cli::add_model_opts(s, *o, 512);
-  tq::cli::add_kv_opts(s, o->kv);
+  tq::cli::add_kv_opts(s, *o);
   s->add_option("-f,--file", *file, "text file")->capture_default_str();
   s->add_option("--chunks", *chunks, "number of windows (0 = all)")->capture_default_str();
   s->add_option("--compare", *compare, "also run this cache type (e.g. f16) on the same tokens");
@@ -39,14 +39,14 @@ void setup(CLI::App& app) {
     po.kv = o->kv;
     if (!compare->empty()) {
       po.compare = true;
-      po.ref.type_k = po.ref.type_v = *compare;
+      po.ref = tq::KvSpec::parse(*compare);
     }
-    std::vector<tq::KvOptions> configs;
+    std::vector<tq::KvSpec> configs;
     if (sweep->empty()) {
       configs.push_back(o->kv);
     } else {
       for (const std::string& one : tq::cli::split_configs(*sweep, ';'))
-        configs.push_back(tq::cli::label_options(one, o->kv));
+        configs.push_back(tq::cli::label_options(one, *o));
     }
     std::unique_ptr<tq::cli::Progress> pb;
     po.progress = [&](size_t d, size_t t) {
@@ -98,7 +98,7 @@ void setup(CLI::App& app) {
       std::printf("%-26s ppl %.4f   %.1f bytes/token\n", compare->c_str(), r0.ppl_ref, r0.kv_bytes_per_token_ref);
     for (size_t c = 0; c < configs.size(); ++c) {
       const tq::PerplexityResult& r = results[c];
-      std::printf("%-26s ppl %.4f   %7.1f bytes/token (%.3f bits/value, %.3f all counted)", tq::short_label(configs[c].label()).c_str(),
+      std::printf("%-26s ppl %.4f   %7.1f bytes/token (%.3f bits/value, %.3f all counted)", tq::short_label(configs[c].resolved().to_string()).c_str(),
                   r.ppl, r.kv_bytes_per_token, r.bits_per_value, r.bits_per_value_all);
       if (po.compare)
         std::printf("  delta %+.2f%%  KLD %.5f (p99 %.4f)  top-1 %.2f%%", 100.0 * (r.ppl / r.ppl_ref - 1.0),

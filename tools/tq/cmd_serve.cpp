@@ -39,7 +39,7 @@ void setup(CLI::App& app) {
   auto budget = std::make_shared<std::string>("0");
   auto no_reuse = std::make_shared<bool>(false);
   tq::cli::add_model_opts(s, *o, 4096);
-  tq::cli::add_kv_opts(s, o->kv);
+  tq::cli::add_kv_opts(s, *o);
   s->add_option("--host", so->host, "address to bind (127.0.0.1: this machine only)")->capture_default_str();
   s->add_option("--port", so->port, "TCP port (0: any free port, printed on stderr)")->capture_default_str()
       ->check(CLI::Range(0, 65535));
@@ -73,7 +73,7 @@ void setup(CLI::App& app) {
       if (name.size() > 5 && name.substr(name.size() - 5) == ".gguf") name.resize(name.size() - 5);
       so->model_id = name;
     }
-    std::fprintf(stderr, "tq serve: kv cache %s, %d threads\n", tq::short_label(o->kv.label()).c_str(),
+    std::fprintf(stderr, "tq serve: kv cache %s, %d threads\n", tq::short_label(o->kv.resolved().to_string()).c_str(),
                  L->model.threads());
     const int rc = tq::serve::run_server(*so, L->model, L->tok, o->kv, *sched);
     if (rc != 0) std::exit(rc);

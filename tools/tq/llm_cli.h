@@ -11,6 +11,7 @@
 
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "cli.h"
@@ -31,7 +32,12 @@ struct ModelOpts {
   int ctx = 0;
   bool json = false;
   std::string attn;  // --attn or one of its aliases; empty: TQ_ATTN, else fused
-  KvOptions kv;
+  // The cache: the --kv-config label and the -ctk / --kv-* flags as tokens of the KvSpec
+  // grammar (kv_label, in the order CLI11 applies them), parsed into `kv` after each one.
+  KvSpec kv;
+  std::string kv_label;
+  bool kv_plain = false;            // --kv-plain (also applied to --sweep / --caches entries)
+  std::optional<uint64_t> kv_seed;  // --kv-seed (likewise)
   // The attention kernel: the one choice (--attn, else the environment variable TQ_ATTN, else fused).
   AttnKernel kernel() const { return attn.empty() ? attn_kernel_from_env() : parse_attn_kernel(attn); }
 };
@@ -74,7 +80,6 @@ inline void add_model_opts(CLI::App* s, ModelOpts& o, int default_ctx) {
                   "the block kernels); the block kernels always run");
 }
 
-inline KvOptions label_options(const std::string& label, const KvOptions& global, const std::string& source = "");
 
 // Every KV cache type name from the traits table, comma-separated (the -ctk / -ctv help).
 inline std::string kv_type_list() {
@@ -83,72 +88,115 @@ inline std::string kv_type_list() {
   return s;
 }
 
-inline void add_kv_opts(CLI::App* s, KvOptions& kv) {
-  // -1 means "not given" inside KvOptions, so a negative value must not reach it.
+inline void add_kv_opts(CLI::App* s, ModelOpts& o) {
   const auto non_negative = [](const std::string& v) {
     return v.find_first_not_of(" ") != std::string::npos && v[v.find_first_not_of(" ")] == '-'
                ? std::string("must be >= 0, got ") + v
                : std::string();
   };
-  // Defined first: CLI11 applies options in the order they are defined, so every flag given
-  // beside --kv-config overrides what the file says.
+  // Each flag adds its token(s) to the label, which is parsed again at once: a bad value fails
+  // naming its flag. CLI11 applies options in the order they are defined, so --kv-config
+  // (defined first) is the base that every other flag overrides.
+  auto add = [&o](const std::string& flag, const std::string& tokens) {
+    o.kv_label += (o.kv_label.empty() ? "" : " ") + tokens;
+    try {
+      o.kv = KvSpec::parse(o.kv_label);
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      throw Error(m.rfind(flag, 0) == 0 ? m : flag + ": " + m);  // the flag, once
+    }
+  };
   s->add_option_function<std::string>(
       "--kv-config",
-      [&kv](const std::string& path) { kv = label_options("@" + path, kv); },
-      "cache config file: one cache label in the --sweep syntax over any lines, '#' comments (e.g. "
+      [&o](const std::string& path) {
+        const std::string label = read_kv_label_file(path);
+        o.kv_label += (o.kv_label.empty() ? "" : " ") + label;
+        try {
+          o.kv = KvSpec::parse(o.kv_label);
+        } catch (const Error& e) {
+          throw Error(path + ": " + e.what());
+        }
+      },
+      "cache config file: one cache spec (the --sweep grammar) over any lines, '#' comments (e.g. "
       "configs/smollm2-135m-kv4.25.kv, a per-head allocation for the default model); other --kv-*/-ctk/-ctv "
       "flags given beside it override it");
-  s->add_option("--cache-type-k", kv.type_k, "-ctk: KV cache type for K: " + kv_type_list() + " (tq kv-types describes them)")
-      ->capture_default_str();
-  s->add_option("--cache-type-v", kv.type_v, "-ctv: KV cache type for V")->capture_default_str();
-  s->add_option("--kv-window", kv.window, "most recent tokens kept in f16 (quantized when they leave)")
-      ->capture_default_str();
-  s->add_option("--kv-sink", kv.sink,
-                "first N tokens of every layer kept in f16 for good (attention sinks; default: 1 with a tq K type, "
-                "see --kv-plain, else 0)")
+  s->add_option_function<std::string>(
+      "--cache-type-k", [add](const std::string& t) { add("--cache-type-k", "k=" + t); },
+      "-ctk: KV cache type for K (spec k=T): " + kv_type_list() + " (tq kv-types describes them); default f16");
+  s->add_option_function<std::string>(
+      "--cache-type-v", [add](const std::string& t) { add("--cache-type-v", "v=" + t); },
+      "-ctv: KV cache type for V (spec v=T); default f16");
+  s->add_option_function<std::string>(
+       "--kv-window", [add](const std::string& n) { add("--kv-window", "window=" + n); },
+       "most recent tokens kept in f16, quantized when they leave (spec window=N)")
+      ->check(non_negative);
+  s->add_option_function<std::string>(
+       "--kv-sink", [add](const std::string& n) { add("--kv-sink", "sink=" + n); },
+       "first N tokens of every layer kept in f16 for good (attention sinks; spec sink=N; default: 1 with a tq K "
+       "type, see --kv-plain, else 0)")
       ->check(non_negative);
   s->add_option_function<std::string>(
       "--kv-center",
-      [&kv](const std::string& w) {
+      [add](const std::string& w) {
         TQ_CHECK(w == "k" || w == "v" || w == "kv" || w == "none",
                  "--kv-center: '%s' is not one of k, v, kv, none", w.c_str());
-        kv.center_set = true;
-        kv.center_k = w == "k" || w == "kv";
-        kv.center_v = w == "v" || w == "kv";
+        add("--kv-center", "center=" + w);
       },
-      "per-stream mean centring of the quantized K and/or V: k, v, kv or none (mean chosen online; default: k "
-      "with a tq K type, see --kv-plain, else none)");
+      "per-stream mean centring of the quantized K and/or V: k, v, kv or none (spec center=k; mean chosen online; "
+      "default: k with a tq K type, see --kv-plain, else none)");
   add_removed_opt(s, "--kv-center-tokens", true, kRemovedCenterTokens);
-  s->add_option("--kv-center-segment", kv.center_segment,
-                "with --kv-center: one mean per N quantized tokens (multiple of 32, <= 2048), each the mean of the previous "
-                "segment; 0: one mean (default: 512 with the automatic K centring, which this option does not turn off; else 0)")
+  s->add_option_function<std::string>(
+       "--kv-center-segment", [add](const std::string& n) { add("--kv-center-segment", "center=" + n); },
+       "with centring: one mean per N quantized tokens (multiple of 32, <= 2048), each the mean of the previous "
+       "segment (spec center=k,N); 0: one mean (default: 512 with the automatic K centring, which this option "
+       "does not turn off; else 0)")
       ->check(non_negative);
-  s->add_flag("--kv-plain", kv.plain,
-              "no automatic protection: by default a tq K cache given neither --kv-sink nor --kv-center "
-              "keeps 1 sink token in f16 and centres K with one RoPE-rotating mean per 512 tokens (or "
-              "--kv-center-segment N; same as --kv-sink 1 --kv-center k --kv-center-segment 512 --kv-center-rope); "
-              "--kv-plain runs the bare format");
-  s->add_flag("--kv-center-rope", kv.center_rope,
-              "with K centring: the K mean rotates with RoPE (mean of the keys turned back to position 0, "
-              "turned to each key's position), so constant pre-RoPE components are removed too (part of the "
-              "automatic protection; add it yourself when giving --kv-sink or --kv-center)");
-  s->add_flag("--kv-scale-k", kv.scale_k,
-              "query-weighted K scaling (tq types): scale K's RoPE channel pairs by (query energy / K energy)^(1/4), "
-              "chosen online from the first tokens, and the queries by the inverse, so less K error lands where "
-              "the queries look");
-  s->add_flag("--kv-trellis", kv.trellis,
-              "trellis-coded tq codes (parts of 1-4 bits): the same bytes, each token's codes chosen together by a "
-              "Viterbi search, ~30% less squared error than the scalar codes; slower to write, and slower to read "
-              "(the float kernel gathers every value; --attn-lut8 reads 256-entry byte tables)");
-  s->add_option("--kv-boundary-layers", kv.boundary_layers,
-                "first and last N layers use --kv-boundary-type")->capture_default_str();
-  s->add_option("--kv-boundary-type", kv.boundary_type_k, "cache type of the boundary layers (K and V)")
-      ->capture_default_str();
-  s->add_option("--kv-layer-type", kv.layer_types,
-                "LAYERS:K[/V] (repeatable): these layers use these cache types, e.g. 0,3,10-12:tq6/tq3 "
-                "(layers count from 0; applied after --kv-boundary-layers); LAYER.HEAD is one KV head of a layer, "
-                "e.g. 3.1:tq3h5n8/tq3n8, and wins over whole-layer entries");
-  s->add_option("--kv-seed", kv.seed, "seed of the cache rotations")->capture_default_str();
+  s->add_flag_callback(
+      "--kv-plain",
+      [add, &o] {
+        o.kv_plain = true;
+        add("--kv-plain", "plain");
+      },
+      "no automatic protection (spec plain): by default a tq K cache given neither --kv-sink nor --kv-center "
+      "keeps 1 sink token in f16 and centres K with one RoPE-rotating mean per 512 tokens (or "
+      "--kv-center-segment N; spec sink=1 center=k,rope,512); --kv-plain runs the bare format");
+  s->add_flag_callback(
+      "--kv-center-rope", [add] { add("--kv-center-rope", "center=rope"); },
+      "with K centring: the K mean rotates with RoPE (spec center=k,rope: mean of the keys turned back to "
+      "position 0, turned to each key's position), so constant pre-RoPE components are removed too (part of the "
+      "automatic protection; add it yourself when giving --kv-sink or --kv-center)");
+  s->add_flag_callback(
+      "--kv-scale-k", [add] { add("--kv-scale-k", "scale-k"); },
+      "query-weighted K scaling (tq types; spec scale-k): scale K's RoPE channel pairs by (query energy / K "
+      "energy)^(1/4), chosen online from the first tokens, and the queries by the inverse, so less K error lands "
+      "where the queries look");
+  s->add_flag_callback(
+      "--kv-trellis", [add] { add("--kv-trellis", "trellis"); },
+      "trellis-coded tq codes (parts of 1-4 bits; spec trellis): the same bytes, each token's codes chosen together "
+      "by a Viterbi search, ~30% less squared error than the scalar codes; slower to write, and slower to read "
+      "(the float kernel gathers every value; --attn-lut8 reads 256-entry byte tables)");
+  s->add_option_function<std::string>(
+       "--kv-boundary-layers", [add](const std::string& n) { add("--kv-boundary-layers", "boundary=" + n); },
+       "first and last N layers use --kv-boundary-type (spec boundary=N:T)")
+      ->check(non_negative);
+  s->add_option_function<std::string>(
+      "--kv-boundary-type", [add](const std::string& t) { add("--kv-boundary-type", "boundary=" + t); },
+      "cache type of the boundary layers, K and V, or K/V (default f16)");
+  s->add_option_function<std::vector<std::string>>(
+      "--kv-layer-type",
+      [add](const std::vector<std::string>& rules) {
+        for (const std::string& r : rules) add("--kv-layer-type", "layers=" + r);
+      },
+      "LAYERS:K[/V] (repeatable; spec layers=LAYERS:K[/V]): these layers use these cache types, e.g. "
+      "0,3,10-12:tq6/tq3 (layers count from 0; applied after --kv-boundary-layers); LAYER.HEAD is one KV head of "
+      "a layer, e.g. 3.1:tq3h5n8/tq3n8, and wins over whole-layer entries");
+  s->add_option_function<uint64_t>(
+      "--kv-seed",
+      [add, &o](uint64_t seed) {
+        o.kv_seed = seed;
+        add("--kv-seed", "seed=" + std::to_string(seed));
+      },
+      "seed of the cache rotations (spec seed=N; default 24301)");
 }
 
 inline std::string resolve_model(const std::string& m) {
@@ -231,26 +279,17 @@ inline void ensure_runtime_env() {
 inline std::unique_ptr<Loaded> load_model(ModelOpts& o) {
   ensure_runtime_env();
   const AttnKernel kernel = o.kernel();  // a bad TQ_ATTN fails before anything is read
-  o.kv.boundary_type_v = o.kv.boundary_type_k;
   auto g = GgufFile::open(resolve_model(o.model));
-  // The cache config against the model's shape before anything large is read: layer / head
-  // specs in range (make_kv_config), then every type it uses against head_dim.
+  // The cache spec against the model's shape before anything large is read: layer / head
+  // rules in range (resolve), then every type it uses against head_dim.
   const LlamaConfig mc = LlamaModel::read_config(g);
-  {
-    const KvCacheConfig kc = make_kv_config(mc, o.kv, 1);
-    std::vector<std::string> types = {kc.type_k, kc.type_v};
-    if (kc.boundary_layers > 0) types.insert(types.end(), {kc.boundary_type_k, kc.boundary_type_v});
-    for (const auto* list : {&kc.layer_type_k, &kc.layer_type_v, &kc.head_type_k, &kc.head_type_v})
-      for (const std::string& t : *list)
-        if (!t.empty()) types.push_back(t);
-    for (const std::string& t : types) {
-      const KvType kt = parse_kv_type(t);  // unknown or removed names: their own message
-      try {
-        kv_type_bytes(kt, mc.head_dim);
-      } catch (const Error& e) {
-        throw Error(std::string(e.what()) + " (the model " + g.path() + " has head_dim " +
-                    std::to_string(mc.head_dim) + ")");
-      }
+  o.kv.resolve(mc, 1);
+  for (KvFormat f : kv_spec_formats(o.kv)) {
+    try {
+      kv_type_bytes(kv_type(f), mc.head_dim);
+    } catch (const Error& e) {
+      throw Error(std::string(e.what()) + " (the model " + g.path() + " has head_dim " + std::to_string(mc.head_dim) +
+                  ")");
     }
   }
   Tokenizer tok(g);
@@ -261,23 +300,21 @@ inline std::unique_ptr<Loaded> load_model(ModelOpts& o) {
 }
 
 // One entry of --sweep / --caches: a whole label, with the command's --kv-seed and --kv-plain;
-// "@FILE" reads the label from a cache config file (see --kv-config). `source` names where the
-// label came from in errors.
-inline KvOptions label_options(const std::string& label, const KvOptions& global, const std::string& source) {
-  if (!label.empty() && label[0] == '@') {
-    const std::string path = label.substr(1);
-    return label_options(read_kv_label_file(path), global, path);
+// "@FILE" reads the label from a cache config file (see --kv-config), whose path prefixes errors.
+inline KvSpec label_options(const std::string& entry, const ModelOpts& o) {
+  std::string label = entry, source;
+  if (!entry.empty() && entry[0] == '@') {
+    source = entry.substr(1);
+    label = read_kv_label_file(source);
   }
-  KvOptions kv;
+  if (o.kv_plain) label += " plain";
+  if (o.kv_seed) label += " seed=" + std::to_string(*o.kv_seed);
   try {
-    kv = parse_kv_label(label);
+    return KvSpec::parse(label);
   } catch (const Error& e) {
     if (source.empty()) throw;
     throw Error(source + ": " + e.what());
   }
-  kv.seed = global.seed;
-  kv.plain = kv.plain || global.plain;
-  return kv;
 }
 
 // Splits a list of cache configs (--sweep, --caches) at `sep`, dropping blank entries.
@@ -295,13 +332,6 @@ inline std::vector<std::string> split_configs(const std::string& list, char sep)
   return out;
 }
 
-inline nlohmann::json kv_json(const KvOptions& opts) {
-  const KvOptions kv = opts.resolved();
-  return {{"type_k", kv.type_k}, {"type_v", kv.type_v}, {"window", kv.window}, {"sink", kv.sink},
-          {"center_k", kv.center_k}, {"center_v", kv.center_v}, {"center_segment", kv.center_segment}, {"center_rope", kv.center_rope}, {"scale_k", kv.scale_k}, {"trellis", kv.trellis},
-          {"boundary_layers", kv.boundary_layers}, {"boundary_type", kv.boundary_type_k},
-          {"layer_types", kv.layer_types}, {"auto_protected", opts.auto_protected()},
-          {"label", opts.label()}};
-}
+inline nlohmann::json kv_json(const KvSpec& spec) { return nlohmann::json::parse(spec.to_json()); }
 
 }  // namespace tq::cli
