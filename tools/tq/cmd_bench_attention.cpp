@@ -15,6 +15,7 @@
 #include "tq/common.h"
 #include "tq/error.h"
 #include "tq/kv_cache.h"
+#include "tq/kv_spec.h"
 #include "tq/simd.h"
 
 namespace {
@@ -86,7 +87,7 @@ void setup(CLI::App& app) {
       "bytes_per_token (one layer, K+V, all kv heads), speedup_vs_f16 (same threads), max_abs_err and\n"
       "rel_err of the output vs exact f32 attention on the unquantized vectors, and the write\n"
       "throughput append_tokens_per_s (prefill batches of 1024 tokens, one layer, all kv heads).\n"
-      "A type 'tq4:tq3' uses tq4 for K and tq3 for V; a suffix '@lut8' (e.g. 'tq4@lut8') runs that\n"
+      "A type 'tq4:tq3' uses tq4 for K and tq3 for V (the cache spec k=tq4 v=tq3 plain); a suffix '@lut8' (e.g. 'tq4@lut8') runs that\n"
       "row's fused tq kernel with int8 lookup tables instead of float arithmetic, so both kernels\n"
       "can be timed side by side; a suffix '@tc' (e.g. 'tq3@tc', 'tq3@tc@lut8') stores trellis codes\n"
       "(KvCacheConfig::trellis) in that row's tq parts of 1-4 bits. fused~ref is the relative\n"
@@ -200,28 +201,31 @@ void setup(CLI::App& app) {
     for (const auto& t : types) {
       Row r;
       r.name = t;
-      std::string spec = t;
+      // The row's cache as a KvSpec: 'K:V' and '@tc' are its k=/v= and trellis tokens; no sink or
+      // centring (plain: the synthetic keys have no RoPE), the --window / --trellis flags on top.
+      std::string spec = t, tokens;
       for (auto at = spec.rfind('@'); at != std::string::npos; at = spec.rfind('@')) {
         const std::string suffix = spec.substr(at + 1);
         TQ_CHECK(suffix == "lut8" || suffix == "tc", "--kv: unknown suffix '@%s' in '%s' (valid: @lut8, @tc)",
                  suffix.c_str(), t.c_str());
-        (suffix == "lut8" ? r.lut8 : r.trellis) = true;
+        if (suffix == "lut8") r.lut8 = true;
+        else tokens += " trellis";
         spec = spec.substr(0, at);
       }
       r.lut8 = (r.lut8 || o->lut8) && !o->exact;
-      r.trellis = r.trellis || o->trellis;
       const auto colon = spec.find(':');
-      r.type_k = colon == std::string::npos ? spec : spec.substr(0, colon);
-      r.type_v = colon == std::string::npos ? spec : spec.substr(colon + 1);
-      tq::KvCacheConfig cfg;
-      cfg.n_layers = 1;
-      cfg.n_kv_heads = KVH;
-      cfg.head_dim = D;
-      cfg.max_tokens = N + kAppend1;
-      cfg.type_k = r.type_k;
-      cfg.type_v = r.type_v;
-      cfg.window = o->window;
-      cfg.trellis = r.trellis;
+      tokens = "k=" + spec.substr(0, colon) + " v=" + (colon == std::string::npos ? spec : spec.substr(colon + 1)) +
+               " plain" + tokens + (o->trellis ? " trellis" : "") + " window=" + std::to_string(o->window);
+      const tq::KvSpec ks = tq::KvSpec::parse(tokens);
+      r.type_k = tq::kv_format_name(ks.k);
+      r.type_v = tq::kv_format_name(ks.v);
+      r.trellis = ks.trellis;
+      tq::KvCacheConfig shape;
+      shape.n_layers = 1;
+      shape.n_kv_heads = KVH;
+      shape.head_dim = D;
+      shape.max_tokens = N + kAppend1;
+      const tq::KvCacheConfig cfg = ks.resolve(shape);
       r.cache = std::make_unique<tq::KvCache>(cfg);
       for (int t0 = 0; t0 < N; t0 += kBatch) {
         const int n = std::min(kBatch, N - t0);
