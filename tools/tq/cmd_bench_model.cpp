@@ -25,9 +25,9 @@ void setup(CLI::App& app) {
   s->add_option("--contexts", *contexts, "prompt lengths")->delimiter(',')->capture_default_str();
   s->add_option("--caches", *caches_arg,
                 "cache configs separated by ',' (or by ';' when the list holds one, for labels with commas):\n"
-                "types (K=V), K/V pairs like tq4/tq3 (with the --kv-* flags), whole sweep labels like\n"
-                "\"tq3h6/tq4n8 s1 ck ks\" (an entry with a space: its own flags; of the --kv-* flags only --kv-seed and\n"
-                "--kv-plain apply to it) or @FILE, a --kv-config file (a whole label)")
+                "types (K=V), K/V pairs like tq4/tq3 (with the --kv-* flags), whole cache specs like\n"
+                "\"k=tq3h6 v=tq4n8 sink=1 center=k scale-k\" (an entry with a space: its own settings; of the --kv-* flags\n"
+                "only --kv-seed and --kv-plain apply to it) or @FILE, a --kv-config file (a whole spec)")
       ->capture_default_str();
   s->add_option("--decode", *decode, "decode steps after the prefill")->capture_default_str();
   s->add_option("--reps", *reps, "repetitions (median reported)")->capture_default_str();

@@ -25,9 +25,10 @@ void setup(CLI::App& app) {
   s->add_option("--compare", *compare, "also run this cache type (e.g. f16) on the same tokens");
   s->add_flag("--top1", *dump_top1, "with --json: include the argmax token of every scored position");
   s->add_option("--sweep", *sweep,
-                "several cache configs separated by ';', each 'K[/V] [wN] [sN] [ck|cv|ckv|c0] [csN] [cr] [ks] [tc] [plain] [bN:T] [LLAYERS:T]...'\n"
-                "(e.g. 'tq4;tq4/tq3;tq3 w128 b2:f16;tq3 s4 ckv;tq4/tq3 L0,5-7:tq6/tq3'; sN = --kv-sink N, ck/cv/ckv = --kv-center,\n"
-                "c0 = --kv-center none, csN = --kv-center-segment N, cr = --kv-center-rope, ks = --kv-scale-k, tc = --kv-trellis, plain = --kv-plain, LLAYERS:T = --kv-layer-type LAYERS:T),\n"
+                "several cache specs separated by ';', each 'k=T v=T [window=N] [sink=N] [center=k|v|kv|none[,rope][,N]] "
+                "[plain] [scale-k] [trellis] [boundary=N:T[/T]] [layers=LIST:T[/T]]...' (a bare 'T' or 'K/V' sets both types;\n"
+                "e.g. 'tq4;tq4/tq3;k=tq3 window=128 boundary=2:f16;k=tq3h6 v=tq4n8 sink=1 center=k,rope,512 scale-k';\n"
+                "the short labels 'tq3 w128 s4 ckv cs512 cr ks tc plain b2:f16 L0,5-7:tq6/tq3' still parse),\n"
                 "run on the same windows sharing one --compare pass (replaces -ctk/-ctv); an entry @FILE reads a --kv-config file");
   s->callback([=] {
     auto L = tq::cli::load_model(*o);

@@ -129,12 +129,12 @@ inline void add_kv_opts(CLI::App* s, ModelOpts& o) {
   s->add_option_function<std::string>(
        "--kv-window", [add](const std::string& n) { add("--kv-window", "window=" + n); },
        "most recent tokens kept in f16, quantized when they leave (spec window=N)")
-      ->check(non_negative);
+      ->type_name("N")->check(non_negative);
   s->add_option_function<std::string>(
        "--kv-sink", [add](const std::string& n) { add("--kv-sink", "sink=" + n); },
        "first N tokens of every layer kept in f16 for good (attention sinks; spec sink=N; default: 1 with a tq K "
        "type, see --kv-plain, else 0)")
-      ->check(non_negative);
+      ->type_name("N")->check(non_negative);
   s->add_option_function<std::string>(
       "--kv-center",
       [add](const std::string& w) {
@@ -150,7 +150,7 @@ inline void add_kv_opts(CLI::App* s, ModelOpts& o) {
        "with centring: one mean per N quantized tokens (multiple of 32, <= 2048), each the mean of the previous "
        "segment (spec center=k,N); 0: one mean (default: 512 with the automatic K centring, which this option "
        "does not turn off; else 0)")
-      ->check(non_negative);
+      ->type_name("N")->check(non_negative);
   s->add_flag_callback(
       "--kv-plain",
       [add, &o] {
@@ -178,7 +178,7 @@ inline void add_kv_opts(CLI::App* s, ModelOpts& o) {
   s->add_option_function<std::string>(
        "--kv-boundary-layers", [add](const std::string& n) { add("--kv-boundary-layers", "boundary=" + n); },
        "first and last N layers use --kv-boundary-type (spec boundary=N:T)")
-      ->check(non_negative);
+      ->type_name("N")->check(non_negative);
   s->add_option_function<std::string>(
       "--kv-boundary-type", [add](const std::string& t) { add("--kv-boundary-type", "boundary=" + t); },
       "cache type of the boundary layers, K and V, or K/V (default f16)");
