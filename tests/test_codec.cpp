@@ -473,6 +473,23 @@ TEST(Simd, LevelsAndErrors) {
   EXPECT_FALSE(tq::simd::use_scalar());
 }
 
+// Every level reaches Highway's dispatch (hwy::DisableTargets): the dispatched target is the
+// level's own, and "auto" returns to the best one.
+TEST(Simd, LevelsReachHighwayDispatch) {
+  const auto levels = tq::simd::available_levels();
+  tq::simd::ScopedLevel outer("auto");  // (TQ_SIMD may have set another; restored at the end)
+  const std::string best = tq::simd::dispatched_target();
+  if (levels.front() != "scalar") EXPECT_EQ(best, levels.front());
+  for (const auto& level : levels) {
+    if (level == "scalar") continue;
+    tq::simd::ScopedLevel sl(level);
+    EXPECT_EQ(tq::simd::dispatched_target(), level);
+    EXPECT_EQ(tq::simd::current_level(), level);
+  }
+  tq::simd::set_level("auto");
+  EXPECT_EQ(tq::simd::dispatched_target(), best);
+}
+
 TEST(Errors, CheckedArithmetic) {
   EXPECT_THROW(tq::checked_mul(std::numeric_limits<size_t>::max(), 2, "x"), tq::Error);
   EXPECT_THROW(tq::checked_add(std::numeric_limits<size_t>::max(), 1, "x"), tq::Error);

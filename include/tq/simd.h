@@ -17,6 +17,9 @@ void set_level(const std::string& level);
 std::string current_level();
 // True when the scalar reference kernels must be used.
 bool use_scalar() noexcept;
+// The Highway target HWY_DYNAMIC_DISPATCH calls now, lower case (e.g. "avx2"); at level
+// "scalar" still the best one (the `_ref` kernels run instead of dispatching).
+std::string dispatched_target();
 
 // RAII: switch level for a scope (tests).
 class ScopedLevel {

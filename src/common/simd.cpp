@@ -52,13 +52,14 @@ State& state() {
   return *st;
 }
 
+// Highway's supported switch: hwy::DisableTargets(mask) takes the masked targets out of
+// SupportedTargets() and resets the dispatch cache (the next HWY_DYNAMIC_DISPATCH picks again).
+// A level keeps its own target and every worse one: it disables the better ones, whose bits are
+// the lower ones (Highway numbers targets best first within an architecture).
 void apply_locked(State& st, const std::string& level) {
-  if (level == "auto") {
-    hwy::SetSupportedTargetsForTest(0);
-    st.scalar = false;
-  } else if (level == "scalar") {
-    hwy::SetSupportedTargetsForTest(0);
-    st.scalar = true;
+  if (level == "auto" || level == "scalar") {
+    hwy::DisableTargets(0);
+    st.scalar = level == "scalar";
   } else {
     auto it = std::find_if(st.targets.begin(), st.targets.end(), [&](auto& p) { return p.first == level; });
     if (it == st.targets.end()) {
@@ -67,7 +68,7 @@ void apply_locked(State& st, const std::string& level) {
       valid += ", scalar";
       TQ_CHECK(false, "unknown or unsupported SIMD level '%s' (valid here: %s)", level.c_str(), valid.c_str());
     }
-    hwy::SetSupportedTargetsForTest(it->second);
+    hwy::DisableTargets(it->second - 1);
     st.scalar = false;
   }
   st.level = level;
