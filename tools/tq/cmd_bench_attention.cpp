@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "cli.h"
-#include "llm_cli.h"  // ensure_runtime_env(): OMP_WAIT_POLICY=passive (re-exec once)
 #include "tq/common.h"
 #include "tq/error.h"
 #include "tq/kv_cache.h"
@@ -121,7 +120,6 @@ void setup(CLI::App& app) {
   sub->callback([o] {
     // Same OpenMP setting as the model commands: idle workers sleep instead of spinning (on the
     // shared 2-core machine spinning made 2-thread steps stall 4-20 ms at the barrier).
-    tq::cli::ensure_runtime_env();
     TQ_CHECK(o->context >= 1, "--context must be >= 1");
     TQ_CHECK(o->queries <= o->context, "--queries %d is more than --context %d", o->queries, o->context);
     TQ_CHECK(o->steps >= 1, "--steps must be >= 1");

@@ -214,70 +214,14 @@ struct Loaded {
   LlamaModel model;
 };
 
-// Two runtime settings are read from the environment before main() runs, so when they are
-// missing this command re-runs itself once with them set (TQ_NO_REEXEC=1 disables this):
-//  - OPENBLAS_CORETYPE: OpenBLAS (DYNAMIC_ARCH) picks kernels from the CPU model; on CPUs it
-//    does not know (VMs report a generic "Intel Xeon Processor") it falls back to Prescott
-//    (SSE3) kernels: 12 GFLOPS vs 62 with its SkylakeX kernels, measured on this machine.
-//  - OMP_WAIT_POLICY=passive with GOMP_SPINCOUNT=3000 (set only when the user set neither):
-//    an idle OpenMP worker spins briefly (libgomp: 3000 polls, tens of microseconds), then
-//    sleeps. Decode forks and joins ~250 parallel regions per token; sleeping at once
-//    (passive, no spin) made 2-thread decode slower than 1 thread (63 vs 92 tok/s on a quiet
-//    machine, 512 context), the short spin gives 141 tok/s; unbounded spinning (active)
-//    starved the working thread when other jobs shared the 2 cores (1.7 vs 10.2 tok/s).
-//    With a busy process on one of the 2 cores the short spin still loses to pure passive
-//    (44 vs 75 tok/s): set OMP_WAIT_POLICY=passive GOMP_SPINCOUNT=0 on an oversubscribed
-//    machine (docs/design.md).
+// OMP_WAIT_POLICY / GOMP_SPINCOUNT and OPENBLAS_CORETYPE for the model commands are set by the
+// launcher (tools/tq_launcher/main.cpp) before this module, libgomp and OpenBLAS are loaded.
 extern "C" char* openblas_get_corename(void);
 // The kernel set OpenBLAS runs with (its own name for it), for the JSON of model commands:
 // float summation, hence results in their last digits, and prefill speed depend on it.
 inline std::string blas_core() { return openblas_get_corename(); }
 
-inline void ensure_runtime_env() {
-  if (std::getenv("TQ_NO_REEXEC")) return;
-  bool need = false;
-  if (!std::getenv("OMP_WAIT_POLICY") && !std::getenv("GOMP_SPINCOUNT")) {
-    setenv("OMP_WAIT_POLICY", "passive", 1);
-    setenv("GOMP_SPINCOUNT", "3000", 1);
-    need = true;
-  }
-  const std::string core = openblas_get_corename();
-  if (!std::getenv("OPENBLAS_CORETYPE") && (core == "Prescott" || core == "prescott")) {
-    __builtin_cpu_init();
-    const char* want = nullptr;
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
-      want = "SkylakeX";
-    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-      want = "Haswell";
-    if (want) {
-      setenv("OPENBLAS_CORETYPE", want, 1);
-      need = true;
-    }
-  }
-  if (!need) return;
-  setenv("TQ_NO_REEXEC", "1", 1);  // never loop
-  std::ifstream f("/proc/self/cmdline", std::ios::binary);
-  const std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  std::vector<std::string> args;
-  for (size_t b = 0; b < all.size();) {
-    size_t e = all.find('\0', b);
-    if (e == std::string::npos) e = all.size();
-    args.push_back(all.substr(b, e - b));
-    b = e + 1;
-  }
-  if (args.empty()) return;
-  std::vector<char*> argv;
-  for (auto& x : args) argv.push_back(x.data());
-  argv.push_back(nullptr);
-  std::fflush(stdout);
-  std::fflush(stderr);
-  execv("/proc/self/exe", argv.data());
-  // exec failed: carry on with the current settings
-}
-
 inline std::unique_ptr<Loaded> load_model(ModelOpts& o) {
-  ensure_runtime_env();
   const AttnKernel kernel = o.kernel();  // a bad TQ_ATTN fails before anything is read
   auto g = GgufFile::open(resolve_model(o.model));
   // The cache spec against the model's shape before anything large is read: layer / head

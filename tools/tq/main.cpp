@@ -1,4 +1,5 @@
-// `tq`: the turboquant command-line tool. Subcommands register themselves (cli.h).
+// `tq`: the turboquant command-line tool (this module; tools/tq_launcher is the executable
+// that loads it). Subcommands register themselves (cli.h).
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,7 +14,12 @@
 
 
 
-int main(int argc, char** argv) {
+extern "C" char* openblas_get_corename(void);
+// For the launcher's probe (a child process): the kernel set OpenBLAS picked in this environment.
+extern "C" __attribute__((visibility("default"))) const char* tq_blas_core() { return openblas_get_corename(); }
+
+// The entry point the launcher (tools/tq_launcher) calls once the module is loaded.
+extern "C" __attribute__((visibility("default"))) int tq_cli_main(int argc, char** argv) {
   CLI::App app{
       "tq: TurboQuant vector quantization, quantized KV cache and compressed vector search.\n"
       "Run `tq <command> --help` for the options of each command."};
