@@ -5,19 +5,31 @@
 //
 // W is `out` rows of `in` values stored as ggml type t (every type of tq/gguf.h: F32, F16,
 // BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; the block layouts are there), row o at
-// w + o * ggml_row_bytes(t, in). Block types use, per block or sub-block of 32 values,
-//   sum_j (d q_j + m) x_j = d * sum_j q_j x_j + m * sum_j x_j
-// (Q4_1 / Q5_1: m from the block; Q4_0 / Q5_0: q unsigned, m = -8 d / -16 d; Q4_K / Q5_K:
-// d = d sc, m = -dmin mn of the sub-block; Q8_0: m = 0) with the per-32 sums of x computed
-// once per call; Q6_K sums each 16-value group of (q - 32) x and scales it by d sc. Float
-// arithmetic throughout (x is not quantized); each block (32 values, 16 for Q6_K; 32-value
-// chunks for the float types) is summed on its own and the block results are accumulated, so
-// the rounding error is at most ~(32 + groups + 8) ulps of sum |terms| at every SIMD level and
-// in the scalar reference (see tests/test_qmatvec.cpp for the bound).
+// w + o * ggml_row_bytes(t, in).
+//
+// Int8 activations (the types of qmatvec_int8: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, the ones
+// Gemma 3 and SmolLM2 GGUFs decode with). Each row of x is first rounded per 32-value block
+// to int8 codes, x8_j = dx q_j with dx = max|x_j| / 127 and q_j = round(x_j / dx) in
+// [-127, 127] (quantize_x8; as llama.cpp's q8_0 activations), so |x_j - x8_j| <= dx / 2.
+// Then per block an exact integer dot product of the weight codes with q, scaled in float:
+//   sum_j (d c_j + m) x8_j = (d dx) * sum_j c_j q_j + m * (dx sum_j q_j)
+// with c_j the signed codes (Q4_0: nibble - 8, Q5_0: 5-bit value - 16, Q8_0: the int8, Q6_K:
+// 6-bit value - 32 with d = d sc per 16-value group) and m the offset of Q4_1 (m of the block)
+// and Q4_K (-dmin mn of the 32-value sub-block; d = d sc). The result is the product of the
+// dequantized weights with x8 up to float rounding (~(nb + 40) ulps of sum |terms|, nb = in /
+// 32), and differs from the float product with x by at most sum_b (dx_b / 2) sum_{j in b}
+// |W[o, j]| (the rounding of the activations;
+// see docs/design.md).
+//
+// The other types (Q5_1, Q5_K, F16, BF16, F32): float arithmetic throughout (x is not
+// quantized), sum_j (d q_j + m) x_j = d * sum_j q_j x_j + m * sum_j x_j with the per-32 sums
+// of x computed once per call; each block (32 values; 32-value chunks for the float types) is
+// summed on its own and the block results are accumulated, so the rounding error is at most
+// ~(32 + 8 + nb) ulps of sum |terms| at every SIMD level and in the scalar reference.
 //
 // The SIMD kernels (qmatvec_simd.cpp, Highway dynamic dispatch) read up to 8 rows of x per
 // pass over W (4 on targets with 16 vector registers); simd::use_scalar() selects the plain
-// scalar reference qmatvec_ref.
+// scalar reference qmatvec_ref (the same int8 rounding of x, the same integer sums).
 #pragma once
 
 #include <algorithm>
@@ -48,7 +60,9 @@ constexpr int kQMatvecMaxRows = 8;
 
 // True for the types the kernels read (every GgmlType).
 bool qmatvec_supported(GgmlType t) noexcept;
-// True for the types whose kernels take the per-32 sums of x (an offset term m).
+// True for the types whose products use int8 activations (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K).
+bool qmatvec_int8(GgmlType t) noexcept;
+// True for the float-activation types whose kernels take the per-32 sums of x (Q5_1, Q5_K).
 bool qmatvec_needs_block_sums(GgmlType t) noexcept;
 
 // The whole product, parallel over output rows (n_threads OpenMP threads, at most one per 64
@@ -76,8 +90,45 @@ constexpr int kQGemmPanelFloats = 1 << 18;
 int qgemm_panel_rows(int in) noexcept;
 
 namespace detail {
+// The int8 rounding of n rows of x (in a multiple of 32) per 32-value block b: codes at
+// q[r * in + i], scale dx at d[r * (in / 32) + b] and the block sum of the rounded values
+// dx * sum q at s[...] (the offset term's operand). A block whose largest |x| is 0 gets dx = 0
+// and codes 0; one holding inf or NaN gets codes 0 and dx = s = NaN (the product is NaN, as
+// the float product would be inf or NaN).
+void quantize_x8(const float* x, int n, int in, int8_t* q, float* d, float* s) noexcept;
+// What the int8 kernels read for n rows of x: quantize_x8's output, the codes also as int16
+// (q16, the Highway kernels' operand) and, for the VNNI kernels, bias[r * (in / 4) + k] =
+// -off * (sum of codes 4k .. 4k + 3), off the type's code offset (Q4_0 8, Q5_0 16, Q8_0 128,
+// Q6_K 32; 0 otherwise): the int32 lanes vpdpbusd starts from, since it multiplies unsigned
+// weight bytes c + off with the signed codes.
+struct X8 {
+  const int8_t* q;
+  const int16_t* q16;
+  const int32_t* bias;
+  const float* d;
+  const float* s;
+  // The same for the rows from r0 on.
+  X8 from(int r0, int in) const noexcept {
+    const size_t k = static_cast<size_t>(r0) * (in / 32), i = static_cast<size_t>(r0) * in;
+    return {q + i, q16 + i, bias + i / 4, d + k, s + k};
+  }
+};
+// The offset the VNNI kernels add to the codes of t (see X8::bias).
+int qmv8_code_offset(GgmlType t) noexcept;
+// Int8-activation kernels on output rows [o0, o1) for n rows; no checks. qmv8_rows_simd: the
+// AVX-512 VNNI kernels (qmatvec_vnni.cpp) at the avx3_dl level on a host with VNNI, else the
+// Highway ones (int16 products), else the reference.
+void qmv8_rows_ref(GgmlType t, const uint8_t* w, int in, const X8& x, int n, int o0, int o1, float* y,
+                   int ldy) noexcept;
+void qmv8_rows_simd(GgmlType t, const uint8_t* w, int in, const X8& x, int n, int o0, int o1, float* y,
+                    int ldy) noexcept;
+void qmv8_rows_highway(GgmlType t, const uint8_t* w, int in, const X8& x, int n, int o0, int o1, float* y,
+                       int ldy) noexcept;
+bool qmv8_vnni_host_ok() noexcept;
+void qmv8_rows_vnni(GgmlType t, const uint8_t* w, int in, const X8& x, int n, int o0, int o1, float* y,
+                    int ldy) noexcept;
 // Per-block (32-value) sums of n rows of x: xs[r * (in / 32) + b]. Needed by the types of
-// qmatvec_needs_block_sums (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K).
+// qmatvec_needs_block_sums (Q5_1, Q5_K).
 void qmv_block_sums(const float* x, int n, int in, float* xs) noexcept;
 // Kernel entry points on output rows [o0, o1); no checks. xs from qmv_block_sums (Q4 types).
 void qmv_rows_ref(GgmlType t, const uint8_t* w, int in, const float* x, const float* xs, int n, int o0,
