@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "tq/error.h"
@@ -16,7 +17,7 @@
 
 namespace tq::llm {
 
-bool qmatvec_int8(GgmlType t) noexcept {
+bool qmatvec_int16(GgmlType t) noexcept {
   switch (t) {
     case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q8_0: case GgmlType::Q4_K:
     case GgmlType::Q6_K:
@@ -148,7 +149,7 @@ float row_dot_ref(GgmlType t, const uint8_t* row, int in, const float* x, const 
 }
 }  // namespace
 
-void quantize_x8(const float* x, int n, int in, int8_t* q, float* d, float* s) noexcept {
+void quantize_x16(const float* x, int n, int in, int16_t* q, float* d, float* s) noexcept {
   const int nb = in / 32;
   for (int r = 0; r < n; ++r)
     for (int b = 0; b < nb; ++b) {
@@ -165,13 +166,13 @@ void quantize_x8(const float* x, int n, int in, int8_t* q, float* d, float* s) n
         d[k] = s[k] = std::numeric_limits<float>::quiet_NaN();
         continue;
       }
-      const float dx = amax / 127.0f;
+      const float dx = amax / 32767.0f;
       const float id = dx > 0.0f ? 1.0f / dx : 0.0f;
       int sum = 0;
       for (int j = 0; j < 32; ++j) {
-        const float v = std::nearbyint(x[i0 + j] * id);  // |v| <= 127 (+1 ulp of rounding at most)
-        const int c = std::clamp(static_cast<int>(v), -127, 127);
-        q[i0 + j] = static_cast<int8_t>(c);
+        const float v = std::nearbyint(x[i0 + j] * id);  // |v| <= 32767 (+1 ulp of rounding at most)
+        const int c = std::clamp(static_cast<int>(v), -32767, 32767);
+        q[i0 + j] = static_cast<int16_t>(c);
         sum += c;
       }
       d[k] = dx;
@@ -179,13 +180,13 @@ void quantize_x8(const float* x, int n, int in, int8_t* q, float* d, float* s) n
     }
 }
 
-// Int8 activations: one output row for one row of quantize_x8 output. Per unit (a 32-value
+// Integer activations: one output row for one row of quantize_x16 output. Per unit (a 32-value
 // block; a 16-value group for Q6_K) the integer sum of the signed weight codes times q, then
 // acc += (d dx) * sum and, for Q4_1 / Q4_K, macc += m * (dx sum q); y = acc + macc. The SIMD
 // kernels split each integer sum over lanes (exact) and add the lanes at the end: the same
 // terms in another float order.
 namespace {
-float row_dot8_ref(GgmlType t, const uint8_t* row, int in, const int8_t* q, const float* xd,
+float row_dot16_ref(GgmlType t, const uint8_t* row, int in, const int16_t* q, const float* xd,
                    const float* xs) noexcept {
   const int nb = in / 32;
   float acc = 0, macc = 0;
@@ -198,7 +199,7 @@ float row_dot8_ref(GgmlType t, const uint8_t* row, int in, const int8_t* q, cons
       for (int b = 0; b < nb; ++b, row += bb) {
         const float d = fp16_to_fp32(rd16(row));
         const uint8_t* qs = row + (q41 ? 4 : 2);
-        const int8_t* qb = q + static_cast<size_t>(b) * 32;
+        const int16_t* qb = q + static_cast<size_t>(b) * 32;
         int isum = 0;
         for (int j = 0; j < 16; ++j) isum += ((qs[j] & 0xf) - off) * qb[j];
         for (int j = 0; j < 16; ++j) isum += ((qs[j] >> 4) - off) * qb[16 + j];
@@ -213,7 +214,7 @@ float row_dot8_ref(GgmlType t, const uint8_t* row, int in, const int8_t* q, cons
         uint32_t qh;
         std::memcpy(&qh, row + 2, 4);
         const uint8_t* qs = row + 6;
-        const int8_t* qb = q + static_cast<size_t>(b) * 32;
+        const int16_t* qb = q + static_cast<size_t>(b) * 32;
         int isum = 0;
         for (int j = 0; j < 16; ++j) isum += (((qs[j] & 0xf) | (((qh >> j) & 1) << 4)) - 16) * qb[j];
         for (int j = 0; j < 16; ++j) isum += (((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16) * qb[16 + j];
@@ -224,7 +225,7 @@ float row_dot8_ref(GgmlType t, const uint8_t* row, int in, const int8_t* q, cons
       for (int b = 0; b < nb; ++b, row += sizeof(BlockQ8_0)) {
         const float d = fp16_to_fp32(rd16(row));
         const int8_t* qs = reinterpret_cast<const int8_t*>(row + 2);
-        const int8_t* qb = q + static_cast<size_t>(b) * 32;
+        const int16_t* qb = q + static_cast<size_t>(b) * 32;
         int isum = 0;
         for (int j = 0; j < 32; ++j) isum += qs[j] * qb[j];
         acc += (d * xd[b]) * static_cast<float>(isum);
@@ -240,7 +241,7 @@ float row_dot8_ref(GgmlType t, const uint8_t* row, int in, const int8_t* q, cons
           const uint8_t* qs = row + 16 + 32 * (sb / 2);
           const int shift = 4 * (sb % 2);
           const int k = b * 8 + sb;
-          const int8_t* qb = q + static_cast<size_t>(k) * 32;
+          const int16_t* qb = q + static_cast<size_t>(k) * 32;
           int isum = 0;
           for (int l = 0; l < 32; ++l) isum += ((qs[l] >> shift) & 0xf) * qb[l];
           acc += ((d * static_cast<float>(sc)) * xd[k]) * static_cast<float>(isum);
@@ -273,31 +274,24 @@ float row_dot8_ref(GgmlType t, const uint8_t* row, int in, const int8_t* q, cons
 }
 }  // namespace
 
-void qmv8_rows_ref(GgmlType t, const uint8_t* w, int in, const X8& x, int n, int o0, int o1, float* y,
-                   int ldy) noexcept {
+void qmv16_rows_ref(GgmlType t, const uint8_t* w, int in, const X16& x, int n, int o0, int o1, float* y,
+                    int ldy) noexcept {
   const size_t rb = ggml_row_bytes(t, static_cast<size_t>(in));
   const int nb = in / 32;
   for (int o = o0; o < o1; ++o)
     for (int r = 0; r < n; ++r)
       y[static_cast<size_t>(r) * ldy + o] =
-          row_dot8_ref(t, w + static_cast<size_t>(o) * rb, in, x.q + static_cast<size_t>(r) * in,
-                       x.d + static_cast<size_t>(r) * nb, x.s + static_cast<size_t>(r) * nb);
+          row_dot16_ref(t, w + static_cast<size_t>(o) * rb, in, x.q + static_cast<size_t>(r) * in,
+                        x.d + static_cast<size_t>(r) * nb, x.s + static_cast<size_t>(r) * nb);
 }
 
-int qmv8_code_offset(GgmlType t) noexcept {
-  switch (t) {
-    case GgmlType::Q4_0: return 8;
-    case GgmlType::Q5_0: return 16;
-    case GgmlType::Q8_0: return 128;
-    case GgmlType::Q6_K: return 32;
-    default: return 0;
+void qmv16_rows_simd(GgmlType t, const uint8_t* w, int in, const X16& x, int n, int o0, int o1, float* y,
+                     int ldy) noexcept {
+  if (qmv16_avx512_host_ok()) {
+    const std::string level = simd::current_level();
+    if (level == "avx3" || level == "avx3_dl") return qmv16_rows_avx512(t, w, in, x, n, o0, o1, y, ldy);
   }
-}
-
-void qmv8_rows_simd(GgmlType t, const uint8_t* w, int in, const X8& x, int n, int o0, int o1, float* y,
-                    int ldy) noexcept {
-  if (qmv8_vnni_host_ok() && simd::current_level() == "avx3_dl") qmv8_rows_vnni(t, w, in, x, n, o0, o1, y, ldy);
-  else qmv8_rows_highway(t, w, in, x, n, o0, o1, y, ldy);
+  qmv16_rows_highway(t, w, in, x, n, o0, o1, y, ldy);
 }
 
 void qmv_rows_ref(GgmlType t, const uint8_t* w, int in, const float* x, const float* xs, int n, int o0, int o1,
@@ -329,34 +323,25 @@ void check_args(GgmlType t, const void* w, int in, int out, const float* x, int 
   TQ_CHECK((out == 0 || n == 0) || (w && x && y), "qmatvec: null pointer");
 }
 
-template <class Kernel, class Kernel8>
+template <class Kernel, class Kernel16>
 void run(GgmlType t, const void* w, int in, int out, const float* x, int n, float* y, int ldy, int n_threads,
-         Kernel kernel, Kernel8 kernel8) {
+         Kernel kernel, Kernel16 kernel16) {
   if (out == 0 || n == 0) return;
   const int nb = in / 32;
   const uint8_t* wb = static_cast<const uint8_t*>(w);
-  if (qmatvec_int8(t)) {  // x rounded to int8 once per call, read by every thread
-    thread_local std::vector<int8_t> xq;
-    thread_local std::vector<int16_t> xq16;
-    thread_local std::vector<int32_t> xbias;
+  if (qmatvec_int16(t)) {  // x rounded to 16 bits once per call, read by every thread
+    thread_local std::vector<int16_t> xq;
     thread_local std::vector<float> xd, xs;
-    const size_t ni = static_cast<size_t>(n) * in;
-    xq.resize(ni);
-    xq16.resize(ni);
-    xbias.resize(ni / 4);
+    xq.resize(static_cast<size_t>(n) * in);
     xd.resize(static_cast<size_t>(n) * nb);
     xs.resize(xd.size());
-    detail::quantize_x8(x, n, in, xq.data(), xd.data(), xs.data());
-    const int off = detail::qmv8_code_offset(t);
-    for (size_t i = 0; i < ni; ++i) xq16[i] = xq[i];
-    for (size_t k = 0; k < ni / 4; ++k)
-      xbias[k] = -off * (xq[4 * k] + xq[4 * k + 1] + xq[4 * k + 2] + xq[4 * k + 3]);
-    const detail::X8 x8{xq.data(), xq16.data(), xbias.data(), xd.data(), xs.data()};
+    detail::quantize_x16(x, n, in, xq.data(), xd.data(), xs.data());
+    const detail::X16 xq16{xq.data(), xd.data(), xs.data()};
     // The rows of x go through the kernels in passes of at most kQMatvecMaxRows.
     parallel_rows(out, n_threads, [&](int o0, int o1) {
       for (int r0 = 0; r0 < n; r0 += kQMatvecMaxRows)
-        kernel8(t, wb, in, x8.from(r0, in), std::min(kQMatvecMaxRows, n - r0), o0, o1,
-                y + static_cast<size_t>(r0) * ldy, ldy);
+        kernel16(t, wb, in, xq16.from(r0, in), std::min(kQMatvecMaxRows, n - r0), o0, o1,
+                 y + static_cast<size_t>(r0) * ldy, ldy);
     });
     return;
   }
@@ -380,13 +365,13 @@ void run(GgmlType t, const void* w, int in, int out, const float* x, int n, floa
 void qmatvec(GgmlType t, const void* w, int in, int out, const float* x, int n, float* y, int ldy,
              int n_threads) {
   check_args(t, w, in, out, x, n, y, ldy);
-  if (simd::use_scalar()) run(t, w, in, out, x, n, y, ldy, n_threads, detail::qmv_rows_ref, detail::qmv8_rows_ref);
-  else run(t, w, in, out, x, n, y, ldy, n_threads, detail::qmv_rows_simd, detail::qmv8_rows_simd);
+  if (simd::use_scalar()) run(t, w, in, out, x, n, y, ldy, n_threads, detail::qmv_rows_ref, detail::qmv16_rows_ref);
+  else run(t, w, in, out, x, n, y, ldy, n_threads, detail::qmv_rows_simd, detail::qmv16_rows_simd);
 }
 
 void qmatvec_ref(GgmlType t, const void* w, int in, int out, const float* x, int n, float* y, int ldy) {
   check_args(t, w, in, out, x, n, y, ldy);
-  run(t, w, in, out, x, n, y, ldy, 1, detail::qmv_rows_ref, detail::qmv8_rows_ref);
+  run(t, w, in, out, x, n, y, ldy, 1, detail::qmv_rows_ref, detail::qmv16_rows_ref);
 }
 
 int qgemm_panel_rows(int in) noexcept {

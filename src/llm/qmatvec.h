@@ -7,19 +7,20 @@
 // BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; the block layouts are there), row o at
 // w + o * ggml_row_bytes(t, in).
 //
-// Int8 activations (the types of qmatvec_int8: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, the ones
-// Gemma 3 and SmolLM2 GGUFs decode with). Each row of x is first rounded per 32-value block
-// to int8 codes, x8_j = dx q_j with dx = max|x_j| / 127 and q_j = round(x_j / dx) in
-// [-127, 127] (quantize_x8; as llama.cpp's q8_0 activations), so |x_j - x8_j| <= dx / 2.
-// Then per block an exact integer dot product of the weight codes with q, scaled in float:
-//   sum_j (d c_j + m) x8_j = (d dx) * sum_j c_j q_j + m * (dx sum_j q_j)
+// Integer activations (the types of qmatvec_int16: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, the
+// ones Gemma 3 and SmolLM2 GGUFs decode with). Each row of x is first rounded per 32-value
+// block to 16-bit codes, x16_j = dx q_j with dx = max|x_j| / 32767 and q_j = round(x_j / dx)
+// in [-32767, 32767] (quantize_x16), so |x_j - x16_j| <= dx / 2. Then per block an integer
+// dot product of the weight codes with q (int16 pairs into int32 lanes: exact), scaled in
+// float:
+//   sum_j (d c_j + m) x16_j = (d dx) * sum_j c_j q_j + m * (dx sum_j q_j)
 // with c_j the signed codes (Q4_0: nibble - 8, Q5_0: 5-bit value - 16, Q8_0: the int8, Q6_K:
 // 6-bit value - 32 with d = d sc per 16-value group) and m the offset of Q4_1 (m of the block)
 // and Q4_K (-dmin mn of the 32-value sub-block; d = d sc). The result is the product of the
-// dequantized weights with x8 up to float rounding (~(nb + 40) ulps of sum |terms|, nb = in /
+// dequantized weights with x16 up to float rounding (~(nb + 40) ulps of sum |terms|, nb = in /
 // 32), and differs from the float product with x by at most sum_b (dx_b / 2) sum_{j in b}
-// |W[o, j]| (the rounding of the activations;
-// see docs/design.md).
+// |W[o, j]| (the rounding of the activations, 2^-16 of max|x| per value; see docs/design.md
+// for why 16 bits and not llama.cpp's 8).
 //
 // The other types (Q5_1, Q5_K, F16, BF16, F32): float arithmetic throughout (x is not
 // quantized), sum_j (d q_j + m) x_j = d * sum_j q_j x_j + m * sum_j x_j with the per-32 sums
@@ -29,7 +30,7 @@
 //
 // The SIMD kernels (qmatvec_simd.cpp, Highway dynamic dispatch) read up to 8 rows of x per
 // pass over W (4 on targets with 16 vector registers); simd::use_scalar() selects the plain
-// scalar reference qmatvec_ref (the same int8 rounding of x, the same integer sums).
+// scalar reference qmatvec_ref (the same 16-bit rounding of x, the same integer sums).
 #pragma once
 
 #include <algorithm>
@@ -60,8 +61,9 @@ constexpr int kQMatvecMaxRows = 8;
 
 // True for the types the kernels read (every GgmlType).
 bool qmatvec_supported(GgmlType t) noexcept;
-// True for the types whose products use int8 activations (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K).
-bool qmatvec_int8(GgmlType t) noexcept;
+// True for the types whose products use integer (16-bit) activations (Q4_0, Q4_1, Q5_0, Q8_0,
+// Q4_K, Q6_K).
+bool qmatvec_int16(GgmlType t) noexcept;
 // True for the float-activation types whose kernels take the per-32 sums of x (Q5_1, Q5_K).
 bool qmatvec_needs_block_sums(GgmlType t) noexcept;
 
@@ -90,43 +92,35 @@ constexpr int kQGemmPanelFloats = 1 << 18;
 int qgemm_panel_rows(int in) noexcept;
 
 namespace detail {
-// The int8 rounding of n rows of x (in a multiple of 32) per 32-value block b: codes at
+// The 16-bit rounding of n rows of x (in a multiple of 32) per 32-value block b: codes at
 // q[r * in + i], scale dx at d[r * (in / 32) + b] and the block sum of the rounded values
 // dx * sum q at s[...] (the offset term's operand). A block whose largest |x| is 0 gets dx = 0
 // and codes 0; one holding inf or NaN gets codes 0 and dx = s = NaN (the product is NaN, as
 // the float product would be inf or NaN).
-void quantize_x8(const float* x, int n, int in, int8_t* q, float* d, float* s) noexcept;
-// What the int8 kernels read for n rows of x: quantize_x8's output, the codes also as int16
-// (q16, the Highway kernels' operand) and, for the VNNI kernels, bias[r * (in / 4) + k] =
-// -off * (sum of codes 4k .. 4k + 3), off the type's code offset (Q4_0 8, Q5_0 16, Q8_0 128,
-// Q6_K 32; 0 otherwise): the int32 lanes vpdpbusd starts from, since it multiplies unsigned
-// weight bytes c + off with the signed codes.
-struct X8 {
-  const int8_t* q;
-  const int16_t* q16;
-  const int32_t* bias;
+void quantize_x16(const float* x, int n, int in, int16_t* q, float* d, float* s) noexcept;
+// What the integer kernels read for n rows of x: quantize_x16's output.
+struct X16 {
+  const int16_t* q;
   const float* d;
   const float* s;
   // The same for the rows from r0 on.
-  X8 from(int r0, int in) const noexcept {
-    const size_t k = static_cast<size_t>(r0) * (in / 32), i = static_cast<size_t>(r0) * in;
-    return {q + i, q16 + i, bias + i / 4, d + k, s + k};
+  X16 from(int r0, int in) const noexcept {
+    const size_t k = static_cast<size_t>(r0) * (in / 32);
+    return {q + static_cast<size_t>(r0) * in, d + k, s + k};
   }
 };
-// The offset the VNNI kernels add to the codes of t (see X8::bias).
-int qmv8_code_offset(GgmlType t) noexcept;
-// Int8-activation kernels on output rows [o0, o1) for n rows; no checks. qmv8_rows_simd: the
-// AVX-512 VNNI kernels (qmatvec_vnni.cpp) at the avx3_dl level on a host with VNNI, else the
-// Highway ones (int16 products), else the reference.
-void qmv8_rows_ref(GgmlType t, const uint8_t* w, int in, const X8& x, int n, int o0, int o1, float* y,
-                   int ldy) noexcept;
-void qmv8_rows_simd(GgmlType t, const uint8_t* w, int in, const X8& x, int n, int o0, int o1, float* y,
+// Integer-activation kernels on output rows [o0, o1) for n rows; no checks. qmv16_rows_simd:
+// the AVX-512 kernels (qmatvec_avx512.cpp) at the avx3 and avx3_dl levels, else the Highway
+// ones, else the reference.
+void qmv16_rows_ref(GgmlType t, const uint8_t* w, int in, const X16& x, int n, int o0, int o1, float* y,
                     int ldy) noexcept;
-void qmv8_rows_highway(GgmlType t, const uint8_t* w, int in, const X8& x, int n, int o0, int o1, float* y,
+void qmv16_rows_simd(GgmlType t, const uint8_t* w, int in, const X16& x, int n, int o0, int o1, float* y,
+                     int ldy) noexcept;
+void qmv16_rows_highway(GgmlType t, const uint8_t* w, int in, const X16& x, int n, int o0, int o1, float* y,
+                        int ldy) noexcept;
+bool qmv16_avx512_host_ok() noexcept;
+void qmv16_rows_avx512(GgmlType t, const uint8_t* w, int in, const X16& x, int n, int o0, int o1, float* y,
                        int ldy) noexcept;
-bool qmv8_vnni_host_ok() noexcept;
-void qmv8_rows_vnni(GgmlType t, const uint8_t* w, int in, const X8& x, int n, int o0, int o1, float* y,
-                    int ldy) noexcept;
 // Per-block (32-value) sums of n rows of x: xs[r * (in / 32) + b]. Needed by the types of
 // qmatvec_needs_block_sums (Q5_1, Q5_K).
 void qmv_block_sums(const float* x, int n, int in, float* xs) noexcept;

@@ -8,9 +8,9 @@
 // m * sum(x of the block) is a scalar FMA on the precomputed block sums. One horizontal sum
 // per output row. Same grouping as the scalar reference (qmv_rows_ref).
 //
-// Int8 activations (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K; Rows8*): int16 products of the signed
-// weight codes with the activation codes (see the section below); the levels without AVX-512
-// VNNI use these, avx3_dl the kernels of qmatvec_vnni.cpp.
+// Integer activations (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K; Rows16*): int16 products of the
+// signed weight codes with the 16-bit activation codes (see the section below); sse4 and avx2
+// use these, avx3 / avx3_dl the kernels of qmatvec_avx512.cpp.
 //
 // Also the kernels of tq::dequantize_row (DequantRow, at the end), which give the
 // reference's bits.
@@ -276,13 +276,15 @@ bool QmvRows(GgmlType t, const uint8_t* w, int in, const float* x, const float* 
   }
 }
 
-// Int8 activations (see qmatvec.h): the weight codes of 16 values (one vector of at most 16
-// int16 lanes, or several) are widened to int16 as signed codes c, multiplied with the int16
-// copies of the activation codes q pairwise into int32 lanes (ReorderWidenMulAccumulate:
-// vpmaddwd on x86; |c q| <= 128 * 127, so every lane sum is exact), and once per unit (32-value
-// block; 16-value group for Q6_K) the int32 lanes are converted to float and multiplied by
-// d dx of the unit into the float accumulator. Q4_1 / Q4_K offset terms m * (dx sum q) as
-// scalars, as the reference (qmv8_rows_ref) does.
+// Integer activations (see qmatvec.h): the weight codes of 16 values (one vector of at most
+// 16 int16 lanes, or several) are widened to int16 as signed codes c, multiplied with the
+// 16-bit activation codes q pairwise into int32 lanes (ReorderWidenMulAccumulate: vpmaddwd on
+// x86; |c q| <= 128 * 32767: with 16 int16 lanes (avx2) a lane adds at most 4 products, below
+// 2^24, exact in int32 and in float; with 8 (sse4) 8 products, exact in int32 and rounded once
+// when converted), and once per unit (32-value block; 16-value group
+// for Q6_K) the int32 lanes are converted to float and multiplied by d dx of the unit into the
+// float accumulator. Q4_1 / Q4_K offset terms m * (dx sum q) as scalars, as the reference
+// (qmv16_rows_ref) does.
 using D16 = hn::CappedTag<int16_t, 16>;
 using D32 = hn::RepartitionToWide<D16>;
 using DF8 = hn::Rebind<float, D32>;
@@ -320,7 +322,7 @@ HWY_INLINE void Store8(const VF8* acc, const float* macc, float* y, int ldy, int
 
 // Q4_0 (codes nibble - 8) / Q4_1 (codes nibble, offset m of the block).
 template <int NR, bool kQ41>
-void Rows8Q4(const uint8_t* w, int in, const int16_t* xq, const float* xd, const float* xs, int o0, int o1,
+void Rows16Q4(const uint8_t* w, int in, const int16_t* xq, const float* xd, const float* xs, int o0, int o1,
              float* y, int ldy) {
   const D16 d16;
   const DF8 df;
@@ -361,7 +363,7 @@ void Rows8Q4(const uint8_t* w, int in, const int16_t* xq, const float* xd, const
 
 // Q5_0: codes (nibble | bit j of qh << 4) - 16; the bit chosen by a per-lane test.
 template <int NR>
-void Rows8Q5(const uint8_t* w, int in, const int16_t* xq, const float* xd, int o0, int o1, float* y, int ldy) {
+void Rows16Q5(const uint8_t* w, int in, const int16_t* xq, const float* xd, int o0, int o1, float* y, int ldy) {
   const D16 d16;
   const DF8 df;
   const hn::Rebind<uint8_t, D16> du8;
@@ -401,7 +403,7 @@ void Rows8Q5(const uint8_t* w, int in, const int16_t* xq, const float* xd, int o
 }
 
 template <int NR>
-void Rows8Q8(const uint8_t* w, int in, const int16_t* xq, const float* xd, int o0, int o1, float* y, int ldy) {
+void Rows16Q8(const uint8_t* w, int in, const int16_t* xq, const float* xd, int o0, int o1, float* y, int ldy) {
   const D16 d16;
   const DF8 df;
   const hn::Rebind<int8_t, D16> d8;
@@ -430,7 +432,7 @@ void Rows8Q8(const uint8_t* w, int in, const int16_t* xq, const float* xd, int o
 // Q4_K: the four 32-byte code chunks of a super-block each hold two 32-value sub-blocks (low,
 // high nibbles); per sub-block (d sc dx) times the integer sum, and -(dmin mn) (dx sum q).
 template <int NR>
-void Rows8Q4K(const uint8_t* w, int in, const int16_t* xq, const float* xd, const float* xs, int o0, int o1,
+void Rows16Q4K(const uint8_t* w, int in, const int16_t* xq, const float* xd, const float* xs, int o0, int o1,
               float* y, int ldy) {
   const D16 d16;
   const DF8 df;
@@ -483,7 +485,7 @@ void Rows8Q4K(const uint8_t* w, int in, const int16_t* xq, const float* xd, cons
 // Q6_K: for each half h, quarter g and 16-value group (the scale's span), the signed codes
 // c - 32 (4 bits from ql, 2 from qh) times q, scaled by d sc dx of the group.
 template <int NR>
-void Rows8Q6K(const uint8_t* w, int in, const int16_t* xq, const float* xd, int o0, int o1, float* y, int ldy) {
+void Rows16Q6K(const uint8_t* w, int in, const int16_t* xq, const float* xd, int o0, int o1, float* y, int ldy) {
   const D16 d16;
   const DF8 df;
   const hn::Rebind<uint8_t, D16> du8;
@@ -526,23 +528,23 @@ void Rows8Q6K(const uint8_t* w, int in, const int16_t* xq, const float* xd, int 
 }
 
 template <int NR>
-void Rows8NR(GgmlType t, const uint8_t* w, int in, const detail::X8& x, int o0, int o1, float* y, int ldy) {
-  const int16_t* xq = x.q16;
+void Rows16NR(GgmlType t, const uint8_t* w, int in, const detail::X16& x, int o0, int o1, float* y, int ldy) {
+  const int16_t* xq = x.q;
   const float* xd = x.d;
   const float* xs = x.s;
   switch (t) {
-    case GgmlType::Q4_0: return Rows8Q4<NR, false>(w, in, xq, xd, xs, o0, o1, y, ldy);
-    case GgmlType::Q4_1: return Rows8Q4<NR, true>(w, in, xq, xd, xs, o0, o1, y, ldy);
-    case GgmlType::Q5_0: return Rows8Q5<NR>(w, in, xq, xd, o0, o1, y, ldy);
-    case GgmlType::Q8_0: return Rows8Q8<NR>(w, in, xq, xd, o0, o1, y, ldy);
-    case GgmlType::Q4_K: return Rows8Q4K<NR>(w, in, xq, xd, xs, o0, o1, y, ldy);
-    case GgmlType::Q6_K: return Rows8Q6K<NR>(w, in, xq, xd, o0, o1, y, ldy);
+    case GgmlType::Q4_0: return Rows16Q4<NR, false>(w, in, xq, xd, xs, o0, o1, y, ldy);
+    case GgmlType::Q4_1: return Rows16Q4<NR, true>(w, in, xq, xd, xs, o0, o1, y, ldy);
+    case GgmlType::Q5_0: return Rows16Q5<NR>(w, in, xq, xd, o0, o1, y, ldy);
+    case GgmlType::Q8_0: return Rows16Q8<NR>(w, in, xq, xd, o0, o1, y, ldy);
+    case GgmlType::Q4_K: return Rows16Q4K<NR>(w, in, xq, xd, xs, o0, o1, y, ldy);
+    case GgmlType::Q6_K: return Rows16Q6K<NR>(w, in, xq, xd, o0, o1, y, ldy);
     default: return;
   }
 }
 
 // false: this target's int16 vectors do not divide 16 values (caller uses the reference).
-bool Qmv8Rows(GgmlType t, const uint8_t* w, int in, const detail::X8& x, int n, int o0, int o1, float* y,
+bool Qmv16Rows(GgmlType t, const uint8_t* w, int in, const detail::X16& x, int n, int o0, int o1, float* y,
               int ldy) {
   const D16 d16;
   if (16 % hn::Lanes(d16) != 0) return false;
@@ -552,18 +554,18 @@ bool Qmv8Rows(GgmlType t, const uint8_t* w, int in, const detail::X8& x, int n, 
   constexpr int kPass = 4;
 #endif
   if (n > kPass)
-    return Qmv8Rows(t, w, in, x, kPass, o0, o1, y, ldy) &&
-           Qmv8Rows(t, w, in, x.from(kPass, in), n - kPass, o0, o1, y + static_cast<size_t>(kPass) * ldy, ldy);
+    return Qmv16Rows(t, w, in, x, kPass, o0, o1, y, ldy) &&
+           Qmv16Rows(t, w, in, x.from(kPass, in), n - kPass, o0, o1, y + static_cast<size_t>(kPass) * ldy, ldy);
   switch (n) {
-    case 1: Rows8NR<1>(t, w, in, x, o0, o1, y, ldy); return true;
-    case 2: Rows8NR<2>(t, w, in, x, o0, o1, y, ldy); return true;
-    case 3: Rows8NR<3>(t, w, in, x, o0, o1, y, ldy); return true;
-    case 4: Rows8NR<4>(t, w, in, x, o0, o1, y, ldy); return true;
+    case 1: Rows16NR<1>(t, w, in, x, o0, o1, y, ldy); return true;
+    case 2: Rows16NR<2>(t, w, in, x, o0, o1, y, ldy); return true;
+    case 3: Rows16NR<3>(t, w, in, x, o0, o1, y, ldy); return true;
+    case 4: Rows16NR<4>(t, w, in, x, o0, o1, y, ldy); return true;
 #if HWY_MAX_BYTES >= 64
-    case 5: Rows8NR<5>(t, w, in, x, o0, o1, y, ldy); return true;
-    case 6: Rows8NR<6>(t, w, in, x, o0, o1, y, ldy); return true;
-    case 7: Rows8NR<7>(t, w, in, x, o0, o1, y, ldy); return true;
-    case 8: Rows8NR<8>(t, w, in, x, o0, o1, y, ldy); return true;
+    case 5: Rows16NR<5>(t, w, in, x, o0, o1, y, ldy); return true;
+    case 6: Rows16NR<6>(t, w, in, x, o0, o1, y, ldy); return true;
+    case 7: Rows16NR<7>(t, w, in, x, o0, o1, y, ldy); return true;
+    case 8: Rows16NR<8>(t, w, in, x, o0, o1, y, ldy); return true;
 #endif
     default: return false;
   }
@@ -779,7 +781,7 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace tq::llm {
 HWY_EXPORT(QmvRows);
-HWY_EXPORT(Qmv8Rows);
+HWY_EXPORT(Qmv16Rows);
 HWY_EXPORT(DequantRow);
 
 namespace detail {
@@ -789,9 +791,9 @@ void qmv_rows_simd(GgmlType t, const uint8_t* w, int in, const float* x, const f
     qmv_rows_ref(t, w, in, x, xs, n, o0, o1, y, ldy);
 }
 
-void qmv8_rows_highway(GgmlType t, const uint8_t* w, int in, const X8& x, int n, int o0, int o1, float* y,
+void qmv16_rows_highway(GgmlType t, const uint8_t* w, int in, const X16& x, int n, int o0, int o1, float* y,
                        int ldy) noexcept {
-  if (!HWY_DYNAMIC_DISPATCH(Qmv8Rows)(t, w, in, x, n, o0, o1, y, ldy)) qmv8_rows_ref(t, w, in, x, n, o0, o1, y, ldy);
+  if (!HWY_DYNAMIC_DISPATCH(Qmv16Rows)(t, w, in, x, n, o0, o1, y, ldy)) qmv16_rows_ref(t, w, in, x, n, o0, o1, y, ldy);
 }
 
 bool dequantize_row_simd(GgmlType t, const void* src, float* dst, size_t n) noexcept {
