@@ -12,6 +12,7 @@
 
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "llm/qmatvec.h"
@@ -188,6 +189,67 @@ TQ_FMT_BOTH(Q8_0)
 TQ_FMT_BENCH(Q4_K, 2048, 640)
 TQ_FMT_BENCH(Q5_K, 2048, 640)
 TQ_FMT_BENCH(Q6_K, 2048, 640)
+
+// Gemma 3 270M decode at its real weight types (tq bench model's model file): every projection
+// of one decode step (18 layers of Q5_0 q / k / gate / up, Q8_0 v, Q4_K o, Q6_K down, and the
+// tied 262144 x 640 Q8_0 output matrix: 247 MB of random blocks, streamed from memory) for one
+// row of x, at 1 and 2 threads (the OpenMP split of qmatvec). GemmaHead: the output matrix
+// alone. Read: a plain 2-thread sum over the same bytes (the memory roofline of this host).
+struct GemmaMat {
+  tq::GgmlType t;
+  int in, out;
+  std::vector<uint8_t> w;
+};
+std::vector<uint8_t> random_matrix(tq::GgmlType t, int in, int out);
+std::vector<GemmaMat>& gemma() {
+  static std::vector<GemmaMat> s = [] {
+    std::vector<GemmaMat> v;
+    using T = tq::GgmlType;
+    for (int l = 0; l < 18; ++l)
+      for (auto [t, in, out] : {std::tuple{T::Q5_0, 640, 1024}, {T::Q5_0, 640, 256}, {T::Q8_0, 640, 256},
+                                {T::Q4_K, 1024, 640}, {T::Q5_0, 640, 2048}, {T::Q5_0, 640, 2048},
+                                {T::Q6_K, 2048, 640}})
+        v.push_back({t, in, out, random_matrix(t, in, out)});
+    v.push_back({T::Q8_0, 640, 262144, random_matrix(T::Q8_0, 640, 262144)});
+    return v;
+  }();
+  return s;
+}
+
+void run_gemma(benchmark::State& st, bool head_only) {
+  const int threads = static_cast<int>(st.range(0));
+  auto& s = gemma();
+  tq::Rng r(5);
+  std::vector<float> x(2048), y(262144);
+  for (auto& v : x) v = static_cast<float>(r.normal());
+  double bytes = 0;
+  for (auto _ : st) {
+    for (size_t i = head_only ? s.size() - 1 : 0; i < s.size(); ++i) {
+      tq::llm::qmatvec(s[i].t, s[i].w.data(), s[i].in, s[i].out, x.data(), 1, y.data(), s[i].out, threads);
+      bytes += static_cast<double>(s[i].w.size());
+    }
+    benchmark::DoNotOptimize(y.data());
+  }
+  st.counters["GB/s"] = benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsRate);
+}
+BENCHMARK_CAPTURE(run_gemma, GemmaStack, false)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(run_gemma, GemmaHead, true)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void run_read(benchmark::State& st) {
+  const int threads = static_cast<int>(st.range(0));
+  const auto& w = gemma().back().w;
+  const auto* p = reinterpret_cast<const uint64_t*>(w.data());
+  const int64_t n = static_cast<int64_t>(w.size() / 8);
+  for (auto _ : st) {
+    uint64_t acc = 0;
+#pragma omp parallel for num_threads(threads) reduction(+ : acc) schedule(static)
+    for (int64_t i = 0; i < n; ++i) acc += p[i];
+    benchmark::DoNotOptimize(acc);
+  }
+  st.counters["GB/s"] = benchmark::Counter(static_cast<double>(st.iterations()) * w.size() / 1e9,
+                                           benchmark::Counter::kIsRate);
+}
+BENCHMARK(run_read)->Name("GemmaHeadRead")->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 

@@ -5,19 +5,32 @@
 //
 // W is `out` rows of `in` values stored as ggml type t (every type of tq/gguf.h: F32, F16,
 // BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; the block layouts are there), row o at
-// w + o * ggml_row_bytes(t, in). Block types use, per block or sub-block of 32 values,
-//   sum_j (d q_j + m) x_j = d * sum_j q_j x_j + m * sum_j x_j
-// (Q4_1 / Q5_1: m from the block; Q4_0 / Q5_0: q unsigned, m = -8 d / -16 d; Q4_K / Q5_K:
-// d = d sc, m = -dmin mn of the sub-block; Q8_0: m = 0) with the per-32 sums of x computed
-// once per call; Q6_K sums each 16-value group of (q - 32) x and scales it by d sc. Float
-// arithmetic throughout (x is not quantized); each block (32 values, 16 for Q6_K; 32-value
-// chunks for the float types) is summed on its own and the block results are accumulated, so
-// the rounding error is at most ~(32 + groups + 8) ulps of sum |terms| at every SIMD level and
-// in the scalar reference (see tests/test_qmatvec.cpp for the bound).
+// w + o * ggml_row_bytes(t, in).
+//
+// Integer activations (the types of qmatvec_int16: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, the
+// ones Gemma 3 and SmolLM2 GGUFs decode with). Each row of x is first rounded per 32-value
+// block to 16-bit codes, x16_j = dx q_j with dx = max|x_j| / 32767 and q_j = round(x_j / dx)
+// in [-32767, 32767] (quantize_x16), so |x_j - x16_j| <= dx / 2. Then per block an integer
+// dot product of the weight codes with q (int16 pairs into int32 lanes: exact), scaled in
+// float:
+//   sum_j (d c_j + m) x16_j = (d dx) * sum_j c_j q_j + m * (dx sum_j q_j)
+// with c_j the signed codes (Q4_0: nibble - 8, Q5_0: 5-bit value - 16, Q8_0: the int8, Q6_K:
+// 6-bit value - 32 with d = d sc per 16-value group) and m the offset of Q4_1 (m of the block)
+// and Q4_K (-dmin mn of the 32-value sub-block; d = d sc). The result is the product of the
+// dequantized weights with x16 up to float rounding (~(nb + 40) ulps of sum |terms|, nb = in /
+// 32), and differs from the float product with x by at most sum_b (dx_b / 2) sum_{j in b}
+// |W[o, j]| (the rounding of the activations, 2^-16 of max|x| per value; see docs/design.md
+// for why 16 bits and not llama.cpp's 8).
+//
+// The other types (Q5_1, Q5_K, F16, BF16, F32): float arithmetic throughout (x is not
+// quantized), sum_j (d q_j + m) x_j = d * sum_j q_j x_j + m * sum_j x_j with the per-32 sums
+// of x computed once per call; each block (32 values; 32-value chunks for the float types) is
+// summed on its own and the block results are accumulated, so the rounding error is at most
+// ~(32 + 8 + nb) ulps of sum |terms| at every SIMD level and in the scalar reference.
 //
 // The SIMD kernels (qmatvec_simd.cpp, Highway dynamic dispatch) read up to 8 rows of x per
 // pass over W (4 on targets with 16 vector registers); simd::use_scalar() selects the plain
-// scalar reference qmatvec_ref.
+// scalar reference qmatvec_ref (the same 16-bit rounding of x, the same integer sums).
 #pragma once
 
 #include <algorithm>
@@ -48,7 +61,10 @@ constexpr int kQMatvecMaxRows = 8;
 
 // True for the types the kernels read (every GgmlType).
 bool qmatvec_supported(GgmlType t) noexcept;
-// True for the types whose kernels take the per-32 sums of x (an offset term m).
+// True for the types whose products use integer (16-bit) activations (Q4_0, Q4_1, Q5_0, Q8_0,
+// Q4_K, Q6_K).
+bool qmatvec_int16(GgmlType t) noexcept;
+// True for the float-activation types whose kernels take the per-32 sums of x (Q5_1, Q5_K).
 bool qmatvec_needs_block_sums(GgmlType t) noexcept;
 
 // The whole product, parallel over output rows (n_threads OpenMP threads, at most one per 64
@@ -76,8 +92,37 @@ constexpr int kQGemmPanelFloats = 1 << 18;
 int qgemm_panel_rows(int in) noexcept;
 
 namespace detail {
+// The 16-bit rounding of n rows of x (in a multiple of 32) per 32-value block b: codes at
+// q[r * in + i], scale dx at d[r * (in / 32) + b] and the block sum of the rounded values
+// dx * sum q at s[...] (the offset term's operand). A block whose largest |x| is 0 gets dx = 0
+// and codes 0; one holding inf or NaN gets codes 0 and dx = s = NaN (the product is NaN, as
+// the float product would be inf or NaN).
+void quantize_x16(const float* x, int n, int in, int16_t* q, float* d, float* s) noexcept;
+// What the integer kernels read for n rows of x: quantize_x16's output.
+struct X16 {
+  const int16_t* q;
+  const float* d;
+  const float* s;
+  // The same for the rows from r0 on.
+  X16 from(int r0, int in) const noexcept {
+    const size_t k = static_cast<size_t>(r0) * (in / 32);
+    return {q + static_cast<size_t>(r0) * in, d + k, s + k};
+  }
+};
+// Integer-activation kernels on output rows [o0, o1) for n rows; no checks. qmv16_rows_simd:
+// the AVX-512 kernels (qmatvec_avx512.cpp) at the avx3 and avx3_dl levels, else the Highway
+// ones, else the reference.
+void qmv16_rows_ref(GgmlType t, const uint8_t* w, int in, const X16& x, int n, int o0, int o1, float* y,
+                    int ldy) noexcept;
+void qmv16_rows_simd(GgmlType t, const uint8_t* w, int in, const X16& x, int n, int o0, int o1, float* y,
+                     int ldy) noexcept;
+void qmv16_rows_highway(GgmlType t, const uint8_t* w, int in, const X16& x, int n, int o0, int o1, float* y,
+                        int ldy) noexcept;
+bool qmv16_avx512_host_ok() noexcept;
+void qmv16_rows_avx512(GgmlType t, const uint8_t* w, int in, const X16& x, int n, int o0, int o1, float* y,
+                       int ldy) noexcept;
 // Per-block (32-value) sums of n rows of x: xs[r * (in / 32) + b]. Needed by the types of
-// qmatvec_needs_block_sums (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K).
+// qmatvec_needs_block_sums (Q5_1, Q5_K).
 void qmv_block_sums(const float* x, int n, int in, float* xs) noexcept;
 // Kernel entry points on output rows [o0, o1); no checks. xs from qmv_block_sums (Q4 types).
 void qmv_rows_ref(GgmlType t, const uint8_t* w, int in, const float* x, const float* xs, int n, int o0,

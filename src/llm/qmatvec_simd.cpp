@@ -1,12 +1,19 @@
 // Highway kernels of qmatvec (see qmatvec.h): one output row at a time, up to 8 rows of x
-// (AVX-512; 4 elsewhere) per pass over the weight row. Per 32-value block or sub-block (16
-// for Q6_K): the integer codes (Q5: plus the fifth bit from qh; Q6_K: minus 32) are widened to int32 lanes and
-// converted to float, multiplied into a per-block partial vector (lane-wise FMAs, no
-// horizontal sum), then scaled by the block's d (K-quants: d * sub-block scale) into the row
-// accumulator; the offset term m * sum(x of the block) (Q4_0/1, Q5_0/1, Q4_K, Q5_K) is a
-// scalar FMA on the precomputed block sums. One horizontal sum per output row. Same grouping
-// as the scalar reference (qmv_rows_ref). Also the kernels of tq::dequantize_row
-// (DequantRow, at the end), which give the reference's bits.
+// (AVX-512; 4 elsewhere) per pass over the weight row.
+//
+// Float activations (Q5_1, Q5_K, F16, BF16, F32): per 32-value block or sub-block the codes
+// (Q5: plus the fifth bit from qh) are widened to int32 lanes and converted to float,
+// multiplied into a per-block partial vector (lane-wise FMAs, no horizontal sum), then scaled
+// by the block's d (K-quants: d * sub-block scale) into the row accumulator; the offset term
+// m * sum(x of the block) is a scalar FMA on the precomputed block sums. One horizontal sum
+// per output row. Same grouping as the scalar reference (qmv_rows_ref).
+//
+// Integer activations (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K; Rows16*): int16 products of the
+// signed weight codes with the 16-bit activation codes (see the section below); sse4 and avx2
+// use these, avx3 / avx3_dl the kernels of qmatvec_avx512.cpp.
+//
+// Also the kernels of tq::dequantize_row (DequantRow, at the end), which give the
+// reference's bits.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "llm/qmatvec_simd.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -40,83 +47,6 @@ HWY_INLINE void Scales2(const uint8_t* p, float& d, float& m) {
   hn::StoreU(hn::PromoteTo(d2, hn::LoadU(dh2, reinterpret_cast<const hwy::float16_t*>(p))), d2, f);
   d = f[0];
   m = f[1];
-}
-
-template <int NR, bool kQ41>
-void RowsQ4(const uint8_t* w, int in, const float* x, const float* xs, int o0, int o1, float* y, int ldy) {
-  const DF df;
-  const hn::Rebind<int32_t, DF> di;
-  const hn::Rebind<uint8_t, DF> du8;
-  const size_t N = hn::Lanes(df);
-  const int nb = in / 32;
-  constexpr size_t kBB = kQ41 ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0);
-  const size_t rb = kBB * static_cast<size_t>(nb);
-  const auto m15 = hn::Set(di, 15);
-  for (int o = o0; o < o1; ++o) {
-    const uint8_t* blk = w + static_cast<size_t>(o) * rb;
-    VF acc[NR];
-    float macc[NR];
-    for (int r = 0; r < NR; ++r) {
-      acc[r] = hn::Zero(df);
-      macc[r] = 0.0f;
-    }
-    for (int b = 0; b < nb; ++b, blk += kBB) {
-      float d, m;
-      Scales2(blk, d, m);
-      if (!kQ41) m = -8.0f * d;
-      const uint8_t* qs = blk + (kQ41 ? 4 : 2);
-      const float* xb = x + static_cast<size_t>(b) * 32;
-      VF part[NR];
-      for (int r = 0; r < NR; ++r) part[r] = hn::Zero(df);
-      for (size_t j = 0; j < 16; j += N) {
-        const auto q = hn::PromoteTo(di, hn::LoadU(du8, qs + j));
-        const VF lo = hn::ConvertTo(df, hn::And(q, m15));
-        const VF hi = hn::ConvertTo(df, hn::ShiftRight<4>(q));
-        for (int r = 0; r < NR; ++r) {
-          const float* xr = xb + static_cast<size_t>(r) * in;
-          part[r] = hn::MulAdd(lo, hn::LoadU(df, xr + j), part[r]);
-          part[r] = hn::MulAdd(hi, hn::LoadU(df, xr + 16 + j), part[r]);
-        }
-      }
-      const VF vd = hn::Set(df, d);
-      for (int r = 0; r < NR; ++r) {
-        acc[r] = hn::MulAdd(vd, part[r], acc[r]);
-        macc[r] += m * xs[static_cast<size_t>(r) * nb + b];
-      }
-    }
-    for (int r = 0; r < NR; ++r)
-      y[static_cast<size_t>(r) * ldy + o] = hn::GetLane(hn::SumOfLanes(df, acc[r])) + macc[r];
-  }
-}
-
-template <int NR>
-void RowsQ8(const uint8_t* w, int in, const float* x, int o0, int o1, float* y, int ldy) {
-  const DF df;
-  const hn::Rebind<int32_t, DF> di;
-  const hn::Rebind<int8_t, DF> d8;
-  const size_t N = hn::Lanes(df);
-  const int nb = in / 32;
-  const size_t rb = sizeof(BlockQ8_0) * static_cast<size_t>(nb);
-  for (int o = o0; o < o1; ++o) {
-    const uint8_t* blk = w + static_cast<size_t>(o) * rb;
-    VF acc[NR];
-    for (int r = 0; r < NR; ++r) acc[r] = hn::Zero(df);
-    for (int b = 0; b < nb; ++b, blk += sizeof(BlockQ8_0)) {
-      float d, unused;
-      Scales2(blk, d, unused);  // reads the first two code bytes too (ignored): inside the block
-      const int8_t* qs = reinterpret_cast<const int8_t*>(blk + 2);
-      const float* xb = x + static_cast<size_t>(b) * 32;
-      VF part[NR];
-      for (int r = 0; r < NR; ++r) part[r] = hn::Zero(df);
-      for (size_t j = 0; j < 32; j += N) {
-        const VF q = hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, qs + j)));
-        for (int r = 0; r < NR; ++r) part[r] = hn::MulAdd(q, hn::LoadU(df, xb + static_cast<size_t>(r) * in + j), part[r]);
-      }
-      const VF vd = hn::Set(df, d);
-      for (int r = 0; r < NR; ++r) acc[r] = hn::MulAdd(vd, part[r], acc[r]);
-    }
-    for (int r = 0; r < NR; ++r) y[static_cast<size_t>(r) * ldy + o] = hn::GetLane(hn::SumOfLanes(df, acc[r]));
-  }
 }
 
 // F16 / F32 rows: 32-value chunks summed on their own, then added (as the reference); a
@@ -302,65 +232,12 @@ void RowsKQ(const uint8_t* w, int in, const float* x, const float* xs, int o0, i
   }
 }
 
-// Q6_K: for each half h, quarter g and 16-value group (the scale's span), the signed codes
-// q - 32 (4 bits from ql, 2 from qh) times x, scaled by d sc of the group.
-template <int NR>
-void RowsQ6K(const uint8_t* w, int in, const float* x, int o0, int o1, float* y, int ldy) {
-  const DF df;
-  const hn::Rebind<int32_t, DF> di;
-  const hn::Rebind<uint8_t, DF> du8;
-  const size_t N = hn::Lanes(df);
-  const int nsb = in / kQK;
-  const size_t rb = sizeof(BlockQ6_K) * static_cast<size_t>(nsb);
-  const auto m15 = hn::Set(di, 15), m3 = hn::Set(di, 3), k32 = hn::Set(di, 32);
-  for (int o = o0; o < o1; ++o) {
-    const uint8_t* blk = w + static_cast<size_t>(o) * rb;
-    VF acc[NR];
-    for (int r = 0; r < NR; ++r) acc[r] = hn::Zero(df);
-    for (int b = 0; b < nsb; ++b, blk += sizeof(BlockQ6_K)) {
-      uint16_t dh;
-      std::memcpy(&dh, blk + 208, 2);
-      const float d = tq::fp16_to_fp32(dh);
-      const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
-      for (int h = 0; h < 2; ++h) {
-        for (int g = 0; g < 4; ++g) {
-          const uint8_t* ql = blk + 64 * h + 32 * (g & 1);
-          const uint8_t* qh = blk + 128 + 32 * h;
-          const int qshift = 4 * (g >> 1), hshift = 2 * g;
-          for (int l0 = 0; l0 < 32; l0 += 16) {
-            VF part[NR];
-            for (int r = 0; r < NR; ++r) part[r] = hn::Zero(df);
-            const float* xb = x + static_cast<size_t>(b) * kQK + 128 * h + 32 * g + l0;
-            for (size_t l = 0; l < 16; l += N) {
-              const auto lq = hn::And(hn::ShiftRightSame(hn::PromoteTo(di, hn::LoadU(du8, ql + l0 + l)), qshift), m15);
-              const auto hq = hn::And(hn::ShiftRightSame(hn::PromoteTo(di, hn::LoadU(du8, qh + l0 + l)), hshift), m3);
-              const VF q = hn::ConvertTo(df, hn::Sub(hn::Or(lq, hn::ShiftLeft<4>(hq)), k32));
-              for (int r = 0; r < NR; ++r)
-                part[r] = hn::MulAdd(q, hn::LoadU(df, xb + static_cast<size_t>(r) * in + l), part[r]);
-            }
-            const VF vd = hn::Set(df, d * static_cast<float>(sc[(128 * h + 32 * g + l0) / 16]));
-            for (int r = 0; r < NR; ++r) acc[r] = hn::MulAdd(vd, part[r], acc[r]);
-          }
-        }
-      }
-    }
-    for (int r = 0; r < NR; ++r) y[static_cast<size_t>(r) * ldy + o] = hn::GetLane(hn::SumOfLanes(df, acc[r]));
-  }
-}
-
-
 template <int NR>
 void RowsNR(GgmlType t, const uint8_t* w, int in, const float* x, const float* xs, int o0, int o1, float* y,
             int ldy) {
   switch (t) {
-    case GgmlType::Q4_1: return RowsQ4<NR, true>(w, in, x, xs, o0, o1, y, ldy);
-    case GgmlType::Q4_0: return RowsQ4<NR, false>(w, in, x, xs, o0, o1, y, ldy);
-    case GgmlType::Q8_0: return RowsQ8<NR>(w, in, x, o0, o1, y, ldy);
     case GgmlType::Q5_1: return RowsQ5<NR, true>(w, in, x, xs, o0, o1, y, ldy);
-    case GgmlType::Q5_0: return RowsQ5<NR, false>(w, in, x, xs, o0, o1, y, ldy);
-    case GgmlType::Q4_K: return RowsKQ<NR, false>(w, in, x, xs, o0, o1, y, ldy);
     case GgmlType::Q5_K: return RowsKQ<NR, true>(w, in, x, xs, o0, o1, y, ldy);
-    case GgmlType::Q6_K: return RowsQ6K<NR>(w, in, x, o0, o1, y, ldy);
     case GgmlType::F16: return RowsFloat<NR, 1>(w, in, x, o0, o1, y, ldy);
     case GgmlType::BF16: return RowsFloat<NR, 2>(w, in, x, o0, o1, y, ldy);
     case GgmlType::F32: return RowsFloat<NR, 0>(w, in, x, o0, o1, y, ldy);
@@ -394,6 +271,301 @@ bool QmvRows(GgmlType t, const uint8_t* w, int in, const float* x, const float* 
     case 6: RowsNR<6>(t, w, in, x, xs, o0, o1, y, ldy); return true;
     case 7: RowsNR<7>(t, w, in, x, xs, o0, o1, y, ldy); return true;
     case 8: RowsNR<8>(t, w, in, x, xs, o0, o1, y, ldy); return true;
+#endif
+    default: return false;
+  }
+}
+
+// Integer activations (see qmatvec.h): the weight codes of 16 values (one vector of at most
+// 16 int16 lanes, or several) are widened to int16 as signed codes c, multiplied with the
+// 16-bit activation codes q pairwise into int32 lanes (ReorderWidenMulAccumulate: vpmaddwd on
+// x86; |c q| <= 128 * 32767: with 16 int16 lanes (avx2) a lane adds at most 4 products, below
+// 2^24, exact in int32 and in float; with 8 (sse4) 8 products, exact in int32 and rounded once
+// when converted), and once per unit (32-value block; 16-value group
+// for Q6_K) the int32 lanes are converted to float and multiplied by d dx of the unit into the
+// float accumulator. Q4_1 / Q4_K offset terms m * (dx sum q) as scalars, as the reference
+// (qmv16_rows_ref) does.
+using D16 = hn::CappedTag<int16_t, 16>;
+using D32 = hn::RepartitionToWide<D16>;
+using DF8 = hn::Rebind<float, D32>;
+using V16 = hn::Vec<D16>;
+using V32 = hn::Vec<D32>;
+using VF8 = hn::Vec<DF8>;
+
+// s0[r] += c . x of row r (lanes of pairwise products; s1 for targets that split even / odd).
+template <int NR>
+HWY_INLINE void Dot16(const V16 c, const int16_t* x, size_t in, V32* s0, V32* s1) {
+  const D16 d16;
+  const D32 d32;
+  for (int r = 0; r < NR; ++r)
+    s0[r] = hn::ReorderWidenMulAccumulate(d32, c, hn::LoadU(d16, x + static_cast<size_t>(r) * in), s0[r], s1[r]);
+}
+
+template <int NR>
+HWY_INLINE void Zero32(V32* s0, V32* s1) {
+  const D32 d32;
+  for (int r = 0; r < NR; ++r) s0[r] = s1[r] = hn::Zero(d32);
+}
+
+// acc[r] += scale_r * float(lanes of s0[r] + s1[r]).
+HWY_INLINE VF8 Scale(VF8 acc, float scale, V32 s0, V32 s1) {
+  const DF8 df;
+  return hn::MulAdd(hn::Set(df, scale), hn::ConvertTo(df, hn::RearrangeToOddPlusEven(s0, s1)), acc);
+}
+
+template <int NR>
+HWY_INLINE void Store8(const VF8* acc, const float* macc, float* y, int ldy, int o) {
+  const DF8 df;
+  for (int r = 0; r < NR; ++r)
+    y[static_cast<size_t>(r) * ldy + o] = hn::GetLane(hn::SumOfLanes(df, acc[r])) + (macc ? macc[r] : 0.0f);
+}
+
+// Q4_0 (codes nibble - 8) / Q4_1 (codes nibble, offset m of the block).
+template <int NR, bool kQ41>
+void Rows16Q4(const uint8_t* w, int in, const int16_t* xq, const float* xd, const float* xs, int o0, int o1,
+             float* y, int ldy) {
+  const D16 d16;
+  const DF8 df;
+  const hn::Rebind<uint8_t, D16> du8;
+  const size_t N = hn::Lanes(d16);
+  const int nb = in / 32;
+  constexpr size_t kBB = kQ41 ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0);
+  const size_t rb = kBB * static_cast<size_t>(nb);
+  const auto m15 = hn::Set(d16, 15), off = hn::Set(d16, kQ41 ? 0 : 8);
+  for (int o = o0; o < o1; ++o) {
+    const uint8_t* blk = w + static_cast<size_t>(o) * rb;
+    VF8 acc[NR];
+    float macc[NR];
+    for (int r = 0; r < NR; ++r) {
+      acc[r] = hn::Zero(df);
+      macc[r] = 0.0f;
+    }
+    for (int b = 0; b < nb; ++b, blk += kBB) {
+      float d, m;
+      Scales2(blk, d, m);  // Q4_0: m is the first code bytes, unused
+      const uint8_t* qs = blk + (kQ41 ? 4 : 2);
+      const int16_t* xb = xq + static_cast<size_t>(b) * 32;
+      V32 s0[NR], s1[NR];
+      Zero32<NR>(s0, s1);
+      for (size_t j = 0; j < 16; j += N) {
+        const V16 v = hn::PromoteTo(d16, hn::LoadU(du8, qs + j));
+        Dot16<NR>(hn::Sub(hn::And(v, m15), off), xb + j, in, s0, s1);
+        Dot16<NR>(hn::Sub(hn::ShiftRight<4>(v), off), xb + 16 + j, in, s0, s1);
+      }
+      for (int r = 0; r < NR; ++r) {
+        acc[r] = Scale(acc[r], d * xd[static_cast<size_t>(r) * nb + b], s0[r], s1[r]);
+        if (kQ41) macc[r] += m * xs[static_cast<size_t>(r) * nb + b];
+      }
+    }
+    Store8<NR>(acc, macc, y, ldy, o);
+  }
+}
+
+// Q5_0: codes (nibble | bit j of qh << 4) - 16; the bit chosen by a per-lane test.
+template <int NR>
+void Rows16Q5(const uint8_t* w, int in, const int16_t* xq, const float* xd, int o0, int o1, float* y, int ldy) {
+  const D16 d16;
+  const DF8 df;
+  const hn::Rebind<uint8_t, D16> du8;
+  const size_t N = hn::Lanes(d16);
+  const int nb = in / 32;
+  const size_t rb = sizeof(BlockQ5_0) * static_cast<size_t>(nb);
+  const auto m15 = hn::Set(d16, 15), k16 = hn::Set(d16, 16);
+  HWY_ALIGN int16_t bits[16];
+  for (int l = 0; l < 16; ++l) bits[l] = static_cast<int16_t>(static_cast<uint16_t>(1u << l));
+  for (int o = o0; o < o1; ++o) {
+    const uint8_t* blk = w + static_cast<size_t>(o) * rb;
+    VF8 acc[NR];
+    for (int r = 0; r < NR; ++r) acc[r] = hn::Zero(df);
+    for (int b = 0; b < nb; ++b, blk += sizeof(BlockQ5_0)) {
+      uint16_t dh;
+      std::memcpy(&dh, blk, 2);
+      const float d = tq::fp16_to_fp32(dh);
+      uint16_t qh[2];
+      std::memcpy(qh, blk + 2, 4);
+      const auto hlo = hn::Set(d16, static_cast<int16_t>(qh[0])), hhi = hn::Set(d16, static_cast<int16_t>(qh[1]));
+      const uint8_t* qs = blk + 6;
+      const int16_t* xb = xq + static_cast<size_t>(b) * 32;
+      V32 s0[NR], s1[NR];
+      Zero32<NR>(s0, s1);
+      for (size_t j = 0; j < 16; j += N) {
+        const V16 v = hn::PromoteTo(d16, hn::LoadU(du8, qs + j));
+        const V16 bit = hn::Load(d16, bits + j);
+        // c = nibble + 16 * bit - 16 = nibble - (bit ? 0 : 16)
+        Dot16<NR>(hn::Sub(hn::And(v, m15), hn::IfThenZeroElse(hn::TestBit(hlo, bit), k16)), xb + j, in, s0, s1);
+        Dot16<NR>(hn::Sub(hn::ShiftRight<4>(v), hn::IfThenZeroElse(hn::TestBit(hhi, bit), k16)), xb + 16 + j, in, s0,
+                  s1);
+      }
+      for (int r = 0; r < NR; ++r) acc[r] = Scale(acc[r], d * xd[static_cast<size_t>(r) * nb + b], s0[r], s1[r]);
+    }
+    Store8<NR>(acc, nullptr, y, ldy, o);
+  }
+}
+
+template <int NR>
+void Rows16Q8(const uint8_t* w, int in, const int16_t* xq, const float* xd, int o0, int o1, float* y, int ldy) {
+  const D16 d16;
+  const DF8 df;
+  const hn::Rebind<int8_t, D16> d8;
+  const size_t N = hn::Lanes(d16);
+  const int nb = in / 32;
+  const size_t rb = sizeof(BlockQ8_0) * static_cast<size_t>(nb);
+  for (int o = o0; o < o1; ++o) {
+    const uint8_t* blk = w + static_cast<size_t>(o) * rb;
+    VF8 acc[NR];
+    for (int r = 0; r < NR; ++r) acc[r] = hn::Zero(df);
+    for (int b = 0; b < nb; ++b, blk += sizeof(BlockQ8_0)) {
+      uint16_t dh;
+      std::memcpy(&dh, blk, 2);
+      const float d = tq::fp16_to_fp32(dh);
+      const int8_t* qs = reinterpret_cast<const int8_t*>(blk + 2);
+      const int16_t* xb = xq + static_cast<size_t>(b) * 32;
+      V32 s0[NR], s1[NR];
+      Zero32<NR>(s0, s1);
+      for (size_t j = 0; j < 32; j += N) Dot16<NR>(hn::PromoteTo(d16, hn::LoadU(d8, qs + j)), xb + j, in, s0, s1);
+      for (int r = 0; r < NR; ++r) acc[r] = Scale(acc[r], d * xd[static_cast<size_t>(r) * nb + b], s0[r], s1[r]);
+    }
+    Store8<NR>(acc, nullptr, y, ldy, o);
+  }
+}
+
+// Q4_K: the four 32-byte code chunks of a super-block each hold two 32-value sub-blocks (low,
+// high nibbles); per sub-block (d sc dx) times the integer sum, and -(dmin mn) (dx sum q).
+template <int NR>
+void Rows16Q4K(const uint8_t* w, int in, const int16_t* xq, const float* xd, const float* xs, int o0, int o1,
+              float* y, int ldy) {
+  const D16 d16;
+  const DF8 df;
+  const hn::Rebind<uint8_t, D16> du8;
+  const size_t N = hn::Lanes(d16);
+  const int nsb = in / kQK, nb = in / 32;
+  const size_t rb = sizeof(BlockQ4_K) * static_cast<size_t>(nsb);
+  const auto m15 = hn::Set(d16, 15);
+  for (int o = o0; o < o1; ++o) {
+    const uint8_t* blk = w + static_cast<size_t>(o) * rb;
+    VF8 acc[NR];
+    float macc[NR];
+    for (int r = 0; r < NR; ++r) {
+      acc[r] = hn::Zero(df);
+      macc[r] = 0.0f;
+    }
+    for (int b = 0; b < nsb; ++b, blk += sizeof(BlockQ4_K)) {
+      float d, dmin;
+      Scales2(blk, d, dmin);
+      const uint8_t* qs = blk + 16;
+      for (int c = 0; c < 4; ++c) {
+        const int k0 = b * 8 + 2 * c;
+        const int16_t* xb = xq + static_cast<size_t>(k0) * 32;
+        V32 a0[NR], a1[NR], h0[NR], h1[NR];
+        Zero32<NR>(a0, a1);
+        Zero32<NR>(h0, h1);
+        for (size_t l = 0; l < 32; l += N) {
+          const V16 v = hn::PromoteTo(d16, hn::LoadU(du8, qs + 32 * c + l));
+          Dot16<NR>(hn::And(v, m15), xb + l, in, a0, a1);
+          Dot16<NR>(hn::ShiftRight<4>(v), xb + 32 + l, in, h0, h1);
+        }
+        int sc0, mn0, sc1, mn1;
+        kquant_scale_min(blk + 4, 2 * c, sc0, mn0);
+        kquant_scale_min(blk + 4, 2 * c + 1, sc1, mn1);
+        const float ds0 = d * static_cast<float>(sc0), ds1 = d * static_cast<float>(sc1);
+        const float m0 = dmin * static_cast<float>(mn0), m1 = dmin * static_cast<float>(mn1);
+        for (int r = 0; r < NR; ++r) {
+          const size_t k = static_cast<size_t>(r) * nb + k0;
+          acc[r] = Scale(acc[r], ds0 * xd[k], a0[r], a1[r]);
+          macc[r] -= m0 * xs[k];
+          acc[r] = Scale(acc[r], ds1 * xd[k + 1], h0[r], h1[r]);
+          macc[r] -= m1 * xs[k + 1];
+        }
+      }
+    }
+    Store8<NR>(acc, macc, y, ldy, o);
+  }
+}
+
+// Q6_K: for each half h, quarter g and 16-value group (the scale's span), the signed codes
+// c - 32 (4 bits from ql, 2 from qh) times q, scaled by d sc dx of the group.
+template <int NR>
+void Rows16Q6K(const uint8_t* w, int in, const int16_t* xq, const float* xd, int o0, int o1, float* y, int ldy) {
+  const D16 d16;
+  const DF8 df;
+  const hn::Rebind<uint8_t, D16> du8;
+  const size_t N = hn::Lanes(d16);
+  const int nsb = in / kQK, nb = in / 32;
+  const size_t rb = sizeof(BlockQ6_K) * static_cast<size_t>(nsb);
+  const auto m15 = hn::Set(d16, 15), m3 = hn::Set(d16, 3), k32 = hn::Set(d16, 32);
+  for (int o = o0; o < o1; ++o) {
+    const uint8_t* blk = w + static_cast<size_t>(o) * rb;
+    VF8 acc[NR];
+    for (int r = 0; r < NR; ++r) acc[r] = hn::Zero(df);
+    for (int b = 0; b < nsb; ++b, blk += sizeof(BlockQ6_K)) {
+      uint16_t dh;
+      std::memcpy(&dh, blk + 208, 2);
+      const float d = tq::fp16_to_fp32(dh);
+      const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+      for (int h = 0; h < 2; ++h) {
+        for (int g = 0; g < 4; ++g) {
+          const uint8_t* ql = blk + 64 * h + 32 * (g & 1);
+          const uint8_t* qh = blk + 128 + 32 * h;
+          const int qshift = 4 * (g >> 1), hshift = 2 * g;
+          const int k = b * 8 + 4 * h + g;  // the 32-value block of x
+          for (int l0 = 0; l0 < 32; l0 += 16) {
+            const int16_t* xb = xq + static_cast<size_t>(k) * 32 + l0;
+            V32 s0[NR], s1[NR];
+            Zero32<NR>(s0, s1);
+            for (size_t l = 0; l < 16; l += N) {
+              const V16 lq = hn::And(hn::ShiftRightSame(hn::PromoteTo(d16, hn::LoadU(du8, ql + l0 + l)), qshift), m15);
+              const V16 hq = hn::And(hn::ShiftRightSame(hn::PromoteTo(d16, hn::LoadU(du8, qh + l0 + l)), hshift), m3);
+              Dot16<NR>(hn::Sub(hn::Or(lq, hn::ShiftLeft<4>(hq)), k32), xb + l, in, s0, s1);
+            }
+            const float ds = d * static_cast<float>(sc[(128 * h + 32 * g + l0) / 16]);
+            for (int r = 0; r < NR; ++r) acc[r] = Scale(acc[r], ds * xd[static_cast<size_t>(r) * nb + k], s0[r], s1[r]);
+          }
+        }
+      }
+    }
+    Store8<NR>(acc, nullptr, y, ldy, o);
+  }
+}
+
+template <int NR>
+void Rows16NR(GgmlType t, const uint8_t* w, int in, const detail::X16& x, int o0, int o1, float* y, int ldy) {
+  const int16_t* xq = x.q;
+  const float* xd = x.d;
+  const float* xs = x.s;
+  switch (t) {
+    case GgmlType::Q4_0: return Rows16Q4<NR, false>(w, in, xq, xd, xs, o0, o1, y, ldy);
+    case GgmlType::Q4_1: return Rows16Q4<NR, true>(w, in, xq, xd, xs, o0, o1, y, ldy);
+    case GgmlType::Q5_0: return Rows16Q5<NR>(w, in, xq, xd, o0, o1, y, ldy);
+    case GgmlType::Q8_0: return Rows16Q8<NR>(w, in, xq, xd, o0, o1, y, ldy);
+    case GgmlType::Q4_K: return Rows16Q4K<NR>(w, in, xq, xd, xs, o0, o1, y, ldy);
+    case GgmlType::Q6_K: return Rows16Q6K<NR>(w, in, xq, xd, o0, o1, y, ldy);
+    default: return;
+  }
+}
+
+// false: this target's int16 vectors do not divide 16 values (caller uses the reference).
+bool Qmv16Rows(GgmlType t, const uint8_t* w, int in, const detail::X16& x, int n, int o0, int o1, float* y,
+              int ldy) {
+  const D16 d16;
+  if (16 % hn::Lanes(d16) != 0) return false;
+#if HWY_MAX_BYTES >= 64
+  constexpr int kPass = 8;
+#else
+  constexpr int kPass = 4;
+#endif
+  if (n > kPass)
+    return Qmv16Rows(t, w, in, x, kPass, o0, o1, y, ldy) &&
+           Qmv16Rows(t, w, in, x.from(kPass, in), n - kPass, o0, o1, y + static_cast<size_t>(kPass) * ldy, ldy);
+  switch (n) {
+    case 1: Rows16NR<1>(t, w, in, x, o0, o1, y, ldy); return true;
+    case 2: Rows16NR<2>(t, w, in, x, o0, o1, y, ldy); return true;
+    case 3: Rows16NR<3>(t, w, in, x, o0, o1, y, ldy); return true;
+    case 4: Rows16NR<4>(t, w, in, x, o0, o1, y, ldy); return true;
+#if HWY_MAX_BYTES >= 64
+    case 5: Rows16NR<5>(t, w, in, x, o0, o1, y, ldy); return true;
+    case 6: Rows16NR<6>(t, w, in, x, o0, o1, y, ldy); return true;
+    case 7: Rows16NR<7>(t, w, in, x, o0, o1, y, ldy); return true;
+    case 8: Rows16NR<8>(t, w, in, x, o0, o1, y, ldy); return true;
 #endif
     default: return false;
   }
@@ -609,6 +781,7 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace tq::llm {
 HWY_EXPORT(QmvRows);
+HWY_EXPORT(Qmv16Rows);
 HWY_EXPORT(DequantRow);
 
 namespace detail {
@@ -616,6 +789,11 @@ void qmv_rows_simd(GgmlType t, const uint8_t* w, int in, const float* x, const f
                    float* y, int ldy) noexcept {
   if (!HWY_DYNAMIC_DISPATCH(QmvRows)(t, w, in, x, xs, n, o0, o1, y, ldy))
     qmv_rows_ref(t, w, in, x, xs, n, o0, o1, y, ldy);
+}
+
+void qmv16_rows_highway(GgmlType t, const uint8_t* w, int in, const X16& x, int n, int o0, int o1, float* y,
+                       int ldy) noexcept {
+  if (!HWY_DYNAMIC_DISPATCH(Qmv16Rows)(t, w, in, x, n, o0, o1, y, ldy)) qmv16_rows_ref(t, w, in, x, n, o0, o1, y, ldy);
 }
 
 bool dequantize_row_simd(GgmlType t, const void* src, float* dst, size_t n) noexcept {
