@@ -135,6 +135,36 @@ def qps_at(points, target):
     return max(best) if best else None
 
 
+def write_md(out, path):
+    """<out dir>/results.md: one row per method (bytes, build, QPS at R10@10 = 0.9, every point)
+    and the interpolated QPS at a few recalls, from results.json."""
+    res = out["results"]
+    lines = [f"{out['dataset']}, n={out['n']}, nq={out['nq']}, metric={out['metric']}, threads={out['threads']}, "
+             f"nlist={out['nlist']}, faiss {out['faiss']}, load average at the end {out.get('load_avg_end', '?')}", "",
+             "| method | B/vector in memory | build s (wall) | QPS at R10@10 = 0.9 | points (param: R10@10 / QPS) |",
+             "|---|---|---|---|---|"]
+    for r in res:
+        q = qps_at(r["points"], 0.9)
+        pts = "; ".join(f"{p['param']}: {p['recall_10_at_10']:.3f} / {p['qps']:.0f}" for p in r["points"])
+        lines.append(f"| {r['method']} | {r['memory_bytes_per_vector']:.1f} | {r['build_s']:.1f} | "
+                     f"{'not reached' if q is None else f'{q:.0f}'} | {pts} |")
+    targets = [0.8, 0.85, 0.9, 0.95]
+    lines += ["", "| R10@10 | " + " | ".join(r["method"] for r in res) + " |",
+              "|---|" + "---|" * len(res)]
+    for t in targets:
+        cells = []
+        for r in res:
+            q = qps_at(r["points"], t)
+            cells.append("not reached" if q is None else f"{q:.0f}")
+        lines.append(f"| {t:.2f} | " + " | ".join(cells) + " |")
+    ld = out.get("tq_load") or {}
+    if ld:
+        lines += ["", f"tq IVF file: {ld['file_bytes'] / 2**20:.1f} MiB, load (memory-mapped, validated, decoded) "
+                      f"{ld['load_s']:.2f} s, median of {len(ld['load_s_all'])} `tq index search` runs"]
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="glove", choices=["glove", "glove1m", "fashion"])
@@ -162,7 +192,12 @@ def main():
     ap.add_argument("--ef", type=lambda s: [int(v) for v in s.split(",")], default=[10, 16, 32, 64, 128, 256])
     ap.add_argument("--skip", default="", help="comma list of families to skip: hnsw,ivfpq,ivfrabitq,ivfrabitqfs")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--md-only", action="store_true", help="only rewrite <out>/results.md from <out>/results.json")
     args = ap.parse_args()
+    if args.md_only:
+        with open(os.path.join(args.out, "results.json")) as f:
+            write_md(json.load(f), os.path.join(args.out, "results.md"))
+        return
     args.glove_dir = os.path.abspath(args.glove_dir)
     ds = svf.load_dataset(args)
     n, d = ds["xb"].shape
@@ -246,8 +281,10 @@ def main():
                nlist=nlist, shared_kmeans_s=km_s if args.shared_kmeans else None,
                load_avg=os.getloadavg(), argv=sys.argv[1:], date=time.strftime("%Y-%m-%d %H:%M"), faiss=faiss.__version__, results=res,
                tq_load=load, summary=summary)
+    out["load_avg_end"] = os.getloadavg()
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(out, f, indent=1)
+    write_md(out, os.path.join(args.out, "results.md"))
     try:
         import matplotlib
         matplotlib.use("Agg")
