@@ -35,7 +35,7 @@ def r10_of(ids, gt):
 def tq_curve(args, ds, nlist, bits, extra, label):
     cmd = [args.tq, "index", "eval", "--base", ds["base_path"], "--queries", ds["query_path"], "--gt", ds["gt_path"],
            "--bits", str(bits), "--metric", ds["metric"], "--threads", str(args.threads), "--reps", str(args.reps),
-           "-k", "10", "--ivf", str(nlist), "--nprobe", ",".join(str(p) for p in args.nprobe if p <= nlist),
+           "--build-reps", str(args.build_reps or args.reps), "-k", "10", "--ivf", str(nlist), "--nprobe", ",".join(str(p) for p in args.nprobe if p <= nlist),
            "--json"] + list(extra)
     t0 = time.perf_counter()
     j = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
@@ -44,11 +44,26 @@ def tq_curve(args, ds, nlist, bits, extra, label):
                 recall_1_at_1=e["recall_1_at_k"]["1"]) for e in j["sweep"]]
     return dict(method=label, family="tq-ivf", nlist=nlist, bits=bits, build_s=j["build_s"],
                 disk_bytes_per_vector=j["disk_bytes_per_vector"], memory_bytes_per_vector=j["memory_bytes_per_vector"],
-                code_bytes_per_vector=j["bytes_per_vector"], points=pts, cmd=" ".join(cmd), index=j["index"])
+                code_bytes_per_vector=j["bytes_per_vector"], points=pts, cmd=" ".join(cmd), index=j["index"],
+                load_avg_after=os.getloadavg())
+
+
+def build_flags(extra):
+    """The build flags of a variant's flags (search-only options and their values dropped)."""
+    out, skip = [], False
+    for a in extra:
+        if skip:
+            skip = False
+        elif a in ("--rerank", "--rerank-full"):
+            skip = True
+        else:
+            out.append(a)
+    return out
 
 
 def tq_load_time(args, ds, nlist, bits, extra):
     """Build once, save, then time `tq index search` loading the file (median of reps)."""
+    extra = build_flags(extra)
     with tempfile.TemporaryDirectory(dir=os.path.join(REPO, "data", "bench")) as td:
         f = os.path.join(td, "ivf.tqi")
         subprocess.run([args.tq, "index", "build", "-i", ds["base_path"], "-o", f, "--bits", str(bits), "--metric",
@@ -65,18 +80,35 @@ def tq_load_time(args, ds, nlist, bits, extra):
         return dict(file_bytes=os.path.getsize(f), load_s=float(np.median(loads)), load_s_all=loads)
 
 
-def faiss_curve(args, ds, label, family, make, sweep, set_param, bytes_per_vector):
+def faiss_data(ds):
+    cos = ds["metric"] == "cosine"
+    return (svf.normalize(ds["xb"]) if cos else ds["xb"]), (svf.normalize(ds["xq"]) if cos else ds["xq"])
+
+
+def faiss_kmeans(args, ds, nlist):
+    """One coarse k-means shared by every FAISS IVF (faiss.Kmeans: niter = tq's 10 iterations,
+    at most 256 points per centroid, as tq samples), timed once and added to each build time."""
     import faiss
     faiss.omp_set_num_threads(args.threads)
-    cos = ds["metric"] == "cosine"
-    xb = svf.normalize(ds["xb"]) if cos else ds["xb"]
-    xq = svf.normalize(ds["xq"]) if cos else ds["xq"]
+    xb, _ = faiss_data(ds)
+    t0 = time.perf_counter()
+    km = faiss.Kmeans(xb.shape[1], nlist, niter=10, seed=1234, max_points_per_centroid=256)
+    km.train(xb)
+    t = time.perf_counter() - t0
+    print(f"  FAISS k-means ({nlist} lists, 10 iterations): {t:.1f}s", file=sys.stderr, flush=True)
+    return km.centroids.copy(), t
+
+
+def faiss_curve(args, ds, label, family, make, sweep, set_param, bytes_per_vector, extra_build_s=0.0):
+    import faiss
+    faiss.omp_set_num_threads(args.threads)
+    xb, xq = faiss_data(ds)
     t0 = time.perf_counter()
     ix = make(xb.shape[1])
     if not ix.is_trained:
         ix.train(xb)
     ix.add(xb)
-    build = time.perf_counter() - t0
+    build = time.perf_counter() - t0 + extra_build_s
     pts = []
     for v in sweep:
         set_param(ix, v)
@@ -84,9 +116,10 @@ def faiss_curve(args, ds, label, family, make, sweep, set_param, bytes_per_vecto
         pts.append(dict(param=f"{v}", qps=len(xq) / ts, recall_10_at_10=r10_of(ids, ds["gt"]),
                         recall_1_at_1=float(np.mean(ids[:, 0] == ds["gt"][:, 0]))))
     bpv = bytes_per_vector(ix) if callable(bytes_per_vector) else bytes_per_vector
-    print(f"  {label}: build {build:.1f}s", file=sys.stderr, flush=True)
-    return dict(method=label, family=family, build_s=build, memory_bytes_per_vector=bpv, points=pts,
-                cmd="faiss " + faiss.__version__)
+    print(f"  {label}: build {build:.1f}s (shared k-means {extra_build_s:.1f}s included)", file=sys.stderr, flush=True)
+    del ix
+    return dict(method=label, family=family, build_s=build, kmeans_s=extra_build_s, memory_bytes_per_vector=bpv,
+                points=pts, cmd="faiss " + faiss.__version__, load_avg_after=os.getloadavg())
 
 
 def qps_at(points, target):
@@ -100,6 +133,36 @@ def qps_at(points, target):
             return a["qps"] + t * (b["qps"] - a["qps"])
     best = [p["qps"] for p in pts if p["recall_10_at_10"] >= target]
     return max(best) if best else None
+
+
+def write_md(out, path):
+    """<out dir>/results.md: one row per method (bytes, build, QPS at R10@10 = 0.9, every point)
+    and the interpolated QPS at a few recalls, from results.json."""
+    res = out["results"]
+    lines = [f"{out['dataset']}, n={out['n']}, nq={out['nq']}, metric={out['metric']}, threads={out['threads']}, "
+             f"nlist={out['nlist']}, faiss {out['faiss']}, load average at the end {out.get('load_avg_end', '?')}", "",
+             "| method | B/vector in memory | build s (wall) | QPS at R10@10 = 0.9 | points (param: R10@10 / QPS) |",
+             "|---|---|---|---|---|"]
+    for r in res:
+        q = qps_at(r["points"], 0.9)
+        pts = "; ".join(f"{p['param']}: {p['recall_10_at_10']:.3f} / {p['qps']:.0f}" for p in r["points"])
+        lines.append(f"| {r['method']} | {r['memory_bytes_per_vector']:.1f} | {r['build_s']:.1f} | "
+                     f"{'not reached' if q is None else f'{q:.0f}'} | {pts} |")
+    targets = [0.8, 0.85, 0.9, 0.95]
+    lines += ["", "| R10@10 | " + " | ".join(r["method"] for r in res) + " |",
+              "|---|" + "---|" * len(res)]
+    for t in targets:
+        cells = []
+        for r in res:
+            q = qps_at(r["points"], t)
+            cells.append("not reached" if q is None else f"{q:.0f}")
+        lines.append(f"| {t:.2f} | " + " | ".join(cells) + " |")
+    ld = out.get("tq_load") or {}
+    if ld:
+        lines += ["", f"tq IVF file: {ld['file_bytes'] / 2**20:.1f} MiB, load (memory-mapped, validated, decoded) "
+                      f"{ld['load_s']:.2f} s, median of {len(ld['load_s_all'])} `tq index search` runs"]
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
 
 
 def main():
@@ -116,9 +179,25 @@ def main():
     ap.add_argument("--nprobe", type=lambda s: [int(v) for v in s.split(",")], default=[1, 2, 4, 8, 16, 32, 64, 128])
     ap.add_argument("--bits", type=lambda s: [float(v) for v in s.split(",")], default=[4.0])
     ap.add_argument("--tq-extra", default="", help="extra tq build flags, space separated")
+    ap.add_argument("--tq-variant", action="append", default=[],
+                    help="another tq IVF curve: 'LABEL:FLAGS' (eval flags, space separated, e.g. "
+                         "'fit+full40:--fit-scale --keep-vectors --rerank-full 40'); repeatable")
+    ap.add_argument("--build-reps", type=int, default=0, help="tq timed builds (0: --reps)")
+    ap.add_argument("--shared-kmeans", action="store_true",
+                    help="train one FAISS coarse k-means and give it to every FAISS IVF (its time added to each)")
+    ap.add_argument("--refine-k-factor", type=int, default=0,
+                    help="also FAISS IVF-PQ fast scan + IndexRefineFlat re-ranking k * this many candidates")
+    ap.add_argument("--hnsw-m", type=int, default=32)
+    ap.add_argument("--hnsw-efc", type=int, default=40, help="HNSW efConstruction (FAISS's default 40)")
+    ap.add_argument("--ef", type=lambda s: [int(v) for v in s.split(",")], default=[10, 16, 32, 64, 128, 256])
     ap.add_argument("--skip", default="", help="comma list of families to skip: hnsw,ivfpq,ivfrabitq,ivfrabitqfs")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--md-only", action="store_true", help="only rewrite <out>/results.md from <out>/results.json")
     args = ap.parse_args()
+    if args.md_only:
+        with open(os.path.join(args.out, "results.json")) as f:
+            write_md(json.load(f), os.path.join(args.out, "results.md"))
+        return
     args.glove_dir = os.path.abspath(args.glove_dir)
     ds = svf.load_dataset(args)
     n, d = ds["xb"].shape
@@ -132,7 +211,19 @@ def main():
     res = []
     for b in args.bits:
         res.append(tq_curve(args, ds, nlist, b, extra, f"tq IVF{nlist} {b:g}b" + (f" {args.tq_extra}" if extra else "")))
+    for v in args.tq_variant:
+        lab, _, fl = v.partition(":")
+        res.append(tq_curve(args, ds, nlist, args.bits[0], extra + fl.split(), f"tq IVF{nlist} {args.bits[0]:g}b {lab}"))
     nprobe = [p for p in args.nprobe if p <= nlist]
+    km_s = 0.0
+    if args.shared_kmeans:
+        cents, km_s = faiss_kmeans(args, ds, nlist)
+        qcls = faiss.IndexFlatL2 if mt == faiss.METRIC_L2 else faiss.IndexFlatIP
+
+        def flat(dd):  # noqa: F811  (a trained coarse quantizer: IndexIVF::train skips its k-means)
+            q = qcls(dd)
+            q.add(cents)
+            return q
 
     def set_nprobe(ix, v):
         ix.nprobe = v
@@ -141,14 +232,14 @@ def main():
         if "ivfrabitq" not in skip:
             res.append(faiss_curve(args, ds, f"FAISS IVF{nlist},RaBitQ {bi}b", "faiss-ivfrabitq",
                                    lambda dd, bi=bi: faiss.IndexIVFRaBitQ(flat(dd), dd, nlist, mt, True, bi),
-                                   nprobe, set_nprobe, lambda ix: ix.code_size + 8))
+                                   nprobe, set_nprobe, lambda ix: ix.code_size + 8, km_s))
         if "ivfrabitqfs" not in skip and hasattr(faiss, "IndexIVFRaBitQFastScan"):
             try:
                 def mk(dd, bi=bi):
                     return faiss.IndexIVFRaBitQFastScan(flat(dd), dd, nlist, mt, 32, True, bi)
                 mk(d)
                 res.append(faiss_curve(args, ds, f"FAISS IVF{nlist},RaBitQFastScan {bi}b", "faiss-ivfrabitqfs", mk,
-                                       nprobe, set_nprobe, lambda ix: ix.code_size + 8))
+                                       nprobe, set_nprobe, lambda ix: ix.code_size + 8, km_s))
             except Exception as e:  # signature differs across versions
                 print(f"  IndexIVFRaBitQFastScan skipped: {e}", file=sys.stderr)
         if "ivfpq" not in skip and (d * bi) % 8 == 0:
@@ -156,13 +247,30 @@ def main():
             if d % m == 0:
                 res.append(faiss_curve(args, ds, f"FAISS IVF{nlist},PQ{m}x4fs", "faiss-ivfpqfs",
                                        lambda dd, m=m: faiss.IndexIVFPQFastScan(flat(dd), dd, nlist, m, 4, mt),
-                                       nprobe, set_nprobe, m * 4 / 8 + 8))
+                                       nprobe, set_nprobe, m * 4 / 8 + 8, km_s))
+                if args.refine_k_factor > 0:
+                    kf = args.refine_k_factor
+
+                    def mk_refine(dd, m=m):
+                        ix = faiss.IndexRefineFlat(faiss.IndexIVFPQFastScan(flat(dd), dd, nlist, m, 4, mt))
+                        ix.k_factor = kf
+                        return ix
+
+                    def set_nprobe_refine(ix, v):
+                        faiss.extract_index_ivf(ix).nprobe = v
+                    res.append(faiss_curve(args, ds, f"FAISS IVF{nlist},PQ{m}x4fs,RFlat k_factor {kf}",
+                                           "faiss-ivfpqfs-refine", mk_refine, nprobe, set_nprobe_refine,
+                                           m * 4 / 8 + 8 + 4 * d, km_s))
     if "hnsw" not in skip:
         def set_ef(ix, v):
             ix.hnsw.efSearch = v
-        res.append(faiss_curve(args, ds, "FAISS HNSW32,Flat", "faiss-hnsw",
-                               lambda dd: faiss.IndexHNSWFlat(dd, 32, mt), [10, 16, 32, 64, 128, 256], set_ef,
-                               4 * d + 2 * 32 * 4))  # floats + level-0 links (upper levels not counted)
+        def mk_hnsw(dd):
+            ix = faiss.IndexHNSWFlat(dd, args.hnsw_m, mt)
+            ix.hnsw.efConstruction = args.hnsw_efc
+            return ix
+        res.append(faiss_curve(args, ds, f"FAISS HNSW{args.hnsw_m},Flat efC {args.hnsw_efc}", "faiss-hnsw",
+                               mk_hnsw, args.ef, set_ef,
+                               4 * d + 2 * args.hnsw_m * 4))  # floats + level-0 links (upper levels not counted)
     load = tq_load_time(args, ds, nlist, args.bits[0], extra)
     summary = {}
     for r in res:
@@ -170,10 +278,13 @@ def main():
                                     memory_bytes_per_vector=r["memory_bytes_per_vector"])
     os.makedirs(args.out, exist_ok=True)
     out = dict(dataset=ds["name"], n=n, nq=len(ds["xq"]), dim=d, metric=ds["metric"], threads=args.threads,
-               nlist=nlist, date=time.strftime("%Y-%m-%d %H:%M"), faiss=faiss.__version__, results=res,
+               nlist=nlist, shared_kmeans_s=km_s if args.shared_kmeans else None,
+               load_avg=os.getloadavg(), argv=sys.argv[1:], date=time.strftime("%Y-%m-%d %H:%M"), faiss=faiss.__version__, results=res,
                tq_load=load, summary=summary)
+    out["load_avg_end"] = os.getloadavg()
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(out, f, indent=1)
+    write_md(out, os.path.join(args.out, "results.md"))
     try:
         import matplotlib
         matplotlib.use("Agg")

@@ -117,6 +117,29 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
       tq_fuzz::write_seed(dir, "index_" + std::to_string(k) + "_m" + std::to_string(mode), b);
       b.erase(b.begin());
     }
+    if (c.nlist > 0 && b.size() > 128) {
+      // Damaged IVF files, each with its checksums recomputed (mode 1) so that the loader's
+      // field checks, not the checksum, meet them: cut in the IVF section, cut in the codes,
+      // version 1 (an IVF file read as flat), version 3 (unknown), one list size inflated.
+      const std::string stem = "index_" + std::to_string(k) + "_ivf_";
+      auto put = [&](const std::string& name, std::vector<uint8_t> f) {
+        f.insert(f.begin(), uint8_t{1});
+        tq_fuzz::write_seed(dir, stem + name, f);
+      };
+      put("cut_header", std::vector<uint8_t>(b.begin(), b.begin() + 136));
+      put("cut_half", std::vector<uint8_t>(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(b.size() / 2)));
+      for (uint8_t v : {uint8_t{1}, uint8_t{3}}) {
+        auto f = b;
+        f[8] = v;
+        put("version" + std::to_string(v), f);
+      }
+      const size_t first_size = 128 + 16 + static_cast<size_t>(c.nlist) * c.dim * 4;  // after the centroids
+      if (c.n > 0 && first_size < b.size()) {  // an empty IVF index has no centroids or sizes
+        auto f = b;
+        f[first_size] += 1;
+        put("list_size", f);
+      }
+    }
     ++k;
   }
   return 0;

@@ -305,7 +305,7 @@ std::string byte_token(int b) {
 struct Fixtures {
   TempDir dir;
   std::string model, truncated_model, empty, folder, text, base, queries, queries_d5, gt, gt_bad, index,
-      corrupt_index, truncated_fvecs, nan_fvecs;
+      corrupt_index, truncated_fvecs, nan_fvecs, ivf_index, ivf_truncated, ivf_corrupt, ivf_version3;
   Fixtures() {
     tq_test::TinyLlama c;
     c.n_vocab = 3 + 256;
@@ -368,6 +368,26 @@ struct Fixtures {
     ib[ib.size() / 2] ^= 0x40;
     corrupt_index = dir.path("corrupt.tqi");
     write(corrupt_index, ib.data(), ib.size());
+    // IVF (version 2 file, 4 lists): whole, cut in half, one payload byte flipped, and the
+    // version field set to 3 (checked before the header checksum).
+    tq::IndexConfig ivc;
+    ivc.dim = static_cast<int>(d);
+    ivc.nlist = 4;
+    tq::Index ivx(ivc);
+    ivx.add(n, x.data());
+    ivf_index = dir.path("ivf.tqi");
+    ivx.save(ivf_index);
+    const auto vb = tq::read_file_bytes(ivf_index);
+    ivf_truncated = dir.path("ivf_truncated.tqi");
+    write(ivf_truncated, vb.data(), vb.size() / 2);
+    auto vc = vb;
+    vc[vc.size() - 20] ^= 0x10;
+    ivf_corrupt = dir.path("ivf_corrupt.tqi");
+    write(ivf_corrupt, vc.data(), vc.size());
+    auto v3 = vb;
+    v3[8] = 3;
+    ivf_version3 = dir.path("ivf_version3.tqi");
+    write(ivf_version3, v3.data(), v3.size());
     auto fb = tq::read_file_bytes(base);
     truncated_fvecs = dir.path("truncated.fvecs");
     write(truncated_fvecs, fb.data(), fb.size() - 3);
