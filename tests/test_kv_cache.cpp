@@ -474,9 +474,9 @@ TEST(KvCache, SplitPicksOutlierChannelsOnline) {
   fill_kv(rng, 10, 2, 128, k, v);  // K outliers on channels 5, 42, 79, 116
   for (int t = 0; t < 10; ++t) cache.append(0, 1, k.data() + t * 256, v.data() + t * 256);
   const auto& s = cache.impl().layers[0].k[1];
-  ASSERT_TRUE(s.split_frozen);
+  ASSERT_TRUE(s.channels.frozen);
   ASSERT_EQ(s.d_hi, 32);
-  std::vector<int> hi(s.perm.begin(), s.perm.begin() + 32);
+  std::vector<int> hi(s.channels.perm.begin(), s.channels.perm.begin() + 32);
   for (int c : {5, 42, 79, 116}) EXPECT_NE(std::find(hi.begin(), hi.end(), c), hi.end()) << c;
   // Every byte counted: 40 B per K vector, 56 B per V vector at D=128, plus the channel masks.
   EXPECT_DOUBLE_EQ(cache.bytes_per_token(), 2 * (40 + 56));
@@ -504,14 +504,14 @@ TEST(KvCache, QueryWeightedSplitFollowsTheQueries) {
     if (with_queries) cache.observe_queries(0, n, q.data(), NH);
     cache.append(0, n, k.data(), v.data());
     const auto& s = cache.impl().layers[0].k[0];
-    EXPECT_TRUE(s.split_frozen);
+    EXPECT_TRUE(s.channels.frozen);
     EXPECT_EQ(s.d_hi, 16);
     // Frozen: later queries change nothing.
     std::vector<float> q2(q.size(), 1.f);
     cache.observe_queries(0, n, q2.data(), NH);
-    EXPECT_EQ(cache.impl().layers[0].k[0].q_n, with_queries ? n - 1 : 0);
+    EXPECT_EQ(cache.impl().layers[0].k[0].channels.q_n, with_queries ? n - 1 : 0);
     EXPECT_DOUBLE_EQ(cache.bytes_per_token(), 28 + 4 + 20 + 4);  // K (16*5+48*3)/8 + 2 fp16 norms; V (16*4+48*2)/8 + 4
-    return std::vector<int>(s.perm.begin(), s.perm.begin() + 16);
+    return std::vector<int>(s.channels.perm.begin(), s.channels.perm.begin() + 16);
   };
   std::vector<int> want_q(16), want_k(16);
   std::iota(want_q.begin(), want_q.end(), 40);
@@ -610,8 +610,8 @@ TEST(KvCache, PerHeadTypesOverrideLayers) {
     for (int h = 0; h < H; ++h) {
       EXPECT_EQ(std::string(Ls[l].k[h].fmt->name), want_k[l][h]) << l << "." << h;
       EXPECT_EQ(std::string(Ls[l].v[h].fmt->name), want_v[l][h]) << l << "." << h;
-      EXPECT_EQ(Ls[l].k[h].center, std::string(want_k[l][h]) != "f16");
-      EXPECT_EQ(Ls[l].v[h].center, std::string(want_v[l][h]) != "f16");
+      EXPECT_EQ(Ls[l].k[h].centre.on, std::string(want_k[l][h]) != "f16");
+      EXPECT_EQ(Ls[l].v[h].centre.on, std::string(want_v[l][h]) != "f16");
       expect += (double)(Ls[l].k[h].block_bytes + Ls[l].v[h].block_bytes) / 32;
     }
   EXPECT_DOUBLE_EQ(cache.bytes_per_token(), expect);
@@ -892,7 +892,7 @@ FilledCache fill_rope_cache(tq::KvCacheConfig cfg, int n, int H, const RopeCache
   }
   FilledCache f;
   for (const auto& L : c.impl().layers)
-    for (const auto& s : L.k) f.mu.insert(f.mu.end(), s.mu.begin(), s.mu.end());
+    for (const auto& s : L.k) f.mu.insert(f.mu.end(), s.centre.mu.begin(), s.centre.mu.end());
   tq::AttentionParams p;
   p.n_heads = H;
   p.pos0 = n - 40;
@@ -938,7 +938,7 @@ TEST(KvCache, RopeAngleTableStoresTheSameCache) {
     int cleared = 0;
     const FilledCache b = fill_rope_cache(cfg, n, H, in, 2, false, [&](tq::KvCache& c) {
       for (auto& L : c.impl().layers)
-        for (auto& s : L.k) cleared += s.turns != nullptr, s.turns = nullptr;
+        for (auto& s : L.k) cleared += s.centre.turns != nullptr, s.centre.turns = nullptr;
     });
     EXPECT_EQ(cleared, 2 * KVH) << kt << ": every K stream should read the table";
     EXPECT_FALSE(a.mu.empty()) << kt;
