@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -1167,4 +1168,116 @@ TEST(KvTypes, CliHelpAndDesignDocMatchTheTable) {
     EXPECT_NE(md.out.find(std::string("| ") + f.name + " |"), std::string::npos) << f.name;
   }
   EXPECT_TRUE(tq_test::failed_cleanly(run_tq({"kv-types", "--head-dim", "40"})));
+}
+
+namespace {
+// The preconditioners of one K stream with every one on: K centring with RoPE-rotating means
+// per 64-token segment, K scaling and the split layout's channel selection.
+tq::KvCacheConfig all_preconditioners() {
+  tq::KvCacheConfig cfg = tq_test::kv_config(1, 2, 64, 256, "tq3h6", "tq4h5");
+  cfg.center_k = cfg.center_v = cfg.center_rope = cfg.scale_k = true;
+  cfg.center_segment = 64;
+  cfg.rope_base = 10000;
+  cfg.rope_dim = 64;
+  cfg.sink = 1;
+  cfg.window = 8;
+  return cfg;
+}
+void fill(tq::KvCache& c, const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
+          int n, int n_heads) {
+  const size_t qs = (size_t)n_heads * 64, ks = (size_t)c.config().n_kv_heads * 64;
+  for (int t = 0; t < n;) {  // a prefill, then token by token
+    const int m = t == 0 ? 100 : 1;
+    c.observe_queries(0, m, q.data() + t * qs, n_heads);
+    c.append(0, m, k.data() + t * ks, v.data() + t * ks);
+    t += m;
+  }
+}
+}  // namespace
+
+// Each preconditioner's forward then inverse is the identity (to float rounding), its query
+// transform keeps q.k exact to rounding, and the whole chain's inverse undoes its forward.
+TEST(KvCache, PreconditionersInvertAndKeepQk) {
+  const int D = 64, n = 160, NH = 4;
+  tq::Rng rng(3);
+  std::vector<float> q((size_t)n * NH * D), k, v;
+  fill_kv(rng, n, 2, D, k, v);
+  for (auto& x : q) x = (float)rng.normal();
+  tq::KvCache cache(all_preconditioners());
+  fill(cache, q, k, v, n, NH);
+  auto& s = cache.impl().layers[0].k[1];
+  for (const tq::kv::Precond* p : s.chain()) ASSERT_TRUE(p->on && p->frozen);
+  ASSERT_FALSE(s.kscale.w.empty());
+  const int j0 = 70, m = 5;  // rows inside the second mean segment
+  std::vector<float> x((size_t)m * D), qq((size_t)m * D);
+  for (auto& e : x) e = (float)rng.normal() * 3;
+  for (auto& e : qq) e = (float)rng.normal();
+  auto max_abs_diff = [](const std::vector<float>& a, const std::vector<float>& b) {
+    double e = 0;
+    for (size_t i = 0; i < a.size(); ++i) e = std::max(e, (double)std::fabs(a[i] - b[i]));
+    return e;
+  };
+  auto dot = [&](const float* a, const float* b) {
+    double r = 0;
+    for (int d = 0; d < D; ++d) r += (double)a[d] * b[d];
+    return r;
+  };
+  for (tq::kv::Precond* p : s.chain()) {
+    std::vector<float> y = x;
+    p->forward(j0, m, y.data(), D);
+    EXPECT_GT(max_abs_diff(y, x), 1e-3);  // it does something
+    p->inverse(j0, m, y.data(), D);
+    EXPECT_LE(max_abs_diff(y, x), 1e-5 * 16);
+    if (p == &s.centre) continue;  // the mean's logit is added by the kernels, not through q
+    std::vector<float> kx = x, qx = qq;
+    p->forward(j0, m, kx.data(), D);
+    p->query(m, qx.data(), D);
+    for (int r = 0; r < m; ++r)
+      EXPECT_NEAR(dot(&qx[(size_t)r * D], &kx[(size_t)r * D]), dot(&qq[(size_t)r * D], &x[(size_t)r * D]), 1e-4);
+  }
+  // The chain and the format's rotation: to_orig after forward + rotate gives the rows back.
+  std::vector<float> y = x;
+  for (tq::kv::Precond* p : s.chain()) p->forward(j0, m, y.data(), D);
+  s.rotate(m, y.data(), y.data());
+  s.to_orig(j0, m, y.data());
+  EXPECT_LE(max_abs_diff(y, x), 1e-4);
+}
+
+// clear() returns every preconditioner to its unchosen state; refilling stores the same bytes
+// as a new cache.
+TEST(KvCache, ClearResetsPreconditionersAndStoresTheSameBytes) {
+  const int D = 64, n = 200, NH = 4;
+  tq::Rng rng(4);
+  std::vector<float> q((size_t)n * NH * D), k, v, k2, v2;
+  fill_kv(rng, n, 2, D, k, v);
+  fill_kv(rng, n, 2, D, k2, v2);
+  for (auto& x : q) x = (float)rng.normal();
+  tq::KvCache used(all_preconditioners()), fresh(all_preconditioners());
+  fill(used, q, k2, v2, n, NH);  // other data first
+  used.clear();
+  EXPECT_EQ(used.bytes_used(), fresh.bytes_used());  // empty (the channel masks are counted always)
+  for (auto* vec : {&used.impl().layers[0].k, &used.impl().layers[0].v})
+    for (const tq::kv::Stream& s : *vec) {
+      EXPECT_EQ(s.n_quant, 0);
+      for (const tq::kv::Precond* p : s.chain()) EXPECT_EQ(p->open(), p->on);
+      EXPECT_EQ(s.centre.n_mu, 0);
+      EXPECT_EQ(s.centre.stat_n, 0);
+      EXPECT_TRUE(s.kscale.w.empty());
+      EXPECT_EQ(s.kscale.q_n + s.kscale.n + s.channels.q_n + s.channels.n, 0);
+      EXPECT_TRUE(s.channels.perm.empty());
+    }
+  fill(used, q, k, v, n, NH);
+  fill(fresh, q, k, v, n, NH);
+  EXPECT_EQ(used.bytes_used(), fresh.bytes_used());
+  for (int side = 0; side < 2; ++side)
+    for (int h = 0; h < 2; ++h) {
+      const auto& a = (side ? used.impl().layers[0].v : used.impl().layers[0].k)[h];
+      const auto& b = (side ? fresh.impl().layers[0].v : fresh.impl().layers[0].k)[h];
+      ASSERT_EQ(a.n_quant, b.n_quant);
+      EXPECT_EQ(a.centre.mu, b.centre.mu);
+      EXPECT_EQ(a.kscale.w, b.kscale.w);
+      EXPECT_EQ(a.channels.perm, b.channels.perm);
+      for (int blk = 0; blk * tq::kv::kBlock < a.n_quant; ++blk)
+        EXPECT_EQ(std::memcmp(a.block(blk), b.block(blk), a.block_bytes), 0) << side << " " << h << " " << blk;
+    }
 }

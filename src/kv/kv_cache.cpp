@@ -95,27 +95,7 @@ const Format& format(KvType t) {
 // ------------------------------------------------------------------ bit-plane tiles
 // K tiles: tile (s, k) = s * (D/4) + k; bit 4 i + j: token 16 s + i, dim 4 k + j.
 // V tiles: tile (e, r) = e * 8 + r;     bit 4 i + j: dim 16 e + i, token 4 r + j.
-static inline void tile_pos_k(int dim, int tok, int d, int& tile, int& bit) {
-  tile = (tok >> 4) * (dim >> 2) + (d >> 2);
-  bit = 4 * (tok & 15) + (d & 3);
-}
-static inline void tile_pos_v(int dim, int tok, int d, int& tile, int& bit) {
-  (void)dim;
-  tile = (d >> 4) * 8 + (tok >> 2);
-  bit = 4 * (d & 15) + (tok & 3);
-}
 
-template <bool kIsK>
-static void get_codes(const uint8_t* tiles, int dim, int bits, int tok, uint8_t* codes) noexcept {
-  for (int d = 0; d < dim; ++d) {
-    int tile, bit;
-    if (kIsK) tile_pos_k(dim, tok, d, tile, bit); else tile_pos_v(dim, tok, d, tile, bit);
-    const uint8_t* t = tiles + (size_t)tile * bits * 8;
-    unsigned c = 0;
-    for (int p = 0; p < bits; ++p) c |= ((t[p * 8 + (bit >> 3)] >> (bit & 7)) & 1u) << p;
-    codes[d] = (uint8_t)c;
-  }
-}
 // Bits p of 16 codes -> 16-bit mask (bit i = bit p of c[i]).
 static inline unsigned plane16(const uint8_t* c, int p) noexcept {
 #if defined(__SSE2__)
@@ -166,8 +146,6 @@ static void set_codes(uint8_t* tiles, int dim, int bits, int tok, const uint8_t*
     }
   }
 }
-void get_tile_codes_k(const uint8_t* t, int dim, int bits, int tok, uint8_t* c) noexcept { get_codes<true>(t, dim, bits, tok, c); }
-void get_tile_codes_v(const uint8_t* t, int dim, int bits, int tok, uint8_t* c) noexcept { get_codes<false>(t, dim, bits, tok, c); }
 void set_tile_codes_k(uint8_t* t, int dim, int bits, int tok, const uint8_t* c) noexcept { set_codes<true>(t, dim, bits, tok, c); }
 void set_tile_codes_v(uint8_t* t, int dim, int bits, int tok, const uint8_t* c) noexcept { set_codes<false>(t, dim, bits, tok, c); }
 
@@ -422,12 +400,6 @@ static inline void tq_part_values(const Codebook& cb, const TrellisCode* tc, int
   }
 }
 
-static void decode_tq_part(const Codebook& cb, const TrellisCode* tc, int dim, int side, const uint8_t* tiles,
-                           int slot, float norm, uint8_t* idx, float* out) {
-  if (side == 0) get_tile_codes_k(tiles, dim, cb.bits, slot, idx);
-  else get_tile_codes_v(tiles, dim, cb.bits, slot, idx);
-  tq_part_values(cb, tc, dim, idx, norm, out);
-}
 
 // ------------------------------------------------------------------ Stream
 Stream::Stream(const Format& f, int side_, bool sliding, const KvCacheConfig& cfg, const KvCache::Impl& I)
@@ -487,8 +459,8 @@ void Stream::drop_before(int j) {
   n_dropped = std::max(n_dropped, b_end / blocks_per_chunk * blocks_per_chunk * kBlock);
 }
 
-void Stream::rotate(int n, const float* x, float* y) const {
-  if (rot) return rot->forward((size_t)n, x, y);
+void Stream::rotate(int n, const float* x, float* y, bool inverse) const {
+  if (rot) return inverse ? rot->inverse((size_t)n, x, y) : rot->forward((size_t)n, x, y);
   if (!rot_hi) {
     if (y != x) std::memcpy(y, x, sizeof(float) * (size_t)n * dim);
     return;
@@ -498,27 +470,11 @@ void Stream::rotate(int n, const float* x, float* y) const {
     std::memcpy(&a[(size_t)r * d_hi], x + (size_t)r * dim, sizeof(float) * d_hi);
     std::memcpy(&b[(size_t)r * d_lo], x + (size_t)r * dim + d_hi, sizeof(float) * d_lo);
   }
-  rot_hi->forward((size_t)n, a.data(), a.data());
-  rot_lo->forward((size_t)n, b.data(), b.data());
+  for (auto [R, v] : {std::pair{rot_hi, &a}, std::pair{rot_lo, &b}})
+    inverse ? R->inverse((size_t)n, v->data(), v->data()) : R->forward((size_t)n, v->data(), v->data());
   for (int r = 0; r < n; ++r) {
     std::memcpy(y + (size_t)r * dim, &a[(size_t)r * d_hi], sizeof(float) * d_hi);
     std::memcpy(y + (size_t)r * dim + d_hi, &b[(size_t)r * d_lo], sizeof(float) * d_lo);
-  }
-}
-
-void Stream::unrotate(int n, float* x) const {
-  if (rot) return rot->inverse((size_t)n, x, x);
-  if (!rot_hi) return;
-  std::vector<float> a((size_t)n * d_hi), b((size_t)n * d_lo);
-  for (int r = 0; r < n; ++r) {
-    std::memcpy(&a[(size_t)r * d_hi], x + (size_t)r * dim, sizeof(float) * d_hi);
-    std::memcpy(&b[(size_t)r * d_lo], x + (size_t)r * dim + d_hi, sizeof(float) * d_lo);
-  }
-  rot_hi->inverse((size_t)n, a.data(), a.data());
-  rot_lo->inverse((size_t)n, b.data(), b.data());
-  for (int r = 0; r < n; ++r) {
-    std::memcpy(x + (size_t)r * dim, &a[(size_t)r * d_hi], sizeof(float) * d_hi);
-    std::memcpy(x + (size_t)r * dim + d_hi, &b[(size_t)r * d_lo], sizeof(float) * d_lo);
   }
 }
 
@@ -529,7 +485,7 @@ void Stream::query_to_domain(int n, const float* q, float* y) const {
 }
 
 void Stream::to_orig(int j0, int n, float* x) const {
-  unrotate(n, x);
+  rotate(n, x, x, true);
   const auto c = chain();
   for (auto p = c.rbegin(); p != c.rend(); ++p) (*p)->inverse(j0, n, x, dim);
 }
@@ -628,31 +584,24 @@ void Stream::decode_domain(int t0, int n, float* out) const {
     }
     return;
   }
-  if (s.fmt->turboquant() && !simd::use_scalar()) {
+  if (fmt->turboquant()) {  // whole blocks: expand the tiles once, then emit the rows
+    Part parts[2];
+    const int np = parts_of(s, parts);
     std::vector<uint8_t> codes((size_t)kBlock * D);
-    for (int r = 0; r < n;) {  // whole blocks: expand the tiles once, then emit the rows
-      const int t = t0 + r, b = t / kBlock, first = t % kBlock, m = std::min(n - r, kBlock - first);
-      const uint8_t* blk = s.block(b);
-      const int nparts = s.fmt->n_parts;
-      for (int part = 0; part < nparts; ++part) {
-        const Codebook& cb = (nparts == 2 && part == 0) ? *s.cb_hi : *s.cb;
-        const TrellisCode* tc = (nparts == 2 && part == 0) ? s.tc_hi : s.tc;
-        const int dim = nparts == 1 ? D : (part == 0 ? s.d_hi : s.d_lo);
-        const int off = part == 1 ? s.d_hi : 0;
-        const uint8_t* tiles = blk + s.norms_bytes + (part == 1 ? s.tiles_hi_bytes : 0);
-        expand_tiles(tiles, dim, cb.bits, s.side == 0, codes.data());
-        for (int j = 0; j < m; ++j) {
-          const float nrm = tq_block_norm(s, blk, part, first + j);
-          const uint8_t* c = codes.data() + (size_t)(first + j) * dim;
-          float* o = out + (size_t)(r + j) * D + off;
-          tq_part_values(cb, tc, dim, c, nrm, o);
-        }
+    for (int r = 0; r < n;) {
+      const int t = t0 + r, first = t % kBlock, m = std::min(n - r, kBlock - first);
+      const uint8_t* blk = block(t / kBlock);
+      for (int i = 0; i < np; ++i) {
+        const Part& p = parts[i];
+        expand_tiles(blk + p.tiles_off, p.dim, p.bits, side == 0, codes.data());
+        for (int j = 0; j < m; ++j)
+          tq_part_values(*p.cb, p.tc, p.dim, codes.data() + (size_t)(first + j) * p.dim,
+                         tq_block_norm(s, blk, i, first + j), out + (size_t)(r + j) * D + p.off);
       }
       r += m;
     }
     return;
   }
-  std::vector<uint8_t> idx((size_t)D);
   for (int r = 0; r < n; ++r) {
     const int t = t0 + r;
     const uint8_t* blk = s.block(t / kBlock);
@@ -670,19 +619,7 @@ void Stream::decode_domain(int t0, int n, float* out) const {
         break;
       case KvLayout::q8_0: dequantize_q8_0(D, reinterpret_cast<const BlockQ8_0*>(row), o); break;
       case KvLayout::q4_0: dequantize_q4_0(D, reinterpret_cast<const BlockQ4_0*>(row), o); break;
-      case KvLayout::tq:
-      case KvLayout::tq_n8: {
-        const uint8_t* tiles = blk + s.norms_bytes;
-        decode_tq_part(*s.cb, s.tc, D, s.side, tiles, t % kBlock, tq_block_norm(s, blk, 0, t % kBlock), idx.data(), o);
-        break;
-      }
-      case KvLayout::tq_split: {
-        decode_tq_part(*s.cb_hi, s.tc_hi, s.d_hi, s.side, blk + s.norms_bytes, t % kBlock,
-                       tq_block_norm(s, blk, 0, t % kBlock), idx.data(), o);
-        decode_tq_part(*s.cb, s.tc, s.d_lo, s.side, blk + s.norms_bytes + s.tiles_hi_bytes, t % kBlock,
-                       tq_block_norm(s, blk, 1, t % kBlock), idx.data(), o + s.d_hi);
-        break;
-      }
+      default: TQ_ASSERT(false);  // tq layouts: above
     }
   }
 }

@@ -300,9 +300,8 @@ struct Stream {
       if (p->wants_queries()) return true;
     return false;
   }
-  // The format's rotation of n rows (D apart): x -> y (may be equal), or back in place.
-  void rotate(int n, const float* x, float* y) const;
-  void unrotate(int n, float* x) const;
+  // The format's rotation (or its inverse) of n rows (D apart): x -> y (may be equal).
+  void rotate(int n, const float* x, float* y, bool inverse = false) const;
   // Original -> stored domain of n queries (K): the preconditioners' query(), then the rotation.
   void query_to_domain(int n, const float* q, float* y) const;
   // Stored domain -> original of n rows in place: the rotation undone, then the preconditioners'
@@ -347,9 +346,7 @@ struct KvCache::Impl {
 }  // namespace tq
 
 namespace tq::kv {
-// Code extraction from bit-plane tiles (reference, one token): codes[D].
-void get_tile_codes_k(const uint8_t* tiles, int dim, int bits, int tok, uint8_t* codes) noexcept;
-void get_tile_codes_v(const uint8_t* tiles, int dim, int bits, int tok, uint8_t* codes) noexcept;
+// Codes of one token into bit-plane tiles: codes[D].
 void set_tile_codes_k(uint8_t* tiles, int dim, int bits, int tok, const uint8_t* codes) noexcept;
 void set_tile_codes_v(uint8_t* tiles, int dim, int bits, int tok, const uint8_t* codes) noexcept;
 inline size_t tiles_bytes(int dim, int bits) { return (size_t)kBlock * dim * bits / 8; }
