@@ -61,8 +61,8 @@ void check_case(const Case& c, int n_threads, double* rel_exact, double* rel_fas
   cfg.n_kv_heads = c.kvh;
   cfg.head_dim = c.D;
   cfg.max_tokens = c.n_ctx + 8;
-  cfg.type_k = c.type_k;
-  cfg.type_v = c.type_v;
+  cfg.type_k = tq::parse_kv_format(c.type_k);
+  cfg.type_v = tq::parse_kv_format(c.type_v);
   cfg.window = c.window;
   tq::KvCache cache(cfg);
   tq::Rng rng(1234 + c.D + c.n_ctx);
@@ -214,9 +214,9 @@ TEST(KvCache, BadConfig) {
     edit(cfg);
     tq::KvCache c(cfg);
   };
-  EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.type_k = "bogus"; }), tq::Error);
-  EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.type_v = "q4_1"; }), tq::Error);
-  EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.type_k = "q8_0"; c.head_dim = 48; }), tq::Error);
+  EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.type_k = tq::parse_kv_format("bogus"); }), tq::Error);
+  EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.type_v = tq::parse_kv_format("q4_1"); }), tq::Error);
+  EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.type_k = tq::KvFormat::q8_0; c.head_dim = 48; }), tq::Error);
   EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.head_dim = 20; }), tq::Error);
   EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.window = 65; }), tq::Error);
   EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.window = -1; }), tq::Error);
@@ -278,7 +278,7 @@ TEST(Attention, EmptyCacheAndSingleToken) {
     cfg.n_kv_heads = 2;
     cfg.head_dim = 64;
     cfg.max_tokens = 8;
-    cfg.type_k = cfg.type_v = t;
+    cfg.type_k = cfg.type_v = tq::parse_kv_format(t);
     tq::KvCache cache(cfg);
     std::vector<float> q(4 * 64, 0.3f), out(q.size(), 7.f);
     tq::AttentionParams p;
@@ -348,7 +348,7 @@ TEST(Attention, ThreadCountDoesNotChangeResult) {
   cfg.head_dim = 128;
   cfg.max_tokens = 5000;
   for (const auto& t : kTypes) {
-    cfg.type_k = cfg.type_v = t;
+    cfg.type_k = cfg.type_v = tq::parse_kv_format(t);
     tq::KvCache cache(cfg);
     tq::Rng rng(99);
     std::vector<float> k, v;
@@ -392,7 +392,7 @@ TEST(Attention, PrefillWithExplicitPositions) {
     cfg.n_kv_heads = 2;
     cfg.head_dim = 64;
     cfg.max_tokens = 100;
-    cfg.type_k = cfg.type_v = t;
+    cfg.type_k = cfg.type_v = tq::parse_kv_format(t);
     cfg.window = 8;
     tq::KvCache cache(cfg);
     tq::Rng rng(3);
@@ -434,9 +434,9 @@ TEST(Attention, ErrorFallsWithBits) {
     cfg.n_kv_heads = KVH;
     cfg.head_dim = D;
     cfg.max_tokens = n;
-    cfg.type_k = cfg.type_v = t;
+    cfg.type_k = cfg.type_v = tq::parse_kv_format(t);
     tq::KvCache c(cfg);
-    cfg.type_k = cfg.type_v = "f32";
+    cfg.type_k = cfg.type_v = tq::KvFormat::f32;
     tq::KvCache e(cfg);
     c.append(0, n, k.data(), v.data());
     e.append(0, n, k.data(), v.data());
@@ -466,8 +466,8 @@ TEST(KvCache, SplitPicksOutlierChannelsOnline) {
   cfg.n_kv_heads = 2;
   cfg.head_dim = 128;
   cfg.max_tokens = 64;
-  cfg.type_k = "tq2h3";
-  cfg.type_v = "tq3h4";
+  cfg.type_k = tq::KvFormat::tq2h3;
+  cfg.type_v = tq::KvFormat::tq3h4;
   cfg.window = 4;
   tq::KvCache cache(cfg);
   tq::Rng rng(21);
@@ -531,8 +531,8 @@ TEST(KvCache, QueryWeightedSplitFollowsTheQueries) {
 TEST(KvCache, BoundaryLayersUseTheirTypes) {
   tq::KvCacheConfig cfg = tq_test::kv_config(5, 1, 64, 64, "tq3", "tq2");
   cfg.boundary_layers = 2;
-  cfg.boundary_type_k = "q8_0";
-  cfg.boundary_type_v = "f16";
+  cfg.boundary_type_k = tq::KvFormat::q8_0;
+  cfg.boundary_type_v = tq::KvFormat::f16;
   tq::KvCache cache(cfg);
   const auto& L = cache.impl().layers;
   EXPECT_EQ(std::string(L[0].k[0].fmt->name), "q8_0");
@@ -547,9 +547,9 @@ TEST(KvCache, BoundaryLayersUseTheirTypes) {
 TEST(KvCache, PerLayerTypesOverrideTheRest) {
   tq::KvCacheConfig cfg = tq_test::kv_config(5, 1, 64, 64, "tq3", "tq2");
   cfg.boundary_layers = 1;
-  cfg.boundary_type_k = cfg.boundary_type_v = "q8_0";
-  cfg.layer_type_k = {"", "", "tq5", "", "f16"};  // layer 4 is a boundary layer: the override wins
-  cfg.layer_type_v = {"", "", "tq4n8", "", ""};
+  cfg.boundary_type_k = cfg.boundary_type_v = tq::KvFormat::q8_0;
+  cfg.layer_type_k = tq_test::formats({"", "", "tq5", "", "f16"});  // layer 4 is a boundary layer: the override wins
+  cfg.layer_type_v = tq_test::formats({"", "", "tq4n8", "", ""});
   tq::KvCache cache(cfg);
   const auto& L = cache.impl().layers;
   EXPECT_EQ(std::string(L[0].k[0].fmt->name), "q8_0");
@@ -578,10 +578,9 @@ TEST(KvCache, PerLayerTypesOverrideTheRest) {
     tq::attention_ref(cache, l, 1, q.data(), ref.data(), p);
     EXPECT_LE(rel_err(out, ref), kExactRelTol) << "layer " << l;
   }
-  cfg.layer_type_k = {"tq3"};  // wrong length
+  cfg.layer_type_k = tq_test::formats({"tq3"});  // wrong length
   EXPECT_THROW(tq::KvCache bad(cfg), tq::Error);
-  cfg.layer_type_k = {"", "", "fp8", "", ""};
-  EXPECT_THROW(tq::KvCache bad(cfg), tq::Error);
+  EXPECT_THROW(cfg.layer_type_k = tq_test::formats({"", "", "fp8", "", ""}), tq::Error);  // names: at the edge
 }
 
 TEST(KvCache, PerHeadTypesOverrideLayers) {
@@ -595,13 +594,13 @@ TEST(KvCache, PerHeadTypesOverrideLayers) {
   cfg.center_segment = 32;
   cfg.rope_base = 1e4f;
   cfg.rope_dim = D;
-  cfg.layer_type_k = {"", "tq2h5n8", ""};
-  cfg.head_type_k.assign(L * H, "");
-  cfg.head_type_v.assign(L * H, "");
-  cfg.head_type_k[1 * H + 1] = "f16";  // wins over layer 1's tq2h5n8
-  cfg.head_type_k[2 * H + 0] = "tq4";
-  cfg.head_type_v[2 * H + 0] = "f16";  // layer 2: the V segments come from heads 1 and 2
-  cfg.head_type_v[0 * H + 1] = "tq4";
+  cfg.layer_type_k = tq_test::formats({"", "tq2h5n8", ""});
+  cfg.head_type_k.assign(L * H, std::nullopt);
+  cfg.head_type_v.assign(L * H, std::nullopt);
+  cfg.head_type_k[1 * H + 1] = tq::KvFormat::f16;  // wins over layer 1's tq2h5n8
+  cfg.head_type_k[2 * H + 0] = tq::KvFormat::tq4;
+  cfg.head_type_v[2 * H + 0] = tq::KvFormat::f16;  // layer 2: the V segments come from heads 1 and 2
+  cfg.head_type_v[0 * H + 1] = tq::KvFormat::tq4;
   tq::KvCache cache(cfg);
   const auto& Ls = cache.impl().layers;
   const char* want_k[L][H] = {{"tq3", "tq3", "tq3"}, {"tq2h5n8", "f16", "tq2h5n8"}, {"tq4", "tq3", "tq3"}};
@@ -629,7 +628,7 @@ TEST(KvCache, PerHeadTypesOverrideLayers) {
     tq::attention_ref(cache, l, n, q.data(), ref.data(), p);
     EXPECT_LE(rel_err(out, ref), kExactRelTol) << "layer " << l;
   }
-  cfg.head_type_k = {"tq3"};  // wrong length
+  cfg.head_type_k = tq_test::formats({"tq3"});  // wrong length
   EXPECT_THROW(tq::KvCache bad(cfg), tq::Error);
 }
 
@@ -722,8 +721,8 @@ TEST(Attention, KernelSelection) {
     cfg.n_kv_heads = 2;
     cfg.head_dim = D;
     cfg.max_tokens = 64;
-    cfg.type_k = k;
-    cfg.type_v = v;
+    cfg.type_k = tq::parse_kv_format(k);
+    cfg.type_v = tq::parse_kv_format(v);
     tq::KvCache cache(cfg);
     tq::Rng rng(5);
     std::vector<float> kk, vv;
@@ -764,10 +763,10 @@ TEST(Attention, KernelSelection) {
   }
   {  // per-head types: the distinct kernels of the layer's heads, in head order
     tq::KvCacheConfig cfg = tq_test::kv_config(2, 3, 64, 64, "tq4", "tq3");
-    cfg.head_type_k.assign(6, "");
-    cfg.head_type_v.assign(6, "");
-    cfg.head_type_k[1] = cfg.head_type_v[1] = "f16";  // layer 0: tq, f16, tq
-    cfg.head_type_k[5] = "f16";                       // layer 1: tq, tq, f16 K with tq V
+    cfg.head_type_k.assign(6, std::nullopt);
+    cfg.head_type_v.assign(6, std::nullopt);
+    cfg.head_type_k[1] = cfg.head_type_v[1] = tq::KvFormat::f16;  // layer 0: tq, f16, tq
+    cfg.head_type_k[5] = tq::KvFormat::f16;                       // layer 1: tq, tq, f16 K with tq V
     tq::KvCache cache(cfg);
     tq::Rng rng(5);
     std::vector<float> kk, vv;

@@ -84,8 +84,8 @@ tq::KvCacheConfig make_cfg(const QCase& c, int D = 64) {
   cfg.n_kv_heads = c.kvh;
   cfg.head_dim = D;
   cfg.max_tokens = c.n_ctx + 8;
-  cfg.type_k = c.tk;
-  cfg.type_v = c.tv;
+  cfg.type_k = tq::parse_kv_format(c.tk);
+  cfg.type_v = tq::parse_kv_format(c.tv);
   cfg.window = c.window;
   cfg.sink = c.sink;
   cfg.center_k = c.ck;
@@ -204,8 +204,8 @@ TEST(KvQuality, SinksAreExactF16) {
   cfg.n_kv_heads = 2;
   cfg.head_dim = 64;
   cfg.max_tokens = 200;
-  cfg.type_k = "tq2";
-  cfg.type_v = "tq2";
+  cfg.type_k = tq::KvFormat::tq2;
+  cfg.type_v = tq::KvFormat::tq2;
   cfg.sink = 5;
   cfg.center_k = cfg.center_v = true;
   tq::KvCache cache(cfg);
@@ -245,8 +245,8 @@ TEST(KvQuality, MeanRule) {
     cfg.n_kv_heads = 1;
     cfg.head_dim = D;
     cfg.max_tokens = 64;
-    cfg.type_k = "tq3";
-    cfg.type_v = "tq3";
+    cfg.type_k = tq::KvFormat::tq3;
+    cfg.type_v = tq::KvFormat::tq3;
     cfg.sink = sink;
     cfg.window = window;
     cfg.center_k = true;
@@ -336,7 +336,7 @@ TEST(KvQuality, CentringHelpsShiftedData) {
     cfg.n_kv_heads = kvh;
     cfg.head_dim = D;
     cfg.max_tokens = n;
-    cfg.type_k = cfg.type_v = type;
+    cfg.type_k = cfg.type_v = tq::parse_kv_format(type);
     cfg.center_k = ck;
     cfg.center_v = cv;
     cfg.sink = sink;
@@ -376,8 +376,8 @@ TEST(KvQuality, RopeMeansFollowRotatingKeys) {
     cfg.n_kv_heads = kvh;
     cfg.head_dim = D;
     cfg.max_tokens = n;
-    cfg.type_k = type;
-    cfg.type_v = "f32";  // K error only
+    cfg.type_k = tq::parse_kv_format(type);
+    cfg.type_v = tq::KvFormat::f32;  // K error only
     cfg.center_k = std::string(type) != "f32";
     cfg.center_rope = rope;
     cfg.rope_base = 10000;
@@ -620,7 +620,7 @@ TEST(KvQuality, BadConfigAndLabels) {
     tq::KvCacheConfig c;
     c.head_dim = 64;
     c.max_tokens = 64;
-    c.type_k = t;
+    c.type_k = tq::parse_kv_format(t);
     c.center_k = c.center_rope = true;
     c.rope_base = 1e4f;
     c.rope_dim = 64;
@@ -644,17 +644,17 @@ TEST(KvQuality, BadConfigAndLabels) {
   lc.n_layers = 5;
   lc = lk.resolve(lc);
   const std::vector<std::string> want_k = {"tq6", "", "tq6", "f16", ""}, want_v = {"tq4n8", "", "tq4n8", "f16", ""};
-  EXPECT_EQ(lc.layer_type_k, want_k);
-  EXPECT_EQ(lc.layer_type_v, want_v);
+  EXPECT_EQ(tq_test::names(lc.layer_type_k), want_k);
+  EXPECT_EQ(tq_test::names(lc.layer_type_v), want_v);
   // LAYER.HEAD items: one KV head, onto head_type_k / head_type_v (layer-major).
   tq::KvCacheConfig hc;
   hc.n_layers = 3;
   hc.n_kv_heads = 2;
   hc = tq::KvSpec::parse("f16 layers=1:tq3 layers=2.1,0.0:tq4/tq2").resolve(hc);
   const std::vector<std::string> want_hk = {"tq4", "", "", "", "", "tq4"}, want_hv = {"tq2", "", "", "", "", "tq2"};
-  EXPECT_EQ(hc.layer_type_k, (std::vector<std::string>{"", "tq3", ""}));
-  EXPECT_EQ(hc.head_type_k, want_hk);
-  EXPECT_EQ(hc.head_type_v, want_hv);
+  EXPECT_EQ(tq_test::names(hc.layer_type_k), (std::vector<std::string>{"", "tq3", ""}));
+  EXPECT_EQ(tq_test::names(hc.head_type_k), want_hk);
+  EXPECT_EQ(tq_test::names(hc.head_type_v), want_hv);
   EXPECT_EQ(tq::KvSpec::parse("tq4 plain L2.1,0.0:tq4/tq2").to_string(), "k=tq4 v=tq4 plain layers=2.1,0.0:tq4/tq2");
   for (const char* bad : {"5:tq4", "1-0:tq4", "x:tq4", "1,:tq4", ":tq4", "1:", "1:fp8", "1:tq4/", "-1:tq4", "1--2:tq4",
                           "1.2:tq4", "1.:tq4", ".1:tq4", "5.0:tq4", "1.0-2:tq4", "1.x:tq4"}) {
@@ -742,8 +742,8 @@ TEST(KvQuality, ShippedConfigsFitTheirModel) {
       cfg.head_type_v = full.head_type_v;
     }
     int entries = 0;
-    for (const auto& t : cfg.head_type_k) entries += !t.empty();
-    for (const auto& t : cfg.layer_type_k) entries += !t.empty();
+    for (const auto& t : cfg.head_type_k) entries += t.has_value();
+    for (const auto& t : cfg.layer_type_k) entries += t.has_value();
     EXPECT_GT(entries, 0) << name << ": per-KV-head (or, one head per layer, per-layer) entries";
     const tq::KvCache cache(cfg);
     const double bits = cache.bytes_per_token() * 8.0 / (2.0 * sh->layers * sh->heads * sh->dim);
@@ -772,7 +772,7 @@ TEST(KvQuality, SplitChannelsOfCentredRows) {
     cfg.n_kv_heads = 1;
     cfg.head_dim = D;
     cfg.max_tokens = n;
-    cfg.type_k = "tq2h3";
+    cfg.type_k = tq::KvFormat::tq2h3;
     cfg.center_k = centre;
     tq::KvCache c(cfg);
     c.append(0, n, k.data(), v.data());
@@ -804,10 +804,10 @@ TEST(KvQuality, LogNormFormats) {
   cfg.n_kv_heads = 1;
   cfg.head_dim = D;
   cfg.max_tokens = n;
-  cfg.type_k = "tq3n8";
-  cfg.type_v = "tq3";
+  cfg.type_k = tq::KvFormat::tq3n8;
+  cfg.type_v = tq::KvFormat::tq3;
   tq::KvCache a(cfg);
-  cfg.type_k = "tq3";
+  cfg.type_k = tq::KvFormat::tq3;
   tq::KvCache b(cfg);
   for (int t = 0; t < n; ++t) {
     a.append(0, 1, k.data() + t * D, v.data() + t * D);
@@ -842,9 +842,9 @@ TEST(KvQuality, LogNormFormats) {
   // part's norm within the fine step of the fp16 one (norms within 2^5.8 of their block's).
   {
     tq::KvCacheConfig sc = cfg;
-    sc.type_k = "tq3h6n8";
+    sc.type_k = tq::KvFormat::tq3h6n8;
     tq::KvCache s8(sc);
-    sc.type_k = "tq3h6";
+    sc.type_k = tq::KvFormat::tq3h6;
     tq::KvCache s16(sc);
     s8.append(0, n, k.data(), v.data());
     s16.append(0, n, k.data(), v.data());
@@ -877,8 +877,8 @@ TEST(KvQuality, LogNormFormats) {
   EXPECT_DOUBLE_EQ(a.bytes_per_token(), 25 + 2.0 / 32 + 26);
   EXPECT_EQ(a.bytes_used(), (size_t)n * (25 + 26) + 4 * 2);
   // Attention with n8 on both sides (zero V vector included) matches the reference.
-  cfg.type_k = "tq5n8";
-  cfg.type_v = "tq2n8";
+  cfg.type_k = tq::KvFormat::tq5n8;
+  cfg.type_v = tq::KvFormat::tq2n8;
   cfg.sink = 1;
   cfg.center_k = true;
   tq::KvCache c(cfg);

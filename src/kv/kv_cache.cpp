@@ -649,8 +649,10 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
   TQ_CHECK(cfg.boundary_layers >= 0 && 2 * cfg.boundary_layers <= cfg.n_layers + 1,
            "kv cache: boundary_layers %d too large for %d layers", cfg.boundary_layers, cfg.n_layers);
   const int D = cfg.head_dim;
-  const KvType tk = parse_kv_type(cfg.type_k), tv = parse_kv_type(cfg.type_v);
-  const KvType bk = parse_kv_type(cfg.boundary_type_k), bv = parse_kv_type(cfg.boundary_type_v);
+  for (KvFormat f : {cfg.type_k, cfg.type_v, cfg.boundary_type_k, cfg.boundary_type_v})
+    TQ_CHECK(f < KvFormat::count, "kv cache: invalid format %d", (int)f);
+  const KvType tk = kv_type(cfg.type_k), tv = kv_type(cfg.type_v);
+  const KvType bk = kv_type(cfg.boundary_type_k), bv = kv_type(cfg.boundary_type_v);
   TQ_CHECK(cfg.layer_type_k.empty() || static_cast<int>(cfg.layer_type_k.size()) == cfg.n_layers,
            "kv cache: layer_type_k has %zu entries for %d layers", cfg.layer_type_k.size(), cfg.n_layers);
   TQ_CHECK(cfg.layer_type_v.empty() || static_cast<int>(cfg.layer_type_v.size()) == cfg.n_layers,
@@ -671,10 +673,10 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
       for (int side = 0; side < 2; ++side) {
         const auto& over = side == 0 ? cfg.layer_type_k : cfg.layer_type_v;
         const auto& head = side == 0 ? cfg.head_type_k : cfg.head_type_v;
-        const std::string* name = !head.empty() && !head[i].empty() ? &head[i]
-                                  : !over.empty() && !over[l].empty() ? &over[l] : nullptr;
-        if (name) {
-          types[i][side] = parse_kv_type(*name);
+        const std::optional<KvFormat> f = !head.empty() && head[i] ? head[i] : !over.empty() ? over[l] : std::nullopt;
+        if (f) {
+          TQ_CHECK(*f < KvFormat::count, "kv cache: invalid format %d", (int)*f);
+          types[i][side] = kv_type(*f);
           used.push_back(types[i][side]);
         }
       }
