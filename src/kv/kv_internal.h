@@ -88,12 +88,17 @@ struct BlockQ4_0 {
 };
 static_assert(sizeof(BlockQ4_0) == 18, "q4_0 block is 18 bytes (4.5 bits per value)");
 
+// cos / sin of the RoPE-rotating mean's angles for the positions of one append: every K
+// stream of every layer appends the same positions and turns the same angles, so KvCache::append
+// computes them once per position range (not once per stream and layer: 90 streams for the
+// default model) and the streams look them up. Entries are the doubles Centre::unrope_row /
+// mean_at would compute in place; a position outside the range is computed in place.
 struct RopeTurns {
   int P = 0;                   // pairs
   int p0 = 0, n = 0;           // positions [p0, p0 + n)
   int pos0 = -1;               // the streams' position of index 0 the centres are for
   std::vector<double> fwd;     // [(p - p0) * P + i] as (cos, sin) of p * freq[i]
-  std::vector<double> back;    // the same for -p * freq[i] (unrope_row)
+  std::vector<double> back;    // the same for -p * freq[i] (Centre::unrope_row)
   double c0 = 0;               // first block centre held (mean_at's slow pairs)
   int nc = 0;                  // centres c0, c0 + 32, ...
   std::vector<double> centre;  // [k * P + i] as (cos, sin) of (c0 + 32 k) * freq[i]
