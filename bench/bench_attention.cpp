@@ -14,6 +14,7 @@
 
 #include "tq/common.h"
 #include "tq/kv_cache.h"
+#include "tq/kv_spec.h"
 
 namespace {
 
@@ -34,7 +35,7 @@ Fixture& fixture(const std::string& type, int n, bool trellis = false) {
   cfg.n_kv_heads = kKVH;
   cfg.head_dim = kD;
   cfg.max_tokens = n + 100000;
-  cfg.type_k = cfg.type_v = type;
+  cfg.type_k = cfg.type_v = tq::parse_kv_format(type);
   cfg.trellis = trellis;
   f.cache = std::make_unique<tq::KvCache>(cfg);
   tq::Rng rng(1);
@@ -90,7 +91,7 @@ void Append(benchmark::State& state, const std::string& type) {
   cfg.n_kv_heads = kKVH;
   cfg.head_dim = kD;
   cfg.max_tokens = 1 << 16;
-  cfg.type_k = cfg.type_v = type;
+  cfg.type_k = cfg.type_v = tq::parse_kv_format(type);
   tq::KvCache cache(cfg);
   tq::Rng rng(2);
   std::vector<float> k((size_t)kKVH * kD), v(k.size());

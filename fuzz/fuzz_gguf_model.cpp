@@ -136,7 +136,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       tq::LlamaModel m = tq::LlamaModel::load(g);
       m.set_threads(1);
       tq::KvCacheConfig kc = m.kv_config(4);
-      kc.type_k = kc.type_v = "f32";
+      kc.type_k = kc.type_v = tq::KvFormat::f32;
       tq::KvCache cache(kc);
       const int32_t t0 = 0;
       std::vector<float> hidden(static_cast<size_t>(m.config().n_embd));

@@ -2,10 +2,12 @@
 #pragma once
 
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "tq/kv_cache.h"
+#include "tq/kv_spec.h"
 
 namespace tq_test {
 
@@ -27,9 +29,21 @@ inline tq::KvCacheConfig kv_config(int n_layers, int n_kv_heads, int head_dim, i
   cfg.n_kv_heads = n_kv_heads;
   cfg.head_dim = head_dim;
   cfg.max_tokens = max_tokens;
-  cfg.type_k = type_k;
-  cfg.type_v = type_v;
+  cfg.type_k = tq::parse_kv_format(type_k);
+  cfg.type_v = tq::parse_kv_format(type_v);
   return cfg;
+}
+
+// Per-layer / per-head types from names ("": not set), and back.
+inline std::vector<std::optional<tq::KvFormat>> formats(const std::vector<std::string>& names) {
+  std::vector<std::optional<tq::KvFormat>> r;
+  for (const std::string& n : names) r.push_back(n.empty() ? std::nullopt : std::optional(tq::parse_kv_format(n)));
+  return r;
+}
+inline std::vector<std::string> names(const std::vector<std::optional<tq::KvFormat>>& f) {
+  std::vector<std::string> r;
+  for (const auto& x : f) r.push_back(x ? tq::kv_format_name(*x) : "");
+  return r;
 }
 
 }  // namespace tq_test

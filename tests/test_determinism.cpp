@@ -28,6 +28,7 @@
 #include "tq/gguf.h"
 #include "tq/index.h"
 #include "tq/kv_cache.h"
+#include "tq/kv_spec.h"
 #include "tq/model.h"
 #include "tq/quantizer.h"
 #include "tq/rotation.h"
@@ -401,7 +402,7 @@ TEST(Determinism, AttentionAcrossThreadCounts) {
     cfg.n_kv_heads = kvh;
     cfg.head_dim = D;
     cfg.max_tokens = n_tok + 8;
-    cfg.type_k = cfg.type_v = t;
+    cfg.type_k = cfg.type_v = tq::parse_kv_format(t);
     cfg.window = 16;
     tq::KvCache cache(cfg);
     const auto k = data(n_tok, kvh * D, 61), v = data(n_tok, kvh * D, 62);

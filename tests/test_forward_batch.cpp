@@ -12,6 +12,7 @@
 #include "llm_test_util.h"
 #include "tq/error.h"
 #include "tq/gguf.h"
+#include "tq/kv_spec.h"
 #include "tq/model.h"
 
 namespace {
@@ -47,7 +48,7 @@ void check_batch(tq::GgmlType wtype, const char* cache_type, int n_seqs) {
   m.set_threads(2);
   if (n_seqs > 8 && tq::llm::qmatvec_int16(wtype)) m.set_f32_decode(true);
   auto kc = m.kv_config(64);
-  kc.type_k = kc.type_v = cache_type;
+  kc.type_k = kc.type_v = tq::parse_kv_format(cache_type);
   tq::Rng r(7);
   std::vector<std::unique_ptr<tq::KvCache>> a, b;  // a: batched, b: one by one
   std::vector<int32_t> next(n_seqs);

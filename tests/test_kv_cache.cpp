@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -60,8 +61,8 @@ void check_case(const Case& c, int n_threads, double* rel_exact, double* rel_fas
   cfg.n_kv_heads = c.kvh;
   cfg.head_dim = c.D;
   cfg.max_tokens = c.n_ctx + 8;
-  cfg.type_k = c.type_k;
-  cfg.type_v = c.type_v;
+  cfg.type_k = tq::parse_kv_format(c.type_k);
+  cfg.type_v = tq::parse_kv_format(c.type_v);
   cfg.window = c.window;
   tq::KvCache cache(cfg);
   tq::Rng rng(1234 + c.D + c.n_ctx);
@@ -213,9 +214,9 @@ TEST(KvCache, BadConfig) {
     edit(cfg);
     tq::KvCache c(cfg);
   };
-  EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.type_k = "bogus"; }), tq::Error);
-  EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.type_v = "q4_1"; }), tq::Error);
-  EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.type_k = "q8_0"; c.head_dim = 48; }), tq::Error);
+  EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.type_k = tq::parse_kv_format("bogus"); }), tq::Error);
+  EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.type_v = tq::parse_kv_format("q4_1"); }), tq::Error);
+  EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.type_k = tq::KvFormat::q8_0; c.head_dim = 48; }), tq::Error);
   EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.head_dim = 20; }), tq::Error);
   EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.window = 65; }), tq::Error);
   EXPECT_THROW(make([](tq::KvCacheConfig& c) { c.window = -1; }), tq::Error);
@@ -277,7 +278,7 @@ TEST(Attention, EmptyCacheAndSingleToken) {
     cfg.n_kv_heads = 2;
     cfg.head_dim = 64;
     cfg.max_tokens = 8;
-    cfg.type_k = cfg.type_v = t;
+    cfg.type_k = cfg.type_v = tq::parse_kv_format(t);
     tq::KvCache cache(cfg);
     std::vector<float> q(4 * 64, 0.3f), out(q.size(), 7.f);
     tq::AttentionParams p;
@@ -347,7 +348,7 @@ TEST(Attention, ThreadCountDoesNotChangeResult) {
   cfg.head_dim = 128;
   cfg.max_tokens = 5000;
   for (const auto& t : kTypes) {
-    cfg.type_k = cfg.type_v = t;
+    cfg.type_k = cfg.type_v = tq::parse_kv_format(t);
     tq::KvCache cache(cfg);
     tq::Rng rng(99);
     std::vector<float> k, v;
@@ -391,7 +392,7 @@ TEST(Attention, PrefillWithExplicitPositions) {
     cfg.n_kv_heads = 2;
     cfg.head_dim = 64;
     cfg.max_tokens = 100;
-    cfg.type_k = cfg.type_v = t;
+    cfg.type_k = cfg.type_v = tq::parse_kv_format(t);
     cfg.window = 8;
     tq::KvCache cache(cfg);
     tq::Rng rng(3);
@@ -433,9 +434,9 @@ TEST(Attention, ErrorFallsWithBits) {
     cfg.n_kv_heads = KVH;
     cfg.head_dim = D;
     cfg.max_tokens = n;
-    cfg.type_k = cfg.type_v = t;
+    cfg.type_k = cfg.type_v = tq::parse_kv_format(t);
     tq::KvCache c(cfg);
-    cfg.type_k = cfg.type_v = "f32";
+    cfg.type_k = cfg.type_v = tq::KvFormat::f32;
     tq::KvCache e(cfg);
     c.append(0, n, k.data(), v.data());
     e.append(0, n, k.data(), v.data());
@@ -465,8 +466,8 @@ TEST(KvCache, SplitPicksOutlierChannelsOnline) {
   cfg.n_kv_heads = 2;
   cfg.head_dim = 128;
   cfg.max_tokens = 64;
-  cfg.type_k = "tq2h3";
-  cfg.type_v = "tq3h4";
+  cfg.type_k = tq::KvFormat::tq2h3;
+  cfg.type_v = tq::KvFormat::tq3h4;
   cfg.window = 4;
   tq::KvCache cache(cfg);
   tq::Rng rng(21);
@@ -474,9 +475,9 @@ TEST(KvCache, SplitPicksOutlierChannelsOnline) {
   fill_kv(rng, 10, 2, 128, k, v);  // K outliers on channels 5, 42, 79, 116
   for (int t = 0; t < 10; ++t) cache.append(0, 1, k.data() + t * 256, v.data() + t * 256);
   const auto& s = cache.impl().layers[0].k[1];
-  ASSERT_TRUE(s.split_frozen);
+  ASSERT_TRUE(s.channels.frozen);
   ASSERT_EQ(s.d_hi, 32);
-  std::vector<int> hi(s.perm.begin(), s.perm.begin() + 32);
+  std::vector<int> hi(s.channels.perm.begin(), s.channels.perm.begin() + 32);
   for (int c : {5, 42, 79, 116}) EXPECT_NE(std::find(hi.begin(), hi.end(), c), hi.end()) << c;
   // Every byte counted: 40 B per K vector, 56 B per V vector at D=128, plus the channel masks.
   EXPECT_DOUBLE_EQ(cache.bytes_per_token(), 2 * (40 + 56));
@@ -504,14 +505,14 @@ TEST(KvCache, QueryWeightedSplitFollowsTheQueries) {
     if (with_queries) cache.observe_queries(0, n, q.data(), NH);
     cache.append(0, n, k.data(), v.data());
     const auto& s = cache.impl().layers[0].k[0];
-    EXPECT_TRUE(s.split_frozen);
+    EXPECT_TRUE(s.channels.frozen);
     EXPECT_EQ(s.d_hi, 16);
     // Frozen: later queries change nothing.
     std::vector<float> q2(q.size(), 1.f);
     cache.observe_queries(0, n, q2.data(), NH);
-    EXPECT_EQ(cache.impl().layers[0].k[0].q_n, with_queries ? n - 1 : 0);
+    EXPECT_EQ(cache.impl().layers[0].k[0].channels.q_n, with_queries ? n - 1 : 0);
     EXPECT_DOUBLE_EQ(cache.bytes_per_token(), 28 + 4 + 20 + 4);  // K (16*5+48*3)/8 + 2 fp16 norms; V (16*4+48*2)/8 + 4
-    return std::vector<int>(s.perm.begin(), s.perm.begin() + 16);
+    return std::vector<int>(s.channels.perm.begin(), s.channels.perm.begin() + 16);
   };
   std::vector<int> want_q(16), want_k(16);
   std::iota(want_q.begin(), want_q.end(), 40);
@@ -530,8 +531,8 @@ TEST(KvCache, QueryWeightedSplitFollowsTheQueries) {
 TEST(KvCache, BoundaryLayersUseTheirTypes) {
   tq::KvCacheConfig cfg = tq_test::kv_config(5, 1, 64, 64, "tq3", "tq2");
   cfg.boundary_layers = 2;
-  cfg.boundary_type_k = "q8_0";
-  cfg.boundary_type_v = "f16";
+  cfg.boundary_type_k = tq::KvFormat::q8_0;
+  cfg.boundary_type_v = tq::KvFormat::f16;
   tq::KvCache cache(cfg);
   const auto& L = cache.impl().layers;
   EXPECT_EQ(std::string(L[0].k[0].fmt->name), "q8_0");
@@ -546,9 +547,9 @@ TEST(KvCache, BoundaryLayersUseTheirTypes) {
 TEST(KvCache, PerLayerTypesOverrideTheRest) {
   tq::KvCacheConfig cfg = tq_test::kv_config(5, 1, 64, 64, "tq3", "tq2");
   cfg.boundary_layers = 1;
-  cfg.boundary_type_k = cfg.boundary_type_v = "q8_0";
-  cfg.layer_type_k = {"", "", "tq5", "", "f16"};  // layer 4 is a boundary layer: the override wins
-  cfg.layer_type_v = {"", "", "tq4n8", "", ""};
+  cfg.boundary_type_k = cfg.boundary_type_v = tq::KvFormat::q8_0;
+  cfg.layer_type_k = tq_test::formats({"", "", "tq5", "", "f16"});  // layer 4 is a boundary layer: the override wins
+  cfg.layer_type_v = tq_test::formats({"", "", "tq4n8", "", ""});
   tq::KvCache cache(cfg);
   const auto& L = cache.impl().layers;
   EXPECT_EQ(std::string(L[0].k[0].fmt->name), "q8_0");
@@ -577,10 +578,9 @@ TEST(KvCache, PerLayerTypesOverrideTheRest) {
     tq::attention_ref(cache, l, 1, q.data(), ref.data(), p);
     EXPECT_LE(rel_err(out, ref), kExactRelTol) << "layer " << l;
   }
-  cfg.layer_type_k = {"tq3"};  // wrong length
+  cfg.layer_type_k = tq_test::formats({"tq3"});  // wrong length
   EXPECT_THROW(tq::KvCache bad(cfg), tq::Error);
-  cfg.layer_type_k = {"", "", "fp8", "", ""};
-  EXPECT_THROW(tq::KvCache bad(cfg), tq::Error);
+  EXPECT_THROW(cfg.layer_type_k = tq_test::formats({"", "", "fp8", "", ""}), tq::Error);  // names: at the edge
 }
 
 TEST(KvCache, PerHeadTypesOverrideLayers) {
@@ -594,13 +594,13 @@ TEST(KvCache, PerHeadTypesOverrideLayers) {
   cfg.center_segment = 32;
   cfg.rope_base = 1e4f;
   cfg.rope_dim = D;
-  cfg.layer_type_k = {"", "tq2h5n8", ""};
-  cfg.head_type_k.assign(L * H, "");
-  cfg.head_type_v.assign(L * H, "");
-  cfg.head_type_k[1 * H + 1] = "f16";  // wins over layer 1's tq2h5n8
-  cfg.head_type_k[2 * H + 0] = "tq4";
-  cfg.head_type_v[2 * H + 0] = "f16";  // layer 2: the V segments come from heads 1 and 2
-  cfg.head_type_v[0 * H + 1] = "tq4";
+  cfg.layer_type_k = tq_test::formats({"", "tq2h5n8", ""});
+  cfg.head_type_k.assign(L * H, std::nullopt);
+  cfg.head_type_v.assign(L * H, std::nullopt);
+  cfg.head_type_k[1 * H + 1] = tq::KvFormat::f16;  // wins over layer 1's tq2h5n8
+  cfg.head_type_k[2 * H + 0] = tq::KvFormat::tq4;
+  cfg.head_type_v[2 * H + 0] = tq::KvFormat::f16;  // layer 2: the V segments come from heads 1 and 2
+  cfg.head_type_v[0 * H + 1] = tq::KvFormat::tq4;
   tq::KvCache cache(cfg);
   const auto& Ls = cache.impl().layers;
   const char* want_k[L][H] = {{"tq3", "tq3", "tq3"}, {"tq2h5n8", "f16", "tq2h5n8"}, {"tq4", "tq3", "tq3"}};
@@ -610,8 +610,8 @@ TEST(KvCache, PerHeadTypesOverrideLayers) {
     for (int h = 0; h < H; ++h) {
       EXPECT_EQ(std::string(Ls[l].k[h].fmt->name), want_k[l][h]) << l << "." << h;
       EXPECT_EQ(std::string(Ls[l].v[h].fmt->name), want_v[l][h]) << l << "." << h;
-      EXPECT_EQ(Ls[l].k[h].center, std::string(want_k[l][h]) != "f16");
-      EXPECT_EQ(Ls[l].v[h].center, std::string(want_v[l][h]) != "f16");
+      EXPECT_EQ(Ls[l].k[h].centre.on, std::string(want_k[l][h]) != "f16");
+      EXPECT_EQ(Ls[l].v[h].centre.on, std::string(want_v[l][h]) != "f16");
       expect += (double)(Ls[l].k[h].block_bytes + Ls[l].v[h].block_bytes) / 32;
     }
   EXPECT_DOUBLE_EQ(cache.bytes_per_token(), expect);
@@ -628,7 +628,7 @@ TEST(KvCache, PerHeadTypesOverrideLayers) {
     tq::attention_ref(cache, l, n, q.data(), ref.data(), p);
     EXPECT_LE(rel_err(out, ref), kExactRelTol) << "layer " << l;
   }
-  cfg.head_type_k = {"tq3"};  // wrong length
+  cfg.head_type_k = tq_test::formats({"tq3"});  // wrong length
   EXPECT_THROW(tq::KvCache bad(cfg), tq::Error);
 }
 
@@ -721,8 +721,8 @@ TEST(Attention, KernelSelection) {
     cfg.n_kv_heads = 2;
     cfg.head_dim = D;
     cfg.max_tokens = 64;
-    cfg.type_k = k;
-    cfg.type_v = v;
+    cfg.type_k = tq::parse_kv_format(k);
+    cfg.type_v = tq::parse_kv_format(v);
     tq::KvCache cache(cfg);
     tq::Rng rng(5);
     std::vector<float> kk, vv;
@@ -763,10 +763,10 @@ TEST(Attention, KernelSelection) {
   }
   {  // per-head types: the distinct kernels of the layer's heads, in head order
     tq::KvCacheConfig cfg = tq_test::kv_config(2, 3, 64, 64, "tq4", "tq3");
-    cfg.head_type_k.assign(6, "");
-    cfg.head_type_v.assign(6, "");
-    cfg.head_type_k[1] = cfg.head_type_v[1] = "f16";  // layer 0: tq, f16, tq
-    cfg.head_type_k[5] = "f16";                       // layer 1: tq, tq, f16 K with tq V
+    cfg.head_type_k.assign(6, std::nullopt);
+    cfg.head_type_v.assign(6, std::nullopt);
+    cfg.head_type_k[1] = cfg.head_type_v[1] = tq::KvFormat::f16;  // layer 0: tq, f16, tq
+    cfg.head_type_k[5] = tq::KvFormat::f16;                       // layer 1: tq, tq, f16 K with tq V
     tq::KvCache cache(cfg);
     tq::Rng rng(5);
     std::vector<float> kk, vv;
@@ -892,7 +892,7 @@ FilledCache fill_rope_cache(tq::KvCacheConfig cfg, int n, int H, const RopeCache
   }
   FilledCache f;
   for (const auto& L : c.impl().layers)
-    for (const auto& s : L.k) f.mu.insert(f.mu.end(), s.mu.begin(), s.mu.end());
+    for (const auto& s : L.k) f.mu.insert(f.mu.end(), s.centre.mu.begin(), s.centre.mu.end());
   tq::AttentionParams p;
   p.n_heads = H;
   p.pos0 = n - 40;
@@ -938,7 +938,7 @@ TEST(KvCache, RopeAngleTableStoresTheSameCache) {
     int cleared = 0;
     const FilledCache b = fill_rope_cache(cfg, n, H, in, 2, false, [&](tq::KvCache& c) {
       for (auto& L : c.impl().layers)
-        for (auto& s : L.k) cleared += s.turns != nullptr, s.turns = nullptr;
+        for (auto& s : L.k) cleared += s.centre.turns != nullptr, s.centre.turns = nullptr;
     });
     EXPECT_EQ(cleared, 2 * KVH) << kt << ": every K stream should read the table";
     EXPECT_FALSE(a.mu.empty()) << kt;
@@ -1167,4 +1167,116 @@ TEST(KvTypes, CliHelpAndDesignDocMatchTheTable) {
     EXPECT_NE(md.out.find(std::string("| ") + f.name + " |"), std::string::npos) << f.name;
   }
   EXPECT_TRUE(tq_test::failed_cleanly(run_tq({"kv-types", "--head-dim", "40"})));
+}
+
+namespace {
+// The preconditioners of one K stream with every one on: K centring with RoPE-rotating means
+// per 64-token segment, K scaling and the split layout's channel selection.
+tq::KvCacheConfig all_preconditioners() {
+  tq::KvCacheConfig cfg = tq_test::kv_config(1, 2, 64, 256, "tq3h6", "tq4h5");
+  cfg.center_k = cfg.center_v = cfg.center_rope = cfg.scale_k = true;
+  cfg.center_segment = 64;
+  cfg.rope_base = 10000;
+  cfg.rope_dim = 64;
+  cfg.sink = 1;
+  cfg.window = 8;
+  return cfg;
+}
+void fill(tq::KvCache& c, const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
+          int n, int n_heads) {
+  const size_t qs = (size_t)n_heads * 64, ks = (size_t)c.config().n_kv_heads * 64;
+  for (int t = 0; t < n;) {  // a prefill, then token by token
+    const int m = t == 0 ? 100 : 1;
+    c.observe_queries(0, m, q.data() + t * qs, n_heads);
+    c.append(0, m, k.data() + t * ks, v.data() + t * ks);
+    t += m;
+  }
+}
+}  // namespace
+
+// Each preconditioner's forward then inverse is the identity (to float rounding), its query
+// transform keeps q.k exact to rounding, and the whole chain's inverse undoes its forward.
+TEST(KvCache, PreconditionersInvertAndKeepQk) {
+  const int D = 64, n = 160, NH = 4;
+  tq::Rng rng(3);
+  std::vector<float> q((size_t)n * NH * D), k, v;
+  fill_kv(rng, n, 2, D, k, v);
+  for (auto& x : q) x = (float)rng.normal();
+  tq::KvCache cache(all_preconditioners());
+  fill(cache, q, k, v, n, NH);
+  auto& s = cache.impl().layers[0].k[1];
+  for (const tq::kv::Precond* p : s.chain()) ASSERT_TRUE(p->on && p->frozen);
+  ASSERT_FALSE(s.kscale.w.empty());
+  const int j0 = 70, m = 5;  // rows inside the second mean segment
+  std::vector<float> x((size_t)m * D), qq((size_t)m * D);
+  for (auto& e : x) e = (float)rng.normal() * 3;
+  for (auto& e : qq) e = (float)rng.normal();
+  auto max_abs_diff = [](const std::vector<float>& a, const std::vector<float>& b) {
+    double e = 0;
+    for (size_t i = 0; i < a.size(); ++i) e = std::max(e, (double)std::fabs(a[i] - b[i]));
+    return e;
+  };
+  auto dot = [&](const float* a, const float* b) {
+    double r = 0;
+    for (int d = 0; d < D; ++d) r += (double)a[d] * b[d];
+    return r;
+  };
+  for (tq::kv::Precond* p : s.chain()) {
+    std::vector<float> y = x;
+    p->forward(j0, m, y.data(), D);
+    EXPECT_GT(max_abs_diff(y, x), 1e-3);  // it does something
+    p->inverse(j0, m, y.data(), D);
+    EXPECT_LE(max_abs_diff(y, x), 1e-5 * 16);
+    if (p == &s.centre) continue;  // the mean's logit is added by the kernels, not through q
+    std::vector<float> kx = x, qx = qq;
+    p->forward(j0, m, kx.data(), D);
+    p->query(m, qx.data(), D);
+    for (int r = 0; r < m; ++r)
+      EXPECT_NEAR(dot(&qx[(size_t)r * D], &kx[(size_t)r * D]), dot(&qq[(size_t)r * D], &x[(size_t)r * D]), 1e-4);
+  }
+  // The chain and the format's rotation: to_orig after forward + rotate gives the rows back.
+  std::vector<float> y = x;
+  for (tq::kv::Precond* p : s.chain()) p->forward(j0, m, y.data(), D);
+  s.rotate(m, y.data(), y.data());
+  s.to_orig(j0, m, y.data());
+  EXPECT_LE(max_abs_diff(y, x), 1e-4);
+}
+
+// clear() returns every preconditioner to its unchosen state; refilling stores the same bytes
+// as a new cache.
+TEST(KvCache, ClearResetsPreconditionersAndStoresTheSameBytes) {
+  const int D = 64, n = 200, NH = 4;
+  tq::Rng rng(4);
+  std::vector<float> q((size_t)n * NH * D), k, v, k2, v2;
+  fill_kv(rng, n, 2, D, k, v);
+  fill_kv(rng, n, 2, D, k2, v2);
+  for (auto& x : q) x = (float)rng.normal();
+  tq::KvCache used(all_preconditioners()), fresh(all_preconditioners());
+  fill(used, q, k2, v2, n, NH);  // other data first
+  used.clear();
+  EXPECT_EQ(used.bytes_used(), fresh.bytes_used());  // empty (the channel masks are counted always)
+  for (auto* vec : {&used.impl().layers[0].k, &used.impl().layers[0].v})
+    for (const tq::kv::Stream& s : *vec) {
+      EXPECT_EQ(s.n_quant, 0);
+      for (const tq::kv::Precond* p : s.chain()) EXPECT_EQ(p->open(), p->on);
+      EXPECT_EQ(s.centre.n_mu, 0);
+      EXPECT_EQ(s.centre.stat_n, 0);
+      EXPECT_TRUE(s.kscale.w.empty());
+      EXPECT_EQ(s.kscale.q_n + s.kscale.n + s.channels.q_n + s.channels.n, 0);
+      EXPECT_TRUE(s.channels.perm.empty());
+    }
+  fill(used, q, k, v, n, NH);
+  fill(fresh, q, k, v, n, NH);
+  EXPECT_EQ(used.bytes_used(), fresh.bytes_used());
+  for (int side = 0; side < 2; ++side)
+    for (int h = 0; h < 2; ++h) {
+      const auto& a = (side ? used.impl().layers[0].v : used.impl().layers[0].k)[h];
+      const auto& b = (side ? fresh.impl().layers[0].v : fresh.impl().layers[0].k)[h];
+      ASSERT_EQ(a.n_quant, b.n_quant);
+      EXPECT_EQ(a.centre.mu, b.centre.mu);
+      EXPECT_EQ(a.kscale.w, b.kscale.w);
+      EXPECT_EQ(a.channels.perm, b.channels.perm);
+      for (int blk = 0; blk * tq::kv::kBlock < a.n_quant; ++blk)
+        EXPECT_EQ(std::memcmp(a.block(blk), b.block(blk), a.block_bytes), 0) << side << " " << h << " " << blk;
+    }
 }

@@ -84,8 +84,8 @@ tq::KvCacheConfig make_cfg(const QCase& c, int D = 64) {
   cfg.n_kv_heads = c.kvh;
   cfg.head_dim = D;
   cfg.max_tokens = c.n_ctx + 8;
-  cfg.type_k = c.tk;
-  cfg.type_v = c.tv;
+  cfg.type_k = tq::parse_kv_format(c.tk);
+  cfg.type_v = tq::parse_kv_format(c.tv);
   cfg.window = c.window;
   cfg.sink = c.sink;
   cfg.center_k = c.ck;
@@ -127,8 +127,8 @@ void check(const QCase& c) {
   // scale_k on: weights chosen unless the first quantized token was position 0 on its own
   // (then no query had been seen: identity, like the mean)
   const auto& s0 = cache.impl().layers[1].k[0];
-  if (c.ks && s0.kscale && s0.n_quant > 0)
-    EXPECT_EQ(s0.kw.empty(), c.token_by_token && c.sink == 0 && c.window == 0);
+  if (c.ks && s0.kscale.on && s0.n_quant > 0)
+    EXPECT_EQ(s0.kscale.w.empty(), c.token_by_token && c.sink == 0 && c.window == 0);
   ASSERT_EQ(cache.n_tokens(1), c.n_ctx);
   const auto& L = cache.impl().layers[1];
   EXPECT_EQ(L.k[0].n_quant, std::max(0, c.n_ctx - c.sink - c.window));
@@ -204,8 +204,8 @@ TEST(KvQuality, SinksAreExactF16) {
   cfg.n_kv_heads = 2;
   cfg.head_dim = 64;
   cfg.max_tokens = 200;
-  cfg.type_k = "tq2";
-  cfg.type_v = "tq2";
+  cfg.type_k = tq::KvFormat::tq2;
+  cfg.type_v = tq::KvFormat::tq2;
   cfg.sink = 5;
   cfg.center_k = cfg.center_v = true;
   tq::KvCache cache(cfg);
@@ -245,8 +245,8 @@ TEST(KvQuality, MeanRule) {
     cfg.n_kv_heads = 1;
     cfg.head_dim = D;
     cfg.max_tokens = 64;
-    cfg.type_k = "tq3";
-    cfg.type_v = "tq3";
+    cfg.type_k = tq::KvFormat::tq3;
+    cfg.type_v = tq::KvFormat::tq3;
     cfg.sink = sink;
     cfg.window = window;
     cfg.center_k = true;
@@ -264,9 +264,9 @@ TEST(KvQuality, MeanRule) {
     tq::KvCache c(cfg_for(0, 0));
     c.append(0, 20, k.data(), v.data());
     const auto& s = c.impl().layers[0].k[0];
-    ASSERT_TRUE(s.mu_frozen);
-    for (int d = 0; d < D; ++d) ASSERT_EQ(s.mu[d], mean_fp16(1, 20, d)) << d;
-    EXPECT_FALSE(c.impl().layers[0].v[0].center);  // V not centred in this config
+    ASSERT_TRUE(s.centre.frozen);
+    for (int d = 0; d < D; ++d) ASSERT_EQ(s.centre.mu[d], mean_fp16(1, 20, d)) << d;
+    EXPECT_FALSE(c.impl().layers[0].v[0].centre.on);  // V not centred in this config
   }
   {  // center_segment = 32, one sink, 100 tokens in one batch: segment 0 (positions 1..32)
      // has the mean of positions 1..99; segment g >= 1 the mean of segment g - 1's rows
@@ -279,17 +279,17 @@ TEST(KvQuality, MeanRule) {
     c.append(0, 100, k2.data(), v2.data());
     const auto& s = c.impl().layers[0].k[0];
     ASSERT_EQ(s.n_quant, 99);
-    ASSERT_EQ(s.n_mu, 4);  // segments start at stream index 0, 32, 64, 96
+    ASSERT_EQ(s.centre.n_mu, 4);  // segments start at stream index 0, 32, 64, 96
     auto mean2 = [&](int a, int b, int d) {
       double sum = 0;
       for (int t = a; t < b; ++t) sum += k2[(size_t)t * D + d];
       return tq::fp16_to_fp32(tq::fp32_to_fp16((float)(sum / (b - a))));
     };
     for (int d = 0; d < D; ++d) {
-      ASSERT_EQ(s.mu_of(0)[d], mean2(1, 100, d)) << d;
-      ASSERT_EQ(s.mu_of(40)[d], mean2(1, 33, d)) << d;   // segment 1: positions 1..32
-      ASSERT_EQ(s.mu_of(70)[d], mean2(33, 65, d)) << d;  // segment 2
-      ASSERT_EQ(s.mu_of(98)[d], mean2(65, 97, d)) << d;  // segment 3
+      ASSERT_EQ(s.centre.mu_of(0)[d], mean2(1, 100, d)) << d;
+      ASSERT_EQ(s.centre.mu_of(40)[d], mean2(1, 33, d)) << d;   // segment 1: positions 1..32
+      ASSERT_EQ(s.centre.mu_of(70)[d], mean2(33, 65, d)) << d;  // segment 2
+      ASSERT_EQ(s.centre.mu_of(98)[d], mean2(65, 97, d)) << d;  // segment 3
     }
     // 1 sink row + 99 quantized rows + 4 K means (fp16), V: sink row + 99 rows
     EXPECT_EQ(c.bytes_used(), (size_t)2 * 64 * 2 + 99 * 2 * 26 + 4 * 64 * 2);
@@ -298,28 +298,28 @@ TEST(KvQuality, MeanRule) {
     tq::KvCache c(cfg_for(0, 0));
     for (int t = 0; t < 20; ++t) c.append(0, 1, k.data() + t * D, v.data() + t * D);
     const auto& s = c.impl().layers[0].k[0];
-    ASSERT_TRUE(s.mu_frozen);
-    for (int d = 0; d < D; ++d) ASSERT_EQ(s.mu[d], 0.f);
+    ASSERT_TRUE(s.centre.frozen);
+    for (int d = 0; d < D; ++d) ASSERT_EQ(s.centre.mu[d], 0.f);
   }
   {  // token by token, one sink: the first quantized token is position 1: mu = row 1
     tq::KvCache c(cfg_for(1, 0));
     for (int t = 0; t < 20; ++t) c.append(0, 1, k.data() + t * D, v.data() + t * D);
     const auto& s = c.impl().layers[0].k[0];
-    for (int d = 0; d < D; ++d) ASSERT_EQ(s.mu[d], mean_fp16(1, 2, d)) << d;
+    for (int d = 0; d < D; ++d) ASSERT_EQ(s.centre.mu[d], mean_fp16(1, 2, d)) << d;
   }
   {  // token by token, window 6, one sink: position 1 is quantized when position 7 arrives:
      // mu = mean of positions 1..7
     tq::KvCache c(cfg_for(1, 6));
     for (int t = 0; t < 7; ++t) c.append(0, 1, k.data() + t * D, v.data() + t * D);
-    EXPECT_FALSE(c.impl().layers[0].k[0].mu_frozen);
+    EXPECT_FALSE(c.impl().layers[0].k[0].centre.frozen);
     for (int t = 7; t < 20; ++t) c.append(0, 1, k.data() + t * D, v.data() + t * D);
     const auto& s = c.impl().layers[0].k[0];
-    for (int d = 0; d < D; ++d) ASSERT_EQ(s.mu[d], mean_fp16(1, 8, d)) << d;
+    for (int d = 0; d < D; ++d) ASSERT_EQ(s.centre.mu[d], mean_fp16(1, 8, d)) << d;
     // clear() forgets the mean; the next fill chooses it again
     c.clear();
-    EXPECT_FALSE(s.mu_frozen);
+    EXPECT_FALSE(s.centre.frozen);
     c.append(0, 20, k.data(), v.data());
-    for (int d = 0; d < D; ++d) ASSERT_EQ(s.mu[d], mean_fp16(1, 20, d)) << d;
+    for (int d = 0; d < D; ++d) ASSERT_EQ(s.centre.mu[d], mean_fp16(1, 20, d)) << d;
   }
 }
 
@@ -336,7 +336,7 @@ TEST(KvQuality, CentringHelpsShiftedData) {
     cfg.n_kv_heads = kvh;
     cfg.head_dim = D;
     cfg.max_tokens = n;
-    cfg.type_k = cfg.type_v = type;
+    cfg.type_k = cfg.type_v = tq::parse_kv_format(type);
     cfg.center_k = ck;
     cfg.center_v = cv;
     cfg.sink = sink;
@@ -376,8 +376,8 @@ TEST(KvQuality, RopeMeansFollowRotatingKeys) {
     cfg.n_kv_heads = kvh;
     cfg.head_dim = D;
     cfg.max_tokens = n;
-    cfg.type_k = type;
-    cfg.type_v = "f32";  // K error only
+    cfg.type_k = tq::parse_kv_format(type);
+    cfg.type_v = tq::KvFormat::f32;  // K error only
     cfg.center_k = std::string(type) != "f32";
     cfg.center_rope = rope;
     cfg.rope_base = 10000;
@@ -385,7 +385,7 @@ TEST(KvQuality, RopeMeansFollowRotatingKeys) {
     cfg.sink = 1;
     tq::KvCache cache(cfg);
     cache.append(0, n, k.data(), v.data());
-    if (mu) *mu = cache.impl().layers[0].k[1].mu;
+    if (mu) *mu = cache.impl().layers[0].k[1].centre.mu;
     std::vector<float> out(q.size());
     tq::AttentionParams p;
     p.n_heads = kvh * G;
@@ -415,7 +415,7 @@ TEST(KvQuality, RopeMeansFollowRotatingKeys) {
 }
 
 TEST(KvQuality, RopeMeanTurnsWithItsToken) {
-  // Stream::mean_at against the exact R(p) mu: the kRopeExactPairs fastest pairs turn exactly;
+  // Centre::mean_at against the exact R(p) mu: the kRopeExactPairs fastest pairs turn exactly;
   // the slower ones at their block's centre, turned on to second order in x = w (p - pc), so a
   // pair errs by at most |x|^3 / 6 of its length (plus float rounding), while the block-constant
   // angle it replaces erred by up to |x|.
@@ -433,12 +433,12 @@ TEST(KvQuality, RopeMeanTurnsWithItsToken) {
   tq::KvCache cache(cfg);
   cache.append(0, n, k.data(), v.data());
   const tq::kv::Stream& s = cache.impl().layers[0].k[0];
-  ASSERT_TRUE(s.rope_mu);
+  ASSERT_TRUE(s.centre.rope);
   std::vector<float> m(D);
   double err_sum = 0, const_sum = 0;  // slow pairs: errors, and the block-constant angle's
   for (int j = 0; j < n - sink; ++j) {
-    s.mean_at(j, m.data());
-    const float* mu = s.mu_of(j);
+    s.centre.mean_at(j, m.data());
+    const float* mu = s.centre.mu_of(j);
     const int p = sink + j;
     const double pc = sink + (j / 32) * 32 + 15.5;
     for (int i = 0; i < D / 2; ++i) {
@@ -620,12 +620,12 @@ TEST(KvQuality, BadConfigAndLabels) {
     tq::KvCacheConfig c;
     c.head_dim = 64;
     c.max_tokens = 64;
-    c.type_k = t;
+    c.type_k = tq::parse_kv_format(t);
     c.center_k = c.center_rope = true;
     c.rope_base = 1e4f;
     c.rope_dim = 64;
     tq::KvCache cache(c);
-    EXPECT_EQ(cache.impl().layers[0].k[0].rope_mu, tq::KvSpec::parse(t).resolved().center_rope);
+    EXPECT_EQ(cache.impl().layers[0].k[0].centre.rope, tq::KvSpec::parse(t).resolved().center_rope);
   }
   tq::KvSpec plain_flag;  // --kv-plain on a type given with -ctk
   plain_flag.k = plain_flag.v = KvFormat::tq3;
@@ -644,17 +644,17 @@ TEST(KvQuality, BadConfigAndLabels) {
   lc.n_layers = 5;
   lc = lk.resolve(lc);
   const std::vector<std::string> want_k = {"tq6", "", "tq6", "f16", ""}, want_v = {"tq4n8", "", "tq4n8", "f16", ""};
-  EXPECT_EQ(lc.layer_type_k, want_k);
-  EXPECT_EQ(lc.layer_type_v, want_v);
+  EXPECT_EQ(tq_test::names(lc.layer_type_k), want_k);
+  EXPECT_EQ(tq_test::names(lc.layer_type_v), want_v);
   // LAYER.HEAD items: one KV head, onto head_type_k / head_type_v (layer-major).
   tq::KvCacheConfig hc;
   hc.n_layers = 3;
   hc.n_kv_heads = 2;
   hc = tq::KvSpec::parse("f16 layers=1:tq3 layers=2.1,0.0:tq4/tq2").resolve(hc);
   const std::vector<std::string> want_hk = {"tq4", "", "", "", "", "tq4"}, want_hv = {"tq2", "", "", "", "", "tq2"};
-  EXPECT_EQ(hc.layer_type_k, (std::vector<std::string>{"", "tq3", ""}));
-  EXPECT_EQ(hc.head_type_k, want_hk);
-  EXPECT_EQ(hc.head_type_v, want_hv);
+  EXPECT_EQ(tq_test::names(hc.layer_type_k), (std::vector<std::string>{"", "tq3", ""}));
+  EXPECT_EQ(tq_test::names(hc.head_type_k), want_hk);
+  EXPECT_EQ(tq_test::names(hc.head_type_v), want_hv);
   EXPECT_EQ(tq::KvSpec::parse("tq4 plain L2.1,0.0:tq4/tq2").to_string(), "k=tq4 v=tq4 plain layers=2.1,0.0:tq4/tq2");
   for (const char* bad : {"5:tq4", "1-0:tq4", "x:tq4", "1,:tq4", ":tq4", "1:", "1:fp8", "1:tq4/", "-1:tq4", "1--2:tq4",
                           "1.2:tq4", "1.:tq4", ".1:tq4", "5.0:tq4", "1.0-2:tq4", "1.x:tq4"}) {
@@ -742,8 +742,8 @@ TEST(KvQuality, ShippedConfigsFitTheirModel) {
       cfg.head_type_v = full.head_type_v;
     }
     int entries = 0;
-    for (const auto& t : cfg.head_type_k) entries += !t.empty();
-    for (const auto& t : cfg.layer_type_k) entries += !t.empty();
+    for (const auto& t : cfg.head_type_k) entries += t.has_value();
+    for (const auto& t : cfg.layer_type_k) entries += t.has_value();
     EXPECT_GT(entries, 0) << name << ": per-KV-head (or, one head per layer, per-layer) entries";
     const tq::KvCache cache(cfg);
     const double bits = cache.bytes_per_token() * 8.0 / (2.0 * sh->layers * sh->heads * sh->dim);
@@ -772,13 +772,13 @@ TEST(KvQuality, SplitChannelsOfCentredRows) {
     cfg.n_kv_heads = 1;
     cfg.head_dim = D;
     cfg.max_tokens = n;
-    cfg.type_k = "tq2h3";
+    cfg.type_k = tq::KvFormat::tq2h3;
     cfg.center_k = centre;
     tq::KvCache c(cfg);
     c.append(0, n, k.data(), v.data());
     const auto& s = c.impl().layers[0].k[0];
-    ASSERT_TRUE(s.split_frozen);
-    std::vector<int> hi(s.perm.begin(), s.perm.begin() + 16);
+    ASSERT_TRUE(s.channels.frozen);
+    std::vector<int> hi(s.channels.perm.begin(), s.channels.perm.begin() + 16);
     std::vector<int> want(16);
     for (int i = 0; i < 16; ++i) want[i] = centre ? 40 + i : i;
     EXPECT_EQ(hi, want) << (centre ? "centred" : "plain");
@@ -804,10 +804,10 @@ TEST(KvQuality, LogNormFormats) {
   cfg.n_kv_heads = 1;
   cfg.head_dim = D;
   cfg.max_tokens = n;
-  cfg.type_k = "tq3n8";
-  cfg.type_v = "tq3";
+  cfg.type_k = tq::KvFormat::tq3n8;
+  cfg.type_v = tq::KvFormat::tq3;
   tq::KvCache a(cfg);
-  cfg.type_k = "tq3";
+  cfg.type_k = tq::KvFormat::tq3;
   tq::KvCache b(cfg);
   for (int t = 0; t < n; ++t) {
     a.append(0, 1, k.data() + t * D, v.data() + t * D);
@@ -818,8 +818,8 @@ TEST(KvQuality, LogNormFormats) {
   const auto& sa = a.impl().layers[0].k[0];
   const auto& sb = b.impl().layers[0].k[0];
   std::vector<float> ra((size_t)n * D), rb((size_t)n * D);
-  a.impl().decode_domain(sa, 0, n, ra.data());
-  b.impl().decode_domain(sb, 0, n, rb.data());
+  sa.decode_domain(0, n, ra.data());
+  sb.decode_domain(0, n, rb.data());
   std::vector<double> na(n), nb(n), dot(n), bmax((n + 31) / 32, 0.0);
   for (int t = 0; t < n; ++t) {
     for (int d = 0; d < D; ++d) {
@@ -842,18 +842,18 @@ TEST(KvQuality, LogNormFormats) {
   // part's norm within the fine step of the fp16 one (norms within 2^5.8 of their block's).
   {
     tq::KvCacheConfig sc = cfg;
-    sc.type_k = "tq3h6n8";
+    sc.type_k = tq::KvFormat::tq3h6n8;
     tq::KvCache s8(sc);
-    sc.type_k = "tq3h6";
+    sc.type_k = tq::KvFormat::tq3h6;
     tq::KvCache s16(sc);
     s8.append(0, n, k.data(), v.data());
     s16.append(0, n, k.data(), v.data());
     const auto& t8 = s8.impl().layers[0].k[0];
     const auto& t16 = s16.impl().layers[0].k[0];
-    ASSERT_EQ(t8.perm, t16.perm);
+    ASSERT_EQ(t8.channels.perm, t16.channels.perm);
     std::vector<float> r8((size_t)n * D), r16((size_t)n * D);
-    s8.impl().decode_domain(t8, 0, n, r8.data());
-    s16.impl().decode_domain(t16, 0, n, r16.data());
+    t8.decode_domain(0, n, r8.data());
+    t16.decode_domain(0, n, r16.data());
     for (int part = 0; part < 2; ++part) {
       const int d0 = part == 0 ? 0 : D / 4, d1 = part == 0 ? D / 4 : D;
       std::vector<double> n8v(n), n16v(n), bm((n + 31) / 32, 0.0);
@@ -877,8 +877,8 @@ TEST(KvQuality, LogNormFormats) {
   EXPECT_DOUBLE_EQ(a.bytes_per_token(), 25 + 2.0 / 32 + 26);
   EXPECT_EQ(a.bytes_used(), (size_t)n * (25 + 26) + 4 * 2);
   // Attention with n8 on both sides (zero V vector included) matches the reference.
-  cfg.type_k = "tq5n8";
-  cfg.type_v = "tq2n8";
+  cfg.type_k = tq::KvFormat::tq5n8;
+  cfg.type_v = tq::KvFormat::tq2n8;
   cfg.sink = 1;
   cfg.center_k = true;
   tq::KvCache c(cfg);
@@ -923,7 +923,7 @@ TEST(KvQuality, KScaleFollowsTheQueries) {
     tq::KvCache cache(cfg);
     if (observe) cache.observe_queries(0, n, qs.data(), H);
     cache.append(0, n, k.data(), v.data());
-    if (weights) *weights = cache.impl().layers[0].k[0].kw;
+    if (weights) *weights = cache.impl().layers[0].k[0].kscale.w;
     std::vector<float> out(qe.size()), ref(qe.size());
     tq::AttentionParams p;
     p.n_heads = H;
@@ -958,13 +958,13 @@ TEST(KvQuality, KScaleFollowsTheQueries) {
   tq::KvCache cache(cfg);
   cache.observe_queries(0, n, qs.data(), H);
   cache.append(0, n, k.data(), v.data());
-  const std::vector<float> w1 = cache.impl().layers[0].k[1].kw;
+  const std::vector<float> w1 = cache.impl().layers[0].k[1].kscale.w;
   EXPECT_FALSE(w1.empty());
-  EXPECT_TRUE(cache.impl().layers[0].v[1].kw.empty());  // V is never scaled
+  EXPECT_TRUE(cache.impl().layers[0].v[1].kscale.w.empty());  // V is never scaled
   EXPECT_EQ(cache.bytes_used(), (size_t)n * KVH * (tq::kv_type_bytes(tq::parse_kv_type("tq3h6"), D) +
                                                    tq::kv_type_bytes(tq::parse_kv_type("tq3"), D)) +
                                     (size_t)KVH * (D / 2) * 2 + (size_t)KVH * D / 8);  // K scales, K channel masks
   cache.clear();
-  EXPECT_TRUE(cache.impl().layers[0].k[1].kw.empty());
-  EXPECT_EQ(cache.impl().layers[0].k[1].q_n, 0);
+  EXPECT_TRUE(cache.impl().layers[0].k[1].kscale.w.empty());
+  EXPECT_EQ(cache.impl().layers[0].k[1].kscale.q_n, 0);
 }

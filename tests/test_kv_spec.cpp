@@ -12,6 +12,7 @@
 #include "tq/error.h"
 #include "tq/eval.h"
 #include "tq/kv_cache.h"
+#include "tq/kv_spec.h"
 
 namespace tq {
 // gtest prints a spec by its label.
@@ -23,16 +24,16 @@ namespace {
 // Every field of a KvCacheConfig a cache spec sets, one line.
 std::string fingerprint(const tq::KvCacheConfig& c) {
   std::ostringstream s;
-  auto list = [&](const char* name, const std::vector<std::string>& v) {
+  auto list = [&](const char* name, const std::vector<std::optional<tq::KvFormat>>& v) {
     s << ' ' << name << '=';
-    for (size_t i = 0; i < v.size(); ++i) s << (i ? "," : "") << v[i];
+    for (size_t i = 0; i < v.size(); ++i) s << (i ? "," : "") << (v[i] ? tq::kv_format_name(*v[i]) : "");
   };
   s << "shape=" << c.n_layers << 'x' << c.n_kv_heads << 'x' << c.head_dim << " max=" << c.max_tokens
-    << " k=" << c.type_k << " v=" << c.type_v << " window=" << c.window << " sink=" << c.sink
+    << " k=" << tq::kv_format_name(c.type_k) << " v=" << tq::kv_format_name(c.type_v) << " window=" << c.window << " sink=" << c.sink
     << " ck=" << c.center_k << " cv=" << c.center_v
     << " seg=" << (c.center_k || c.center_v ? c.center_segment : 0) << " rope=" << c.center_rope
     << " rope_base=" << c.rope_base << " rope_dim=" << c.rope_dim << " ks=" << c.scale_k << " tc=" << c.trellis
-    << " b=" << c.boundary_layers << ':' << c.boundary_type_k << '/' << c.boundary_type_v << " seed=" << c.seed;
+    << " b=" << c.boundary_layers << ':' << tq::kv_format_name(c.boundary_type_k) << '/' << tq::kv_format_name(c.boundary_type_v) << " seed=" << c.seed;
   list("lk", c.layer_type_k);
   list("lv", c.layer_type_v);
   list("hk", c.head_type_k);

@@ -12,6 +12,7 @@
 #include "tq/error.h"
 #include "tq/gguf.h"
 #include "tq/kv_cache.h"
+#include "tq/kv_spec.h"
 #include "tq/model.h"
 
 namespace {
@@ -133,7 +134,7 @@ TEST(Model, TinyForwardMatchesReference) {
       for (auto impl : {tq::AttnKernel::reference, tq::AttnKernel::fused}) {
         m.set_attention_kernel(impl);
         auto kc = m.kv_config(64);
-        kc.type_k = kc.type_v = "f32";
+        kc.type_k = kc.type_v = tq::KvFormat::f32;
         tq::KvCache cache(kc);
         std::vector<float> hidden(toks.size() * c.n_embd), lg(toks.size() * c.n_vocab);
         m.forward(cache, toks.data(), static_cast<int>(toks.size()), hidden.data());
@@ -162,7 +163,7 @@ TEST(Model, TinyForwardGqaSevenMatchesReference) {
   auto run = [&](const char* type, tq::AttnKernel impl) {
     m.set_attention_kernel(impl);
     auto kc = m.kv_config(64);
-    kc.type_k = kc.type_v = type;
+    kc.type_k = kc.type_v = tq::parse_kv_format(type);
     tq::KvCache cache(kc);
     std::vector<float> hidden(toks.size() * c.n_embd), lg(toks.size() * c.n_vocab);
     m.forward(cache, toks.data(), static_cast<int>(toks.size()), hidden.data());
@@ -187,7 +188,7 @@ TEST(Model, PrefillEqualsDecodeAndMicroBatches) {
   const auto toks = some_tokens(29, c.n_vocab, 5);
   const auto ref = reference_logits(g, c, toks);
   auto kc = m.kv_config(64);
-  kc.type_k = kc.type_v = "f32";
+  kc.type_k = kc.type_v = tq::KvFormat::f32;
   // Token by token (decode path: n = 1 sgemv).
   {
     tq::KvCache cache(kc);

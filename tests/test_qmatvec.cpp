@@ -387,7 +387,7 @@ TEST(QMatvec, ModelDecodeMatchesF32Path) {
       EXPECT_GT(m.block_weight_bytes(), 0u);
       EXPECT_LT(m.block_weight_bytes(), m.weight_bytes());
       auto kc = m.kv_config(64);
-      kc.type_k = kc.type_v = "f32";
+      kc.type_k = kc.type_v = tq::KvFormat::f32;
       for (const auto& level : tq::simd::available_levels()) {
         tq::simd::ScopedLevel sl(level);
         const std::string what = std::string(tq::ggml_type_name(wt)) + (tied ? " tied " : " untied ") + level;
@@ -500,7 +500,7 @@ TEST(QGemm, ModelPrefillFromBlocksMatchesF32Copy) {
     std::vector<int32_t> toks(40);
     for (size_t i = 0; i < toks.size(); ++i) toks[i] = static_cast<int32_t>((i * 7 + 3) % c.n_vocab);
     auto kc = m.kv_config(64);
-    kc.type_k = kc.type_v = "f32";
+    kc.type_k = kc.type_v = tq::KvFormat::f32;
     tq::KvCache cb(kc), cf(kc);
     std::vector<float> hb(toks.size() * c.n_embd), hf(hb.size()), lb(toks.size() * c.n_vocab), lf(lb.size());
     m.forward(cb, toks.data(), static_cast<int>(toks.size()), hb.data());

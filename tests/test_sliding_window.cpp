@@ -307,7 +307,7 @@ TEST(SlidingWindow, GemmaCacheHoldsWhatTheWindowImplies) {
   const std::vector<std::pair<int, const char*>> cases = {{4096, "f16"}, {4096, "q8_0"}, {4096, "q4_0"}, {32768, "f16"}};
   for (const auto& [n_total, type] : cases) {
     tq::KvCacheConfig cfg = tq::kv_config_for(c, n_total);
-    cfg.type_k = cfg.type_v = type;
+    cfg.type_k = cfg.type_v = tq::parse_kv_format(type);
     ASSERT_EQ(cfg.layer_window.size(), static_cast<size_t>(c.n_layers));
     // One layer that keeps every token: what each layer of a cache without windows holds.
     tq::KvCacheConfig one = cfg;

@@ -91,7 +91,7 @@ TEST(WeightTypes, ModelRunsEveryTypeFromItsBlocks) {
     m.set_threads(2);
     EXPECT_EQ(m.block_weight_bytes(), matrix_bytes) << var.name << ": every matrix held as its GGUF blocks";
     auto kc = m.kv_config(64);
-    kc.type_k = kc.type_v = "f32";
+    kc.type_k = kc.type_v = tq::KvFormat::f32;
     std::vector<int32_t> prompt(20);
     for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 7 + 3) % c.n_vocab);
     for (const auto& level : tq::simd::available_levels()) {

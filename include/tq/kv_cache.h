@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -108,8 +109,9 @@ struct KvCacheConfig {
   int n_kv_heads = 1;
   int head_dim = 128;
   int max_tokens = 4096;          // capacity; appending past it is a tq::Error
-  std::string type_k = "f16";
-  std::string type_v = "f16";
+  // Element formats (names are parsed at the edges: KvSpec, CLI, bindings, files).
+  KvFormat type_k = KvFormat::f16;
+  KvFormat type_v = KvFormat::f16;
   int window = 0;                 // most recent tokens kept in f16, quantized on leaving
   // Sliding-window layers: empty, or n_layers entries; layer_window[l] > 0 means layer l's
   // queries see only their last layer_window[l] positions (AttentionParams::sliding_window),
@@ -155,15 +157,15 @@ struct KvCacheConfig {
   // value; lut8 looks up 256-entry byte tables with two vpermi2b instead of one vpshufb).
   bool trellis = false;
   int boundary_layers = 0;        // first and last N layers use the boundary types
-  std::string boundary_type_k = "f16";
-  std::string boundary_type_v = "f16";
+  KvFormat boundary_type_k = KvFormat::f16;
+  KvFormat boundary_type_v = KvFormat::f16;
   // Per-layer types, applied after the boundary rule: layer l uses layer_type_k[l] /
-  // layer_type_v[l] where that string is not empty. Each vector is empty or n_layers long.
-  std::vector<std::string> layer_type_k, layer_type_v;
+  // layer_type_v[l] where that entry is set. Each vector is empty or n_layers long.
+  std::vector<std::optional<KvFormat>> layer_type_k, layer_type_v;
   // Per-stream types, applied after the per-layer ones: KV head h of layer l uses
-  // head_type_k[l * n_kv_heads + h] (V: head_type_v) where that string is not empty. Each
-  // vector is empty or n_layers * n_kv_heads long.
-  std::vector<std::string> head_type_k, head_type_v;
+  // head_type_k[l * n_kv_heads + h] (V: head_type_v) where that entry is set. Each vector is
+  // empty or n_layers * n_kv_heads long.
+  std::vector<std::optional<KvFormat>> head_type_k, head_type_v;
   uint64_t seed = 0x5eed;         // rotations
 };
 

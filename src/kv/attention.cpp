@@ -151,7 +151,7 @@ bool tq_runs(const Shape& sh, const Stream& sk, const Stream& sv, bool lut8) {
   const uint8_t need = lut8 ? kKvKernelTqLut8 : kKvKernelTqFloat;
   if (!(sk.fmt->kernels_k & need) || !(sv.fmt->kernels_v & need)) return false;
   for (const Stream* s : {&sk, &sv}) {
-    if (s->split() && !s->split_frozen) return false;
+    if (s->channels.open()) return false;
     // Trellis codes: the float kernel needs 8+ float lanes (a V window reaches up to 7 lanes
     // back); lut8 reads them with 256-entry tables (score_block_t, accum_block_t).
     if (s->trellis_coded() && !lut8 && decode_tq_float_lanes() < 8) return false;
@@ -254,7 +254,7 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
   // (Per KV head: the heads of a layer may have different types, f16 ones are never centred.)
   // V means per segment: the chunks follow the segments of every head (uncentred heads too).
   int vseg = 0;
-  for (const Stream& sv : L.v) vseg = std::max(vseg, sv.center ? sv.mu_segment : 0);
+  for (const Stream& sv : L.v) vseg = std::max(vseg, sv.centre.segment);
   const int chunk = vseg > 0 ? vseg : kChunkTokens;
   const int n_chunks = (nq_tok + chunk - 1) / chunk;
   const int task_win = n_win > 0 ? n_chunks : -1, task_sink = n_chunks + (n_win > 0 ? 1 : 0);
@@ -280,7 +280,7 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
                     sizeof(float) * D);
   for (int h = 0; h < KVH; ++h) {
     float* dst = &qk[(size_t)h * n_q * G * D];
-    if (nq_tok > 0) I.query_to_domain(L.k[h], n_q * G, &qo[(size_t)h * n_q * G * D], dst);
+    if (nq_tok > 0) L.k[h].query_to_domain(n_q * G, &qo[(size_t)h * n_q * G * D], dst);
   }
   const int n_threads = p.n_threads > 0 ? p.n_threads : omp_get_max_threads();
   // Small calls (short contexts: a few microseconds of work) run on the calling thread: an
@@ -297,7 +297,7 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
     for (int k = 0; k < n_q * G; ++k) st.reset(k);
     const Stream& sk = L.k[h];
     const Stream& sv = L.v[h];
-    const int kseg = sk.center ? std::max(sk.mu_segment, 0) : -1;  // -1 not centred, 0 one mean
+    const int kseg = sk.centre.on ? sk.centre.segment : -1;  // -1 not centred, 0 one mean
     if (c < n_chunks) {
       const int a0 = c * chunk, b = std::min(nq_tok, a0 + chunk);
       if (b <= qstart) continue;
@@ -308,8 +308,8 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
       // [a, b) keep reset states.
       const Kernel kern = pick_kernel(sh, sk, sv, p.kernel);
       auto fetch = [&](int t0, int n, float* kb, float* vb) {
-        I.decode_domain(sk, t0, n, kb);
-        I.decode_domain(sv, t0, n, vb);
+        sk.decode_domain(t0, n, kb);
+        sv.decode_domain(t0, n, vb);
       };
       int i0 = 0;
       while (i0 < n_q && qlimits[i0] <= a) ++i0;
@@ -335,29 +335,24 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
       }
       // Centred K, one mean per segment [lo, hi). Constant mean: the running maxima of the query
       // rows that see the segment are shifted by scale * q.mu_k around it (exact). RoPE-rotating
-      // mean (rope_mu): the fused kernels add each token's mean logit from the coefficients of
+      // mean (Centre::rope): the fused kernels add each token's mean logit from the coefficients of
       // the query rows (rope_mean_coefs); without a fused kernel, rows in the original domain
       // (decoded + mean_at) against the original-domain queries; V stays in its domain.
       const float* qh = &qo[(size_t)h * n_q * G * D];
-      const int mst = sk.rope_mu ? rope_mc_stride(sk) : 1;
+      const int mst = sk.centre.rope ? rope_mc_stride(sk) : 1;
       std::vector<float> coef((size_t)n_q * G * mst);  // per query row: kshift, or rope coefficients
       auto fetch_orig = [&](int t0, int n, float* kb, float* vb) {
-        I.decode_domain(sk, t0, n, kb);
-        I.to_orig(sk, n, kb);
-        std::vector<float> m((size_t)D);
-        for (int r = 0; r < n; ++r) {
-          sk.mean_at(t0 + r, m.data());
-          for (int d = 0; d < D; ++d) kb[(size_t)r * D + d] += m[d];
-        }
-        I.decode_domain(sv, t0, n, vb);
+        sk.decode_domain(t0, n, kb);
+        sk.to_orig(t0, n, kb);
+        sv.decode_domain(t0, n, vb);
       };
       for (int lo = a, hi; lo < b; lo = hi) {
         hi = kseg > 0 ? std::min(b, (lo / kseg + 1) * kseg) : b;
         int j0 = i0;
         while (j0 < n_q && qlimits[j0] <= lo) ++j0;
         if (j0 == n_q) break;
-        const float* mu = sk.mu_of(lo);
-        if (sk.rope_mu) {
+        const float* mu = sk.centre.mu_of(lo);
+        if (sk.centre.rope) {
           int flo = lo;
           if (flo % kBlock != 0) {  // a block cut by the window's start: rows from `start`
             flo = std::min(hi, (lo / kBlock + 1) * kBlock);
@@ -418,17 +413,17 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
         for (int c = 0; c < n_chunks; ++c)
           merge_state(acc, 0, States{&states[((size_t)h * tasks_per_head + c) * per_task], D}, k);
         if (n_chunks > 0 && acc.m(0) != kNegInf) {
-          I.to_orig(sv, 1, acc.acc(0));
-          if (sv.center)
-            for (int d = 0; d < D; ++d) acc.acc(0)[d] += sv.mu[d] * acc.l(0);
+          sv.to_orig(-1, 1, acc.acc(0));
+          if (sv.centre.on)
+            for (int d = 0; d < D; ++d) acc.acc(0)[d] += sv.centre.mu[d] * acc.l(0);
         }
       } else {  // a mean per chunk: each chunk to the original domain, plus its V mean, then merge
         for (int c = 0; c < n_chunks; ++c) {
           const States sc{&states[((size_t)h * tasks_per_head + c) * per_task], D};
           if (sc.m(k) == kNegInf) continue;
-          I.to_orig(sv, 1, sc.acc(k));
-          if (sv.center) {
-            const float* mu = sv.mu_of(c * chunk);
+          sv.to_orig(-1, 1, sc.acc(k));
+          if (sv.centre.on) {
+            const float* mu = sv.centre.mu_of(c * chunk);
             for (int d = 0; d < D; ++d) sc.acc(k)[d] += mu[d] * sc.l(k);
           }
           merge_state(acc, 0, sc, k);
@@ -553,18 +548,10 @@ void attention_ref(const KvCache& cache, int layer, int n_q, const float* q, flo
     if (nq > j0) {
       float* Kq = &K[(size_t)n_sink * D];  // row j: stream index j
       float* Vq = &V[(size_t)n_sink * D];
-      I.decode_domain(sk, j0, nq - j0, Kq + (size_t)j0 * D);
-      I.to_orig(sk, nq - j0, Kq + (size_t)j0 * D);
-      I.decode_domain(sv, j0, nq - j0, Vq + (size_t)j0 * D);
-      I.to_orig(sv, nq - j0, Vq + (size_t)j0 * D);
-      std::vector<float> mk((size_t)D);
-      for (int j = j0; j < nq; ++j) {
-        if (sk.center) sk.mean_at(j, mk.data());
-        for (int d = 0; d < D; ++d) {
-          if (sk.center) Kq[(size_t)j * D + d] += mk[d];
-          if (sv.center) Vq[(size_t)j * D + d] += sv.mu_of(j)[d];
-        }
-      }
+      sk.decode_domain(j0, nq - j0, Kq + (size_t)j0 * D);
+      sk.to_orig(j0, nq - j0, Kq + (size_t)j0 * D);
+      sv.decode_domain(j0, nq - j0, Vq + (size_t)j0 * D);
+      sv.to_orig(j0, nq - j0, Vq + (size_t)j0 * D);
     }
     for (int t = n_sink + nq; t < sh.n_tokens; ++t) {
       const int slot = (t - S) % W;

@@ -24,22 +24,22 @@ inline int kernel_subgroup(int left) noexcept { return left >= 8 ? 8 : left >= 4
 struct Shape {
   int D, H, KVH, G, n_q, n_tokens, n_quant;
   float scale;
-  // RoPE-rotating K mean (Stream::rope_mu): rope_mean_coefs of the call's query rows (query i,
+  // RoPE-rotating K mean (Centre::rope): rope_mean_coefs of the call's query rows (query i,
   // head g at row i G + g, rope_mc_stride floats apart) for the mean of the tokens scored; null
   // when K has no such mean.
   const float* rope_mc = nullptr;
 };
 
-// RoPE-rotating K mean. A token's mean m = R mu (Stream::mean_at) adds q.m to its logit
+// RoPE-rotating K mean. A token's mean m = R mu (Centre::mean_at) adds q.m to its logit
 // (before the scale): per pair i, A_i cos(a) + B_i sin(a) with A_i = q_2i mu_2i + q_2i+1 mu_2i+1,
 // B_i = q_2i+1 mu_2i - q_2i mu_2i+1 and a the pair's angle; dims past the RoPE pairs add C0 =
 // sum q_d mu_d. mc per head: [A (P)][B (P)][C0], stride 2 P + 1.
-inline int rope_mc_stride(const Stream& s) noexcept { return 2 * (int)s.rope_freq.size() + 1; }
+inline int rope_mc_stride(const Stream& s) noexcept { return 2 * (int)s.centre.rope_freq.size() + 1; }
 inline int rope_fast_pairs(const Stream& s) noexcept {
-  return (int)s.rope_freq.size() < kRopeExactPairs ? (int)s.rope_freq.size() : kRopeExactPairs;
+  return (int)s.centre.rope_freq.size() < kRopeExactPairs ? (int)s.centre.rope_freq.size() : kRopeExactPairs;
 }
 inline void rope_mean_coefs(const Stream& s, int G, const float* q, const float* mu, float* mc) noexcept {
-  const int D = s.dim, P = (int)s.rope_freq.size(), st = rope_mc_stride(s);
+  const int D = s.dim, P = (int)s.centre.rope_freq.size(), st = rope_mc_stride(s);
   for (int g = 0; g < G; ++g) {
     const float* qg = q + (size_t)g * D;
     float* m = mc + (size_t)g * st;
@@ -53,13 +53,13 @@ inline void rope_mean_coefs(const Stream& s, int G, const float* q, const float*
   }
 }
 // The mean's terms for blocks [b0, b0 + nb) (nb <= kRopeMaxBlocks) and the G heads of mc, from
-// the block tables (Stream::rope_cos / rope_sin, v_i = A_i cos + B_i sin and
+// the block tables (Centre::rope_cos / rope_sin, v_i = A_i cos + B_i sin and
 // u_i = B_i cos - A_i sin at each block's angle): head g's row of out (stride
 // rope_terms_stride()) holds [c (64)][d (64)][e (64)] then for each fast pair i
 // [a2 (64)][b2 (64)], indexed by block - b0, where c = C0 + the slow pairs' v_i,
-// d = sum_slow w_i u_i, e = -sum_slow w_i^2 v_i / 2 (Stream::mean_at's second-order turn),
+// d = sum_slow w_i u_i, e = -sum_slow w_i^2 v_i / 2 (Centre::mean_at's second-order turn),
 // a2 = v_i and b2 = u_i. Token j of block b then gets, with x = j - 15.5,
-// c + d x + e x^2 + sum_{i < F} a2_i cos(j w_i) + b2_i sin(j w_i) (Stream::rope_j). Highway,
+// c + d x + e x^2 + sum_{i < F} a2_i cos(j w_i) + b2_i sin(j w_i) (Centre::rope_j). Highway,
 // vectorized over blocks (attention_tq_simd.cpp); both tq kernels call it once per call.
 constexpr int kRopeMaxBlocks = kChunkTokens / kBlock;
 constexpr int kRopeSlowRows = 3;  // c, d, e

@@ -510,7 +510,7 @@ void DecodeTqG(const Shape& sh, const Stream& sk, const Stream& sv, int nq, cons
     }
     if (rope) {  // RoPE-rotating K mean: its logit terms (rope_block_terms)
       const int F = rope_fast_pairs(sk), bi = t0 / kBlock - a / kBlock;
-      const float* tx = sk.rope_j + (size_t)F * 2 * kBlock;  // x, x^2
+      const float* tx = sk.centre.rope_j + (size_t)F * 2 * kBlock;  // x, x^2
       for (int r = 0; r < R; ++r) {
         if (nt[r / G] == 0) continue;
         const float* rt = rts + (size_t)(q + r / G) * r_floats + (size_t)(r % G) * rope_terms_stride();
@@ -518,7 +518,7 @@ void DecodeTqG(const Shape& sh, const Stream& sk, const Stream& sv, int nq, cons
           VF acc0 = hn::MulAdd(hn::Set(df, rt[kRopeMaxBlocks + bi]), hn::LoadU(df, tx + v * N), hn::Set(df, rt[bi]));
           VF acc1 = hn::Mul(hn::Set(df, rt[2 * kRopeMaxBlocks + bi]), hn::LoadU(df, tx + kBlock + v * N));
           for (int i = 0; i < F; ++i) {
-            const float* tj = sk.rope_j + (size_t)i * 2 * kBlock + v * N;
+            const float* tj = sk.centre.rope_j + (size_t)i * 2 * kBlock + v * N;
             const float* ri = rt + (size_t)(kRopeSlowRows + 2 * i) * kRopeMaxBlocks + bi;
             acc0 = hn::MulAdd(hn::Set(df, ri[0]), hn::LoadU(df, tj), acc0);
             acc1 = hn::MulAdd(hn::Set(df, ri[kRopeMaxBlocks]), hn::LoadU(df, tj + kBlock), acc1);
@@ -610,7 +610,7 @@ void RopeBlockTerms(const Stream& s, const float* mc, int G, int b0, int nb, flo
   const hn::ScalableTag<float> df;
   using V = hn::Vec<decltype(df)>;
   const int N = (int)hn::Lanes(df);
-  const int P = (int)s.rope_freq.size(), F = rope_fast_pairs(s), mst = rope_mc_stride(s);
+  const int P = (int)s.centre.rope_freq.size(), F = rope_fast_pairs(s), mst = rope_mc_stride(s);
   for (int g = 0; g < G; ++g) {
     const float* m = mc + (size_t)g * mst;
     float* r = out + (size_t)g * rope_terms_stride();
@@ -618,14 +618,14 @@ void RopeBlockTerms(const Stream& s, const float* mc, int G, int b0, int nb, flo
       V c = hn::Set(df, m[2 * P]), d = hn::Zero(df), e = hn::Zero(df);
       for (int i = 0; i < P; ++i) {
         const V A = hn::Set(df, m[i]), B = hn::Set(df, m[P + i]);
-        const V C = hn::LoadU(df, s.rope_cos + (size_t)i * s.rope_nbs + b0 + j);
-        const V S = hn::LoadU(df, s.rope_sin + (size_t)i * s.rope_nbs + b0 + j);
+        const V C = hn::LoadU(df, s.centre.rope_cos + (size_t)i * s.centre.rope_nbs + b0 + j);
+        const V S = hn::LoadU(df, s.centre.rope_sin + (size_t)i * s.centre.rope_nbs + b0 + j);
         const V v = hn::MulAdd(A, C, hn::Mul(B, S)), u = hn::NegMulAdd(A, S, hn::Mul(B, C));
         if (i < F) {
           hn::StoreU(v, df, r + (size_t)(kRopeSlowRows + 2 * i) * kRopeMaxBlocks + j);
           hn::StoreU(u, df, r + (size_t)(kRopeSlowRows + 1 + 2 * i) * kRopeMaxBlocks + j);
         } else {
-          const float w = (float)s.rope_freq[i];
+          const float w = (float)s.centre.rope_freq[i];
           c = hn::Add(c, v);
           d = hn::MulAdd(hn::Set(df, w), u, d);
           e = hn::MulAdd(hn::Set(df, -0.5f * w * w), v, e);

@@ -461,13 +461,13 @@ void run_rows(const Call& c, int q0, int rows, const Kernels& k) {
       if (sh.rope_mc) {  // RoPE-rotating K mean: its logit terms (rope_block_terms)
         const int F = rope_fast_pairs(c.sk), bi = t0 / kBlock - c.a / kBlock;
         const float* rt = rterms + (size_t)r * rope_terms_stride();
-        const float* tx = c.sk.rope_j + (size_t)F * 2 * kBlock;  // x, x^2
+        const float* tx = c.sk.centre.rope_j + (size_t)F * 2 * kBlock;  // x, x^2
         const __m512 cc = _mm512_set1_ps(rt[bi]), d = _mm512_set1_ps(rt[kRopeMaxBlocks + bi]),
                      e = _mm512_set1_ps(rt[2 * kRopeMaxBlocks + bi]);
         __m512 m0 = _mm512_fmadd_ps(d, _mm512_loadu_ps(tx), cc), m1 = _mm512_fmadd_ps(d, _mm512_loadu_ps(tx + 16), cc);
         __m512 n0 = _mm512_mul_ps(e, _mm512_loadu_ps(tx + kBlock)), n1 = _mm512_mul_ps(e, _mm512_loadu_ps(tx + kBlock + 16));
         for (int i = 0; i < F; ++i) {
-          const float* tj = c.sk.rope_j + (size_t)i * 2 * kBlock;
+          const float* tj = c.sk.centre.rope_j + (size_t)i * 2 * kBlock;
           const float* ri = rt + (size_t)(kRopeSlowRows + 2 * i) * kRopeMaxBlocks + bi;
           const __m512 va = _mm512_set1_ps(ri[0]), vb2 = _mm512_set1_ps(ri[kRopeMaxBlocks]);
           m0 = _mm512_fmadd_ps(va, _mm512_loadu_ps(tj), m0);

@@ -95,27 +95,7 @@ const Format& format(KvType t) {
 // ------------------------------------------------------------------ bit-plane tiles
 // K tiles: tile (s, k) = s * (D/4) + k; bit 4 i + j: token 16 s + i, dim 4 k + j.
 // V tiles: tile (e, r) = e * 8 + r;     bit 4 i + j: dim 16 e + i, token 4 r + j.
-static inline void tile_pos_k(int dim, int tok, int d, int& tile, int& bit) {
-  tile = (tok >> 4) * (dim >> 2) + (d >> 2);
-  bit = 4 * (tok & 15) + (d & 3);
-}
-static inline void tile_pos_v(int dim, int tok, int d, int& tile, int& bit) {
-  (void)dim;
-  tile = (d >> 4) * 8 + (tok >> 2);
-  bit = 4 * (d & 15) + (tok & 3);
-}
 
-template <bool kIsK>
-static void get_codes(const uint8_t* tiles, int dim, int bits, int tok, uint8_t* codes) noexcept {
-  for (int d = 0; d < dim; ++d) {
-    int tile, bit;
-    if (kIsK) tile_pos_k(dim, tok, d, tile, bit); else tile_pos_v(dim, tok, d, tile, bit);
-    const uint8_t* t = tiles + (size_t)tile * bits * 8;
-    unsigned c = 0;
-    for (int p = 0; p < bits; ++p) c |= ((t[p * 8 + (bit >> 3)] >> (bit & 7)) & 1u) << p;
-    codes[d] = (uint8_t)c;
-  }
-}
 // Bits p of 16 codes -> 16-bit mask (bit i = bit p of c[i]).
 static inline unsigned plane16(const uint8_t* c, int p) noexcept {
 #if defined(__SSE2__)
@@ -166,8 +146,6 @@ static void set_codes(uint8_t* tiles, int dim, int bits, int tok, const uint8_t*
     }
   }
 }
-void get_tile_codes_k(const uint8_t* t, int dim, int bits, int tok, uint8_t* c) noexcept { get_codes<true>(t, dim, bits, tok, c); }
-void get_tile_codes_v(const uint8_t* t, int dim, int bits, int tok, uint8_t* c) noexcept { get_codes<false>(t, dim, bits, tok, c); }
 void set_tile_codes_k(uint8_t* t, int dim, int bits, int tok, const uint8_t* c) noexcept { set_codes<true>(t, dim, bits, tok, c); }
 void set_tile_codes_v(uint8_t* t, int dim, int bits, int tok, const uint8_t* c) noexcept { set_codes<false>(t, dim, bits, tok, c); }
 
@@ -422,116 +400,56 @@ static inline void tq_part_values(const Codebook& cb, const TrellisCode* tc, int
   }
 }
 
-static void decode_tq_part(const Codebook& cb, const TrellisCode* tc, int dim, int side, const uint8_t* tiles,
-                           int slot, float norm, uint8_t* idx, float* out) {
-  if (side == 0) get_tile_codes_k(tiles, dim, cb.bits, slot, idx);
-  else get_tile_codes_v(tiles, dim, cb.bits, slot, idx);
-  tq_part_values(cb, tc, dim, idx, norm, out);
-}
 
-// Selected channels of the split types (tqBhH), chosen online when the stream's first token
-// is quantized, over every token it has seen then (appended, window included), and frozen
-// from then on: the logit error a channel adds is its K error times its query energy, so the
-// D/8 adjacent channel pairs (2i, 2i+1) with the largest (sum of (k - mu)^2) x (sum of q^2
-// over the group's query heads, from observe_queries) take the high bits (ties: lower index);
-// pairs, because RoPE rotates each pair by the position and moves energy between its two
-// channels. Position 0 (BOS) is left out of both sums. Without observed queries: K energy
-// alone. Costs D bits per stream (counted in bytes_used).
-static void freeze_split(Stream& s) {
-  constexpr int g = 2;  // channels per unit: RoPE pairs
-  const bool weigh = s.q_n > 0;
-  std::vector<double> w(s.dim / g, 0.0), qw(w.size(), 0.0);
-  for (int d = 0; d < s.dim; ++d) {
-    w[d / g] += s.chan_energy[d];
-    if (weigh) qw[d / g] += s.q_energy[d];
+// ------------------------------------------------------------------ Stream
+Stream::Stream(const Format& f, int side_, bool sliding, const KvCacheConfig& cfg, const KvCache::Impl& I)
+    : fmt(&f), dim(cfg.head_dim), row_bytes(f.row_bytes(dim)), block_bytes(f.block_bytes(dim)), side(side_) {
+  const int D = dim;
+  // Sliding-window layers hold about a window of blocks: chunks of one block each, so that
+  // dropping is exact to the block.
+  if (sliding) blocks_per_chunk = 1;
+  const KvPart& p0 = f.parts[0];
+  if (f.turboquant()) {  // tq, tq_n8: one part over D; tq_split: selected channels, then the rest
+    norms_bytes = f.n_parts * (f.log8_norms() ? kN8HeaderBytes : kBlock * 2);
+    if (f.n_parts == 1) {
+      cb = &get_codebook(D, p0.bits);
+    } else {
+      d_hi = D * p0.quarters / 4;
+      d_lo = D - d_hi;
+      cb_hi = &get_codebook(d_hi, p0.bits);
+      cb = &get_codebook(d_lo, f.parts[1].bits);
+      tiles_hi_bytes = tiles_bytes(d_hi, p0.bits);
+    }
+    TQ_ASSERT(block_bytes == norms_bytes + tiles_hi_bytes + tiles_bytes(D - d_hi, cb->bits));
+    if (cfg.trellis) {  // parts of 1-4 bits (at 5+ the table trains to codes no better than Lloyd-Max)
+      if (cb->bits <= 4) tc = &get_trellis(D - d_hi, cb->bits);
+      if (cb_hi && cb_hi->bits <= 4) tc_hi = &get_trellis(d_hi, cb_hi->bits);
+    }
   }
-  if (weigh)
-    for (size_t u = 0; u < w.size(); ++u) w[u] *= qw[u];
-  std::vector<int> units(w.size());
-  std::iota(units.begin(), units.end(), 0);
-  std::stable_sort(units.begin(), units.end(), [&](int a, int b) { return w[a] > w[b]; });
-  std::vector<int> order;
-  for (int u : units)
-    for (int j = 0; j < g; ++j) order.push_back(u * g + j);
-  std::vector<int> hi(order.begin(), order.begin() + s.d_hi), lo(order.begin() + s.d_hi, order.end());
-  std::sort(hi.begin(), hi.end());
-  std::sort(lo.begin(), lo.end());
-  s.perm = hi;
-  s.perm.insert(s.perm.end(), lo.begin(), lo.end());
-  s.split_frozen = true;
-  s.domain = Domain::split;
-}
-
-// y = x with RoPE pair (2i, 2i + 1), i < freq.size(), turned by the angle whose (cos, sin)
-// turn(i) gives; the other dims copied.
-template <class Turn>
-static void turn_pairs(const std::vector<double>& freq, int D, const float* x, float* y, Turn turn) {
-  std::memcpy(y, x, sizeof(float) * D);
-  for (size_t i = 0; i < freq.size(); ++i) {
-    const auto [c, sn] = turn(i);
-    const double x0 = x[2 * i], x1 = x[2 * i + 1];
-    y[2 * i] = (float)(x0 * c - x1 * sn);
-    y[2 * i + 1] = (float)(x0 * sn + x1 * c);
+  if (f.rotated) {
+    rot = split() ? nullptr : I.rot.get();
+    rot_hi = split() ? I.rot_hi.get() : nullptr;
+    rot_lo = split() ? I.rot_lo.get() : nullptr;
+  }
+  window = cfg.window;
+  if (window > 0) ring = make_aligned<uint16_t>((size_t)window * D);
+  sink = cfg.sink;
+  if (sink > 0) sink_rows = make_aligned<uint16_t>((size_t)sink * D);
+  for (Precond* p : chain()) {
+    p->configure(*this, cfg, I);
+    p->reset(D);
   }
 }
 
-// (cos, sin) of pair i's angle: from a RopeTurns entry when there is one, else from `angle`.
-static std::pair<double, double> turn_of(const double* tab, size_t i, double angle) {
-  if (tab) return {tab[2 * i], tab[2 * i + 1]};
-  return {std::cos(angle), std::sin(angle)};
-}
-
-// Un-rotates a row of position pos: R(pos)^-1 x (the pre-RoPE key the means are taken of).
-static void unrope_row(const Stream& s, int pos, const float* x, float* y) {
-  const double* tab = s.turns ? s.turns->at_back(pos) : nullptr;
-  turn_pairs(s.rope_freq, s.dim, x, y, [&](size_t i) { return turn_of(tab, i, -(double)pos * s.rope_freq[i]); });
-}
-
-// Angle positions of the RoPE-rotating mean: the token's own for the kRopeExactPairs fastest
-// pairs, its block's centre for the rest (what the kernels' per-block terms assume).
-static double rope_mean_pos(int pos0, int j, size_t pair) {
-  return (int)pair < kRopeExactPairs ? (double)(pos0 + j) : pos0 + (j / kBlock) * kBlock + 0.5 * (kBlock - 1);
-}
-
-void RopeTurns::cover(const std::vector<double>& freq, int q0, int first, int count) {
-  if (first == p0 && count == n && q0 == pos0 && (int)freq.size() == P) return;
-  P = (int)freq.size();
-  p0 = first;
-  n = count;
-  pos0 = q0;
-  fwd.resize((size_t)n * P * 2);
-  back.resize((size_t)n * P * 2);
-  for (int r = 0; r < n; ++r)
-    for (int i = 0; i < P; ++i) {
-      const double a = (double)(p0 + r) * freq[i], b = -(double)(p0 + r) * freq[i];
-      double* f = &fwd[((size_t)r * P + i) * 2];
-      double* g = &back[((size_t)r * P + i) * 2];
-      f[0] = std::cos(a), f[1] = std::sin(a);
-      g[0] = std::cos(b), g[1] = std::sin(b);
-    }
-  // Block centres of the stream indices p - pos0 >= 0 of these positions.
-  const int j0 = std::max(0, p0 - pos0), j1 = p0 + n - 1 - pos0;
-  nc = j1 >= j0 ? j1 / kBlock - j0 / kBlock + 1 : 0;
-  c0 = nc ? rope_mean_pos(pos0, j0 / kBlock * kBlock, kRopeExactPairs) : 0;
-  centre.resize((size_t)nc * P * 2);
-  for (int k = 0; k < nc; ++k)
-    for (int i = 0; i < P; ++i) {
-      const double a = rope_mean_pos(pos0, (j0 / kBlock + k) * kBlock, kRopeExactPairs) * freq[i];
-      centre[((size_t)k * P + i) * 2] = std::cos(a);
-      centre[((size_t)k * P + i) * 2 + 1] = std::sin(a);
-    }
-}
-
-// A slow pair's offset from its block's centre, in tokens: -15.5 ... 15.5.
-static double rope_block_offset(int j) { return (j % kBlock) - 0.5 * (kBlock - 1); }
-
-void Stream::drop_all() {
+void Stream::clear() {
+  n_quant = 0;
   if (blocks_per_chunk == 1) {  // a sliding-window stream: every chunk back to the spares
     for (auto& c : chunks)
       if (c) spare.push_back(std::move(c));
     chunks.clear();
   }
   n_dropped = 0;
+  for (Precond* p : chain()) p->reset(dim);
 }
 
 void Stream::drop_before(int j) {
@@ -541,230 +459,76 @@ void Stream::drop_before(int j) {
   n_dropped = std::max(n_dropped, b_end / blocks_per_chunk * blocks_per_chunk * kBlock);
 }
 
-void Stream::mean_at(int j, float* out) const noexcept {
-  if (!rope_mu) {
-    std::memcpy(out, mu_of(j), sizeof(float) * dim);
+void Stream::rotate(int n, const float* x, float* y, bool inverse) const {
+  if (rot) return inverse ? rot->inverse((size_t)n, x, y) : rot->forward((size_t)n, x, y);
+  if (!rot_hi) {
+    if (y != x) std::memcpy(y, x, sizeof(float) * (size_t)n * dim);
     return;
   }
-  const double* fast = turns ? turns->at(pos0 + j) : nullptr;
-  const double* slow = turns && rope_freq.size() > (size_t)kRopeExactPairs
-                           ? turns->at_centre(rope_mean_pos(pos0, j, kRopeExactPairs))
-                           : nullptr;
-  turn_pairs(rope_freq, dim, mu_of(j), out, [&](size_t i) {
-    return turn_of((int)i < kRopeExactPairs ? fast : slow, i, rope_mean_pos(pos0, j, i) * rope_freq[i]);
-  });
-  // Slow pairs: u = R(centre) mu turned on by x = w * offset to second order,
-  // (1 - x^2 / 2) u + x R(pi / 2) u, so that the kernels add it as two terms per token.
-  const double dj = rope_block_offset(j);
-  for (size_t i = kRopeExactPairs; i < rope_freq.size(); ++i) {
-    const double x = rope_freq[i] * dj, c = 1.0 - 0.5 * x * x, u0 = out[2 * i], u1 = out[2 * i + 1];
-    out[2 * i] = (float)(c * u0 - x * u1);
-    out[2 * i + 1] = (float)(c * u1 + x * u0);
+  std::vector<float> a((size_t)n * d_hi), b((size_t)n * d_lo);
+  for (int r = 0; r < n; ++r) {
+    std::memcpy(&a[(size_t)r * d_hi], x + (size_t)r * dim, sizeof(float) * d_hi);
+    std::memcpy(&b[(size_t)r * d_lo], x + (size_t)r * dim + d_hi, sizeof(float) * d_lo);
+  }
+  for (auto [R, v] : {std::pair{rot_hi, &a}, std::pair{rot_lo, &b}})
+    inverse ? R->inverse((size_t)n, v->data(), v->data()) : R->forward((size_t)n, v->data(), v->data());
+  for (int r = 0; r < n; ++r) {
+    std::memcpy(y + (size_t)r * dim, &a[(size_t)r * d_hi], sizeof(float) * d_hi);
+    std::memcpy(y + (size_t)r * dim + d_hi, &b[(size_t)r * d_lo], sizeof(float) * d_lo);
   }
 }
 
-// Mean centring, chosen online: when a centred stream's first token is quantized, mu is the
-// mean of every token the stream has seen so far (sinks, window and the whole batch being
-// appended) except position 0 (the BOS / attention-sink token, an outlier in most models),
-// rounded to fp16 and frozen from then on. If position 0 is the only token seen (token-by-token
-// from an empty cache with no sink and no window), mu = 0: no centring for that stream.
-static void freeze_mu(Stream& s) {
-  const int D = s.dim, n = s.stat_n - 1;  // position 0 excluded
-  s.mu.assign(D, 0.f);
-  s.n_mu = 1;
-  if (n > 0)
-    for (int d = 0; d < D; ++d)
-      s.mu[d] = fp16_to_fp32(fp32_to_fp16((float)((s.stat_sum[d] - s.stat_x0[d]) / n)));
-  s.mu_frozen = true;
-  if (s.stats_open()) {
-    // Outlier channels and K scaling use the centred rows: sum (x - mu)^2 over the same tokens.
-    // rope_mu: chan_sum holds un-rotated rows; a pair's energy is rotation invariant, so its
-    // correction is exact per pair and split evenly over the pair's two channels.
-    if (s.rope_mu) {
-      for (int d = 0; d + 1 < D; d += 2) {
-        const double c = -2.0 * (s.mu[d] * s.chan_sum[d] + s.mu[d + 1] * s.chan_sum[d + 1]) +
-                         (double)s.chan_n * (s.mu[d] * s.mu[d] + s.mu[d + 1] * s.mu[d + 1]);
-        s.chan_energy[d] += c / 2;
-        s.chan_energy[d + 1] += c / 2;
-      }
-    } else {
-      for (int d = 0; d < D; ++d)
-        s.chan_energy[d] += -2.0 * s.mu[d] * s.chan_sum[d] + (double)s.chan_n * s.mu[d] * s.mu[d];
-    }
-  }
+void Stream::query_to_domain(int n, const float* q, float* y) const {
+  std::memcpy(y, q, sizeof(float) * (size_t)n * dim);
+  for (const Precond* p : chain()) p->query(n, y, dim);
+  rotate(n, y, y);
 }
 
-// K scaling (KvCacheConfig::scale_k), chosen when the stream's first token is quantized. For
-// an isotropic quantizer of y = w * k (rotation + codebook: error variance per coordinate
-// proportional to |y|^2), the q.k error variance is proportional to
-//   (sum_d w_d^2 E[k_d^2]) (sum_d E[q_d^2] / w_d^2),
-// smallest (Cauchy-Schwarz) at w_d^2 proportional to sqrt(E[q_d^2] / E[k_d^2]). One weight per
-// RoPE pair (RoPE moves energy between the pair's channels), from the centred K energy and
-// the query energy of the n tokens seen before freezing, the exponent shrunk by n / (n + 16)
-// (a short prompt is a noisy estimate: the weights move toward 1); clamped to [1/4, 4] x the geometric
-// mean (a pair nearly empty then can grow later without swamping the rest), scaled so that
-// sum_d w_d^2 E[k_d^2] = sum_d E[k_d^2] (norms keep their range), rounded to fp16: D / 2
-// stored values (counted in bytes_used).
-static void freeze_kscale(Stream& s) {
-  s.kscale_frozen = true;
-  s.kw.clear();
-  if (s.q_n == 0 || s.chan_n == 0) return;  // no queries seen: identity
-  const int P = s.dim / 2;
-  std::vector<double> ke(P), w(P);
-  double kmax = 0, qmax = 0;
-  for (int u = 0; u < P; ++u) {
-    ke[u] = std::max(0.0, s.chan_energy[2 * u] + s.chan_energy[2 * u + 1]);
-    kmax = std::max(kmax, ke[u]);
-    qmax = std::max(qmax, s.q_energy[2 * u] + s.q_energy[2 * u + 1]);
-  }
-  if (!(kmax > 0) || !(qmax > 0)) return;
-  const double n = std::min(s.q_n, s.chan_n), expo = 0.25 * n / (n + 16);
-  double lsum = 0;
-  for (int u = 0; u < P; ++u) {
-    const double q = std::max(s.q_energy[2 * u] + s.q_energy[2 * u + 1], 1e-9 * qmax);
-    w[u] = std::pow(q / std::max(ke[u], 1e-9 * kmax), expo);
-    lsum += std::log(w[u]);
-  }
-  const double gm = std::exp(lsum / P);
-  double e0 = 0, e1 = 0;
-  for (int u = 0; u < P; ++u) {
-    w[u] = std::clamp(w[u], gm / 4, gm * 4);
-    e0 += ke[u];
-    e1 += w[u] * w[u] * ke[u];
-  }
-  const double c = std::sqrt(e0 / e1);
-  s.kw.resize(s.dim);
-  for (int u = 0; u < P; ++u) s.kw[2 * u] = s.kw[2 * u + 1] = fp16_to_fp32(fp32_to_fp16((float)(w[u] * c)));
+void Stream::to_orig(int j0, int n, float* x) const {
+  rotate(n, x, x, true);
+  const auto c = chain();
+  for (auto p = c.rbegin(); p != c.rend(); ++p) (*p)->inverse(j0, n, x, dim);
 }
 
-// ------------------------------------------------------------------ Impl: transforms
-void KvCache::Impl::query_to_domain(const Stream& s, int n, const float* q, float* y) const {
-  if (s.kw.empty()) return to_domain(s, n, q, y);
-  const int D = s.dim;
-  std::vector<float> t((size_t)n * D);
-  for (int r = 0; r < n; ++r)
-    for (int d = 0; d < D; ++d) t[(size_t)r * D + d] = q[(size_t)r * D + d] / s.kw[d];
-  to_domain(s, n, t.data(), y);
-}
-
-void KvCache::Impl::to_domain(const Stream& s, int n, const float* x, float* y) const {
-  const int D = s.dim;
-  switch (s.domain) {
-    case Domain::orig:
-      if (y != x) std::memcpy(y, x, sizeof(float) * (size_t)n * D);
-      return;
-    case Domain::rot:
-      rot->forward((size_t)n, x, y);
-      return;
-    case Domain::split: {
-      std::vector<float> a((size_t)n * s.d_hi), b((size_t)n * s.d_lo);
-      for (int r = 0; r < n; ++r) {
-        for (int i = 0; i < s.d_hi; ++i) a[(size_t)r * s.d_hi + i] = x[(size_t)r * D + s.perm[i]];
-        for (int i = 0; i < s.d_lo; ++i) b[(size_t)r * s.d_lo + i] = x[(size_t)r * D + s.perm[s.d_hi + i]];
-      }
-      rot_hi->forward((size_t)n, a.data(), a.data());
-      rot_lo->forward((size_t)n, b.data(), b.data());
-      for (int r = 0; r < n; ++r) {
-        std::memcpy(y + (size_t)r * D, &a[(size_t)r * s.d_hi], sizeof(float) * s.d_hi);
-        std::memcpy(y + (size_t)r * D + s.d_hi, &b[(size_t)r * s.d_lo], sizeof(float) * s.d_lo);
-      }
-      return;
-    }
-  }
-}
-
-void KvCache::Impl::to_orig(const Stream& s, int n, float* x) const {
-  const int D = s.dim;
-  switch (s.domain) {
-    case Domain::orig: break;
-    case Domain::rot: rot->inverse((size_t)n, x, x); break;
-    case Domain::split: {
-      std::vector<float> a((size_t)n * s.d_hi), b((size_t)n * s.d_lo);
-      for (int r = 0; r < n; ++r) {
-        std::memcpy(&a[(size_t)r * s.d_hi], x + (size_t)r * D, sizeof(float) * s.d_hi);
-        std::memcpy(&b[(size_t)r * s.d_lo], x + (size_t)r * D + s.d_hi, sizeof(float) * s.d_lo);
-      }
-      rot_hi->inverse((size_t)n, a.data(), a.data());
-      rot_lo->inverse((size_t)n, b.data(), b.data());
-      for (int r = 0; r < n; ++r) {
-        for (int i = 0; i < s.d_hi; ++i) x[(size_t)r * D + s.perm[i]] = a[(size_t)r * s.d_hi + i];
-        for (int i = 0; i < s.d_lo; ++i) x[(size_t)r * D + s.perm[s.d_hi + i]] = b[(size_t)r * s.d_lo + i];
-      }
-      break;
-    }
-  }
-  if (!s.kw.empty())
-    for (int r = 0; r < n; ++r)
-      for (int d = 0; d < D; ++d) x[(size_t)r * D + d] /= s.kw[d];
-}
-
-// ------------------------------------------------------------------ Impl: encode / decode
-void KvCache::Impl::encode_rows(Stream& s, int n, const float* x, size_t stride) {
-  const int D = s.dim;
+// ------------------------------------------------------------------ Stream: encode / decode
+void Stream::encode_rows(int n, const float* x, size_t stride) {
+  const int D = dim;
   if (n <= 0) return;
-  if (s.center && !s.mu_frozen) freeze_mu(s);
-  if (s.kscale && !s.kscale_frozen) freeze_kscale(s);
-  if (s.fmt->layout == KvLayout::tq_split && !s.split_frozen) freeze_split(s);
+  for (Precond* p : chain())
+    if (p->open()) p->freeze(*this);
+  const bool rotated = rot || rot_hi;
   std::vector<float> xb((size_t)kBlock * D), yb((size_t)kBlock * D), u((size_t)D);
   std::vector<uint8_t> idx((size_t)D);
   std::vector<uint16_t> h((size_t)D);
   int r = 0;
   while (r < n) {  // segments that stay inside one block
-    const int t = s.n_quant;
+    const int t = n_quant;
     const int b = t / kBlock, slot0 = t % kBlock;
     const int m = std::min(n - r, kBlock - slot0);
-    const int c = b / s.blocks_per_chunk;
-    if (c >= (int)s.chunks.size()) s.chunks.resize((size_t)c + 1);
-    if (!s.chunks[c]) {
-      if (!s.spare.empty()) {
-        s.chunks[c] = std::move(s.spare.back());
-        s.spare.pop_back();
+    const int c = b / blocks_per_chunk;
+    if (c >= (int)chunks.size()) chunks.resize((size_t)c + 1);
+    if (!chunks[c]) {
+      if (!spare.empty()) {
+        chunks[c] = std::move(spare.back());
+        spare.pop_back();
       } else {
-        s.chunks[c] = make_aligned<uint8_t>(checked_mul(s.block_bytes, s.blocks_per_chunk, "kv chunk bytes"));
+        chunks[c] = make_aligned<uint8_t>(checked_mul(block_bytes, blocks_per_chunk, "kv chunk bytes"));
       }
     }
-    uint8_t* blk = s.block(b);
-    if (slot0 == 0) std::memset(blk, 0, s.block_bytes);
-    for (int j = 0; j < m; ++j)
-      std::memcpy(&xb[(size_t)j * D], x + (size_t)(r + j) * stride, sizeof(float) * D);
-    if (s.center) {
-      // Segmented means: segment g >= 1 starts here: its mean is that of segment g - 1.
-      if (s.mu_segment > 0 && t / s.mu_segment >= s.n_mu) {
-        TQ_ASSERT(t % s.mu_segment == 0 && t / s.mu_segment == s.n_mu);
-        s.mu.resize((size_t)(s.n_mu + 1) * D);
-        for (int d = 0; d < D; ++d)
-          s.mu[(size_t)s.n_mu * D + d] = fp16_to_fp32(fp32_to_fp16((float)(s.seg_sum[d] / s.mu_segment)));
-        ++s.n_mu;
-        std::fill(s.seg_sum.begin(), s.seg_sum.end(), 0.0);
-      }
-      if (s.mu_segment > 0)
-        for (int j = 0; j < m; ++j) {
-          const float* xr = &xb[(size_t)j * D];
-          if (s.rope_mu) {
-            unrope_row(s, s.pos0 + t + j, xr, u.data());
-            xr = u.data();
-          }
-          for (int d = 0; d < D; ++d) s.seg_sum[d] += xr[d];
-        }
-    }
-    if (s.center)
-      for (int j = 0; j < m; ++j) {
-        s.mean_at(t + j, u.data());
-        for (int d = 0; d < D; ++d) xb[(size_t)j * D + d] -= u[d];
-      }
-    if (!s.kw.empty())
-      for (int j = 0; j < m; ++j)
-        for (int d = 0; d < D; ++d) xb[(size_t)j * D + d] *= s.kw[d];
-    if (s.domain != Domain::orig) to_domain(s, m, xb.data(), yb.data());
+    uint8_t* blk = block(b);
+    if (slot0 == 0) std::memset(blk, 0, block_bytes);
+    for (int j = 0; j < m; ++j) std::memcpy(&xb[(size_t)j * D], x + (size_t)(r + j) * stride, sizeof(float) * D);
+    for (Precond* p : chain()) p->forward(t, m, xb.data(), D);
+    if (rotated) rotate(m, xb.data(), yb.data());
     for (int j = 0; j < m; ++j) {
       const int slot = slot0 + j;
-      const float* xr = &xb[(size_t)j * D];
-      const float* yr = &yb[(size_t)j * D];
-      uint8_t* row = blk + (size_t)slot * s.row_bytes;
-      switch (s.fmt->layout) {
+      const float* xr = &xb[(size_t)j * D];  // preconditioned
+      const float* yr = &yb[(size_t)j * D];  // and rotated
+      uint8_t* row = blk + (size_t)slot * row_bytes;
+      switch (fmt->layout) {
         case KvLayout::f32: std::memcpy(row, xr, sizeof(float) * D); break;
         case KvLayout::f16:
-          if (s.side == 0) {  // K: dim-major within the block (32 tokens of one dim contiguous)
+          if (side == 0) {  // K: dim-major within the block (32 tokens of one dim contiguous)
             f32_to_f16(D, xr, h.data());
             uint16_t* kb = reinterpret_cast<uint16_t*>(blk);
             for (int d = 0; d < D; ++d) kb[(size_t)d * kBlock + slot] = h[d];
@@ -772,31 +536,26 @@ void KvCache::Impl::encode_rows(Stream& s, int n, const float* x, size_t stride)
             f32_to_f16(D, xr, reinterpret_cast<uint16_t*>(row));
           }
           break;
-        case KvLayout::q8_0:
-        case KvLayout::q4_0: {
-          const float* src = s.domain == Domain::rot ? yr : xr;
-          if (s.fmt->layout == KvLayout::q8_0) quantize_q8_0(D, src, reinterpret_cast<BlockQ8_0*>(row));
-          else quantize_q4_0(D, src, reinterpret_cast<BlockQ4_0*>(row));
-          break;
-        }
+        case KvLayout::q8_0: quantize_q8_0(D, rotated ? yr : xr, reinterpret_cast<BlockQ8_0*>(row)); break;
+        case KvLayout::q4_0: quantize_q4_0(D, rotated ? yr : xr, reinterpret_cast<BlockQ4_0*>(row)); break;
         case KvLayout::tq:
-          encode_tq_part(*s.cb, s.tc, D, s.side, yr, norm2(xr, D), reinterpret_cast<uint16_t*>(blk) + slot,
-                         blk + s.norms_bytes, slot, idx.data(), u.data());
+          encode_tq_part(*cb, tc, D, side, yr, norm2(xr, D), reinterpret_cast<uint16_t*>(blk) + slot,
+                         blk + norms_bytes, slot, idx.data(), u.data());
           break;
         case KvLayout::tq_n8:
-          set_n8_norm(blk, slot, encode_tq_part(*s.cb, s.tc, D, s.side, yr, norm2(xr, D), nullptr,
-                                                blk + s.norms_bytes, slot, idx.data(), u.data()));
+          set_n8_norm(blk, slot, encode_tq_part(*cb, tc, D, side, yr, norm2(xr, D), nullptr, blk + norms_bytes, slot,
+                                                idx.data(), u.data()));
           break;
-        case KvLayout::tq_split: {
+        case KvLayout::tq_split: {  // xr: the d_hi selected channels first (Channels)
           double e_hi = 0, e_lo = 0;
-          for (int i = 0; i < s.d_hi; ++i) e_hi += (double)xr[s.perm[i]] * xr[s.perm[i]];
-          for (int i = s.d_hi; i < D; ++i) e_lo += (double)xr[s.perm[i]] * xr[s.perm[i]];
-          const bool n8 = s.fmt->log8_norms();
-          uint16_t* h = reinterpret_cast<uint16_t*>(blk);
-          const double n_hi = encode_tq_part(*s.cb_hi, s.tc_hi, s.d_hi, s.side, yr, std::sqrt(e_hi), n8 ? nullptr : h + slot,
-                                             blk + s.norms_bytes, slot, idx.data(), u.data());
-          const double n_lo = encode_tq_part(*s.cb, s.tc, s.d_lo, s.side, yr + s.d_hi, std::sqrt(e_lo),
-                                             n8 ? nullptr : h + kBlock + slot, blk + s.norms_bytes + s.tiles_hi_bytes,
+          for (int i = 0; i < d_hi; ++i) e_hi += (double)xr[i] * xr[i];
+          for (int i = d_hi; i < D; ++i) e_lo += (double)xr[i] * xr[i];
+          const bool n8 = fmt->log8_norms();
+          uint16_t* nh = reinterpret_cast<uint16_t*>(blk);
+          const double n_hi = encode_tq_part(*cb_hi, tc_hi, d_hi, side, yr, std::sqrt(e_hi), n8 ? nullptr : nh + slot,
+                                             blk + norms_bytes, slot, idx.data(), u.data());
+          const double n_lo = encode_tq_part(*cb, tc, d_lo, side, yr + d_hi, std::sqrt(e_lo),
+                                             n8 ? nullptr : nh + kBlock + slot, blk + norms_bytes + tiles_hi_bytes,
                                              slot, idx.data(), u.data());
           if (n8) {
             set_n8_norm(blk, slot, n_hi);
@@ -806,13 +565,14 @@ void KvCache::Impl::encode_rows(Stream& s, int n, const float* x, size_t stride)
         }
       }
     }
-    s.n_quant += m;
+    n_quant += m;
     r += m;
   }
 }
 
-void KvCache::Impl::decode_domain(const Stream& s, int t0, int n, float* out) const {
-  const int D = s.dim;
+void Stream::decode_domain(int t0, int n, float* out) const {
+  const Stream& s = *this;
+  const int D = dim;
   TQ_ASSERT(t0 >= s.n_dropped && t0 + n <= s.n_quant);
   if ((s.fmt->layout == KvLayout::q8_0 || s.fmt->layout == KvLayout::q4_0) && !simd::use_scalar()) {
     for (int r = 0; r < n;) {  // rows are contiguous within a block
@@ -824,31 +584,24 @@ void KvCache::Impl::decode_domain(const Stream& s, int t0, int n, float* out) co
     }
     return;
   }
-  if (s.fmt->turboquant() && !simd::use_scalar()) {
+  if (fmt->turboquant()) {  // whole blocks: expand the tiles once, then emit the rows
+    Part parts[2];
+    const int np = parts_of(s, parts);
     std::vector<uint8_t> codes((size_t)kBlock * D);
-    for (int r = 0; r < n;) {  // whole blocks: expand the tiles once, then emit the rows
-      const int t = t0 + r, b = t / kBlock, first = t % kBlock, m = std::min(n - r, kBlock - first);
-      const uint8_t* blk = s.block(b);
-      const int nparts = s.fmt->n_parts;
-      for (int part = 0; part < nparts; ++part) {
-        const Codebook& cb = (nparts == 2 && part == 0) ? *s.cb_hi : *s.cb;
-        const TrellisCode* tc = (nparts == 2 && part == 0) ? s.tc_hi : s.tc;
-        const int dim = nparts == 1 ? D : (part == 0 ? s.d_hi : s.d_lo);
-        const int off = part == 1 ? s.d_hi : 0;
-        const uint8_t* tiles = blk + s.norms_bytes + (part == 1 ? s.tiles_hi_bytes : 0);
-        expand_tiles(tiles, dim, cb.bits, s.side == 0, codes.data());
-        for (int j = 0; j < m; ++j) {
-          const float nrm = tq_block_norm(s, blk, part, first + j);
-          const uint8_t* c = codes.data() + (size_t)(first + j) * dim;
-          float* o = out + (size_t)(r + j) * D + off;
-          tq_part_values(cb, tc, dim, c, nrm, o);
-        }
+    for (int r = 0; r < n;) {
+      const int t = t0 + r, first = t % kBlock, m = std::min(n - r, kBlock - first);
+      const uint8_t* blk = block(t / kBlock);
+      for (int i = 0; i < np; ++i) {
+        const Part& p = parts[i];
+        expand_tiles(blk + p.tiles_off, p.dim, p.bits, side == 0, codes.data());
+        for (int j = 0; j < m; ++j)
+          tq_part_values(*p.cb, p.tc, p.dim, codes.data() + (size_t)(first + j) * p.dim,
+                         tq_block_norm(s, blk, i, first + j), out + (size_t)(r + j) * D + p.off);
       }
       r += m;
     }
     return;
   }
-  std::vector<uint8_t> idx((size_t)D);
   for (int r = 0; r < n; ++r) {
     const int t = t0 + r;
     const uint8_t* blk = s.block(t / kBlock);
@@ -866,19 +619,7 @@ void KvCache::Impl::decode_domain(const Stream& s, int t0, int n, float* out) co
         break;
       case KvLayout::q8_0: dequantize_q8_0(D, reinterpret_cast<const BlockQ8_0*>(row), o); break;
       case KvLayout::q4_0: dequantize_q4_0(D, reinterpret_cast<const BlockQ4_0*>(row), o); break;
-      case KvLayout::tq:
-      case KvLayout::tq_n8: {
-        const uint8_t* tiles = blk + s.norms_bytes;
-        decode_tq_part(*s.cb, s.tc, D, s.side, tiles, t % kBlock, tq_block_norm(s, blk, 0, t % kBlock), idx.data(), o);
-        break;
-      }
-      case KvLayout::tq_split: {
-        decode_tq_part(*s.cb_hi, s.tc_hi, s.d_hi, s.side, blk + s.norms_bytes, t % kBlock,
-                       tq_block_norm(s, blk, 0, t % kBlock), idx.data(), o);
-        decode_tq_part(*s.cb, s.tc, s.d_lo, s.side, blk + s.norms_bytes + s.tiles_hi_bytes, t % kBlock,
-                       tq_block_norm(s, blk, 1, t % kBlock), idx.data(), o + s.d_hi);
-        break;
-      }
+      default: TQ_ASSERT(false);  // tq layouts: above
     }
   }
 }
@@ -908,8 +649,10 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
   TQ_CHECK(cfg.boundary_layers >= 0 && 2 * cfg.boundary_layers <= cfg.n_layers + 1,
            "kv cache: boundary_layers %d too large for %d layers", cfg.boundary_layers, cfg.n_layers);
   const int D = cfg.head_dim;
-  const KvType tk = parse_kv_type(cfg.type_k), tv = parse_kv_type(cfg.type_v);
-  const KvType bk = parse_kv_type(cfg.boundary_type_k), bv = parse_kv_type(cfg.boundary_type_v);
+  for (KvFormat f : {cfg.type_k, cfg.type_v, cfg.boundary_type_k, cfg.boundary_type_v})
+    TQ_CHECK(f < KvFormat::count, "kv cache: invalid format %d", (int)f);
+  const KvType tk = kv_type(cfg.type_k), tv = kv_type(cfg.type_v);
+  const KvType bk = kv_type(cfg.boundary_type_k), bv = kv_type(cfg.boundary_type_v);
   TQ_CHECK(cfg.layer_type_k.empty() || static_cast<int>(cfg.layer_type_k.size()) == cfg.n_layers,
            "kv cache: layer_type_k has %zu entries for %d layers", cfg.layer_type_k.size(), cfg.n_layers);
   TQ_CHECK(cfg.layer_type_v.empty() || static_cast<int>(cfg.layer_type_v.size()) == cfg.n_layers,
@@ -930,10 +673,10 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
       for (int side = 0; side < 2; ++side) {
         const auto& over = side == 0 ? cfg.layer_type_k : cfg.layer_type_v;
         const auto& head = side == 0 ? cfg.head_type_k : cfg.head_type_v;
-        const std::string* name = !head.empty() && !head[i].empty() ? &head[i]
-                                  : !over.empty() && !over[l].empty() ? &over[l] : nullptr;
-        if (name) {
-          types[i][side] = parse_kv_type(*name);
+        const std::optional<KvFormat> f = !head.empty() && head[i] ? head[i] : !over.empty() ? over[l] : std::nullopt;
+        if (f) {
+          TQ_CHECK(*f < KvFormat::count, "kv cache: invalid format %d", (int)*f);
+          types[i][side] = kv_type(*f);
           used.push_back(types[i][side]);
         }
       }
@@ -950,97 +693,15 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
     }
   }
 
-  // RoPE-rotating K mean: pair frequencies and the kernels' tables (see Stream::rope_cos).
-  std::vector<double> rope_freq;
-  const int rope_nbs = cfg.max_tokens / kBlock + 1 + 16;  // + 16: vector reads past the last block
-  if (cfg.center_rope) {
-    const int P = cfg.rope_dim / 2, F = std::min(P, kRopeExactPairs);
-    for (int i = 0; i < P; ++i) rope_freq.push_back(std::pow((double)cfg.rope_base, -2.0 * i / cfg.rope_dim));
-    I.rope_cos.assign((size_t)P * rope_nbs, 0.f);
-    I.rope_sin.assign((size_t)P * rope_nbs, 0.f);
-    I.rope_j.resize((size_t)(F + 1) * 2 * kBlock);
-    for (int i = 0; i < P; ++i) {
-      for (int b = 0; b + 16 < rope_nbs; ++b) {  // fast pairs: the block's first token
-        const double a = rope_mean_pos(cfg.sink, b * kBlock, i) * rope_freq[i];
-        I.rope_cos[(size_t)i * rope_nbs + b] = (float)std::cos(a);
-        I.rope_sin[(size_t)i * rope_nbs + b] = (float)std::sin(a);
-      }
-      if (i < F)
-        for (int j = 0; j < kBlock; ++j) {
-          I.rope_j[(size_t)i * 2 * kBlock + j] = (float)std::cos(j * rope_freq[i]);
-          I.rope_j[(size_t)i * 2 * kBlock + kBlock + j] = (float)std::sin(j * rope_freq[i]);
-        }
-    }
-    I.rope_freq = rope_freq;
-    for (int j = 0; j < kBlock; ++j) {  // the slow pairs' token offsets and their squares
-      I.rope_j[(size_t)F * 2 * kBlock + j] = (float)rope_block_offset(j);
-      I.rope_j[(size_t)F * 2 * kBlock + kBlock + j] = (float)(rope_block_offset(j) * rope_block_offset(j));
-    }
-  }
+  build_rope_tables(I);
   I.layers.resize(cfg.n_layers);
   for (int l = 0; l < cfg.n_layers; ++l) {
+    const bool sliding = !cfg.layer_window.empty() && cfg.layer_window[l] > 0;
     for (int side = 0; side < 2; ++side) {
       auto& vec = side == 0 ? I.layers[l].k : I.layers[l].v;
-      vec.resize(cfg.n_kv_heads);
-      for (int h = 0; h < cfg.n_kv_heads; ++h) {
-        auto& s = vec[h];
-        const KvType t = types[(size_t)l * cfg.n_kv_heads + h][side];
-        s.fmt = &format(t);
-        s.dim = D;
-        const Format& f = *s.fmt;
-        s.row_bytes = f.row_bytes(D);
-        s.block_bytes = f.block_bytes(D);
-        s.domain = f.rotated ? Domain::rot : Domain::orig;
-        s.side = side;
-        s.window = cfg.window;
-        // Sliding-window layers hold about a window of blocks: chunks of one block each, so
-        // that dropping is exact to the block.
-        if (!cfg.layer_window.empty() && cfg.layer_window[l] > 0) s.blocks_per_chunk = 1;
-        const KvPart& p0 = f.parts[0];
-        const size_t part_norms = f.log8_norms() ? kN8HeaderBytes : kBlock * 2;  // one part's per block
-        if (f.turboquant()) {  // tq, tq_n8: one part over D; tq_split: selected channels, then the rest
-          s.norms_bytes = f.n_parts * part_norms;
-          if (f.n_parts == 1) {
-            s.cb = &get_codebook(D, p0.bits);
-          } else {
-            s.d_hi = D * p0.quarters / 4;
-            s.d_lo = D - s.d_hi;
-            s.cb_hi = &get_codebook(s.d_hi, p0.bits);
-            s.cb = &get_codebook(s.d_lo, f.parts[1].bits);
-            s.tiles_hi_bytes = tiles_bytes(s.d_hi, p0.bits);
-            s.domain = Domain::orig;  // until the channels are chosen
-          }
-          TQ_ASSERT(s.block_bytes == s.norms_bytes + s.tiles_hi_bytes + tiles_bytes(D - s.d_hi, s.cb->bits));
-        }
-        s.rope_mu = side == 0 && cfg.center_k && cfg.center_rope && f.quantized();
-        if (s.rope_mu) {
-          s.pos0 = cfg.sink;
-          s.rope_freq = rope_freq;
-          s.rope_cos = I.rope_cos.data();
-          s.rope_sin = I.rope_sin.data();
-          s.rope_nbs = rope_nbs;
-          s.rope_j = I.rope_j.data();
-          s.turns = &I.turns;
-        }
-        if (cfg.trellis && f.turboquant()) {
-          // Parts of 1-4 bits (at 5+ bits the table trains to codes no better than Lloyd-Max).
-          if (s.cb->bits <= 4) s.tc = &get_trellis(D - s.d_hi, s.cb->bits);
-          if (s.cb_hi && s.cb_hi->bits <= 4) s.tc_hi = &get_trellis(s.d_hi, s.cb_hi->bits);
-        }
-        s.kscale = side == 0 && cfg.scale_k && f.turboquant();
-        s.reset_stats();
-        if (cfg.window > 0) s.ring = make_aligned<uint16_t>((size_t)cfg.window * D);
-        s.sink = cfg.sink;
-        if (cfg.sink > 0) s.sink_rows = make_aligned<uint16_t>((size_t)cfg.sink * D);
-        // Centring buys nothing for the float formats: only quantized streams are centred.
-        s.center = (side == 0 ? cfg.center_k : cfg.center_v) && f.quantized();
-        if (s.center) {
-          s.stat_sum.assign(D, 0.0);
-          s.stat_x0.assign(D, 0.f);
-          s.mu_segment = cfg.center_segment;
-          if (s.mu_segment > 0) s.seg_sum.assign(D, 0.0);
-        }
-      }
+      vec.reserve(cfg.n_kv_heads);
+      for (int h = 0; h < cfg.n_kv_heads; ++h)
+        vec.emplace_back(format(types[(size_t)l * cfg.n_kv_heads + h][side]), side, sliding, cfg, I);
     }
   }
 }
@@ -1059,26 +720,7 @@ void KvCache::clear() {
   for (auto& L : impl_->layers) {
     L.n_tokens = 0;
     for (auto* vec : {&L.k, &L.v})
-      for (auto& s : *vec) {
-        s.n_quant = 0;
-        s.drop_all();
-        if (s.center) {
-          s.mu_frozen = false;
-          s.n_mu = 0;
-          if (s.mu_segment > 0) s.seg_sum.assign(s.dim, 0.0);
-          s.stat_sum.assign(s.dim, 0.0);
-          s.stat_n = 0;
-        }
-        if (s.fmt->layout == KvLayout::tq_split) {
-          s.split_frozen = false;
-          s.domain = Domain::orig;
-        }
-        if (s.kscale) {
-          s.kscale_frozen = false;
-          s.kw.clear();
-        }
-        s.reset_stats();
-      }
+      for (auto& s : *vec) s.clear();
   }
 }
 
@@ -1096,14 +738,9 @@ void KvCache::observe_queries(int layer, int n_tokens, const float* q, int n_hea
     Stream& s = L.k[h];
     if (!s.wants_queries()) continue;
     TQ_CHECK(q, "kv cache observe_queries: null q");
-    for (int r = 0; r < n_tokens; ++r) {
-      if (L.n_tokens + r == 0) continue;  // BOS, as for the keys
-      for (int g = 0; g < group; ++g) {
-        const float* qr = q + ((size_t)r * n_heads + (size_t)h * group + g) * D;
-        for (int d = 0; d < D; ++d) s.q_energy[d] += (double)qr[d] * qr[d];
-      }
-      ++s.q_n;
-    }
+    for (Precond* p : s.chain())
+      if (p->wants_queries())
+        p->observe_queries(L.n_tokens, n_tokens, q + (size_t)h * group * D, (size_t)n_heads * D, group, D);
   }
 }
 
@@ -1117,36 +754,20 @@ static void append_stream(KvCache::Impl& I, Layer& L, int side, int h, int n_tok
   const size_t stride = (size_t)cfg.n_kv_heads * D;
   Stream& s = (side == 0 ? L.k : L.v)[h];
   const float* xh = (side == 0 ? k : v) + (size_t)h * D;
-  // The rows the centring sums take: as given, or turned back to position 0 (rope_mu), once.
-  const bool centre_stats = s.center && (s.stats_open() || !s.mu_frozen);
-  std::vector<float> unrot;
-  if (centre_stats && s.rope_mu) {
-    unrot.resize((size_t)n_tokens * D);
-    for (int r = 0; r < n_tokens; ++r)
-      unrope_row(s, L.n_tokens + r, xh + (size_t)r * stride, &unrot[(size_t)r * D]);
+  // The preconditioners still choosing see the rows; a RoPE-rotating mean takes them turned
+  // back to position 0, once.
+  bool open = false;
+  for (const Precond* p : s.chain()) open = open || p->open();
+  if (open) {
+    std::vector<float> unrot;
+    if (s.centre.rope) {
+      unrot.resize((size_t)n_tokens * D);
+      for (int r = 0; r < n_tokens; ++r) s.centre.unrope_row(L.n_tokens + r, xh + (size_t)r * stride, &unrot[(size_t)r * D]);
+    }
+    const Rows rows{L.n_tokens, n_tokens, xh, stride, unrot.empty() ? nullptr : unrot.data()};
+    for (Precond* p : s.chain())
+      if (p->open()) p->observe(rows, D);
   }
-  auto centre_row = [&](int r) {
-    return s.rope_mu ? &unrot[(size_t)r * D] : xh + (size_t)r * stride;
-  };
-  if (s.stats_open())
-    for (int r = 0; r < n_tokens; ++r) {
-      if (L.n_tokens + r == 0) continue;  // BOS: see freeze_split
-      const float* xr = xh + (size_t)r * stride;
-      for (int d = 0; d < D; ++d) s.chan_energy[d] += (double)xr[d] * xr[d];
-      if (s.center) {
-        const float* cr = centre_row(r);
-        for (int d = 0; d < D; ++d) s.chan_sum[d] += cr[d];
-      }
-      ++s.chan_n;
-    }
-  if (s.center && !s.mu_frozen)
-    for (int r = 0; r < n_tokens; ++r) {
-      const float* xr = centre_row(r);
-      const int pos = L.n_tokens + r;
-      for (int d = 0; d < D; ++d) s.stat_sum[d] += xr[d];
-      if (pos == 0) std::memcpy(s.stat_x0.data(), xr, sizeof(float) * D);
-      ++s.stat_n;
-    }
   // Sinks: the first S positions stay in f16 for good.
   const int S = cfg.sink;
   const int r0 = std::clamp(S - L.n_tokens, 0, n_tokens);
@@ -1154,7 +775,7 @@ static void append_stream(KvCache::Impl& I, Layer& L, int side, int h, int n_tok
     f32_to_f16(D, xh + (size_t)r * stride, s.sink_rows.get() + (size_t)(L.n_tokens + r) * D);
   if (r0 == n_tokens) return;
   if (W == 0) {
-    I.encode_rows(s, n_tokens - r0, xh + (size_t)r0 * stride, stride);
+    s.encode_rows(n_tokens - r0, xh + (size_t)r0 * stride, stride);
     return;
   }
   std::vector<float> tmp((size_t)D);
@@ -1163,7 +784,7 @@ static void append_stream(KvCache::Impl& I, Layer& L, int side, int h, int n_tok
     uint16_t* slot = s.ring.get() + (size_t)(t % W) * D;
     if (t >= W) {  // token t - W (after the sinks) leaves the window: quantize it
       f16_to_f32(D, slot, tmp.data());
-      I.encode_rows(s, 1, tmp.data(), (size_t)D);
+      s.encode_rows(1, tmp.data(), (size_t)D);
     }
     f32_to_f16(D, xh + (size_t)r * stride, slot);
   }
@@ -1233,9 +854,7 @@ size_t KvCache::bytes_used() const {
         const int n_sink = std::min(L.n_tokens, s.sink);
         total += (size_t)n_sink * s.dim * 2;                                  // f16 sink rows
         total += (size_t)std::min(L.n_tokens - n_sink, s.window) * s.dim * 2;  // f16 window rows
-        if (s.fmt->layout == KvLayout::tq_split) total += (size_t)(s.dim + 7) / 8;  // channel mask
-        if (s.center) total += (size_t)s.n_mu * s.dim * 2;                    // fp16 means
-        total += s.kw.size();                                                 // fp16 K scale per pair
+        for (const Precond* p : s.chain()) total += p->bytes(s.dim);  // means, K scales, channel masks
       }
   return total;
 }

@@ -27,11 +27,11 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "tq/codebook.h"
@@ -88,21 +88,17 @@ struct BlockQ4_0 {
 };
 static_assert(sizeof(BlockQ4_0) == 18, "q4_0 block is 18 bytes (4.5 bits per value)");
 
-// Domain transform of one stream: what the cache stores is T(x); attention rotates Q with
-// T_K and applies T_V^{-1} to the output.
-enum class Domain : uint8_t { orig, rot, split };
-
 // cos / sin of the RoPE-rotating mean's angles for the positions of one append: every K
 // stream of every layer appends the same positions and turns the same angles, so KvCache::append
 // computes them once per position range (not once per stream and layer: 90 streams for the
-// default model) and the streams look them up. Entries are the doubles unrope_row / mean_at
-// would compute in place; a position outside the range is computed in place.
+// default model) and the streams look them up. Entries are the doubles Centre::unrope_row /
+// mean_at would compute in place; a position outside the range is computed in place.
 struct RopeTurns {
   int P = 0;                   // pairs
   int p0 = 0, n = 0;           // positions [p0, p0 + n)
   int pos0 = -1;               // the streams' position of index 0 the centres are for
   std::vector<double> fwd;     // [(p - p0) * P + i] as (cos, sin) of p * freq[i]
-  std::vector<double> back;    // the same for -p * freq[i] (unrope_row)
+  std::vector<double> back;    // the same for -p * freq[i] (Centre::unrope_row)
   double c0 = 0;               // first block centre held (mean_at's slow pairs)
   int nc = 0;                  // centres c0, c0 + 32, ...
   std::vector<double> centre;  // [k * P + i] as (cos, sin) of (c0 + 32 k) * freq[i]
@@ -123,88 +119,66 @@ struct RopeTurns {
   }
 };
 
-struct Stream {
-  const Format* fmt = nullptr;
-  int dim = 0;
-  size_t row_bytes = 0;    // exact bytes per token (norms/scales included; tq_n8: + 2 B per block)
-  size_t block_bytes = 0;  // kBlock * row_bytes (tq_n8: + 2)
-  Domain domain = Domain::orig;
-  int side = 0;            // 0: K (K tile layout), 1: V (V tile layout); every transform and
-                           // code path of a stream reads its side from here
-  int n_quant = 0;         // tokens in blocks
-  // Blocks live in chunks of blocks_per_chunk; a sliding-window layer (KvCacheConfig::
-  // layer_window) drops its oldest blocks: chunks wholly before block n_dropped / kBlock are
-  // null, their buffers kept in `spare` for the next chunks.
-  std::vector<AlignedPtr<uint8_t>> chunks;
-  std::vector<AlignedPtr<uint8_t>> spare;
-  int blocks_per_chunk = kBlocksPerChunk;
-  int n_dropped = 0;       // quantized tokens dropped (whole blocks from the first)
-  // tq / tq_split
-  const Codebook* cb = nullptr;     // regular (or only) codebook
-  const Codebook* cb_hi = nullptr;  // tq_split selected-channel codebook
-  // KvCacheConfig::trellis: the trellis code of the regular / outlier part (null: scalar codes)
-  const TrellisCode* tc = nullptr;
-  const TrellisCode* tc_hi = nullptr;
-  bool trellis_coded() const noexcept { return tc || tc_hi; }  // any part stores trellis codes
-  int d_hi = 0, d_lo = 0;           // tq_split channel counts
-  size_t norms_bytes = 0;           // per block: 32 (tq) or 64 (split) fp16 norms
-  size_t tiles_hi_bytes = 0;        // per block (split: the selected channels' tiles)
-  // tq_split: channel selection (online, frozen at the first quantized token). The channel
-  // statistics below also feed the K scaling (kscale); see stats_open().
-  bool split_frozen = false;
-  std::vector<double> chan_energy;  // sum of x^2 per channel over tokens seen before freezing
-  std::vector<double> chan_sum;     // sum of x per channel, same tokens (centred streams only)
-  int chan_n = 0;                   // tokens counted in chan_energy
-  std::vector<int> perm;            // D entries: selected channels first (ascending), then the rest
-  std::vector<double> q_energy;     // split / kscale: sum of q^2 per channel (the group's query heads)
-  int q_n = 0;                      // query rows counted in q_energy
-  // Query-weighted K scaling (KvCacheConfig::scale_k; K streams of the tq kinds): the blocks
-  // hold codes of w * (x - mu), w one weight per RoPE pair frozen with the first quantized
-  // token; queries are divided by w, so q.k is unchanged and only the quantization error moves.
-  bool kscale = false;
-  bool kscale_frozen = false;
-  std::vector<float> kw;            // D fp16-exact weights, equal within each pair (D / 2 stored);
-                                    // empty: identity (none chosen yet, or no queries seen)
-  // Channel / query statistics still being gathered (split selection or K scaling pending);
-  // both weigh by the queries and leave position 0 out.
-  bool split() const noexcept { return fmt->layout == KvLayout::tq_split; }
-  bool stats_open() const noexcept { return (split() && !split_frozen) || (kscale && !kscale_frozen); }
-  bool wants_queries() const noexcept { return stats_open(); }
-  // Empty statistics for a stream that gathers them (construction and clear()).
-  void reset_stats() {
-    if (!stats_open()) return;
-    chan_energy.assign(dim, 0.0);
-    chan_sum.assign(dim, 0.0);
-    chan_n = 0;
-    if (wants_queries()) q_energy.assign(dim, 0.0);
-    q_n = 0;
-  }
-  // f16 window (original domain): ring of `window` rows; token at absolute position t >= sink
-  // sits in slot (t - sink) % window
-  int window = 0;
-  AlignedPtr<uint16_t> ring;
-  // f16 sinks (original domain): the first `sink` tokens, rows 0..sink-1, never quantized.
-  // Absolute positions: [0, sink) sinks, [sink, sink + n_quant) blocks, then the window.
-  int sink = 0;
-  AlignedPtr<uint16_t> sink_rows;
-  // Mean centring (original domain): blocks hold codes of x - mu. Statistics of every token
-  // seen before freezing (sum over all positions, and the position-0 row to exclude it).
-  bool center = false;
-  bool mu_frozen = false;           // segment 0's mean is chosen
+struct Stream;
+
+// Rows appended to a stream, as its preconditioners observe them before they freeze.
+struct Rows {
+  int pos = 0, n = 0;              // layer positions [pos, pos + n)
+  const float* x = nullptr;        // original domain, `stride` floats apart
+  size_t stride = 0;
+  const float* unroped = nullptr;  // RoPE-rotating K mean: the rows turned back to position 0 (D apart)
+};
+
+// A preconditioner: a transform of a stream's rows between the original domain and what its
+// format codes, chosen online from the rows (and queries) seen until the stream's first
+// quantized token and frozen then (freeze, in the order of Stream::chain()). Off (on = false):
+// every method is the identity. On the write path each one's forward runs in chain order;
+// queries of a K stream go through each one's query (q.k unchanged) and rows read back through
+// each one's inverse in reverse order. The stream's format rotation comes after all of them.
+struct Precond {
+  bool on = false;
+  bool frozen = false;
+  virtual ~Precond() = default;
+  bool open() const noexcept { return on && !frozen; }
+  virtual void configure(const Stream& s, const KvCacheConfig& cfg, const KvCache::Impl& I) = 0;
+  virtual void reset(int dim) = 0;  // construction and KvCache::clear(): nothing chosen or seen
+  virtual bool wants_queries() const noexcept { return false; }
+  virtual void observe(const Rows&, int /*dim*/) {}
+  // Queries of tokens [pos, pos + n) of the KV head's group (group rows D apart, tokens `stride` apart).
+  virtual void observe_queries(int /*pos*/, int /*n*/, const float* /*q*/, size_t /*stride*/, int /*group*/,
+                               int /*dim*/) {}
+  virtual void freeze(const Stream& s) = 0;
+  // Rows of stream indices [j0, j0 + n) (D apart) to store, in place (may update what is kept
+  // while writing, e.g. the next segment's mean).
+  virtual void forward(int /*j0*/, int /*n*/, float* /*x*/, int /*dim*/) {}
+  // The inverse of forward. j0 < 0: the rows are not tokens but sums of weighted rows (attention
+  // states): a per-token term (a mean) is left to the caller.
+  virtual void inverse(int /*j0*/, int /*n*/, float* /*x*/, int /*dim*/) const {}
+  virtual void query(int /*n*/, float* /*q*/, int /*dim*/) const {}  // queries of a K stream
+  virtual size_t bytes(int /*dim*/) const noexcept { return 0; }   // kept per stream (bytes_used)
+};
+
+// Mean centring (KvCacheConfig::center_k / center_v; quantized streams): the blocks hold codes of
+// x - mu. Statistics of every token seen before freezing (sum over all positions, and the
+// position-0 row to exclude it).
+struct Centre final : Precond {
   std::vector<float> mu;            // n_mu x D values (fp16-exact): one mean per segment
   int n_mu = 0;
-  int mu_segment = 0;               // tokens per segment (0: one mean)
+  int segment = 0;                  // tokens per segment (0: one mean)
   std::vector<double> seg_sum;      // sum of the current segment's (uncentred) rows
+  std::vector<double> stat_sum;     // sum of x per channel over tokens seen
+  std::vector<float> stat_x0;       // the row at position 0
+  int stat_n = 0;                   // tokens seen (position 0 included)
   const float* mu_of(int j) const noexcept {  // mean of quantized token j (stream index)
-    return mu.data() + (size_t)(mu_segment > 0 ? j / mu_segment : 0) * dim;
+    return mu.data() + (size_t)(segment > 0 ? j / segment : 0) * dim_;
   }
-  // RoPE-rotating mean (KvCacheConfig::center_rope): mu holds pre-RoPE means (mu_of(j) for
+  // RoPE-rotating mean (KvCacheConfig::center_rope, K): mu holds pre-RoPE means (mu_of(j) for
   // token j); token j at cache position p = pos0 + j has the mean R(p) mu_of(j), where pair i
   // turns by p * rope_freq[i] for the kRopeExactPairs fastest pairs; the slower ones turn by
   // pc * rope_freq[i] (pc: the centre of j's 32-token block) and then on by x = (p - pc) *
   // rope_freq[i] to second order in x, so that the attention kernels add the mean's logit
   // from per-block terms and two per-token tables (mean_at is the one definition).
-  bool rope_mu = false;
+  bool rope = false;
   int pos0 = 0;                     // cache position of stream index 0 (the sink count)
   std::vector<double> rope_freq;    // rope_dim / 2 = P angles per position
   // Pair-major tables: cos / sin of pair i's angle above at block b's first token (fast pairs)
@@ -216,11 +190,131 @@ struct Stream {
   // offsets from the block centre [j - 15.5, j < 32][(j - 15.5)^2, j < 32].
   const float* rope_j = nullptr;
   const RopeTurns* turns = nullptr;  // the cache's angle table for the current append (or null)
-  // The mean of quantized token j in the original domain: mu_of(j), rotated for rope_mu.
+  // The mean of quantized token j in the original domain: mu_of(j), rotated for rope.
   void mean_at(int j, float* out) const noexcept;
-  std::vector<double> stat_sum;     // sum of x per channel over tokens seen
-  std::vector<float> stat_x0;       // the row at position 0
-  int stat_n = 0;                   // tokens seen (position 0 included)
+  // Un-rotates a row of position pos: R(pos)^-1 x (the pre-RoPE key the means are taken of).
+  void unrope_row(int pos, const float* x, float* y) const;
+
+  void configure(const Stream& s, const KvCacheConfig& cfg, const KvCache::Impl& I) override;
+  void reset(int dim) override;
+  void observe(const Rows& r, int dim) override;
+  void freeze(const Stream& s) override;
+  void forward(int j0, int n, float* x, int dim) override;
+  void inverse(int j0, int n, float* x, int dim) const override;
+  size_t bytes(int dim) const noexcept override { return on ? (size_t)n_mu * dim * 2 : 0; }
+
+ private:
+  int dim_ = 0;
+};
+
+// Channel statistics of the query-weighted preconditioners (KScale, Channels), over the tokens
+// seen before freezing, position 0 left out: K energy per channel, the sum of the rows the
+// centring takes (to centre the energy at freeze), and the query energy of the KV head's group.
+struct QueryWeighted : Precond {
+  std::vector<double> energy, sum, q_energy;
+  int n = 0, q_n = 0;
+  void reset(int dim) override;
+  bool wants_queries() const noexcept override { return open(); }
+  void observe(const Rows& r, int dim) override;
+  void observe_queries(int pos, int n, const float* q, size_t stride, int group, int dim) override;
+  // energy about the stream's frozen K mean (Centre::freeze ran first): sum (x - mu)^2.
+  void centre_energy(const Stream& s);
+};
+
+// Query-weighted K scaling (KvCacheConfig::scale_k; K streams of the tq kinds): the blocks
+// hold codes of w * (x - mu), w one weight per RoPE pair frozen with the first quantized
+// token; queries are divided by w, so q.k is unchanged and only the quantization error moves.
+struct KScale final : QueryWeighted {
+  std::vector<float> w;  // D fp16-exact weights, equal within each pair (D / 2 stored);
+                         // empty: identity (none chosen yet, or no queries seen)
+  void configure(const Stream& s, const KvCacheConfig& cfg, const KvCache::Impl& I) override;
+  void reset(int dim) override;
+  void freeze(const Stream& s) override;
+  void forward(int j0, int n, float* x, int dim) override;
+  void inverse(int j0, int n, float* x, int dim) const override;
+  void query(int n, float* q, int dim) const override;
+  size_t bytes(int) const noexcept override { return w.size(); }
+};
+
+// Channel selection of the split layouts (tqBhH): the rows are permuted so that the d_hi
+// selected channels come first (ascending), then the rest; the format codes the two parts apart.
+struct Channels final : QueryWeighted {
+  int d_hi = 0;
+  std::vector<int> perm;  // D entries once frozen
+  void configure(const Stream& s, const KvCacheConfig& cfg, const KvCache::Impl& I) override;
+  void reset(int dim) override;
+  void freeze(const Stream& s) override;
+  void forward(int j0, int n, float* x, int dim) override;
+  void inverse(int j0, int n, float* x, int dim) const override;
+  void query(int n, float* q, int dim) const override;
+  size_t bytes(int dim) const noexcept override { return on ? (size_t)(dim + 7) / 8 : 0; }  // channel mask
+};
+
+// One (layer, kv head, side) of the cache: storage (blocks, f16 window ring, f16 sinks) and the
+// preconditioners its rows pass through before the format's rotation and codes.
+struct Stream {
+  const Format* fmt = nullptr;
+  int dim = 0;
+  size_t row_bytes = 0;    // exact bytes per token (norms/scales included; tq_n8: + 2 B per block)
+  size_t block_bytes = 0;  // kBlock * row_bytes (tq_n8: + 2)
+  int side = 0;            // 0: K (K tile layout), 1: V (V tile layout)
+  int n_quant = 0;         // tokens in blocks
+  // Blocks live in chunks of blocks_per_chunk; a sliding-window layer (KvCacheConfig::
+  // layer_window) drops its oldest blocks: chunks wholly before block n_dropped / kBlock are
+  // null, their buffers kept in `spare` for the next chunks.
+  std::vector<AlignedPtr<uint8_t>> chunks;
+  std::vector<AlignedPtr<uint8_t>> spare;
+  int blocks_per_chunk = kBlocksPerChunk;
+  int n_dropped = 0;       // quantized tokens dropped (whole blocks from the first)
+  // The format's rotation (rotated formats): one over D, or (tq_split) one over the first d_hi
+  // dims of the permuted row and one over the rest.
+  const Rotation* rot = nullptr;
+  const Rotation* rot_hi = nullptr;
+  const Rotation* rot_lo = nullptr;
+  // tq / tq_split
+  const Codebook* cb = nullptr;     // regular (or only) codebook
+  const Codebook* cb_hi = nullptr;  // tq_split selected-channel codebook
+  // KvCacheConfig::trellis: the trellis code of the regular / outlier part (null: scalar codes)
+  const TrellisCode* tc = nullptr;
+  const TrellisCode* tc_hi = nullptr;
+  bool trellis_coded() const noexcept { return tc || tc_hi; }  // any part stores trellis codes
+  int d_hi = 0, d_lo = 0;           // tq_split channel counts
+  size_t norms_bytes = 0;           // per block: 32 (tq) or 64 (split) fp16 norms
+  size_t tiles_hi_bytes = 0;        // per block (split: the selected channels' tiles)
+  // f16 window (original domain): ring of `window` rows; token at absolute position t >= sink
+  // sits in slot (t - sink) % window
+  int window = 0;
+  AlignedPtr<uint16_t> ring;
+  // f16 sinks (original domain): the first `sink` tokens, rows 0..sink-1, never quantized.
+  // Absolute positions: [0, sink) sinks, [sink, sink + n_quant) blocks, then the window.
+  int sink = 0;
+  AlignedPtr<uint16_t> sink_rows;
+
+  Centre centre;
+  KScale kscale;
+  Channels channels;
+  std::array<Precond*, 3> chain() noexcept { return {&centre, &kscale, &channels}; }
+  std::array<const Precond*, 3> chain() const noexcept { return {&centre, &kscale, &channels}; }
+
+  Stream() = default;
+  Stream(const Format& f, int side, bool sliding, const KvCacheConfig& cfg, const KvCache::Impl& I);
+  void clear();
+  bool split() const noexcept { return fmt->layout == KvLayout::tq_split; }
+  bool wants_queries() const noexcept {
+    for (const Precond* p : chain())
+      if (p->wants_queries()) return true;
+    return false;
+  }
+  // The format's rotation (or its inverse) of n rows (D apart): x -> y (may be equal).
+  void rotate(int n, const float* x, float* y, bool inverse = false) const;
+  // Original -> stored domain of n queries (K): the preconditioners' query(), then the rotation.
+  void query_to_domain(int n, const float* q, float* y) const;
+  // Stored domain -> original of n rows in place: the rotation undone, then the preconditioners'
+  // inverse in reverse order (j0: Precond::inverse).
+  void to_orig(int j0, int n, float* x) const;
+  // Tokens [t0, t0 + n) of the quantized part decoded into floats in the stored domain.
+  void decode_domain(int t0, int n, float* out) const;
+  void encode_rows(int n, const float* x, size_t stride);  // into blocks
 
   uint8_t* block(int b) noexcept {
     return chunks[b / blocks_per_chunk].get() + (size_t)(b % blocks_per_chunk) * block_bytes;
@@ -230,8 +324,10 @@ struct Stream {
   }
   // Drops the blocks wholly before stream index j (sliding window), keeping their buffers.
   void drop_before(int j);
-  void drop_all();  // clear(): no blocks held, none dropped (buffers kept)
 };
+
+// The pair frequencies and the kernels' tables of the RoPE-rotating K mean (precond.cpp).
+void build_rope_tables(KvCache::Impl& I);
 
 struct Layer {
   int n_tokens = 0;
@@ -247,28 +343,15 @@ struct KvCache::Impl {
   std::unique_ptr<Rotation> rot;        // D-dim randomized Hadamard (rotated formats)
   std::unique_ptr<Rotation> rot_hi;     // split: D/4
   std::unique_ptr<Rotation> rot_lo;     // split: 3D/4
-  std::vector<float> rope_cos, rope_sin, rope_j;  // tables of the RoPE-rotating K mean (Stream::rope_cos ...)
+  std::vector<float> rope_cos, rope_sin, rope_j;  // tables of the RoPE-rotating K mean (Centre::rope_cos ...)
+  int rope_nbs = 0;
   std::vector<double> rope_freq;                  // its pair frequencies (empty: no rotating mean)
   kv::RopeTurns turns;                            // its angles at the positions of the current append
-  mutable std::mutex alloc_mu;
-
-  void encode_rows(kv::Stream& s, int n, const float* x, size_t stride);  // into blocks
-  // Decode tokens [t0, t0 + n) of the quantized part into floats in the stream's domain.
-  void decode_domain(const kv::Stream& s, int t0, int n, float* out) const;
-  // Domain -> original (inverse transform, then the K scaling undone) of n rows, in place.
-  void to_orig(const kv::Stream& s, int n, float* x) const;
-  // Original -> domain (forward transform) of n rows: x -> y. Rows to store are scaled first
-  // by encode_rows; queries go through query_to_domain.
-  void to_domain(const kv::Stream& s, int n, const float* x, float* y) const;
-  // n queries of a K stream into its domain: q / w (K scaling), then the forward transform.
-  void query_to_domain(const kv::Stream& s, int n, const float* q, float* y) const;
 };
 }  // namespace tq
 
 namespace tq::kv {
-// Code extraction from bit-plane tiles (reference, one token): codes[D].
-void get_tile_codes_k(const uint8_t* tiles, int dim, int bits, int tok, uint8_t* codes) noexcept;
-void get_tile_codes_v(const uint8_t* tiles, int dim, int bits, int tok, uint8_t* codes) noexcept;
+// Codes of one token into bit-plane tiles: codes[D].
 void set_tile_codes_k(uint8_t* tiles, int dim, int bits, int tok, const uint8_t* codes) noexcept;
 void set_tile_codes_v(uint8_t* tiles, int dim, int bits, int tok, const uint8_t* codes) noexcept;
 inline size_t tiles_bytes(int dim, int bits) { return (size_t)kBlock * dim * bits / 8; }

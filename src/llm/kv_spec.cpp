@@ -313,8 +313,8 @@ KvCacheConfig KvSpec::resolve(const KvCacheConfig& shape) const {
            "--kv-center-rope (center=rope, label cr) needs K centring: --kv-center k or kv (center=k), or a tq K "
            "type's automatic protection");
   KvCacheConfig c = shape;
-  c.type_k = kv_format_name(r.k);
-  c.type_v = kv_format_name(r.v);
+  c.type_k = r.k;
+  c.type_v = r.v;
   c.window = r.window;
   c.sink = r.sink;
   c.center_k = r.center_k;
@@ -324,8 +324,8 @@ KvCacheConfig KvSpec::resolve(const KvCacheConfig& shape) const {
   c.scale_k = r.scale_k;
   c.trellis = r.trellis;
   c.boundary_layers = r.boundary_layers;
-  c.boundary_type_k = kv_format_name(r.boundary_k);
-  c.boundary_type_v = kv_format_name(r.boundary_v);
+  c.boundary_type_k = r.boundary_k;
+  c.boundary_type_v = r.boundary_v;
   c.seed = r.seed;
   const int n_layers = c.n_layers, n_heads = c.n_kv_heads;
   for (const KvLayerRule& rule : r.layers) {
@@ -342,15 +342,15 @@ KvCacheConfig KvSpec::resolve(const KvCacheConfig& shape) const {
         const size_t i = static_cast<size_t>(it.first) * n_heads + *it.head;
         c.head_type_k.resize(static_cast<size_t>(n_layers) * n_heads);
         c.head_type_v.resize(static_cast<size_t>(n_layers) * n_heads);
-        c.head_type_k[i] = kv_format_name(rule.k);
-        c.head_type_v[i] = kv_format_name(rule.v);
+        c.head_type_k[i] = rule.k;
+        c.head_type_v[i] = rule.v;
         continue;
       }
       c.layer_type_k.resize(n_layers);
       c.layer_type_v.resize(n_layers);
       for (int l = it.first; l <= it.last; ++l) {
-        c.layer_type_k[l] = kv_format_name(rule.k);
-        c.layer_type_v[l] = kv_format_name(rule.v);
+        c.layer_type_k[l] = rule.k;
+        c.layer_type_v[l] = rule.v;
       }
     }
   }
