@@ -531,3 +531,45 @@ void bpe_pre_reference(const std::string& name, const std::string& pre) {
 
 TEST(TokenizerLlamaCpp, Qwen2PreTokenizer) { bpe_pre_reference("qwen2", "qwen2"); }
 TEST(TokenizerLlamaCpp, Llama3PreTokenizer) { bpe_pre_reference("llama3", "llama-bpe"); }
+
+// tq niah's prompt: the model's BOS first when its tokenizer asks for one (a SentencePiece
+// vocabulary by default, as Gemma's), none when it does not (add_bos_token false, as SmolLM2's);
+// exactly `context` tokens either way, the haystack taken from the offset picked, the needle's
+// digits inside and the question last.
+TEST(Tokenizer, NiahPromptOpensWithBosWhenAsked) {
+  std::vector<uint8_t> s1, s2;
+  auto g_spm = tiny_spm(s1, /*add_space_prefix=*/false);
+  auto g_bpe = tiny_tokenizer(s2);
+  const tq::Tokenizer spm(g_spm), bpe(g_bpe);
+  ASSERT_TRUE(spm.add_bos());
+  ASSERT_FALSE(bpe.add_bos());
+  for (const tq::Tokenizer* tok : {&spm, &bpe}) {
+    std::string corpus;
+    for (int i = 0; i < 400; ++i) corpus += "abc xyz hi ";
+    const std::vector<int32_t> hay = tok->encode(corpus);
+    size_t choices = 0;
+    const auto p = tq::niah_prompt(*tok, hay, 300, 0.5, "123456", [&](size_t n) {
+      choices = n;
+      return n - 1;  // the last offset: the haystack ends at the corpus's end
+    });
+    ASSERT_EQ(p.size(), 300u);
+    const auto question = tok->encode("\n\nThe secret number of the blue dragon is");
+    EXPECT_TRUE(std::equal(question.begin(), question.end(), p.end() - question.size()));
+    if (tok->add_bos()) {
+      EXPECT_EQ(p.front(), tok->bos());
+      EXPECT_EQ(std::count(p.begin(), p.end(), tok->bos()), 1);
+    } else {
+      EXPECT_NE(p.front(), tok->bos());
+    }
+    const auto needle = tok->encode(" The secret number of the blue dragon is 123456. ");
+    EXPECT_NE(std::search(p.begin(), p.end(), needle.begin(), needle.end()), p.end());
+    const size_t n_hay = 300 - needle.size() - question.size() - (tok->add_bos() ? 1 : 0);
+    EXPECT_EQ(choices, hay.size() - n_hay + 1);
+    // The haystack's last token is the corpus's last (offset choices - 1).
+    EXPECT_EQ(p[p.size() - question.size() - 1], hay.back());
+    // Too short a corpus: an error, not a read past its end.
+    EXPECT_THROW(tq::niah_prompt(*tok, std::vector<int32_t>(hay.begin(), hay.begin() + 100), 300, 0.5, "123456",
+                                 [](size_t) { return size_t{0}; }),
+                 tq::Error);
+  }
+}

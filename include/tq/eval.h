@@ -83,6 +83,13 @@ struct NiahResult {
 // greedy decoding must reproduce the six random digits.
 NiahResult niah(const LlamaModel& m, const Tokenizer& tok, const std::string& corpus,
                 const NiahOptions& opt);
+// One trial's prompt, exactly `context` tokens: the model's BOS if its tokenizer asks for one
+// (add_bos), `hay` from offset pick_offset(n) (n = the number of possible offsets) with the
+// needle for `passphrase` at `depth` of the haystack, then the question. Throws when `hay` is
+// too short.
+std::vector<int32_t> niah_prompt(const Tokenizer& tok, const std::vector<int32_t>& hay, int context,
+                                 double depth, const std::string& passphrase,
+                                 const std::function<size_t(size_t)>& pick_offset);
 
 struct SpeedResult {
   int context = 0;

@@ -154,14 +154,36 @@ PerplexityResult perplexity(const LlamaModel& m, const std::vector<int32_t>& tok
   return perplexity_multi(m, tokens, opt, {opt.kv})[0];
 }
 
+std::vector<int32_t> niah_prompt(const Tokenizer& tok, const std::vector<int32_t>& hay, int context,
+                                 double depth, const std::string& passphrase,
+                                 const std::function<size_t(size_t)>& pick_offset) {
+  const std::vector<int32_t> question = tok.encode("\n\nThe secret number of the blue dragon is");
+  const std::vector<int32_t> needle = tok.encode(" The secret number of the blue dragon is " + passphrase + ". ");
+  // The model's BOS, when its tokenizer asks for one (Gemma does, SmolLM2 does not), opens the
+  // prompt as tq generate / perplexity open theirs; it counts in the context.
+  const bool bos = tok.add_bos() && tok.bos() >= 0;
+  const int n_hay = context - static_cast<int>(needle.size() + question.size()) - (bos ? 1 : 0);
+  TQ_CHECK(n_hay > 0 && static_cast<size_t>(n_hay) <= hay.size(),
+           "niah: corpus has %zu tokens, not enough for a %d-token haystack", hay.size(), n_hay);
+  const size_t off = pick_offset(hay.size() - n_hay + 1);
+  TQ_CHECK(off + n_hay <= hay.size(), "niah: haystack offset %zu out of range", off);
+  const int at = static_cast<int>(depth * n_hay);
+  std::vector<int32_t> prompt;
+  prompt.reserve(static_cast<size_t>(context));
+  if (bos) prompt.push_back(tok.bos());
+  prompt.insert(prompt.end(), hay.begin() + off, hay.begin() + off + at);
+  prompt.insert(prompt.end(), needle.begin(), needle.end());
+  prompt.insert(prompt.end(), hay.begin() + off + at, hay.begin() + off + n_hay);
+  prompt.insert(prompt.end(), question.begin(), question.end());
+  return prompt;
+}
+
 NiahResult niah(const LlamaModel& m, const Tokenizer& tok, const std::string& corpus,
                 const NiahOptions& opt) {
   TQ_CHECK(opt.context >= 256, "niah: context %d too small (>= 256)", opt.context);
   TQ_CHECK(opt.trials >= 1, "niah: trials must be >= 1");
   for (double d : opt.depths) TQ_CHECK(d >= 0 && d <= 1, "niah: depth %g outside [0, 1]", d);
   const std::vector<int32_t> hay = tok.encode(corpus);
-  const std::vector<int32_t> question =
-      tok.encode("\n\nThe secret number of the blue dragon is");
   const int answer_budget = 10;
   NiahResult res;
   const double t0 = tq::wall_seconds();
@@ -177,17 +199,9 @@ NiahResult niah(const LlamaModel& m, const Tokenizer& tok, const std::string& co
       char digits[16];
       std::snprintf(digits, sizeof digits, "%06u", rng.below(1000000));
       tr.passphrase = digits;
-      const std::vector<int32_t> needle =
-          tok.encode(" The secret number of the blue dragon is " + tr.passphrase + ". ");
-      const int n_hay = opt.context - static_cast<int>(needle.size() + question.size());
-      TQ_CHECK(n_hay > 0 && static_cast<size_t>(n_hay) <= hay.size(),
-               "niah: corpus has %zu tokens, not enough for a %d-token haystack", hay.size(), n_hay);
-      const size_t off = rng.below(static_cast<uint32_t>(hay.size() - n_hay + 1));
-      const int at = static_cast<int>(depth * n_hay);
-      std::vector<int32_t> prompt(hay.begin() + off, hay.begin() + off + at);
-      prompt.insert(prompt.end(), needle.begin(), needle.end());
-      prompt.insert(prompt.end(), hay.begin() + off + at, hay.begin() + off + n_hay);
-      prompt.insert(prompt.end(), question.begin(), question.end());
+      const std::vector<int32_t> prompt =
+          niah_prompt(tok, hay, opt.context, depth, tr.passphrase,
+                      [&](size_t n) { return static_cast<size_t>(rng.below(static_cast<uint32_t>(n))); });
       cache.clear();
       std::vector<float> lg = m.forward_last(cache, prompt);
       std::vector<int32_t> out;

@@ -9,8 +9,9 @@ namespace {
 void setup(CLI::App& app) {
   auto* s = tq::cli::subcommand(
       app, "niah",
-      "Needle in a haystack: corpus text of --context tokens with 'The secret passphrase is\n"
-      "NNNNNN.' inserted at each depth; greedy decoding must return the 6 digits. Example:\n"
+      "Needle in a haystack: corpus text of --context tokens (the model's BOS first, if it asks\n"
+      "for one) with 'The secret number of the blue dragon is NNNNNN.' inserted at each depth;\n"
+      "greedy decoding must return the 6 digits. Example:\n"
       "  tq niah --context 4096 --depths 0.1,0.5,0.9 --trials 2 -ctk tq4 -ctv tq4");
   auto o = std::make_shared<tq::cli::ModelOpts>();
   auto no = std::make_shared<tq::NiahOptions>();
