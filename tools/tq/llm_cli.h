@@ -228,7 +228,7 @@ inline std::unique_ptr<Loaded> load_model(ModelOpts& o) {
   // rules in range (resolve), then every type it uses against head_dim.
   const LlamaConfig mc = LlamaModel::read_config(g);
   o.kv.resolve(mc, 1);
-  for (KvFormat f : kv_spec_formats(o.kv)) {
+  for (KvFormat f : kv_spec_formats(o.kv.resolved(mc))) {
     try {
       kv_type_bytes(kv_type(f), mc.head_dim);
     } catch (const Error& e) {
@@ -277,5 +277,14 @@ inline std::vector<std::string> split_configs(const std::string& list, char sep)
 }
 
 inline nlohmann::json kv_json(const KvSpec& spec) { return nlohmann::json::parse(spec.to_json()); }
+// What the spec is on this model (KvSpec::resolved(model): `auto` and the model-dependent
+// protection applied), with the spec as asked ("spec") and the rule that chose ("model_rule").
+inline nlohmann::json kv_json(const KvSpec& spec, const LlamaConfig& model) {
+  return nlohmann::json::parse(spec.to_json(model));
+}
+// The label of what the spec is on this model, shortened for text output.
+inline std::string kv_label(const KvSpec& spec, const LlamaConfig& model) {
+  return short_label(spec.resolved(model).to_string());
+}
 
 }  // namespace tq::cli
