@@ -271,11 +271,11 @@ bool KvSpec::auto_protected() const {
   return protection == Protection::automatic && (auto_types || turboquant(k));
 }
 
-// The one place where what a model is chooses cache defaults. Measured on SmolLM2-135M (no
-// QK-norm, head_dim 64) and Gemma 3 270M (QK-norm, head_dim 256), BENCHMARKS.md "Gemma 3 270M:
-// defaults from model properties": QK-normed keys (unit-RMS per head before RoPE, so no
-// per-channel offset dominates) lose most where the query energy is uneven across RoPE pairs,
-// which scale-k evens out; SmolLM2's recommendation is left as it was tuned.
+// The one place where what a model is chooses cache defaults (docs/design.md, "Defaults from
+// model properties"). Measured on SmolLM2-135M (no QK-norm, head_dim 64) and Gemma 3 270M
+// (QK-norm, head_dim 256; BENCHMARKS.md "Gemma 3 270M: defaults from model properties"):
+// scale-k on top of the automatic protection cut Gemma's tq3 / tq4 / tq3h6-tq4n8 KLD by 3x /
+// 3x / 1.5x; SmolLM2's protection and recommendation stay as they were tuned.
 KvModelDefaults kv_model_defaults(const LlamaConfig& model) {
   if (model.traits.qk_norm) return {KvFormat::tq4h6n8, KvFormat::tq3h6n8, true, "qk-norm"};
   return {KvFormat::tq3h6, KvFormat::tq4n8, false, "default"};
