@@ -27,6 +27,7 @@ void setup(CLI::App& app) {
   s->add_option("--sweep", *sweep,
                 "several cache specs separated by ';', each 'k=T v=T [window=N] [sink=N] [center=k|v|kv|none[,rope][,N]] "
                 "[plain] [scale-k] [trellis] [boundary=N:T[/T]] [layers=LIST:T[/T]]...' (a bare 'T' or 'K/V' sets both types;\n"
+                "'auto' instead of the types: the generic recommendation for this model's kind, e.g. 'auto;auto trellis';\n"
                 "e.g. 'tq4;tq4/tq3;k=tq3 window=128 boundary=2:f16;k=tq3h6 v=tq4n8 sink=1 center=k,rope,512 scale-k';\n"
                 "the short labels 'tq3 w128 s4 ckv cs512 cr ks tc plain b2:f16 L0,5-7:tq6/tq3' still parse),\n"
                 "run on the same windows sharing one --compare pass (replaces -ctk/-ctv); an entry @FILE reads a --kv-config file");
