@@ -12,8 +12,9 @@ def short_label(label):
     if len(label) <= 80:
         return label
     toks = label.split()
-    entries = sum(t.startswith("L") and ":" in t for t in toks)
-    return " ".join(t for t in toks if not (t.startswith("L") and ":" in t)) + f" + {entries} L entries"
+    rule = lambda t: (t.startswith("L") or t.startswith("layers=")) and ":" in t
+    entries = sum(rule(t) for t in toks)
+    return " ".join(t for t in toks if not rule(t)) + f" + {entries} L entries"
 
 
 def ppl_table(path):
@@ -25,11 +26,16 @@ def ppl_table(path):
            f"{j['threads']} thread(s); f16 perplexity **{ppl_f16:.4f}** ({f16_bytes:.0f} B/token, 16 bits/value)", ""]
     if all("bits_per_value_all" in r for r in rows):
         # Newer runs: bits/value with everything counted (f16 sinks and window rows, means)
-        # for a cache holding one full window of ctx tokens.
-        out += ["| cache (K/V, window, sinks, centring, boundary) | bits/value all counted | bits/value per quantized token | ppl | delta vs f16 | KLD mean | KLD p99 | top-1 agree |",
-                "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        # for a cache holding one full window of ctx tokens. Runs whose JSON carries the spec as
+        # asked (kv.spec: model-fitted defaults, `auto`) show it beside what was applied.
+        asked = all("spec" in r["kv"] for r in rows)
+        first = "| asked | applied on this model (K/V, window, sinks, centring, boundary) " if asked else \
+            "| cache (K/V, window, sinks, centring, boundary) "
+        out += [first + "| bits/value all counted | bits/value per quantized token | ppl | delta vs f16 | KLD mean | KLD p99 | top-1 agree |",
+                "|---" * (2 if asked else 1) + "|---:|---:|---:|---:|---:|---:|---:|"]
         for r in sorted(rows, key=lambda r: (-r["bits_per_value_all"], r["ppl"])):
-            out.append(f"| {short_label(r['kv']['label'])} | {r['bits_per_value_all']:.3f} | {r['bits_per_value']:.3f} | "
+            cell = f"| {short_label(r['kv']['spec'])} " if asked else ""
+            out.append(f"{cell}| {short_label(r['kv']['label'])} | {r['bits_per_value_all']:.3f} | {r['bits_per_value']:.3f} | "
                        f"{r['ppl']:.4f} | {r['ppl_delta_pct']:+.2f}% | {r['kld_mean']:.4f} | {r['kld_p99']:.3f} | "
                        f"{100 * r['top1_agreement']:.2f}% |")
         return "\n".join(out)

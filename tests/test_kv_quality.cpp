@@ -3,6 +3,7 @@
 // window / 2048-token chunk boundaries, token-by-token and batch appends), the online mean
 // rule, byte accounting and config errors.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +20,8 @@
 #include "tq/error.h"
 #include "tq/eval.h"
 #include "tq/kv_cache.h"
+#include "tq/kv_spec.h"
+#include "tq/model.h"
 
 namespace {
 
@@ -754,6 +757,107 @@ TEST(KvQuality, ShippedConfigsFitTheirModel) {
     EXPECT_THROW(kv.resolve(small), tq::Error) << name;
   }
   EXPECT_GE(seen, 2);
+}
+
+// Defaults chosen from what a model is, not its name (kv_model_defaults): a model with
+// QK-normed keys (gemma3's traits, Gemma 3 270M's shape) gets scale-k on top of the automatic
+// protection and its own `auto` types; one without (llama's traits, SmolLM2-135M's shape) keeps
+// exactly the protection and recommendation it had. Written protections are left alone.
+TEST(KvQuality, DefaultsFromModelProperties) {
+  auto model = [](const char* arch, int layers, int kv_heads, int dim, float rope_base) {
+    tq::LlamaConfig m;
+    m.arch = arch;
+    m.traits = *tq::arch_traits(arch);
+    m.n_layers = layers;
+    m.n_heads = kv_heads * 3;
+    m.n_kv_heads = kv_heads;
+    m.head_dim = m.rope_dim = dim;
+    m.n_embd = m.n_heads * dim;
+    m.rope_base = rope_base;
+    return m;
+  };
+  tq::LlamaConfig plain = model("llama", 30, 3, 64, 1e5f);
+  tq::LlamaConfig qkn = model("gemma3", 18, 1, 256, 1e6f);
+  qkn.sliding_window = 512;
+  ASSERT_FALSE(plain.traits.qk_norm);
+  ASSERT_TRUE(qkn.traits.qk_norm);
+  // The property decides, not the name: llama's traits with QK-norm on behave as gemma3's.
+  tq::LlamaConfig llama_qkn = plain;
+  llama_qkn.traits.qk_norm = true;
+  EXPECT_TRUE(tq::kv_model_defaults(llama_qkn).scale_k);
+  EXPECT_FALSE(tq::kv_model_defaults(plain).scale_k);
+  EXPECT_STREQ(tq::kv_model_defaults(qkn).rule, "qk-norm");
+  EXPECT_STREQ(tq::kv_model_defaults(plain).rule, "default");
+
+  const tq::KvSpec tq3 = tq::KvSpec::parse("tq3h6/tq4n8");
+  // No QK-norm: the same spec and cache as without a model.
+  EXPECT_EQ(tq3.resolved(plain), tq3.resolved());
+  EXPECT_EQ(tq3.resolved(plain).to_string(), "k=tq3h6 v=tq4n8 sink=1 center=k,rope,512");
+  EXPECT_FALSE(tq3.resolve(plain, 512).scale_k);
+  // QK-norm: scale-k added, shown in the label and the JSON, built into the cache.
+  EXPECT_EQ(tq3.resolved(qkn).to_string(), "k=tq3h6 v=tq4n8 sink=1 center=k,rope,512 scale-k");
+  const tq::KvCacheConfig c = tq3.resolve(qkn, 512);
+  EXPECT_TRUE(c.scale_k);
+  EXPECT_EQ(c.sink, 1);
+  EXPECT_TRUE(c.center_k && c.center_rope);
+  EXPECT_EQ(c.layer_window.size(), 18u);  // still the model's shape
+  const nlohmann::json j = nlohmann::json::parse(tq3.to_json(qkn));
+  EXPECT_EQ(j.at("label"), "k=tq3h6 v=tq4n8 sink=1 center=k,rope,512 scale-k");
+  EXPECT_EQ(j.at("spec"), "k=tq3h6 v=tq4n8");
+  EXPECT_EQ(j.at("model_rule"), "qk-norm");
+  EXPECT_TRUE(j.at("scale_k").get<bool>());
+  EXPECT_TRUE(j.at("auto_protected").get<bool>());
+  // Resolving twice changes nothing.
+  EXPECT_EQ(tq3.resolved(qkn).resolved(qkn), tq3.resolved(qkn));
+  // Only the automatic protection of a tq K type changes: plain, a written protection and
+  // non-tq K types stay as written.
+  for (const char* same : {"tq3 plain", "tq3 s1 ck", "tq3 sink=1 center=k,rope,512", "q8_0", "q4_0h", "f16/tq3"}) {
+    const tq::KvSpec s = tq::KvSpec::parse(same);
+    EXPECT_EQ(s.resolved(qkn), s.resolved()) << same;
+    EXPECT_FALSE(s.resolve(qkn, 512).scale_k) << same;
+  }
+
+  // `auto`: the generic recommendation of each kind of model.
+  const tq::KvSpec a = tq::KvSpec::parse("auto");
+  EXPECT_TRUE(a.auto_types);
+  EXPECT_TRUE(a.auto_protected());
+  EXPECT_EQ(a.to_string(), "auto");
+  EXPECT_EQ(tq::KvSpec::parse(a.to_string()), a);
+  EXPECT_EQ(a.resolved(), a);  // no model: nothing to choose from
+  const tq::KvModelDefaults dq = tq::kv_model_defaults(qkn), dp = tq::kv_model_defaults(plain);
+  EXPECT_EQ(a.resolved(plain).k, dp.k);
+  EXPECT_EQ(a.resolved(plain).v, dp.v);
+  EXPECT_EQ(a.resolved(plain), tq3.resolved(plain));  // SmolLM2's recommendation unchanged
+  EXPECT_EQ(a.resolved(qkn).k, dq.k);
+  EXPECT_EQ(a.resolved(qkn).v, dq.v);
+  EXPECT_TRUE(a.resolved(qkn).scale_k);
+  EXPECT_EQ(a.resolve(qkn, 512).type_k, std::string(tq::kv_format_name(dq.k)));
+  EXPECT_EQ(nlohmann::json::parse(a.to_json(qkn)).at("spec"), "auto");
+  EXPECT_EQ(nlohmann::json::parse(a.to_json()).at("type_k"), "auto");
+  // Other tokens still apply on top of it.
+  const tq::KvSpec ap = tq::KvSpec::parse("auto plain seed=3");
+  EXPECT_EQ(ap.to_string(), "auto plain seed=3");
+  EXPECT_EQ(tq::KvSpec::parse(ap.to_string()), ap);
+  EXPECT_FALSE(ap.resolved(qkn).scale_k);
+  EXPECT_EQ(ap.resolve(qkn, 512).sink, 0);
+  EXPECT_EQ(ap.resolve(qkn, 512).seed, 3u);
+  EXPECT_TRUE(tq::KvSpec::parse("auto trellis").resolve(plain, 64).trellis);
+  // Errors: one line each. `auto` with types; `auto` on a bare cache shape (no model).
+  for (const char* bad : {"auto tq4", "tq4 auto", "auto k=tq3", "auto v=tq3n8"}) {
+    try {
+      tq::KvSpec::parse(bad);
+      ADD_FAILURE() << bad << ": no error";
+    } catch (const tq::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("auto"), std::string::npos) << e.what();
+      EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
+    }
+  }
+  try {
+    a.resolve(tq::kv_config_for(plain, 64));
+    ADD_FAILURE() << "auto on a shape: no error";
+  } catch (const tq::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model"), std::string::npos) << e.what();
+  }
 }
 
 TEST(KvQuality, SplitChannelsOfCentredRows) {

@@ -6,6 +6,8 @@
 //
 // Grammar: whitespace-separated tokens, later tokens overriding earlier ones (layer rules add up):
 //   k=T  v=T  T[/T]          K and V formats (a bare T sets both, T/T K then V)
+//   auto                     K and V (the generic recommendation) chosen from what the model is
+//                            (kv_model_defaults); not with k= / v= / T[/T]
 //   window=N                 most recent N tokens kept in f16
 //   sink=N                   first N tokens kept in f16 for good
 //   center=ITEM[,ITEM...]    k | v | kv | none: which side is mean-centred; rope: the K mean
@@ -33,7 +35,8 @@ struct LlamaConfig;
 // Sinks and centring of a cache.
 enum class Protection : uint8_t {
   automatic,  // a TurboQuant K format gets kAutoSink f16 sink token and K centring with one
-              // RoPE-rotating mean per kAutoSegment tokens; other K formats: none
+              // RoPE-rotating mean per kAutoSegment tokens, plus what kv_model_defaults says
+              // for the model (scale-k for QK-normed keys); other K formats: none
   given,      // sink / center_* / center_segment / center_rope as written
   none,       // no sink, no centring ("plain")
 };
@@ -51,8 +54,19 @@ struct KvLayerRule {
   std::string to_string() const;  // "0,3,10-12,5.1:tq6/tq3"
 };
 
+// What a spec's automatic parts become on one model, chosen from what the model is (its
+// properties, never its name): the generic recommendation `auto` and the protection a tq K
+// type gets on top of the sink and centring. docs/design.md, "Defaults from model properties".
+struct KvModelDefaults {
+  KvFormat k, v;     // `auto`
+  bool scale_k;      // the automatic protection adds scale-k
+  const char* rule;  // which property chose them, for the JSON: "qk-norm" or "default"
+};
+KvModelDefaults kv_model_defaults(const LlamaConfig& model);
+
 struct KvSpec {
   KvFormat k = KvFormat::f16, v = KvFormat::f16;
+  bool auto_types = false;   // "auto": k and v from kv_model_defaults (k / v unused until resolved)
   int window = 0;
   Protection protection = Protection::automatic;
   int sink = 0;              // given: first tokens kept in f16
@@ -79,13 +93,23 @@ struct KvSpec {
   std::string to_string() const;
   // One JSON object (text): the resolved fields, "auto_protected" and "label" (resolved()).
   std::string to_json() const;
-  // The automatic protection applies (automatic, TurboQuant K format).
+  // The same for what the spec becomes on `model` (resolved(model)), with "spec" (this spec's
+  // own label, as asked) and "model_rule" (kv_model_defaults(model).rule).
+  std::string to_json(const LlamaConfig& model) const;
+  // The automatic protection applies (automatic, TurboQuant K format or auto).
   bool auto_protected() const;
   // The automatic protection spelled out (given), every other value in its canonical form.
+  // `auto` stays as it is (its types need a model).
   KvSpec resolved() const;
+  // What the spec is on this model: `auto` replaced by the model's types, the automatic
+  // protection spelled out with what kv_model_defaults(model) adds. resolve(model, n) builds
+  // exactly this; the model commands print its label.
+  KvSpec resolved(const LlamaConfig& model) const;
   // The cache config on a cache of this shape (n_layers, n_kv_heads, head_dim, max_tokens,
-  // rope_base, rope_dim from `shape`); layer rules out of range are a tq::Error.
+  // rope_base, rope_dim from `shape`); layer rules out of range are a tq::Error, and so is
+  // `auto` (which needs a model). No model-dependent defaults.
   KvCacheConfig resolve(const KvCacheConfig& shape) const;
+  // resolved(model).resolve(the model's cache shape).
   KvCacheConfig resolve(const LlamaConfig& model, int max_tokens) const;
   bool operator==(const KvSpec&) const = default;
 };

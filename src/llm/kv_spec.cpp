@@ -26,13 +26,14 @@ std::string pair_name(KvFormat k, KvFormat v) {
 }
 
 constexpr const char* kGrammar =
-    "k=T v=T T[/T] window=N sink=N center=k|v|kv|none[,rope][,N] plain scale-k trellis boundary=N[:T[/T]] "
+    "k=T v=T T[/T] auto window=N sink=N center=k|v|kv|none[,rope][,N] plain scale-k trellis boundary=N[:T[/T]] "
     "layers=LIST:T[/T] seed=N";
 
 // One spelling per cache: protection fields only where they act, boundary types only with
 // boundary layers.
 KvSpec canonical(KvSpec s) {
-  const bool tq_k = turboquant(s.k);
+  if (s.auto_types) s.k = s.v = KvFormat::f16;  // unused until a model resolves them
+  const bool tq_k = s.auto_types || turboquant(s.k);
   if (s.protection == Protection::given && s.sink == 0 && !s.center_k && !s.center_v && !s.center_rope)
     s.protection = Protection::none;
   if (s.protection == Protection::none && !tq_k) s.protection = Protection::automatic;
@@ -50,7 +51,7 @@ struct Parser {
   KvSpec s;
   std::string shown;  // the label, shortened, for errors
   std::string tok;    // the token being read
-  bool given = false, plain = false, rope = false, first = true;
+  bool given = false, plain = false, rope = false, first = true, types = false;
   std::optional<int> segment;
 
   [[noreturn]] void fail(const std::string& why) const {
@@ -145,10 +146,14 @@ struct Parser {
     };
     const bool was_first = first;
     first = false;
-    if (starts("k=")) {
+    if (t == "auto") {
+      s.auto_types = true;
+    } else if (starts("k=")) {
       s.k = format_of(t.substr(2));
+      types = true;
     } else if (starts("v=")) {
       s.v = format_of(t.substr(2));
+      types = true;
     } else if (starts("window=")) {
       s.window = number(t.substr(7));
     } else if (starts("sink=")) {
@@ -197,13 +202,18 @@ struct Parser {
       layers(t.substr(1));
     } else if (was_first || t.find('/') != std::string::npos || find_kv_type(t)) {
       pair(t, s.k, s.v);  // T[/T]; an unknown or removed name fails here with its own message
+      types = true;
     } else {
       fail(std::string("cannot parse (expected ") + kGrammar + ")");
     }
   }
 
   KvSpec finish() {
-    const bool tq_k = turboquant(s.k);
+    if (s.auto_types && types) {
+      tok = "auto";
+      fail("chooses K and V from the model; give either 'auto' or the types (k=, v=, T[/T]), not both");
+    }
+    const bool tq_k = s.auto_types || turboquant(s.k);
     if (given) {
       s.protection = Protection::given;
       s.center_rope = rope;
@@ -257,10 +267,35 @@ KvSpec KvSpec::parse(const std::string& label) {
   return p.finish();
 }
 
-bool KvSpec::auto_protected() const { return protection == Protection::automatic && turboquant(k); }
+bool KvSpec::auto_protected() const {
+  return protection == Protection::automatic && (auto_types || turboquant(k));
+}
+
+// The one place where what a model is chooses cache defaults (docs/design.md, "Defaults from
+// model properties"). Measured on SmolLM2-135M (no QK-norm, head_dim 64) and Gemma 3 270M
+// (QK-norm, head_dim 256; BENCHMARKS.md "Gemma 3 270M: defaults from model properties"):
+// scale-k on top of the automatic protection cut Gemma's tq3 / tq4 / tq3h6-tq4n8 KLD by 3x /
+// 3x / 1.5x; SmolLM2's protection and recommendation stay as they were tuned.
+KvModelDefaults kv_model_defaults(const LlamaConfig& model) {
+  if (model.traits.qk_norm) return {KvFormat::tq4h6n8, KvFormat::tq3h6n8, true, "qk-norm"};
+  return {KvFormat::tq3h6, KvFormat::tq4n8, false, "default"};
+}
+
+KvSpec KvSpec::resolved(const LlamaConfig& model) const {
+  const KvModelDefaults d = kv_model_defaults(model);
+  KvSpec s = *this;
+  if (s.auto_types) {
+    s.auto_types = false;
+    s.k = d.k;
+    s.v = d.v;
+  }
+  if (s.auto_protected() && d.scale_k) s.scale_k = true;
+  return s.resolved();
+}
 
 KvSpec KvSpec::resolved() const {
   KvSpec r = *this;
+  if (auto_types) return canonical(r);
   if (auto_protected()) {
     r.protection = Protection::given;
     r.sink = kAutoSink;
@@ -273,7 +308,7 @@ KvSpec KvSpec::resolved() const {
 }
 
 std::string KvSpec::to_string() const {
-  std::string s = std::string("k=") + kv_format_name(k) + " v=" + kv_format_name(v);
+  std::string s = auto_types ? std::string("auto") : std::string("k=") + kv_format_name(k) + " v=" + kv_format_name(v);
   if (window > 0) s += " window=" + std::to_string(window);
   if (protection == Protection::given) {
     if (sink > 0) s += " sink=" + std::to_string(sink);
@@ -282,7 +317,7 @@ std::string KvSpec::to_string() const {
       if (center_rope) s += ",rope";
       if (center_segment > 0) s += "," + std::to_string(center_segment);
     }
-  } else if (protection == Protection::none && turboquant(k)) {
+  } else if (protection == Protection::none && (auto_types || turboquant(k))) {
     s += " plain";
   }
   if (scale_k) s += " scale-k";
@@ -293,21 +328,32 @@ std::string KvSpec::to_string() const {
   return s;
 }
 
-std::string KvSpec::to_json() const {
-  const KvSpec r = resolved();
+namespace {
+nlohmann::json spec_json(const KvSpec& r, bool auto_protected) {
   std::vector<std::string> rules;
   for (const KvLayerRule& l : r.layers) rules.push_back(l.to_string());
-  const nlohmann::json j = {{"type_k", kv_format_name(r.k)}, {"type_v", kv_format_name(r.v)},
+  return {{"type_k", r.auto_types ? "auto" : kv_format_name(r.k)}, {"type_v", r.auto_types ? "auto" : kv_format_name(r.v)},
                             {"window", r.window}, {"sink", r.sink}, {"center_k", r.center_k},
                             {"center_v", r.center_v}, {"center_segment", r.center_segment},
                             {"center_rope", r.center_rope}, {"scale_k", r.scale_k}, {"trellis", r.trellis},
                             {"boundary_layers", r.boundary_layers}, {"boundary_type", kv_format_name(r.boundary_k)},
                             {"boundary_type_v", kv_format_name(r.boundary_v)}, {"layer_types", rules},
-                            {"auto_protected", auto_protected()}, {"seed", r.seed}, {"label", r.to_string()}};
+                            {"auto_protected", auto_protected}, {"seed", r.seed}, {"label", r.to_string()}};
+}
+}  // namespace
+
+std::string KvSpec::to_json() const { return spec_json(resolved(), auto_protected()).dump(); }
+
+std::string KvSpec::to_json(const LlamaConfig& model) const {
+  nlohmann::json j = spec_json(resolved(model), auto_protected());
+  j["spec"] = to_string();
+  j["model_rule"] = kv_model_defaults(model).rule;
   return j.dump();
 }
 
 KvCacheConfig KvSpec::resolve(const KvCacheConfig& shape) const {
+  TQ_CHECK(!auto_types, "cache spec 'auto' chooses its types from a model: use it with a model (-m MODEL), or give "
+                        "the types (e.g. tq3h6/tq4n8)");
   const KvSpec r = resolved();
   TQ_CHECK(!r.center_rope || r.center_k,
            "--kv-center-rope (center=rope, label cr) needs K centring: --kv-center k or kv (center=k), or a tq K "
@@ -358,7 +404,7 @@ KvCacheConfig KvSpec::resolve(const KvCacheConfig& shape) const {
 }
 
 KvCacheConfig KvSpec::resolve(const LlamaConfig& model, int max_tokens) const {
-  return resolve(kv_config_for(model, max_tokens));
+  return resolved(model).resolve(kv_config_for(model, max_tokens));
 }
 
 std::vector<KvFormat> kv_spec_formats(const KvSpec& s) {

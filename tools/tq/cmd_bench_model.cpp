@@ -74,7 +74,7 @@ void setup(CLI::App& app) {
         };
         const double pf = med([](const tq::SpeedResult& x) { return x.prefill_tok_s; });
         const double dc = med([](const tq::SpeedResult& x) { return x.decode_tok_s; });
-        rows.push_back({{"context", ctx}, {"cache", caches[ci]}, {"kv", kvs[ci].resolved().to_string()}, {"prefill_tok_s", pf}, {"decode_tok_s", dc},
+        rows.push_back({{"context", ctx}, {"cache", caches[ci]}, {"kv", kvs[ci].resolved(L->model.config()).to_string()}, {"prefill_tok_s", pf}, {"decode_tok_s", dc},
                         {"prefill_vs_first", pf / med0([](const tq::SpeedResult& x) { return x.prefill_tok_s; })},
                         {"decode_vs_first", dc / med0([](const tq::SpeedResult& x) { return x.decode_tok_s; })},
                         {"kv_bytes", runs[ci].back().kv_bytes},

@@ -63,7 +63,7 @@ void setup(CLI::App& app) {
       tq::cli::print_json({{"prompt", *prompt}, {"chat", *chat}, {"text", gen},
                            {"prompt_tokens", ids.size()}, {"generated_tokens", out.size()},
                            {"prompt_tok_s", ids.size() / t_prompt}, {"gen_tok_s", gen_tps},
-                           {"threads", L->model.threads()}, {"blas_core", tq::cli::blas_core()}, {"kv", tq::cli::kv_json(o->kv)},
+                           {"threads", L->model.threads()}, {"blas_core", tq::cli::blas_core()}, {"kv", tq::cli::kv_json(o->kv, L->model.config())},
                            {"kv_bytes", cache.bytes_used()}, {"kv_bytes_per_token", cache.bytes_per_token()},
                            {"kv_bits_per_value", tq::kv_bits_per_value(L->model, cache.bytes_per_token())}});
     } else {
@@ -73,7 +73,7 @@ void setup(CLI::App& app) {
                    "prompt: %zu tokens, %.1f tok/s | generation: %zu tokens, %.1f tok/s | threads %d\n"
                    "kv cache %s: %zu bytes held, %.1f bytes/token (%.2f bits/value)\n",
                    ids.size(), ids.size() / t_prompt, out.size(), gen_tps, L->model.threads(),
-                   tq::short_label(o->kv.resolved().to_string()).c_str(), cache.bytes_used(), cache.bytes_per_token(),
+                   tq::cli::kv_label(o->kv, L->model.config()).c_str(), cache.bytes_used(), cache.bytes_per_token(),
                    tq::kv_bits_per_value(L->model, cache.bytes_per_token()));
     }
   });

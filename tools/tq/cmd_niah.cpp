@@ -32,7 +32,7 @@ void setup(CLI::App& app) {
     no->kv = o->kv;
     std::unique_ptr<tq::cli::Progress> pb;
     no->progress = [&](size_t d, size_t t) {
-      if (!pb) pb = std::make_unique<tq::cli::Progress>("niah " + tq::short_label(o->kv.resolved().to_string(), 32), t);
+      if (!pb) pb = std::make_unique<tq::cli::Progress>("niah " + tq::short_label(o->kv.resolved(L->model.config()).to_string(), 32), t);
       pb->update(d);
     };
     const tq::NiahResult r = tq::niah(L->model, L->tok, text, *no);
@@ -49,13 +49,13 @@ void setup(CLI::App& app) {
       det.push_back({{"depth", t.depth}, {"trial", t.trial}, {"passphrase", t.passphrase},
                      {"answer", t.answer}, {"passed", t.passed}});
     if (o->json) {
-      tq::cli::print_json({{"context", o->ctx}, {"kv", tq::cli::kv_json(o->kv)}, {"trials", r.trials},
+      tq::cli::print_json({{"context", o->ctx}, {"kv", tq::cli::kv_json(o->kv, L->model.config())}, {"trials", r.trials},
                            {"passed", r.passed}, {"per_depth", per}, {"details", det},
                            {"seconds", r.seconds}, {"threads", L->model.threads()},
                            {"blas_core", tq::cli::blas_core()}});
       return;
     }
-    std::printf("niah context %d, kv %s: %d / %d passed (%.1f s)\n", o->ctx, tq::short_label(o->kv.resolved().to_string()).c_str(), r.passed,
+    std::printf("niah context %d, kv %s: %d / %d passed (%.1f s)\n", o->ctx, tq::cli::kv_label(o->kv, L->model.config()).c_str(), r.passed,
                 r.trials, r.seconds);
     for (auto& t : r.details)
       std::printf("  depth %.2f trial %d: %s -> '%s' %s\n", t.depth, t.trial, t.passphrase.c_str(),

@@ -27,6 +27,7 @@ void setup(CLI::App& app) {
   s->add_option("--sweep", *sweep,
                 "several cache specs separated by ';', each 'k=T v=T [window=N] [sink=N] [center=k|v|kv|none[,rope][,N]] "
                 "[plain] [scale-k] [trellis] [boundary=N:T[/T]] [layers=LIST:T[/T]]...' (a bare 'T' or 'K/V' sets both types;\n"
+                "'auto' instead of the types: the generic recommendation for this model's kind, e.g. 'auto;auto trellis';\n"
                 "e.g. 'tq4;tq4/tq3;k=tq3 window=128 boundary=2:f16;k=tq3h6 v=tq4n8 sink=1 center=k,rope,512 scale-k';\n"
                 "the short labels 'tq3 w128 s4 ckv cs512 cr ks tc plain b2:f16 L0,5-7:tq6/tq3' still parse),\n"
                 "run on the same windows sharing one --compare pass (replaces -ctk/-ctv); an entry @FILE reads a --kv-config file");
@@ -59,7 +60,7 @@ void setup(CLI::App& app) {
     nlohmann::json all = nlohmann::json::array();
     for (size_t c = 0; c < configs.size(); ++c) {
       const tq::PerplexityResult& r = results[c];
-      nlohmann::json j = {{"kv", tq::cli::kv_json(configs[c])}, {"ppl", r.ppl},
+      nlohmann::json j = {{"kv", tq::cli::kv_json(configs[c], L->model.config())}, {"ppl", r.ppl},
                           {"kv_bytes_per_token", r.kv_bytes_per_token}, {"bits_per_value", r.bits_per_value},
                           {"bits_per_value_all", r.bits_per_value_all}, {"kv_bytes_used", r.kv_bytes_used},
                           {"seconds", r.seconds}, {"chunk_ppl", r.chunk_ppl}};
@@ -99,7 +100,7 @@ void setup(CLI::App& app) {
       std::printf("%-26s ppl %.4f   %.1f bytes/token\n", compare->c_str(), r0.ppl_ref, r0.kv_bytes_per_token_ref);
     for (size_t c = 0; c < configs.size(); ++c) {
       const tq::PerplexityResult& r = results[c];
-      std::printf("%-26s ppl %.4f   %7.1f bytes/token (%.3f bits/value, %.3f all counted)", tq::short_label(configs[c].resolved().to_string()).c_str(),
+      std::printf("%-26s ppl %.4f   %7.1f bytes/token (%.3f bits/value, %.3f all counted)", tq::cli::kv_label(configs[c], L->model.config()).c_str(),
                   r.ppl, r.kv_bytes_per_token, r.bits_per_value, r.bits_per_value_all);
       if (po.compare)
         std::printf("  delta %+.2f%%  KLD %.5f (p99 %.4f)  top-1 %.2f%%", 100.0 * (r.ppl / r.ppl_ref - 1.0),

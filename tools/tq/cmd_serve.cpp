@@ -73,7 +73,7 @@ void setup(CLI::App& app) {
       if (name.size() > 5 && name.substr(name.size() - 5) == ".gguf") name.resize(name.size() - 5);
       so->model_id = name;
     }
-    std::fprintf(stderr, "tq serve: kv cache %s, %d threads\n", tq::short_label(o->kv.resolved().to_string()).c_str(),
+    std::fprintf(stderr, "tq serve: kv cache %s, %d threads\n", tq::cli::kv_label(o->kv, L->model.config()).c_str(),
                  L->model.threads());
     const int rc = tq::serve::run_server(*so, L->model, L->tok, o->kv, *sched);
     if (rc != 0) std::exit(rc);

@@ -119,8 +119,9 @@ inline void add_kv_opts(CLI::App* s, ModelOpts& o) {
       "configs/smollm2-135m-kv4.25.kv, a per-head allocation for the default model); other --kv-*/-ctk/-ctv "
       "flags given beside it override it");
   s->add_option_function<std::string>(
-      "--cache-type-k", [add](const std::string& t) { add("--cache-type-k", "k=" + t); },
-      "-ctk: KV cache type for K (spec k=T): " + kv_type_list() + " (tq kv-types describes them); default f16");
+      "--cache-type-k", [add](const std::string& t) { add("--cache-type-k", t == "auto" ? t : "k=" + t); },
+      "-ctk: KV cache type for K (spec k=T): " + kv_type_list() + " (tq kv-types describes them); default f16; "
+      "'auto' (spec auto): K and V types of the generic recommendation for this model's kind, without -ctv");
   s->add_option_function<std::string>(
       "--cache-type-v", [add](const std::string& t) { add("--cache-type-v", "v=" + t); },
       "-ctv: KV cache type for V (spec v=T); default f16");
@@ -152,7 +153,8 @@ inline void add_kv_opts(CLI::App* s, ModelOpts& o) {
       },
       "no automatic protection (spec plain): by default a tq K cache given neither --kv-sink nor --kv-center "
       "keeps 1 sink token in f16 and centres K with one RoPE-rotating mean per 512 tokens (or "
-      "--kv-center-segment N; spec sink=1 center=k,rope,512); --kv-plain runs the bare format");
+      "--kv-center-segment N; spec sink=1 center=k,rope,512), plus K scaling (scale-k) on a model with QK-normed "
+      "keys (gemma3, qwen3); --kv-plain runs the bare format");
   s->add_flag_callback(
       "--kv-center-rope", [add] { add("--kv-center-rope", "center=rope"); },
       "with K centring: the K mean rotates with RoPE (spec center=k,rope: mean of the keys turned back to "
@@ -221,7 +223,7 @@ inline std::unique_ptr<Loaded> load_model(ModelOpts& o) {
   // rules in range (resolve), then every type it uses against head_dim.
   const LlamaConfig mc = LlamaModel::read_config(g);
   o.kv.resolve(mc, 1);
-  for (KvFormat f : kv_spec_formats(o.kv)) {
+  for (KvFormat f : kv_spec_formats(o.kv.resolved(mc))) {
     try {
       kv_type_bytes(kv_type(f), mc.head_dim);
     } catch (const Error& e) {
@@ -270,5 +272,14 @@ inline std::vector<std::string> split_configs(const std::string& list, char sep)
 }
 
 inline nlohmann::json kv_json(const KvSpec& spec) { return nlohmann::json::parse(spec.to_json()); }
+// What the spec is on this model (KvSpec::resolved(model): `auto` and the model-dependent
+// protection applied), with the spec as asked ("spec") and the rule that chose ("model_rule").
+inline nlohmann::json kv_json(const KvSpec& spec, const LlamaConfig& model) {
+  return nlohmann::json::parse(spec.to_json(model));
+}
+// The label of what the spec is on this model, shortened for text output.
+inline std::string kv_label(const KvSpec& spec, const LlamaConfig& model) {
+  return short_label(spec.resolved(model).to_string());
+}
 
 }  // namespace tq::cli
