@@ -831,7 +831,7 @@ TEST(KvQuality, DefaultsFromModelProperties) {
   EXPECT_EQ(a.resolved(qkn).k, dq.k);
   EXPECT_EQ(a.resolved(qkn).v, dq.v);
   EXPECT_TRUE(a.resolved(qkn).scale_k);
-  EXPECT_EQ(a.resolve(qkn, 512).type_k, std::string(tq::kv_format_name(dq.k)));
+  EXPECT_EQ(a.resolve(qkn, 512).type_k, dq.k);
   EXPECT_EQ(nlohmann::json::parse(a.to_json(qkn)).at("spec"), "auto");
   EXPECT_EQ(nlohmann::json::parse(a.to_json()).at("type_k"), "auto");
   // Other tokens still apply on top of it.
