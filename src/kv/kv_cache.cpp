@@ -500,6 +500,8 @@ void Stream::encode_rows(int n, const float* x, size_t stride) {
   std::vector<float> xb((size_t)kBlock * D), yb((size_t)kBlock * D), u((size_t)D);
   std::vector<uint8_t> idx((size_t)D);
   std::vector<uint16_t> h((size_t)D);
+  Part parts[2];
+  const int np = fmt->turboquant() ? parts_of(*this, parts) : 0;
   int r = 0;
   while (r < n) {  // segments that stay inside one block
     const int t = n_quant;
@@ -539,30 +541,17 @@ void Stream::encode_rows(int n, const float* x, size_t stride) {
         case KvLayout::q8_0: quantize_q8_0(D, rotated ? yr : xr, reinterpret_cast<BlockQ8_0*>(row)); break;
         case KvLayout::q4_0: quantize_q4_0(D, rotated ? yr : xr, reinterpret_cast<BlockQ4_0*>(row)); break;
         case KvLayout::tq:
-          encode_tq_part(*cb, tc, D, side, yr, norm2(xr, D), reinterpret_cast<uint16_t*>(blk) + slot,
-                         blk + norms_bytes, slot, idx.data(), u.data());
-          break;
         case KvLayout::tq_n8:
-          set_n8_norm(blk, slot, encode_tq_part(*cb, tc, D, side, yr, norm2(xr, D), nullptr, blk + norms_bytes, slot,
-                                                idx.data(), u.data()));
-          break;
-        case KvLayout::tq_split: {  // xr: the d_hi selected channels first (Channels)
-          double e_hi = 0, e_lo = 0;
-          for (int i = 0; i < d_hi; ++i) e_hi += (double)xr[i] * xr[i];
-          for (int i = d_hi; i < D; ++i) e_lo += (double)xr[i] * xr[i];
-          const bool n8 = fmt->log8_norms();
-          uint16_t* nh = reinterpret_cast<uint16_t*>(blk);
-          const double n_hi = encode_tq_part(*cb_hi, tc_hi, d_hi, side, yr, std::sqrt(e_hi), n8 ? nullptr : nh + slot,
-                                             blk + norms_bytes, slot, idx.data(), u.data());
-          const double n_lo = encode_tq_part(*cb, tc, d_lo, side, yr + d_hi, std::sqrt(e_lo),
-                                             n8 ? nullptr : nh + kBlock + slot, blk + norms_bytes + tiles_hi_bytes,
-                                             slot, idx.data(), u.data());
-          if (n8) {
-            set_n8_norm(blk, slot, n_hi);
-            set_n8_norm(blk + kN8HeaderBytes, slot, n_lo);
+        case KvLayout::tq_split:  // split: xr holds the d_hi selected channels first (Channels)
+          for (int i = 0; i < np; ++i) {
+            const Part& p = parts[i];
+            uint8_t* nb = blk + p.norm_off;  // fp16 norms, or the n8 header
+            const double nrm = encode_tq_part(*p.cb, p.tc, p.dim, side, yr + p.off, norm2(xr + p.off, p.dim),
+                                              p.n8 ? nullptr : reinterpret_cast<uint16_t*>(nb) + slot,
+                                              blk + p.tiles_off, slot, idx.data(), u.data());
+            if (p.n8) set_n8_norm(nb, slot, nrm);
           }
           break;
-        }
       }
     }
     n_quant += m;

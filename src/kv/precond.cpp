@@ -325,11 +325,7 @@ void KScale::inverse(int, int n_rows, float* x, int D) const {
   for (int r = 0; r < n_rows; ++r)
     for (int d = 0; d < D; ++d) x[(size_t)r * D + d] /= w[d];
 }
-void KScale::query(int n_rows, float* q, int D) const {
-  if (w.empty()) return;
-  for (int r = 0; r < n_rows; ++r)
-    for (int d = 0; d < D; ++d) q[(size_t)r * D + d] = q[(size_t)r * D + d] / w[d];
-}
+void KScale::query(int n_rows, float* q, int D) const { inverse(0, n_rows, q, D); }
 
 // ------------------------------------------------------------------ Channels
 void Channels::configure(const Stream& s, const KvCacheConfig&, const KvCache::Impl&) {
@@ -375,24 +371,20 @@ void Channels::freeze(const Stream& s) {
   frozen = true;
 }
 
-void Channels::inverse(int, int n_rows, float* x, int D) const {
+// Row r of x becomes y with y[perm[i]] = x[i] (scatter) or y[i] = x[perm[i]].
+static void permute_rows(const std::vector<int>& perm, bool scatter, int n_rows, float* x, int D) {
   if (perm.empty()) return;
   std::vector<float> t((size_t)D);
-  for (int r = 0; r < n_rows; ++r) {
-    float* xr = x + (size_t)r * D;
+  for (float* xr = x; xr < x + (size_t)n_rows * D; xr += D) {
     std::memcpy(t.data(), xr, sizeof(float) * D);
-    for (int i = 0; i < D; ++i) xr[perm[i]] = t[i];
+    if (scatter)
+      for (int i = 0; i < D; ++i) xr[perm[i]] = t[i];
+    else
+      for (int i = 0; i < D; ++i) xr[i] = t[perm[i]];
   }
 }
-void Channels::query(int n_rows, float* q, int D) const {
-  if (perm.empty()) return;
-  std::vector<float> t((size_t)D);
-  for (int r = 0; r < n_rows; ++r) {
-    float* qr = q + (size_t)r * D;
-    std::memcpy(t.data(), qr, sizeof(float) * D);
-    for (int i = 0; i < D; ++i) qr[i] = t[perm[i]];
-  }
-}
+void Channels::inverse(int, int n_rows, float* x, int D) const { permute_rows(perm, true, n_rows, x, D); }
+void Channels::query(int n_rows, float* q, int D) const { permute_rows(perm, false, n_rows, q, D); }
 void Channels::forward(int, int n_rows, float* x, int D) { query(n_rows, x, D); }
 
 }  // namespace tq::kv
