@@ -36,7 +36,7 @@ struct Shape {
 // sum q_d mu_d. mc per head: [A (P)][B (P)][C0], stride 2 P + 1.
 inline int rope_mc_stride(const Stream& s) noexcept { return 2 * (int)s.centre.rope_freq.size() + 1; }
 inline int rope_fast_pairs(const Stream& s) noexcept {
-  return (int)s.centre.rope_freq.size() < kRopeExactPairs ? (int)s.centre.rope_freq.size() : kRopeExactPairs;
+  return std::min((int)s.centre.rope_freq.size(), kRopeExactPairs);
 }
 inline void rope_mean_coefs(const Stream& s, int G, const float* q, const float* mu, float* mc) noexcept {
   const int D = s.dim, P = (int)s.centre.rope_freq.size(), st = rope_mc_stride(s);

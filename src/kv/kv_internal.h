@@ -79,12 +79,9 @@ struct RopeTurns {
   // Fills the table for positions [p0, p0 + n) and the block centres of stream indices
   // p - pos0 (a stream's position of index 0); keeps it when it already holds them.
   void cover(const std::vector<double>& freq, int pos0, int p0, int n);
-  // (cos, sin) pairs for angle p * freq[i], i < P, or nullptr when p is not held.
-  const double* at(int p) const noexcept {
-    return p >= p0 && p - p0 < n ? &fwd[(size_t)(p - p0) * P * 2] : nullptr;
-  }
-  const double* at_back(int p) const noexcept {
-    return p >= p0 && p - p0 < n ? &back[(size_t)(p - p0) * P * 2] : nullptr;
+  // (cos, sin) pairs for angle p * freq[i] (inverse: -p * freq[i]), i < P, or nullptr when p is not held.
+  const double* at(int p, bool inverse = false) const noexcept {
+    return p >= p0 && p - p0 < n ? &(inverse ? back : fwd)[(size_t)(p - p0) * P * 2] : nullptr;
   }
   const double* at_centre(double c) const noexcept {
     const double k = (c - c0) / kBlock;
