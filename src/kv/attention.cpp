@@ -273,14 +273,12 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
   std::vector<float> states(std::max<size_t>(1, (size_t)n_tasks * per_task));
   // Queries in each kv head's K domain (quantized part) and original domain (window).
   std::vector<float> qk((size_t)KVH * n_q * G * D), qo((size_t)KVH * n_q * G * D);
-  for (int h = 0; h < KVH; ++h)
+  for (int h = 0; h < KVH; ++h) {
+    float* qoh = &qo[(size_t)h * n_q * G * D];
     for (int i = 0; i < n_q; ++i)
       for (int g = 0; g < G; ++g)
-        std::memcpy(&qo[(((size_t)h * n_q + i) * G + g) * D], q + ((size_t)i * sh.H + h * G + g) * D,
-                    sizeof(float) * D);
-  for (int h = 0; h < KVH; ++h) {
-    float* dst = &qk[(size_t)h * n_q * G * D];
-    if (nq_tok > 0) L.k[h].query_to_domain(n_q * G, &qo[(size_t)h * n_q * G * D], dst);
+        std::memcpy(qoh + ((size_t)i * G + g) * D, q + ((size_t)i * sh.H + h * G + g) * D, sizeof(float) * D);
+    if (nq_tok > 0) L.k[h].query_to_domain(n_q * G, qoh, &qk[(size_t)h * n_q * G * D]);
   }
   const int n_threads = p.n_threads > 0 ? p.n_threads : omp_get_max_threads();
   // Small calls (short contexts: a few microseconds of work) run on the calling thread: an
@@ -311,26 +309,32 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
         sk.decode_domain(t0, n, kb);
         sv.decode_domain(t0, n, vb);
       };
-      int i0 = 0;
-      while (i0 < n_q && qlimits[i0] <= a) ++i0;
+      auto first_seeing = [&](int i, int t) {  // the first query from i on that sees token t
+        while (i < n_q && qlimits[i] <= t) ++i;
+        return i;
+      };
+      const int i0 = first_seeing(0, a);
       if (i0 == n_q) continue;
-      // Tokens [lo, hi) (one K mean) into the states, fused kernel or rows.
-      auto run_range = [&](int lo, int hi) {
+      const int mst = sk.centre.rope ? rope_mc_stride(sk) : 1;
+      // Tokens [lo, hi) (one K mean) into the states: a fused kernel (with the rope mean
+      // coefficients mc of the query rows, or null), else rows of queries qg fetched by fetch_g.
+      auto run_range = [&](int lo, int hi, const float* qg, auto&& fetch_g, const float* mc) {
         if (lo % kBlock != 0) {  // a block cut by the window's start: rows from `start`
           const int e = std::min(hi, (lo / kBlock + 1) * kBlock);
-          generic_task(sh, qd, qlimits.data(), lo, e, fetch, st);
+          generic_task(sh, qg, qlimits.data(), lo, e, fetch_g, st);
           if ((lo = e) >= hi) return;
         }
-        int j0 = i0;
-        while (j0 < n_q && qlimits[j0] <= lo) ++j0;
+        const int j0 = first_seeing(i0, lo);
         if (j0 == n_q) return;
-        if (kern != Kernel::rows && fused_decode(sh, sk, sv, kern, n_q - j0, qd + (size_t)j0 * G * D, &qlimits[j0],
+        Shape shf = sh;
+        if (mc) shf.rope_mc = mc + (size_t)j0 * G * mst;
+        if (kern != Kernel::rows && fused_decode(shf, sk, sv, kern, n_q - j0, qd + (size_t)j0 * G * D, &qlimits[j0],
                                                  lo, hi, States{st.base + (size_t)j0 * G * st.stride(), D}))
           return;
-        generic_task(sh, qd, qlimits.data(), lo, hi, fetch, st);
+        generic_task(sh, qg, qlimits.data(), lo, hi, fetch_g, st);
       };
       if (kseg < 0) {
-        run_range(a, b);
+        run_range(a, b, qd, fetch, nullptr);
         continue;
       }
       // Centred K, one mean per segment [lo, hi). Constant mean: the running maxima of the query
@@ -339,7 +343,6 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
       // the query rows (rope_mean_coefs); without a fused kernel, rows in the original domain
       // (decoded + mean_at) against the original-domain queries; V stays in its domain.
       const float* qh = &qo[(size_t)h * n_q * G * D];
-      const int mst = sk.centre.rope ? rope_mc_stride(sk) : 1;
       std::vector<float> coef((size_t)n_q * G * mst);  // per query row: kshift, or rope coefficients
       auto fetch_orig = [&](int t0, int n, float* kb, float* vb) {
         sk.decode_domain(t0, n, kb);
@@ -348,25 +351,12 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
       };
       for (int lo = a, hi; lo < b; lo = hi) {
         hi = kseg > 0 ? std::min(b, (lo / kseg + 1) * kseg) : b;
-        int j0 = i0;
-        while (j0 < n_q && qlimits[j0] <= lo) ++j0;
+        const int j0 = first_seeing(i0, lo);
         if (j0 == n_q) break;
         const float* mu = sk.centre.mu_of(lo);
         if (sk.centre.rope) {
-          int flo = lo;
-          if (flo % kBlock != 0) {  // a block cut by the window's start: rows from `start`
-            flo = std::min(hi, (lo / kBlock + 1) * kBlock);
-            generic_task(sh, qh, qlimits.data(), lo, flo, fetch_orig, st);
-            while (j0 < n_q && qlimits[j0] <= flo) ++j0;
-            if (flo >= hi || j0 == n_q) continue;
-          }
           for (int i = j0; i < n_q; ++i) rope_mean_coefs(sk, G, qh + (size_t)i * G * D, mu, &coef[(size_t)i * G * mst]);
-          Shape shr = sh;
-          shr.rope_mc = &coef[(size_t)j0 * G * mst];
-          const bool fused = kern != Kernel::rows &&
-                             fused_decode(shr, sk, sv, kern, n_q - j0, qd + (size_t)j0 * G * D, &qlimits[j0], flo, hi,
-                                          States{st.base + (size_t)j0 * G * st.stride(), D});
-          if (!fused) generic_task(sh, qh, qlimits.data(), flo, hi, fetch_orig, st);
+          run_range(lo, hi, qh, fetch_orig, coef.data());
           continue;
         }
         for (int k = j0 * G; k < n_q * G; ++k) {
@@ -375,27 +365,23 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
           coef[k] = (float)(dot * sh.scale);
           st.m(k) -= coef[k];  // -inf stays -inf
         }
-        run_range(lo, hi);
+        run_range(lo, hi, qd, fetch, nullptr);
         for (int k = j0 * G; k < n_q * G; ++k) st.m(k) += coef[k];
       }
-    } else if (c == task_win) {
-      const float* qd = &qo[(size_t)h * n_q * G * D];
+    } else {  // the f16 window (task_win) or sinks (task_sink), original domain
+      const bool win = c == task_win;
+      TQ_ASSERT(win || c == task_sink);
+      auto row = [&](const Stream& s, int t) {  // window slot of absolute position t, or sink row t
+        return win ? s.ring.get() + (size_t)((t - S) % W) * D : s.sink_rows.get() + (size_t)t * D;
+      };
       auto fetch = [&](int t0, int n, float* kb, float* vb) {
         for (int r = 0; r < n; ++r) {
-          const int t = t0 + r - S;  // window slot of absolute position t0 + r
-          f16_to_f32(D, sk.ring.get() + (size_t)(t % W) * D, kb + (size_t)r * D);
-          f16_to_f32(D, sv.ring.get() + (size_t)(t % W) * D, vb + (size_t)r * D);
+          f16_to_f32(D, row(sk, t0 + r), kb + (size_t)r * D);
+          f16_to_f32(D, row(sv, t0 + r), vb + (size_t)r * D);
         }
       };
-      generic_task(sh, qd, P.limits.data(), std::max(q0 + nq_tok, start), sh.n_tokens, fetch, st);
-    } else {
-      TQ_ASSERT(c == task_sink);
-      const float* qd = &qo[(size_t)h * n_q * G * D];
-      auto fetch = [&](int t0, int n, float* kb, float* vb) {
-        f16_to_f32(n * D, sk.sink_rows.get() + (size_t)t0 * D, kb);
-        f16_to_f32(n * D, sv.sink_rows.get() + (size_t)t0 * D, vb);
-      };
-      generic_task(sh, qd, P.limits.data(), std::min(start, n_sink), n_sink, fetch, st);
+      generic_task(sh, &qo[(size_t)h * n_q * G * D], P.limits.data(),
+                   win ? std::max(q0 + nq_tok, start) : std::min(start, n_sink), win ? sh.n_tokens : n_sink, fetch, st);
     }
   }
 
@@ -406,29 +392,23 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
   const States acc{tmp.data(), D};
   for (int h = 0; h < KVH; ++h) {
     const Stream& sv = L.v[h];
+    auto to_orig_mean = [&](const States& x, int k, int j) {  // row k of x, mean of stream index j
+      sv.to_orig(-1, 1, x.acc(k));
+      if (!sv.centre.on) return;
+      const float* mu = sv.centre.mu_of(j);
+      for (int d = 0; d < D; ++d) x.acc(k)[d] += mu[d] * x.l(k);
+    };
     for (int k = 0; k < n_q * G; ++k) {
       const int i = k / G, g = k % G;
       acc.reset(0);
-      if (vseg == 0) {  // one V mean: merge in the V domain, one inverse transform
-        for (int c = 0; c < n_chunks; ++c)
-          merge_state(acc, 0, States{&states[((size_t)h * tasks_per_head + c) * per_task], D}, k);
-        if (n_chunks > 0 && acc.m(0) != kNegInf) {
-          sv.to_orig(-1, 1, acc.acc(0));
-          if (sv.centre.on)
-            for (int d = 0; d < D; ++d) acc.acc(0)[d] += sv.centre.mu[d] * acc.l(0);
-        }
-      } else {  // a mean per chunk: each chunk to the original domain, plus its V mean, then merge
-        for (int c = 0; c < n_chunks; ++c) {
-          const States sc{&states[((size_t)h * tasks_per_head + c) * per_task], D};
-          if (sc.m(k) == kNegInf) continue;
-          sv.to_orig(-1, 1, sc.acc(k));
-          if (sv.centre.on) {
-            const float* mu = sv.centre.mu_of(c * chunk);
-            for (int d = 0; d < D; ++d) sc.acc(k)[d] += mu[d] * sc.l(k);
-          }
-          merge_state(acc, 0, sc, k);
-        }
+      // One V mean: merge in the V domain, then one inverse transform. A mean per chunk: each
+      // chunk to the original domain, plus its V mean, then merge.
+      for (int c = 0; c < n_chunks; ++c) {
+        const States sc{&states[((size_t)h * tasks_per_head + c) * per_task], D};
+        if (vseg > 0 && sc.m(k) != kNegInf) to_orig_mean(sc, k, c * chunk);
+        merge_state(acc, 0, sc, k);
       }
+      if (vseg == 0 && n_chunks > 0 && acc.m(0) != kNegInf) to_orig_mean(acc, 0, 0);
       if (n_win > 0)
         merge_state(acc, 0, States{&states[((size_t)h * tasks_per_head + task_win) * per_task], D}, k);
       if (n_sink > 0)

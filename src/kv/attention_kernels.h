@@ -36,7 +36,7 @@ struct Shape {
 // sum q_d mu_d. mc per head: [A (P)][B (P)][C0], stride 2 P + 1.
 inline int rope_mc_stride(const Stream& s) noexcept { return 2 * (int)s.centre.rope_freq.size() + 1; }
 inline int rope_fast_pairs(const Stream& s) noexcept {
-  return (int)s.centre.rope_freq.size() < kRopeExactPairs ? (int)s.centre.rope_freq.size() : kRopeExactPairs;
+  return std::min((int)s.centre.rope_freq.size(), kRopeExactPairs);
 }
 inline void rope_mean_coefs(const Stream& s, int G, const float* q, const float* mu, float* mc) noexcept {
   const int D = s.dim, P = (int)s.centre.rope_freq.size(), st = rope_mc_stride(s);
@@ -165,23 +165,14 @@ struct Part {
   const TrellisCode* tc = nullptr;     // trellis codes (KvCacheConfig::trellis): values lut[window]
 };
 inline int parts_of(const Stream& s, Part* p) {
-  if (s.fmt->layout == KvLayout::tq_n8) {
-    p[0] = Part{0, s.dim, s.cb->bits, s.cb, 0, s.norms_bytes};
-    p[0].n8 = true;
-    p[0].tc = s.tc;
-    return 1;
-  }
-  if (s.fmt->layout == KvLayout::tq) {
-    p[0] = Part{0, s.dim, s.cb->bits, s.cb, 0, s.norms_bytes};
-    p[0].tc = s.tc;
-    return 1;
-  }
   const bool n8 = s.fmt->log8_norms();
-  p[0] = Part{0, s.d_hi, s.cb_hi->bits, s.cb_hi, 0, s.norms_bytes};
-  p[1] = Part{s.d_hi, s.d_lo, s.cb->bits, s.cb, n8 ? kN8HeaderBytes : kBlock * 2, s.norms_bytes + s.tiles_hi_bytes};
-  p[0].n8 = p[1].n8 = n8;
-  p[0].tc = s.tc_hi;
-  p[1].tc = s.tc;
+  if (!s.split()) {
+    p[0] = Part{0, s.dim, s.cb->bits, s.cb, 0, s.norms_bytes, n8, s.tc};
+    return 1;
+  }
+  p[0] = Part{0, s.d_hi, s.cb_hi->bits, s.cb_hi, 0, s.norms_bytes, n8, s.tc_hi};
+  p[1] = Part{s.d_hi, s.d_lo, s.cb->bits, s.cb, n8 ? kN8HeaderBytes : kBlock * 2, s.norms_bytes + s.tiles_hi_bytes, n8,
+              s.tc};
   return 2;
 }
 

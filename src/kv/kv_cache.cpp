@@ -426,11 +426,8 @@ Stream::Stream(const Format& f, int side_, bool sliding, const KvCacheConfig& cf
       if (cb_hi && cb_hi->bits <= 4) tc_hi = &get_trellis(d_hi, cb_hi->bits);
     }
   }
-  if (f.rotated) {
-    rot = split() ? nullptr : I.rot.get();
-    rot_hi = split() ? I.rot_hi.get() : nullptr;
-    rot_lo = split() ? I.rot_lo.get() : nullptr;
-  }
+  if (f.rotated && !split()) rot = I.rot.get();
+  if (f.rotated && split()) rot_hi = I.rot_hi.get(), rot_lo = I.rot_lo.get();
   window = cfg.window;
   if (window > 0) ring = make_aligned<uint16_t>((size_t)window * D);
   sink = cfg.sink;
@@ -465,16 +462,12 @@ void Stream::rotate(int n, const float* x, float* y, bool inverse) const {
     if (y != x) std::memcpy(y, x, sizeof(float) * (size_t)n * dim);
     return;
   }
-  std::vector<float> a((size_t)n * d_hi), b((size_t)n * d_lo);
-  for (int r = 0; r < n; ++r) {
-    std::memcpy(&a[(size_t)r * d_hi], x + (size_t)r * dim, sizeof(float) * d_hi);
-    std::memcpy(&b[(size_t)r * d_lo], x + (size_t)r * dim + d_hi, sizeof(float) * d_lo);
-  }
-  for (auto [R, v] : {std::pair{rot_hi, &a}, std::pair{rot_lo, &b}})
-    inverse ? R->inverse((size_t)n, v->data(), v->data()) : R->forward((size_t)n, v->data(), v->data());
-  for (int r = 0; r < n; ++r) {
-    std::memcpy(y + (size_t)r * dim, &a[(size_t)r * d_hi], sizeof(float) * d_hi);
-    std::memcpy(y + (size_t)r * dim + d_hi, &b[(size_t)r * d_lo], sizeof(float) * d_lo);
+  // Split: each part's columns (dims [off, off + d) of every row) gathered, rotated, put back.
+  for (auto [R, off, d] : {std::tuple{rot_hi, 0, d_hi}, std::tuple{rot_lo, d_hi, d_lo}}) {
+    std::vector<float> v((size_t)n * d);
+    for (int r = 0; r < n; ++r) std::memcpy(&v[(size_t)r * d], x + (size_t)r * dim + off, sizeof(float) * d);
+    inverse ? R->inverse((size_t)n, v.data(), v.data()) : R->forward((size_t)n, v.data(), v.data());
+    for (int r = 0; r < n; ++r) std::memcpy(y + (size_t)r * dim + off, &v[(size_t)r * d], sizeof(float) * d);
   }
 }
 
@@ -500,6 +493,8 @@ void Stream::encode_rows(int n, const float* x, size_t stride) {
   std::vector<float> xb((size_t)kBlock * D), yb((size_t)kBlock * D), u((size_t)D);
   std::vector<uint8_t> idx((size_t)D);
   std::vector<uint16_t> h((size_t)D);
+  Part parts[2];
+  const int np = fmt->turboquant() ? parts_of(*this, parts) : 0;
   int r = 0;
   while (r < n) {  // segments that stay inside one block
     const int t = n_quant;
@@ -539,30 +534,17 @@ void Stream::encode_rows(int n, const float* x, size_t stride) {
         case KvLayout::q8_0: quantize_q8_0(D, rotated ? yr : xr, reinterpret_cast<BlockQ8_0*>(row)); break;
         case KvLayout::q4_0: quantize_q4_0(D, rotated ? yr : xr, reinterpret_cast<BlockQ4_0*>(row)); break;
         case KvLayout::tq:
-          encode_tq_part(*cb, tc, D, side, yr, norm2(xr, D), reinterpret_cast<uint16_t*>(blk) + slot,
-                         blk + norms_bytes, slot, idx.data(), u.data());
-          break;
         case KvLayout::tq_n8:
-          set_n8_norm(blk, slot, encode_tq_part(*cb, tc, D, side, yr, norm2(xr, D), nullptr, blk + norms_bytes, slot,
-                                                idx.data(), u.data()));
-          break;
-        case KvLayout::tq_split: {  // xr: the d_hi selected channels first (Channels)
-          double e_hi = 0, e_lo = 0;
-          for (int i = 0; i < d_hi; ++i) e_hi += (double)xr[i] * xr[i];
-          for (int i = d_hi; i < D; ++i) e_lo += (double)xr[i] * xr[i];
-          const bool n8 = fmt->log8_norms();
-          uint16_t* nh = reinterpret_cast<uint16_t*>(blk);
-          const double n_hi = encode_tq_part(*cb_hi, tc_hi, d_hi, side, yr, std::sqrt(e_hi), n8 ? nullptr : nh + slot,
-                                             blk + norms_bytes, slot, idx.data(), u.data());
-          const double n_lo = encode_tq_part(*cb, tc, d_lo, side, yr + d_hi, std::sqrt(e_lo),
-                                             n8 ? nullptr : nh + kBlock + slot, blk + norms_bytes + tiles_hi_bytes,
-                                             slot, idx.data(), u.data());
-          if (n8) {
-            set_n8_norm(blk, slot, n_hi);
-            set_n8_norm(blk + kN8HeaderBytes, slot, n_lo);
+        case KvLayout::tq_split:  // split: xr holds the d_hi selected channels first (Channels)
+          for (int i = 0; i < np; ++i) {
+            const Part& p = parts[i];
+            uint8_t* nb = blk + p.norm_off;  // fp16 norms, or the n8 header
+            const double nrm = encode_tq_part(*p.cb, p.tc, p.dim, side, yr + p.off, norm2(xr + p.off, p.dim),
+                                              p.n8 ? nullptr : reinterpret_cast<uint16_t*>(nb) + slot,
+                                              blk + p.tiles_off, slot, idx.data(), u.data());
+            if (p.n8) set_n8_norm(nb, slot, nrm);
           }
           break;
-        }
       }
     }
     n_quant += m;
@@ -574,23 +556,19 @@ void Stream::decode_domain(int t0, int n, float* out) const {
   const Stream& s = *this;
   const int D = dim;
   TQ_ASSERT(t0 >= s.n_dropped && t0 + n <= s.n_quant);
-  if ((s.fmt->layout == KvLayout::q8_0 || s.fmt->layout == KvLayout::q4_0) && !simd::use_scalar()) {
-    for (int r = 0; r < n;) {  // rows are contiguous within a block
-      const int t = t0 + r, m = std::min(n - r, kBlock - t % kBlock);
-      const uint8_t* rows = s.block(t / kBlock) + (size_t)(t % kBlock) * s.row_bytes;
-      if (s.fmt->layout == KvLayout::q8_0) decode_q8_rows(D, m, rows, out + (size_t)r * D);
-      else decode_q4_rows(D, m, rows, out + (size_t)r * D);
-      r += m;
-    }
-    return;
-  }
-  if (fmt->turboquant()) {  // whole blocks: expand the tiles once, then emit the rows
+  // SIMD q8_0 / q4_0 rows (contiguous within a block) and tq blocks (the tiles expanded once,
+  // then the rows emitted) go a block at a time.
+  const bool q_rows = (s.fmt->layout == KvLayout::q8_0 || s.fmt->layout == KvLayout::q4_0) && !simd::use_scalar();
+  if (q_rows || fmt->turboquant()) {
     Part parts[2];
-    const int np = parts_of(s, parts);
-    std::vector<uint8_t> codes((size_t)kBlock * D);
+    const int np = q_rows ? 0 : parts_of(s, parts);
+    std::vector<uint8_t> codes(np ? (size_t)kBlock * D : 0);
     for (int r = 0; r < n;) {
       const int t = t0 + r, first = t % kBlock, m = std::min(n - r, kBlock - first);
       const uint8_t* blk = block(t / kBlock);
+      const uint8_t* rows = blk + (size_t)first * s.row_bytes;
+      if (s.fmt->layout == KvLayout::q8_0) decode_q8_rows(D, m, rows, out + (size_t)r * D);
+      if (s.fmt->layout == KvLayout::q4_0) decode_q4_rows(D, m, rows, out + (size_t)r * D);
       for (int i = 0; i < np; ++i) {
         const Part& p = parts[i];
         expand_tiles(blk + p.tiles_off, p.dim, p.bits, side == 0, codes.data());
@@ -653,15 +631,14 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
     TQ_CHECK(f < KvFormat::count, "kv cache: invalid format %d", (int)f);
   const KvType tk = kv_type(cfg.type_k), tv = kv_type(cfg.type_v);
   const KvType bk = kv_type(cfg.boundary_type_k), bv = kv_type(cfg.boundary_type_v);
-  TQ_CHECK(cfg.layer_type_k.empty() || static_cast<int>(cfg.layer_type_k.size()) == cfg.n_layers,
-           "kv cache: layer_type_k has %zu entries for %d layers", cfg.layer_type_k.size(), cfg.n_layers);
-  TQ_CHECK(cfg.layer_type_v.empty() || static_cast<int>(cfg.layer_type_v.size()) == cfg.n_layers,
-           "kv cache: layer_type_v has %zu entries for %d layers", cfg.layer_type_v.size(), cfg.n_layers);
   const size_t n_streams = (size_t)cfg.n_layers * cfg.n_kv_heads;
-  TQ_CHECK(cfg.head_type_k.empty() || cfg.head_type_k.size() == n_streams,
-           "kv cache: head_type_k has %zu entries for %zu streams", cfg.head_type_k.size(), n_streams);
-  TQ_CHECK(cfg.head_type_v.empty() || cfg.head_type_v.size() == n_streams,
-           "kv cache: head_type_v has %zu entries for %zu streams", cfg.head_type_v.size(), n_streams);
+  for (auto [list, name] :
+       {std::pair{&cfg.layer_type_k, "layer_type_k"}, std::pair{&cfg.layer_type_v, "layer_type_v"}})
+    TQ_CHECK(list->empty() || static_cast<int>(list->size()) == cfg.n_layers,
+             "kv cache: %s has %zu entries for %d layers", name, list->size(), cfg.n_layers);
+  for (auto [list, name] : {std::pair{&cfg.head_type_k, "head_type_k"}, std::pair{&cfg.head_type_v, "head_type_v"}})
+    TQ_CHECK(list->empty() || list->size() == n_streams, "kv cache: %s has %zu entries for %zu streams", name,
+             list->size(), n_streams);
   // types[l * n_kv_heads + h][side]: boundary rule first, then the per-layer, then the per-head overrides
   std::vector<std::array<KvType, 2>> types(n_streams);
   std::vector<KvType> used = {tk, tv, bk, bv};

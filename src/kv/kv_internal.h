@@ -1,29 +1,8 @@
 // Internals of the quantized KV cache (src/kv). Not a public header.
 //
-// Storage: per (layer, kv head, side K|V) one Stream. Tokens that have left the f16 window
-// live in blocks of kBlock = 32 tokens; each block is one contiguous byte range whose
-// layout depends on the format (see docs/design.md "Layouts"):
-//
-//   f32    32 rows x D floats, row-major                              (32 bits / value)
-//   f16    V: 32 rows x D binary16, row-major; K: dim-major (D x 32 tokens) so that one
-//          vector load gives one dim of 16 tokens (scores without horizontal sums) (16 bits)
-//   q8_0   32 rows x D/32 BlockQ8_0 {fp16 d; int8 qs[32]}             (8.5 bits / value)
-//   q4_0   32 rows x D/32 BlockQ4_0 {fp16 d; uint8 qs[16]}            (4.5 bits / value)
-//          q4_0: value j in low nibble of qs[j], value j+16 in the high nibble (ggml order)
-//   q8_0h, q4_0h: same, of the Hadamard-rotated row
-//   tqB    [32 fp16 corrected norms] [bit-plane tiles of the B-bit codebook indices]
-//   tqBhH  [32 fp16 norms, selected part] [32 fp16 norms, regular part]
-//          [tiles of the D/4 selected channels at H bits] [tiles of the 3D/4 others at B bits]
-//   tqBn8  [int16 exponent][32 uint8 log norms][bit-plane tiles] (see kN8Steps)
-//   tqBhHn8 [n8 header, selected part][n8 header, regular part][tiles as tqBhH] (log8 norms)
-//
-// Bit-plane tiles (tq types). A tile holds 64 codes as `bits` little-endian 64-bit planes;
-// bit (4*i + j) of plane p is bit p of code (lane i, sub j), i < 16, j < 4. Expanding a
-// tile's planes into 64 bytes (one AVX-512 register) puts lane i in 32-bit lane i, so
-//   K tiles: lane = token, sub = dim    tile (s, k) at s * (D/4) + k   (s: token half, k: dim quad)
-//            token 16 s + i, dim 4 k + j: scores 16 tokens per vpdpbusd over 4 dims
-//   V tiles: lane = dim, sub = token    tile (e, r) at e * 8 + r       (e: 16-dim group, r: token quad)
-//            dim 16 e + i, token 4 r + j: accumulates 16 dims over 4 tokens per vpdpbusd
+// Storage: per (layer, kv head, side K|V) one Stream; tokens that have left the f16 window
+// live in blocks of kBlock = 32 tokens, one contiguous byte range each, laid out per format as
+// docs/design.md "Storage layout" says (ggml blocks, bit-plane tiles, norm headers).
 #pragma once
 
 #include <algorithm>
@@ -64,13 +43,8 @@ inline int n8_code(double off) noexcept {  // offset in units (>= 0) -> nearest 
 }
 
 // tq_n8 norm codes (KvLayout::tq_n8, and tq_split with log8 norms): block header
-// [int16 e][32 uint8 codes], norm = 2^((e - n8_offset(c)) / 32) (c = 255: zero), e = the
-// block's largest norm exponent in 1/32 octaves, rounded up to a multiple of 4. Norms within
-// 6 octaves (64x) of the block's largest have relative steps of 2.2%, smaller ones 9% steps
-// down to 2^-13.75 of it (below: saturated at code 254; their absolute error is < 1e-4 of the
-// block's largest norm). A larger norm arriving in a partly filled block raises e by whole
-// coarse steps and re-codes the earlier norms: exact, except once for a norm moving from the
-// fine into the coarse range.
+// [int16 e][32 uint8 codes], norm = 2^((e - n8_offset(c)) / 32) (c = 255: zero); e and the
+// re-coding when a larger norm arrives: docs/design.md "tqBn8".
 
 // One row of the table of formats (architecture.md point 4): include/tq/kv_cache.h.
 using Format = KvTypeTraits;
@@ -105,12 +79,9 @@ struct RopeTurns {
   // Fills the table for positions [p0, p0 + n) and the block centres of stream indices
   // p - pos0 (a stream's position of index 0); keeps it when it already holds them.
   void cover(const std::vector<double>& freq, int pos0, int p0, int n);
-  // (cos, sin) pairs for angle p * freq[i], i < P, or nullptr when p is not held.
-  const double* at(int p) const noexcept {
-    return p >= p0 && p - p0 < n ? &fwd[(size_t)(p - p0) * P * 2] : nullptr;
-  }
-  const double* at_back(int p) const noexcept {
-    return p >= p0 && p - p0 < n ? &back[(size_t)(p - p0) * P * 2] : nullptr;
+  // (cos, sin) pairs for angle p * freq[i] (inverse: -p * freq[i]), i < P, or nullptr when p is not held.
+  const double* at(int p, bool inverse = false) const noexcept {
+    return p >= p0 && p - p0 < n ? &(inverse ? back : fwd)[(size_t)(p - p0) * P * 2] : nullptr;
   }
   const double* at_centre(double c) const noexcept {
     const double k = (c - c0) / kBlock;

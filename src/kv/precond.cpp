@@ -40,6 +40,8 @@ static double rope_mean_pos(int pos0, int j, size_t pair) {
 // A slow pair's offset from its block's centre, in tokens: -15.5 ... 15.5.
 static double rope_block_offset(int j) { return (j % kBlock) - 0.5 * (kBlock - 1); }
 
+static void put_turn(double* cs, double angle) { cs[0] = std::cos(angle), cs[1] = std::sin(angle); }
+
 void RopeTurns::cover(const std::vector<double>& freq, int q0, int first, int count) {
   if (first == p0 && count == n && q0 == pos0 && (int)freq.size() == P) return;
   P = (int)freq.size();
@@ -50,11 +52,9 @@ void RopeTurns::cover(const std::vector<double>& freq, int q0, int first, int co
   back.resize((size_t)n * P * 2);
   for (int r = 0; r < n; ++r)
     for (int i = 0; i < P; ++i) {
-      const double a = (double)(p0 + r) * freq[i], b = -(double)(p0 + r) * freq[i];
-      double* f = &fwd[((size_t)r * P + i) * 2];
-      double* g = &back[((size_t)r * P + i) * 2];
-      f[0] = std::cos(a), f[1] = std::sin(a);
-      g[0] = std::cos(b), g[1] = std::sin(b);
+      const double a = (double)(p0 + r) * freq[i];
+      put_turn(&fwd[((size_t)r * P + i) * 2], a);
+      put_turn(&back[((size_t)r * P + i) * 2], -a);
     }
   // Block centres of the stream indices p - pos0 >= 0 of these positions.
   const int j0 = std::max(0, p0 - pos0), j1 = p0 + n - 1 - pos0;
@@ -62,11 +62,9 @@ void RopeTurns::cover(const std::vector<double>& freq, int q0, int first, int co
   c0 = nc ? rope_mean_pos(pos0, j0 / kBlock * kBlock, kRopeExactPairs) : 0;
   centre.resize((size_t)nc * P * 2);
   for (int k = 0; k < nc; ++k)
-    for (int i = 0; i < P; ++i) {
-      const double a = rope_mean_pos(pos0, (j0 / kBlock + k) * kBlock, kRopeExactPairs) * freq[i];
-      centre[((size_t)k * P + i) * 2] = std::cos(a);
-      centre[((size_t)k * P + i) * 2 + 1] = std::sin(a);
-    }
+    for (int i = 0; i < P; ++i)
+      put_turn(&centre[((size_t)k * P + i) * 2],
+               rope_mean_pos(pos0, (j0 / kBlock + k) * kBlock, kRopeExactPairs) * freq[i]);
 }
 
 // The pair frequencies and the kernels' tables of the RoPE-rotating K mean (Centre::rope_cos).
@@ -148,7 +146,7 @@ void Centre::freeze(const Stream&) {
 }
 
 void Centre::unrope_row(int pos, const float* x, float* y) const {
-  const double* tab = turns ? turns->at_back(pos) : nullptr;
+  const double* tab = turns ? turns->at(pos, true) : nullptr;
   turn_pairs(rope_freq, dim_, x, y, [&](size_t i) { return turn_of(tab, i, -(double)pos * rope_freq[i]); });
 }
 
@@ -325,11 +323,7 @@ void KScale::inverse(int, int n_rows, float* x, int D) const {
   for (int r = 0; r < n_rows; ++r)
     for (int d = 0; d < D; ++d) x[(size_t)r * D + d] /= w[d];
 }
-void KScale::query(int n_rows, float* q, int D) const {
-  if (w.empty()) return;
-  for (int r = 0; r < n_rows; ++r)
-    for (int d = 0; d < D; ++d) q[(size_t)r * D + d] = q[(size_t)r * D + d] / w[d];
-}
+void KScale::query(int n_rows, float* q, int D) const { inverse(0, n_rows, q, D); }
 
 // ------------------------------------------------------------------ Channels
 void Channels::configure(const Stream& s, const KvCacheConfig&, const KvCache::Impl&) {
@@ -375,24 +369,20 @@ void Channels::freeze(const Stream& s) {
   frozen = true;
 }
 
-void Channels::inverse(int, int n_rows, float* x, int D) const {
+// Row r of x becomes y with y[perm[i]] = x[i] (scatter) or y[i] = x[perm[i]].
+static void permute_rows(const std::vector<int>& perm, bool scatter, int n_rows, float* x, int D) {
   if (perm.empty()) return;
   std::vector<float> t((size_t)D);
-  for (int r = 0; r < n_rows; ++r) {
-    float* xr = x + (size_t)r * D;
+  for (float* xr = x; xr < x + (size_t)n_rows * D; xr += D) {
     std::memcpy(t.data(), xr, sizeof(float) * D);
-    for (int i = 0; i < D; ++i) xr[perm[i]] = t[i];
+    if (scatter)
+      for (int i = 0; i < D; ++i) xr[perm[i]] = t[i];
+    else
+      for (int i = 0; i < D; ++i) xr[i] = t[perm[i]];
   }
 }
-void Channels::query(int n_rows, float* q, int D) const {
-  if (perm.empty()) return;
-  std::vector<float> t((size_t)D);
-  for (int r = 0; r < n_rows; ++r) {
-    float* qr = q + (size_t)r * D;
-    std::memcpy(t.data(), qr, sizeof(float) * D);
-    for (int i = 0; i < D; ++i) qr[i] = t[perm[i]];
-  }
-}
+void Channels::inverse(int, int n_rows, float* x, int D) const { permute_rows(perm, true, n_rows, x, D); }
+void Channels::query(int n_rows, float* q, int D) const { permute_rows(perm, false, n_rows, q, D); }
 void Channels::forward(int, int n_rows, float* x, int D) { query(n_rows, x, D); }
 
 }  // namespace tq::kv
