@@ -20,6 +20,8 @@ namespace {
 
 KvFormat format_of(const std::string& name) { return parse_kv_format(name); }
 bool turboquant(KvFormat f) { return kv_type_traits(kv_type(f)).turboquant(); }
+// The spec's K format is a TurboQuant one, or will be (`auto` always picks one).
+bool tq_k(const KvSpec& s) { return s.auto_types || turboquant(s.k); }
 
 std::string pair_name(KvFormat k, KvFormat v) {
   return k == v ? kv_format_name(k) : std::string(kv_format_name(k)) + "/" + kv_format_name(v);
@@ -33,10 +35,9 @@ constexpr const char* kGrammar =
 // boundary layers.
 KvSpec canonical(KvSpec s) {
   if (s.auto_types) s.k = s.v = KvFormat::f16;  // unused until a model resolves them
-  const bool tq_k = s.auto_types || turboquant(s.k);
   if (s.protection == Protection::given && s.sink == 0 && !s.center_k && !s.center_v && !s.center_rope)
     s.protection = Protection::none;
-  if (s.protection == Protection::none && !tq_k) s.protection = Protection::automatic;
+  if (s.protection == Protection::none && !tq_k(s)) s.protection = Protection::automatic;
   if (s.protection != Protection::given) {
     s.sink = 0;
     s.center_k = s.center_v = s.center_rope = false;
@@ -213,7 +214,7 @@ struct Parser {
       tok = "auto";
       fail("chooses K and V from the model; give either 'auto' or the types (k=, v=, T[/T]), not both");
     }
-    const bool tq_k = s.auto_types || turboquant(s.k);
+    const bool tq = tq_k(s);
     if (given) {
       s.protection = Protection::given;
       s.center_rope = rope;
@@ -221,7 +222,7 @@ struct Parser {
     } else if (plain) {
       s.protection = Protection::none;
       s.center_rope = rope;  // refused below: no K centring
-    } else if (tq_k && segment) {
+    } else if (tq && segment) {
       // The automatic protection with its segment written out: spelled out in full.
       s.protection = Protection::given;
       s.sink = KvSpec::kAutoSink;
@@ -230,7 +231,7 @@ struct Parser {
       s.center_segment = *segment;
     } else {
       s.protection = Protection::automatic;
-      s.center_rope = rope && !tq_k;  // cr is part of the automatic protection; elsewhere refused below
+      s.center_rope = rope && !tq;  // cr is part of the automatic protection; elsewhere refused below
     }
     if (s.center_rope && !(s.protection == Protection::given && s.center_k))
       throw Error("--kv-center-rope (center=rope, label cr) needs K centring: --kv-center k or kv (center=k), or "
@@ -268,7 +269,7 @@ KvSpec KvSpec::parse(const std::string& label) {
 }
 
 bool KvSpec::auto_protected() const {
-  return protection == Protection::automatic && (auto_types || turboquant(k));
+  return protection == Protection::automatic && tq_k(*this);
 }
 
 // The one place where what a model is chooses cache defaults (docs/design.md, "Defaults from
@@ -317,7 +318,7 @@ std::string KvSpec::to_string() const {
       if (center_rope) s += ",rope";
       if (center_segment > 0) s += "," + std::to_string(center_segment);
     }
-  } else if (protection == Protection::none && (auto_types || turboquant(k))) {
+  } else if (protection == Protection::none && tq_k(*this)) {
     s += " plain";
   }
   if (scale_k) s += " scale-k";
