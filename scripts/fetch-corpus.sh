@@ -10,16 +10,8 @@ NAME="debian-reference.en.txt"
 SHA256="fc8dce7f9d076f78432b74cc91555017c855d19d5bbc5b8e7e3ad472f00ec6cf"  # debian-reference-en 2.100
 DEST="$DEST_DIR/$NAME"
 
-die() { echo "fetch-corpus.sh: error: $*" >&2; exit 1; }
-sha_of() { sha256sum "$1" | cut -d' ' -f1; }
-
-if [[ -f "$DEST" ]]; then
-  if [[ "$(sha_of "$DEST")" == "$SHA256" ]]; then
-    echo "fetch-corpus.sh: $DEST present and verified"
-    exit 0
-  fi
-  echo "fetch-corpus.sh: $DEST has the wrong checksum; fetching again" >&2
-fi
+source "$ROOT/scripts/fetch-lib.sh"
+fetch_done_if_verified "$DEST" "$SHA256"
 
 mkdir -p "$DEST_DIR"
 TMP="$(mktemp -d "$DEST_DIR/.fetch.XXXXXX")"

@@ -16,16 +16,8 @@ SHA256="1a08a4b7a0e3c7539807625679f42f9b28f103e77e3e07e2c3758f7a079e1a2a"  # the
 HTML="/usr/share/doc/python3.11/html/tutorial"
 DEST="$DEST_DIR/$NAME"
 
-die() { echo "fetch-corpus2.sh: error: $*" >&2; exit 1; }
-sha_of() { sha256sum "$1" | cut -d' ' -f1; }
-
-if [[ -f "$DEST" ]]; then
-  if [[ "$(sha_of "$DEST")" == "$SHA256" ]]; then
-    echo "fetch-corpus2.sh: $DEST present and verified"
-    exit 0
-  fi
-  echo "fetch-corpus2.sh: $DEST has the wrong checksum; extracting again" >&2
-fi
+source "$ROOT/scripts/fetch-lib.sh"
+fetch_done_if_verified "$DEST" "$SHA256"
 
 command -v python3 >/dev/null || die "python3 not found (run scripts/install-deps.sh)"
 if ! dpkg-query -W -f='${Status}' "$PKG" 2>/dev/null | grep -q "install ok installed"; then

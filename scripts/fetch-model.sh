@@ -17,7 +17,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DEST_DIR="${TQ_MODELS_DIR:-$ROOT/models}"
 MODEL="${1:-smollm2}"
 
-die() { echo "fetch-model.sh: error: $*" >&2; exit 1; }
+source "$ROOT/scripts/fetch-lib.sh"
 
 case "$MODEL" in
   smollm2|SmolLM2-135M)
@@ -45,15 +45,7 @@ SIZE="${TQ_FETCH_EXPECT_SIZE:-$SIZE}"
 SHA256="${TQ_FETCH_EXPECT_SHA256:-$SHA256}"
 DEST="$DEST_DIR/$NAME"
 
-sha_of() { sha256sum "$1" | cut -d' ' -f1; }
-
-if [[ -f "$DEST" ]]; then
-  if [[ "$(stat -c %s "$DEST")" == "$SIZE" && "$(sha_of "$DEST")" == "$SHA256" ]]; then
-    echo "fetch-model.sh: $DEST present and verified"
-    exit 0
-  fi
-  echo "fetch-model.sh: $DEST has the wrong size or checksum; fetching again" >&2
-fi
+fetch_done_if_verified "$DEST" "$SHA256" "$SIZE"
 
 mkdir -p "$DEST_DIR"
 TMP="$(mktemp -d "$DEST_DIR/.fetch.XXXXXX")"
