@@ -9,6 +9,7 @@
 
 static int g_failed = 0, g_passed = 0;
 static const char* g_index_path = "test_capi.tqi"; /* argv[1] when given */
+static const char* g_models_dir = NULL;             /* argv[2]: the fetched GGUF models */
 #define CHECK(cond)                                                      \
   do {                                                                   \
     if (cond) {                                                          \
@@ -211,12 +212,66 @@ static void test_kv(void) {
   CHECK(kv == NULL);
 }
 
+/* A cache for a GGUF model: the model's properties choose what "auto" and the automatic
+ * protection become (scale-k on the QK-norm Gemma 3, not on SmolLM2), as in the tq commands. */
+static int file_exists(const char* p) {
+  FILE* f = fopen(p, "rb");
+  if (f) fclose(f);
+  return f != NULL;
+}
+
+static void test_kv_for_model(void) {
+  char gemma[4096], smol[4096];
+  tq_kv_cache* kv = NULL;
+  CHECK(tq_kv_cache_create_for_model("auto", "/nonexistent/model.gguf", 64, &kv) == TQ_ERR_INVALID_ARGUMENT);
+  CHECK(kv == NULL);
+  CHECK(tq_kv_cache_create_for_model("auto", g_index_path, 64, &kv) == TQ_ERR_INVALID_ARGUMENT); /* not a GGUF */
+  CHECK(tq_kv_cache_create_for_model("auto", NULL, 64, &kv) == TQ_ERR_NULL_POINTER);
+  CHECK(tq_kv_cache_label(NULL) == NULL);
+  if (!g_models_dir) {
+    printf("test_kv_for_model: no models directory given; model part skipped\n");
+    return;
+  }
+  snprintf(gemma, sizeof gemma, "%s/gemma-3-270m-q4_k_m.gguf", g_models_dir);
+  snprintf(smol, sizeof smol, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", g_models_dir);
+  if (!file_exists(gemma) || !file_exists(smol)) {
+    printf("test_kv_for_model: %s or %s missing (scripts/fetch-model.sh); model part skipped\n", gemma, smol);
+    return;
+  }
+  CHECK(tq_kv_cache_create_for_model("auto", gemma, 0, &kv) == TQ_ERR_INVALID_ARGUMENT);
+  CHECK(tq_kv_cache_create_for_model("tq99", gemma, 64, &kv) == TQ_ERR_INVALID_ARGUMENT);
+  CHECK(tq_kv_cache_create_for_model("auto", gemma, 64, &kv) == TQ_OK);
+  if (kv) {
+    enum { T = 40, HD = 256, H = 4 }; /* Gemma 3 270M: 1 KV head of 256, 4 query heads */
+    static float k[T * HD], v[T * HD], q[H * HD], out[H * HD];
+    CHECK(strstr(tq_kv_cache_label(kv), "k=tq4h6n8 v=tq3h6n8") != NULL);
+    CHECK(strstr(tq_kv_cache_label(kv), "scale-k") != NULL);
+    for (int i = 0; i < T * HD; ++i) k[i] = frand(), v[i] = frand();
+    for (int i = 0; i < H * HD; ++i) q[i] = frand();
+    CHECK(tq_kv_cache_append(kv, 5, T, k, v) == TQ_OK);
+    CHECK(tq_kv_cache_n_tokens(kv, 5) == T);
+    CHECK(tq_kv_cache_attention(kv, 5, 1, H, q, 0.0f, 1, out) == TQ_OK);
+    CHECK(isfinite(out[0]) && isfinite(out[H * HD - 1]));
+    CHECK(tq_kv_cache_n_tokens(kv, 18) == -1); /* 18 layers */
+    tq_kv_cache_free(kv);
+    kv = NULL;
+  }
+  CHECK(tq_kv_cache_create_for_model("tq4/tq3", smol, 64, &kv) == TQ_OK);
+  if (kv) {
+    CHECK(strstr(tq_kv_cache_label(kv), "k=tq4 v=tq3") != NULL);
+    CHECK(strstr(tq_kv_cache_label(kv), "scale-k") == NULL);
+    tq_kv_cache_free(kv);
+  }
+}
+
 int main(int argc, char** argv) {
   if (argc > 1) g_index_path = argv[1];
+  if (argc > 2) g_models_dir = argv[2];
   test_errors();
   test_codec();
   test_index();
   test_kv();
+  test_kv_for_model();
   printf("%d passed, %d failed\n", g_passed, g_failed);
   return g_failed ? 1 : 0;
 }

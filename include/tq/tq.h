@@ -109,6 +109,15 @@ typedef struct tq_kv_cache tq_kv_cache;
  * none, and such a label is an error. */
 tq_status tq_kv_cache_create(const char* label, int n_layers, int n_kv_heads, int head_dim,
                              int max_tokens, float rope_base, int rope_dim, tq_kv_cache** out);
+/* The cache for one GGUF model: shape, RoPE, sliding windows and the model's properties read from
+ * the file's metadata (the weights are not loaded), so "auto" and a tq K type's automatic
+ * protection resolve as the tq commands resolve them on that model (e.g. scale-k on QK-norm
+ * models). A file that is not a GGUF of a supported architecture is TQ_ERR_INVALID_ARGUMENT. */
+tq_status tq_kv_cache_create_for_model(const char* label, const char* gguf_path, int max_tokens,
+                                       tq_kv_cache** out);
+/* The label of what the cache applies (the automatic parts spelled out); valid until the cache
+ * is freed. NULL for a NULL handle. */
+const char* tq_kv_cache_label(const tq_kv_cache* c);
 void tq_kv_cache_free(tq_kv_cache* c);
 /* Tokens held by one layer (-1 on a bad layer or a NULL handle, with the message set). */
 int tq_kv_cache_n_tokens(const tq_kv_cache* c, int layer);

@@ -13,7 +13,10 @@
 #include "capi/kv_config.h"
 #include "tq/error.h"
 #include "tq/index.h"
+#include "tq/gguf.h"
 #include "tq/kv_cache.h"
+#include "tq/kv_spec.h"
+#include "tq/model.h"
 #include "tq/quantizer.h"
 
 #ifndef TQ_VERSION_STRING
@@ -28,7 +31,8 @@ struct tq_index {
 };
 struct tq_kv_cache {
   tq::KvCache cache;
-  explicit tq_kv_cache(const tq::KvCacheConfig& c) : cache(c) {}
+  std::string label;  // what the cache applies (KvSpec::to_string of the resolved spec)
+  tq_kv_cache(const tq::KvCacheConfig& c, std::string l) : cache(c), label(std::move(l)) {}
 };
 
 namespace {
@@ -223,9 +227,24 @@ tq_status tq_kv_cache_create(const char* label, int n_layers, int n_kv_heads, in
   TQ_CAPI_NONNULL(out, "tq_kv_cache_create");
   return guard([&] {
     *out = new tq_kv_cache(tq::capi::kv_cache_config(label, n_layers, n_kv_heads, head_dim, max_tokens, rope_base,
-                                                               rope_dim));
+                                                     rope_dim),
+                           tq::capi::kv_options(label).resolved().to_string());
   });
 }
+
+tq_status tq_kv_cache_create_for_model(const char* label, const char* gguf_path, int max_tokens, tq_kv_cache** out) {
+  TQ_CAPI_NONNULL(label, "tq_kv_cache_create_for_model");
+  TQ_CAPI_NONNULL(gguf_path, "tq_kv_cache_create_for_model");
+  TQ_CAPI_NONNULL(out, "tq_kv_cache_create_for_model");
+  return guard([&] {
+    TQ_CHECK(max_tokens >= 1, "kv cache: max_tokens (%d) must be >= 1", max_tokens);
+    const tq::LlamaConfig model = tq::LlamaModel::read_config(tq::GgufFile::open(gguf_path));
+    const tq::KvSpec kv = tq::capi::kv_options(label);
+    *out = new tq_kv_cache(kv.resolve(model, max_tokens), kv.resolved(model).to_string());
+  });
+}
+
+const char* tq_kv_cache_label(const tq_kv_cache* c) { return c ? c->label.c_str() : nullptr; }
 
 void tq_kv_cache_free(tq_kv_cache* c) { delete c; }
 
