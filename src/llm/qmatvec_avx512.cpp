@@ -332,15 +332,18 @@ void zero_row(int nu, int32_t* tile, int i) {
   }
 }
 
+// acc + the pairwise products of w with the pair of 16-bit codes at p broadcast to every lane.
 template <bool kVnni>
-inline __m512i dp(__m512i acc, __m512i w, __m512i x) {
+inline __m512i dp(__m512i acc, __m512i w, const int16_t* p) {
   if constexpr (kVnni) {
-    // vpdpwssd (AVX512_VNNI) as inline assembly: this translation unit is compiled for the
-    // avx3 level, which does not have it; only called at avx3_dl.
-    asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(w), "v"(x));
+    // vpdpwssd (AVX512_VNNI) with an embedded broadcast, as inline assembly: this translation
+    // unit is compiled for the avx3 level, which does not have it; only called at avx3_dl.
+    asm("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*reinterpret_cast<const int32_t*>(p)));
     return acc;
   } else {
-    return _mm512_add_epi32(acc, _mm512_madd_epi16(w, x));
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(w, _mm512_set1_epi32(v)));
   }
 }
 
@@ -358,11 +361,8 @@ void tile_rows(const int32_t* tile, int nu, const X16& x, int in, float* y, int 
       constexpr int kPairs = 16 / kParts;
       for (int j = part * kPairs; j < (part + 1) * kPairs; ++j) {
         const __m512i w = _mm512_loadu_si512(unit + 16 * j);
-        for (int r = 0; r < NR; ++r) {
-          int32_t xp;
-          std::memcpy(&xp, x.q + static_cast<size_t>(r) * in + 32 * static_cast<size_t>(u) + 2 * j, 4);
-          a[r] = dp<kVnni>(a[r], w, _mm512_set1_epi32(xp));
-        }
+        for (int r = 0; r < NR; ++r)
+          a[r] = dp<kVnni>(a[r], w, x.q + static_cast<size_t>(r) * in + 32 * static_cast<size_t>(u) + 2 * j);
       }
       const __m512 d = _mm512_loadu_ps(sc + 16 * part);
       for (int r = 0; r < NR; ++r) {
