@@ -76,12 +76,19 @@ void qmatvec(GgmlType t, const void* w, int in, int out, const float* x, int n, 
 // Scalar reference, same contract, single thread.
 void qmatvec_ref(GgmlType t, const void* w, int in, int out, const float* x, int n, float* y, int ldy);
 
-// The same product for many rows of x (prefill): each thread dequantizes `panel_rows` weight
-// rows at a time (tq::dequantize_row) into its own f32 buffer and multiplies the panel with
-// single-threaded OpenBLAS sgemm, so the weights stay in their GGUF blocks and no f32 copy of
-// the model is needed. Parallel over output rows like qmatvec (n_threads OpenMP threads, at
-// most one per 64 rows). Any type dequantize_row reads (every GgmlType);
-// panel_rows <= 0 picks qgemm_panel_rows(in). Same checks as qmatvec; tq::Error otherwise.
+// The same product for many rows of x (prefill), parallel over output rows like qmatvec
+// (n_threads OpenMP threads, at most one per 64 rows), the weights kept in their GGUF blocks
+// (no f32 copy of the model). Two paths:
+//  - integer activations (qgemm_int16(t): the types of qmatvec_int16 at the avx3 / avx3_dl
+//    levels): x rounded to 16 bits (quantize_x16, in parallel over rows), then each thread
+//    unpacks `panel_rows` weight rows at a time to 16-bit codes and multiplies them with the
+//    rows of x with detail::qgemm16_rows_avx512; the result and its error bound are those of
+//    qmatvec for these types (the products of qmv16_rows_ref, in another float order);
+//    panel_rows <= 0 picks qgemm16_panel_rows(in);
+//  - float (every other type and level): each thread dequantizes `panel_rows` weight rows at a
+//    time (tq::dequantize_row) into its own f32 buffer and multiplies the panel with
+//    single-threaded OpenBLAS sgemm; panel_rows <= 0 picks qgemm_panel_rows(in).
+// Any GgmlType. Same checks as qmatvec; tq::Error otherwise.
 void qgemm(GgmlType t, const void* w, int in, int out, const float* x, int n, float* y, int ldy, int n_threads,
            int panel_rows = 0);
 // Default panel height: about kQGemmPanelFloats f32 values (1 MB) per panel, a multiple of 16

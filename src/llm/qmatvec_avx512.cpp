@@ -11,6 +11,10 @@
 // 16-value half, 8 lanes each) into a float accumulator; Q4_1 / Q4_K add m * (dx sum q) as a
 // scalar. One horizontal sum per output row and row of x. The weight stream is prefetched
 // 4 KB ahead.
+//
+// Also the prefill GEMM (qgemm16_rows_avx512, "Prefill GEMM" below: weight tiles unpacked once
+// to 16-bit codes, then vpdpwssd / vpmaddwd with output rows in the lanes) and quantize_x16 on
+// AVX-512 (quantize_x16_avx512: the reference's bits).
 #include <immintrin.h>
 
 #include <algorithm>
