@@ -522,6 +522,35 @@ TEST(QGemm, MatchesDequantizedForAnyPanelHeight) {
   EXPECT_EQ(tq::llm::qgemm_panel_rows(1 << 20), 16);
 }
 
+// The integer GEMM: a row's result does not depend on the thread count, the panel height or
+// how the rows of x are grouped (up to kQGemm16Rows per kernel call): the same bits for the
+// first rows of a 33-row call and a 9-row call, at every level where it runs.
+TEST(QGemm, Int16SameBitsForAnyThreadsPanelsAndRowGrouping) {
+  int checked = 0;
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
+    const Case c = make_case(t, len_for(t, 576), 131, 33, 77);
+    for (const auto& level : tq::simd::available_levels()) {
+      tq::simd::ScopedLevel sl(level);
+      if (!tq::llm::qgemm_int16(t)) continue;
+      std::vector<float> base(static_cast<size_t>(33) * c.out);
+      tq::llm::qgemm(t, c.w.data(), c.in, c.out, c.x.data(), 33, base.data(), c.out, 1, 0);
+      for (int threads : {1, 2})
+        for (int panel : {0, 16, 40}) {
+          std::vector<float> y(base.size());
+          tq::llm::qgemm(t, c.w.data(), c.in, c.out, c.x.data(), 33, y.data(), c.out, threads, panel);
+          ASSERT_EQ(0, std::memcmp(y.data(), base.data(), y.size() * sizeof(float)))
+              << tq::ggml_type_name(t) << " " << level << " t=" << threads << " panel " << panel;
+          std::vector<float> y9(static_cast<size_t>(9) * c.out);
+          tq::llm::qgemm(t, c.w.data(), c.in, c.out, c.x.data(), 9, y9.data(), c.out, threads, panel);
+          ASSERT_EQ(0, std::memcmp(y9.data(), base.data(), y9.size() * sizeof(float)))
+              << tq::ggml_type_name(t) << " " << level << " 9 rows";
+          ++checked;
+        }
+    }
+  }
+  if (tq::llm::detail::qmv16_avx512_host_ok()) EXPECT_GT(checked, 0);
+}
+
 TEST(QGemm, RejectsBadInput) {
   std::vector<uint8_t> w(4096);
   std::vector<float> x(1024), y(1024);
