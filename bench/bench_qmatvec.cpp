@@ -18,6 +18,7 @@
 #include "llm/qmatvec.h"
 #include "tq/common.h"
 #include "tq/gguf.h"
+#include "tq/simd.h"
 
 extern "C" void openblas_set_num_threads(int num_threads);
 
@@ -234,6 +235,31 @@ void run_gemma(benchmark::State& st, bool head_only) {
 }
 BENCHMARK_CAPTURE(run_gemma, GemmaStack, false)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(run_gemma, GemmaHead, true)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// Gemma 3 270M prefill: one layer's projections (the shapes and types above) for 512 rows of
+// x through qgemm, 1 thread. Arg 0: the best level (the integer-activation GEMM on AVX-512
+// hosts, vpdpwssd with VNNI); arg 1: the float path (OpenBLAS sgemm on dequantized panels; run
+// at the avx2 level, where qgemm takes it); arg 2: the avx3 level (the GEMM without VNNI);
+// arg 3: the decode kernels (qmatvec: passes of 8 rows of x over the weights) for all 512. Rows/s = rows of x through the whole layer per second.
+void run_gemma_prefill(benchmark::State& st) {
+  openblas_set_num_threads(1);
+  const int mode = static_cast<int>(st.range(0));
+  auto& s = gemma();
+  constexpr int n = 512;
+  tq::Rng r(5);
+  std::vector<float> x(static_cast<size_t>(n) * 2048), y(static_cast<size_t>(n) * 2048);
+  for (auto& v : x) v = static_cast<float>(r.normal());
+  tq::simd::ScopedLevel sl(mode == 1 ? "avx2" : mode == 2 ? "avx3" : "auto");
+  for (auto _ : st) {
+    for (size_t i = 0; i < 7; ++i) {
+      if (mode == 3) tq::llm::qmatvec(s[i].t, s[i].w.data(), s[i].in, s[i].out, x.data(), n, y.data(), s[i].out, 1);
+      else tq::llm::qgemm(s[i].t, s[i].w.data(), s[i].in, s[i].out, x.data(), n, y.data(), s[i].out, 1);
+    }
+    benchmark::DoNotOptimize(y.data());
+  }
+  st.counters["rows/s"] = benchmark::Counter(static_cast<double>(st.iterations()) * n, benchmark::Counter::kIsRate);
+}
+BENCHMARK(run_gemma_prefill)->Name("GemmaPrefillLayer")->DenseRange(0, 3)->Unit(benchmark::kMillisecond);
 
 void run_read(benchmark::State& st) {
   const int threads = static_cast<int>(st.range(0));

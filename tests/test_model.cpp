@@ -7,6 +7,7 @@
 #include <cmath>
 #include <vector>
 
+#include "llm/qmatvec.h"
 #include "cli_test_util.h"
 #include "llm_test_util.h"
 #include "tq/error.h"
@@ -115,6 +116,10 @@ double rel_err(const std::vector<float>& a, const std::vector<double>& b) {
 }
 
 constexpr double kTolF32 = 2e-4;  // f32 forward vs double reference, f32 cache
+// More for a prefill through the integer GEMM (llm::qgemm_int16: Q8_0 / Q4_1 weights on AVX-512
+// levels), which rounds each projection's input to 16 bits: the bound of the int16 decode
+// kernels, kInt16Tol in test_qmatvec.cpp (which says why; seen here 2.7-5.2e-4).
+constexpr double kTolInt16 = 1e-3;
 
 }  // namespace
 
@@ -139,7 +144,8 @@ TEST(Model, TinyForwardMatchesReference) {
         std::vector<float> hidden(toks.size() * c.n_embd), lg(toks.size() * c.n_vocab);
         m.forward(cache, toks.data(), static_cast<int>(toks.size()), hidden.data());
         m.logits(hidden.data(), static_cast<int>(toks.size()), lg.data());
-        EXPECT_LT(rel_err(lg, ref), kTolF32) << tq::ggml_type_name(wt) << " tied=" << tied;
+        EXPECT_LT(rel_err(lg, ref), kTolF32 + (tq::llm::qgemm_int16(wt) ? kTolInt16 : 0.0))
+            << tq::ggml_type_name(wt) << " tied=" << tied;
         EXPECT_EQ(cache.n_tokens(0), 37);
       }
     }

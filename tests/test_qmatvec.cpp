@@ -3,8 +3,9 @@
 // random blocks), at every SIMD level of the host and in the scalar reference, against the
 // weights dequantized to f32 (tq::dequantize_row) and a double-precision dot product; bad
 // input; and LlamaModel's decode through the block kernels against its f32 (OpenBLAS) path.
-// QGemm.*: the many-row product (panels of dequantized rows times OpenBLAS sgemm) against the
-// same exact products, for several panel heights; LlamaModel's prefill through it.
+// QGemm.*: the many-row product (panels of dequantized rows times OpenBLAS sgemm; for the
+// integer-activation types on AVX-512 levels the integer GEMM on unpacked 16-bit panels)
+// against the same exact products, for several panel heights; LlamaModel's prefill through it.
 // Activation.*: the GELU gate (src/llm/activation.h) at every SIMD level against the formula
 // in double precision.
 //
@@ -298,6 +299,43 @@ TEST(QMatvec, QuantizeX16RoundsEachBlock) {
     std::vector<float> y(3);
     tq::llm::qmatvec(GgmlType::Q8_0, c.w.data(), in, 3, x.data(), 1, y.data(), 3, 1);
     EXPECT_TRUE(std::isnan(y[0])) << level;
+    // And through qgemm (the prefill path; the integer GEMM on AVX-512 levels).
+    std::vector<float> x9(static_cast<size_t>(9) * in), y9(9 * 3);
+    for (int k = 0; k < 9; ++k) std::copy(x.begin(), x.end(), x9.begin() + static_cast<size_t>(k) * in);
+    tq::llm::qgemm(GgmlType::Q8_0, c.w.data(), in, 3, x9.data(), 9, y9.data(), 3, 2);
+    for (int k = 0; k < 9; ++k) EXPECT_TRUE(std::isnan(y9[static_cast<size_t>(k) * 3])) << level << " qgemm row " << k;
+  }
+}
+
+// quantize_x16_avx512 (the prefill path's rounding of x) gives the reference's bits: random
+// rows at scales from 1e-30 to 1e30, halfway cases, zero, inf and NaN blocks.
+TEST(QMatvec, QuantizeX16Avx512SameBits) {
+  if (!tq::llm::detail::qmv16_avx512_host_ok()) GTEST_SKIP() << "no AVX-512 on this host";
+  tq::Rng r(21);
+  const int in = 640, n = 7, nb = in / 32;
+  std::vector<float> x(static_cast<size_t>(n) * in);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const int b = static_cast<int>(i / 32) % 13;
+    x[i] = static_cast<float>(r.normal() * std::pow(10.0, 5 * (b % 7) - 15));
+  }
+  for (int i = 0; i < 32; ++i) x[64 + i] = 0.0f;                                  // zero block
+  for (int i = 0; i < 32; ++i) x[128 + i] = static_cast<float>(i - 16) * 0.5f;   // halves: ties
+  x[200] = std::numeric_limits<float>::infinity();
+  x[300] = -std::numeric_limits<float>::infinity();
+  x[1000] = std::numeric_limits<float>::quiet_NaN();
+  x[2000] = std::numeric_limits<float>::max();
+  std::vector<int16_t> q0(x.size()), q1(x.size());
+  std::vector<float> d0(static_cast<size_t>(n) * nb), s0(d0.size()), d1(d0.size()), s1(d0.size());
+  tq::llm::detail::quantize_x16(x.data(), n, in, q0.data(), d0.data(), s0.data());
+  tq::llm::detail::quantize_x16_avx512(x.data(), n, in, q1.data(), d1.data(), s1.data());
+  EXPECT_EQ(0, std::memcmp(q0.data(), q1.data(), q0.size() * sizeof(int16_t)));
+  for (size_t k = 0; k < d0.size(); ++k) {
+    if (std::isnan(d0[k])) {
+      EXPECT_TRUE(std::isnan(d1[k]) && std::isnan(s1[k])) << k;
+      continue;
+    }
+    EXPECT_EQ(0, std::memcmp(&d0[k], &d1[k], 4)) << k;
+    EXPECT_EQ(0, std::memcmp(&s0[k], &s1[k], 4)) << k;
   }
 }
 
@@ -429,11 +467,15 @@ TEST(QMatvec, ModelDecodeMatchesF32Path) {
   }
 }
 
-// qgemm: every type, panel heights from 16 rows (several panels per thread) to one panel,
-// 1 and 2 threads, within the worst-case bound of any float summation order: the dequantized
-// weight (2 roundings) times x, summed over `in` terms: (in + 2) u S, u = 2^-24.
+// qgemm: every type at every SIMD level, panel heights from 16 rows (several panels per
+// thread; 40: not a multiple of the integer GEMM's 16-row tiles) to one panel, 1 and 2
+// threads. The float path (dequantized panels times sgemm) within the worst-case bound of any
+// float summation order: the dequantized weight (2 roundings) times x, summed over `in`
+// terms: (in + 2) u S, u = 2^-24. The integer GEMM (qgemm_int16: the int16 types at avx3 /
+// avx3_dl) within the bounds of the int16 matvec (expect_close: vs the exact product with
+// x16, vs x with the activation bound, and vs the scalar reference qmatvec_ref).
 TEST(QGemm, MatchesDequantizedForAnyPanelHeight) {
-  int checked = 0;
+  int checked = 0, int16_checked = 0;
   for (GgmlType t : kTypes) {
     for (int in0 : {32, 576}) {
       const int in = len_for(t, in0);
@@ -441,10 +483,21 @@ TEST(QGemm, MatchesDequantizedForAnyPanelHeight) {
         for (int n : {9, 33}) {
           const Case c = make_case(t, in, out, n, 500 + in + out * 3 + n);
           const int ldy = out + 3;
-          for (int panel : {0, 16, 48, 4096}) {
+          std::vector<float> ref(static_cast<size_t>(n) * ldy, -7.0f);
+          tq::llm::qmatvec_ref(t, c.w.data(), in, out, c.x.data(), n, ref.data(), ldy);
+          const std::vector<double> refd(ref.begin(), ref.end());
+          for (const auto& level : tq::simd::available_levels()) {
+           tq::simd::ScopedLevel sl(level);
+           for (int panel : {0, 16, 40, 48, 4096}) {
             for (int threads : {1, 2}) {
               std::vector<float> y(static_cast<size_t>(n) * ldy, -7.0f);
               tq::llm::qgemm(t, c.w.data(), in, out, c.x.data(), n, y.data(), ldy, threads, panel);
+              if (tq::llm::qgemm_int16(t)) {  // integer GEMM: the bounds of the int16 matvec, and vs its reference
+                expect_close(c, y, ldy, &refd, "qgemm " + level + " panel " + std::to_string(panel) + " t=" +
+                                                   std::to_string(threads));
+                ++int16_checked;
+                continue;
+              }
               for (int k = 0; k < n; ++k) {
                 for (int o = 0; o < out; ++o) {
                   const size_t i = static_cast<size_t>(k) * out + o;
@@ -457,14 +510,45 @@ TEST(QGemm, MatchesDequantizedForAnyPanelHeight) {
               }
               ++checked;
             }
+           }
           }
         }
       }
     }
   }
   EXPECT_GT(checked, 400);
+  if (tq::llm::detail::qmv16_avx512_host_ok()) EXPECT_GT(int16_checked, 400);
   EXPECT_EQ(tq::llm::qgemm_panel_rows(576), tq::llm::kQGemmPanelFloats / 576 / 16 * 16);
   EXPECT_EQ(tq::llm::qgemm_panel_rows(1 << 20), 16);
+}
+
+// The integer GEMM: a row's result does not depend on the thread count, the panel height or
+// how the rows of x are grouped (up to kQGemm16Rows per kernel call): the same bits for the
+// first rows of a 33-row call and a 9-row call, at every level where it runs.
+TEST(QGemm, Int16SameBitsForAnyThreadsPanelsAndRowGrouping) {
+  int checked = 0;
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
+    const Case c = make_case(t, len_for(t, 576), 131, 33, 77);
+    for (const auto& level : tq::simd::available_levels()) {
+      tq::simd::ScopedLevel sl(level);
+      if (!tq::llm::qgemm_int16(t)) continue;
+      std::vector<float> base(static_cast<size_t>(33) * c.out);
+      tq::llm::qgemm(t, c.w.data(), c.in, c.out, c.x.data(), 33, base.data(), c.out, 1, 0);
+      for (int threads : {1, 2})
+        for (int panel : {0, 16, 40}) {
+          std::vector<float> y(base.size());
+          tq::llm::qgemm(t, c.w.data(), c.in, c.out, c.x.data(), 33, y.data(), c.out, threads, panel);
+          ASSERT_EQ(0, std::memcmp(y.data(), base.data(), y.size() * sizeof(float)))
+              << tq::ggml_type_name(t) << " " << level << " t=" << threads << " panel " << panel;
+          std::vector<float> y9(static_cast<size_t>(9) * c.out);
+          tq::llm::qgemm(t, c.w.data(), c.in, c.out, c.x.data(), 9, y9.data(), c.out, threads, panel);
+          ASSERT_EQ(0, std::memcmp(y9.data(), base.data(), y9.size() * sizeof(float)))
+              << tq::ggml_type_name(t) << " " << level << " 9 rows";
+          ++checked;
+        }
+    }
+  }
+  if (tq::llm::detail::qmv16_avx512_host_ok()) EXPECT_GT(checked, 0);
 }
 
 TEST(QGemm, RejectsBadInput) {
@@ -478,10 +562,12 @@ TEST(QGemm, RejectsBadInput) {
 }
 
 // Prefill (more than 8 rows per projection: llm::qgemm on the blocks) against the f32-copy
-// path, and what each holds in memory: the default keeps only the GGUF blocks (plus the f32
+// path at every SIMD level, and what each holds in memory: the default keeps only the GGUF blocks (plus the f32
 // norms), set_f32_decode(true) adds one f32 value per weight and false drops it again.
 TEST(QGemm, ModelPrefillFromBlocksMatchesF32Copy) {
   for (GgmlType wt : {GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::F16}) {
+   for (const auto& level : tq::simd::available_levels()) {
+    tq::simd::ScopedLevel sl(level);
     tq_test::TinyLlama c;
     const auto bytes = tq_test::tiny_llama_gguf(c, wt, 23).bytes();
     auto g = tq::GgufFile::from_bytes(bytes.data(), bytes.size());
@@ -515,7 +601,10 @@ TEST(QGemm, ModelPrefillFromBlocksMatchesF32Copy) {
       scale = std::max(scale, static_cast<double>(std::fabs(lf[i])));
     }
     EXPECT_GT(scale, 0.0);
-    EXPECT_LT(err / scale, 2e-5) << tq::ggml_type_name(wt);
+    // The integer GEMM rounds x to 16 bits: the tolerance of the int16 decode path
+    // (ModelDecodeMatchesF32Path: kInt16Tol = 1e-3); the float path: 2e-5.
+    EXPECT_LT(err / scale, tq::llm::qgemm_int16(wt) ? 1e-3 : 2e-5) << tq::ggml_type_name(wt) << " " << level;
+   }
   }
 }
 

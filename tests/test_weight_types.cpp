@@ -12,7 +12,11 @@
 // or Q8_0 matrices (integer activations, see src/llm/qmatvec.h) also rounds every projection's
 // input to 16 bits: there the decode logits must stay within kInt16Tol of the f32 path's, the
 // bound of QMatvec.ModelDecodeMatchesF32Path (test_qmatvec.cpp, which says why; seen here: at
-// most 7.7e-4, the Gemma-like mix).
+// most 7.7e-4, the Gemma-like mix). On AVX-512 levels prefill rounds those inputs to 16 bits
+// too (llm::qgemm_int16): its logits must then stay within kInt16Tol (seen: 4.5e-4 for one row
+// of the Q5_0 model, 1.2-1.4e-4 for the last rows checked here), and the decode steps after it,
+// which read the cache that prefill wrote and round their own inputs, within 2 kInt16Tol
+// (seen: 1.18e-3, the first step of the Q5_0 model; 1.0-1.4e-4 for the steps after it).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -110,7 +114,8 @@ TEST(WeightTypes, ModelRunsEveryTypeFromItsBlocks) {
       auto lq = prefill_last(cq);
       m.set_f32_decode(true);
       auto lf = prefill_last(cf);
-      EXPECT_LT(rel_err(lq, lf), kTol) << what << " prefill";
+      const bool int16_prefill = tq::llm::qgemm_int16(var.type_of ? GgmlType::Q8_0 : var.t);  // the mix: all int16 types
+      EXPECT_LT(rel_err(lq, lf), int16_prefill ? kInt16Tol : kTol) << what << " prefill";
       // Greedy decode through the block kernels; the f32 path follows the same tokens.
       int32_t tok = tq::argmax(lq.data(), c.n_vocab);
       double worst = 0, any = 0;
@@ -124,7 +129,7 @@ TEST(WeightTypes, ModelRunsEveryTypeFromItsBlocks) {
         tok = tq::argmax(lq.data(), c.n_vocab);
       }
       const bool int16 = var.type_of || tq::llm::qmatvec_int16(var.t);
-      EXPECT_LT(worst, int16 ? kInt16Tol : kTol) << what << " decode";
+      EXPECT_LT(worst, int16 ? (int16_prefill ? 2 : 1) * kInt16Tol : kTol) << what << " decode";
       if (int16) std::printf("%s decode: largest logit difference %.3g of the largest logit\n", what.c_str(), worst);
       EXPECT_GT(any, 0.0) << what << ": the two paths gave the same bits (is the block path used?)";
     }

@@ -7,9 +7,10 @@
 // below) takes one of two paths:
 //  - a few rows (n <= kBlockKernelMaxRows = 8: decode, one token's logits): the block
 //    kernels of llm/qmatvec.h, which stream ~5x fewer bytes per token than f32 weights;
-//  - more rows (prefill): llm::qgemm, which dequantizes panels of weight rows into a per-thread
-//    f32 buffer and multiplies them with OpenBLAS sgemm (the GEMM reuses each panel across
-//    the rows, so the dequantization is paid once per micro-batch, not per row).
+//  - more rows (prefill): llm::qgemm, which unpacks panels of weight rows once per micro-batch
+//    and reuses them across its rows: for the integer-activation types on AVX-512 hosts to
+//    16-bit codes multiplied with x rounded to 16 bits (vpdpwssd / vpmaddwd), otherwise to a
+//    per-thread f32 buffer multiplied with OpenBLAS sgemm.
 // set_f32_decode(true) dequantizes every matrix to an f32 copy and sends every call to OpenBLAS
 // on it (sgemv for one row): the tests hold the block kernels to it. Types without a block
 // kernel (BF16) are held as f32 copies.
@@ -350,7 +351,7 @@ bool LlamaModel::f32_decode() const noexcept { return impl_->f32_decode; }
 namespace {
 
 // y[n, out] = x[n, in] * W^T, W: out rows of `in` values. A few rows: the block kernels on
-// the GGUF bytes. More rows: llm::qgemm on the blocks (panels dequantized per thread), or
+// the GGUF bytes. More rows: llm::qgemm on the blocks (panels unpacked per thread), or
 // OpenBLAS on the f32 copy when there is one (F32 / BF16 tensors, f32 decode). Both split the
 // output rows over OpenMP threads and every thread calls single-threaded OpenBLAS (an
 // OpenBLAS pthread pool next to spinning OpenMP workers halved the speed on 2 cores).

@@ -379,10 +379,44 @@ int qgemm_panel_rows(int in) noexcept {
   return std::max(16, p);
 }
 
+int qgemm16_panel_rows(int in) noexcept {
+  const size_t tile_bytes = static_cast<size_t>(std::max(1, in / 32)) * detail::kQGemm16UnitBytes;
+  return 16 * static_cast<int>(std::max<size_t>(1, kQGemm16PanelBytes / tile_bytes));
+}
+
+bool qgemm_int16(GgmlType t) noexcept {
+  if (!qmatvec_int16(t) || simd::use_scalar() || !detail::qmv16_avx512_host_ok()) return false;
+  const std::string level = simd::current_level();
+  return level == "avx3" || level == "avx3_dl";
+}
+
 void qgemm(GgmlType t, const void* w, int in, int out, const float* x, int n, float* y, int ldy, int n_threads,
            int panel_rows) {
   check_args(t, w, in, out, x, n, y, ldy, true);
   if (out == 0 || n == 0) return;
+  if (qgemm_int16(t)) {  // integer activations: x rounded to 16 bits once, then the AVX-512 GEMM
+    const bool vnni = simd::current_level() == "avx3_dl";
+    const int nb = in / 32;
+    thread_local std::vector<int16_t> xq;
+    thread_local std::vector<float> xd, xs;
+    xq.resize(static_cast<size_t>(n) * in);
+    xd.resize(static_cast<size_t>(n) * nb);
+    xs.resize(xd.size());
+    int16_t* qp = xq.data();
+    float* dp = xd.data();
+    float* sp = xs.data();
+#pragma omp parallel for num_threads(std::max(1, n_threads)) schedule(static) if (n_threads > 1 && n >= 16)
+    for (int r = 0; r < n; ++r)
+      detail::quantize_x16_avx512(x + static_cast<size_t>(r) * in, 1, in, qp + static_cast<size_t>(r) * in,
+                                  dp + static_cast<size_t>(r) * nb, sp + static_cast<size_t>(r) * nb);
+    const detail::X16 x16{qp, dp, sp};
+    const int P = panel_rows > 0 ? panel_rows : qgemm16_panel_rows(in);
+    const uint8_t* wb = static_cast<const uint8_t*>(w);
+    parallel_rows(out, n_threads, [&](int o0, int o1) {
+      detail::qgemm16_rows_avx512(t, wb, in, x16, n, o0, o1, y, ldy, P, vnni);
+    });
+    return;
+  }
   const int P = panel_rows > 0 ? panel_rows : qgemm_panel_rows(in);
   const size_t rb = ggml_row_bytes(t, static_cast<size_t>(in));
   const uint8_t* wb = static_cast<const uint8_t*>(w);

@@ -76,12 +76,19 @@ void qmatvec(GgmlType t, const void* w, int in, int out, const float* x, int n, 
 // Scalar reference, same contract, single thread.
 void qmatvec_ref(GgmlType t, const void* w, int in, int out, const float* x, int n, float* y, int ldy);
 
-// The same product for many rows of x (prefill): each thread dequantizes `panel_rows` weight
-// rows at a time (tq::dequantize_row) into its own f32 buffer and multiplies the panel with
-// single-threaded OpenBLAS sgemm, so the weights stay in their GGUF blocks and no f32 copy of
-// the model is needed. Parallel over output rows like qmatvec (n_threads OpenMP threads, at
-// most one per 64 rows). Any type dequantize_row reads (every GgmlType);
-// panel_rows <= 0 picks qgemm_panel_rows(in). Same checks as qmatvec; tq::Error otherwise.
+// The same product for many rows of x (prefill), parallel over output rows like qmatvec
+// (n_threads OpenMP threads, at most one per 64 rows), the weights kept in their GGUF blocks
+// (no f32 copy of the model). Two paths:
+//  - integer activations (qgemm_int16(t): the types of qmatvec_int16 at the avx3 / avx3_dl
+//    levels): x rounded to 16 bits (quantize_x16, in parallel over rows), then each thread
+//    unpacks `panel_rows` weight rows at a time to 16-bit codes and multiplies them with the
+//    rows of x with detail::qgemm16_rows_avx512; the result and its error bound are those of
+//    qmatvec for these types (the products of qmv16_rows_ref, in another float order);
+//    panel_rows <= 0 picks qgemm16_panel_rows(in);
+//  - float (every other type and level): each thread dequantizes `panel_rows` weight rows at a
+//    time (tq::dequantize_row) into its own f32 buffer and multiplies the panel with
+//    single-threaded OpenBLAS sgemm; panel_rows <= 0 picks qgemm_panel_rows(in).
+// Any GgmlType. Same checks as qmatvec; tq::Error otherwise.
 void qgemm(GgmlType t, const void* w, int in, int out, const float* x, int n, float* y, int ldy, int n_threads,
            int panel_rows = 0);
 // Default panel height: about kQGemmPanelFloats f32 values (1 MB) per panel, a multiple of 16
@@ -90,6 +97,17 @@ void qgemm(GgmlType t, const void* w, int in, int out, const float* x, int n, fl
 // f32-copy GEMM 600-615: small panels starve sgemm, from 256K on it matches the full copy.
 constexpr int kQGemmPanelFloats = 1 << 18;
 int qgemm_panel_rows(int in) noexcept;
+// True when qgemm takes the integer-activation path for type t at the current SIMD level:
+// the types of qmatvec_int16 at the avx3 and avx3_dl levels (an AVX-512 host). Each row of x
+// is rounded to 16 bits as in qmatvec (quantize_x16; the same error bound) and a panel of
+// weight rows is unpacked once to 16-bit codes, then multiplied with the rows of x by
+// detail::qgemm16_rows_avx512 (vpdpwssd at avx3_dl): the products of qmv16_rows_ref in
+// another float order. Other types and levels: the float path above.
+bool qgemm_int16(GgmlType t) noexcept;
+// Default panel height of the integer path: about kQGemm16PanelBytes of unpacked tiles (16
+// rows each), a multiple of 16 rows.
+constexpr size_t kQGemm16PanelBytes = size_t{1} << 18;
+int qgemm16_panel_rows(int in) noexcept;
 
 namespace detail {
 // The 16-bit rounding of n rows of x (in a multiple of 32) per 32-value block b: codes at
@@ -121,6 +139,18 @@ void qmv16_rows_highway(GgmlType t, const uint8_t* w, int in, const X16& x, int 
 bool qmv16_avx512_host_ok() noexcept;
 void qmv16_rows_avx512(GgmlType t, const uint8_t* w, int in, const X16& x, int n, int o0, int o1, float* y,
                        int ldy) noexcept;
+// Prefill GEMM on AVX-512 (qmatvec_avx512.cpp; see qgemm): output rows [o0, o1) for n rows
+// of x, in panels of panel_rows weight rows (rounded down to a multiple of 16, at least 16)
+// unpacked once to 16-bit codes and reused for every kQGemm16Rows rows of x; vnni: vpdpwssd
+// (the avx3_dl level), else vpmaddwd + vpaddd. Same sums as qmv16_rows_ref (its reference)
+// in another float order. No checks; only for the types of qmatvec_int16, on a host where
+// qmv16_avx512_host_ok() (and, with vnni, AVX512_VNNI).
+constexpr int kQGemm16Rows = 12;
+constexpr size_t kQGemm16UnitBytes = (256 + 3 * 16) * 4;  // one 32-value unit of a 16-row tile
+void qgemm16_rows_avx512(GgmlType t, const uint8_t* w, int in, const X16& x, int n, int o0, int o1, float* y,
+                         int ldy, int panel_rows, bool vnni) noexcept;
+// quantize_x16 on AVX-512 (the same bits); host as above.
+void quantize_x16_avx512(const float* x, int n, int in, int16_t* q, float* d, float* s) noexcept;
 // Per-block (32-value) sums of n rows of x: xs[r * (in / 32) + b]. Needed by the types of
 // qmatvec_needs_block_sums (Q5_1, Q5_K).
 void qmv_block_sums(const float* x, int n, int in, float* xs) noexcept;

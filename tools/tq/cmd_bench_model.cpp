@@ -84,7 +84,7 @@ void setup(CLI::App& app) {
     }
     pb.finish();
     if (o->json) {
-      tq::cli::print_json({{"threads", L->model.threads()}, {"blas_core", tq::cli::blas_core()},
+      tq::cli::print_json({{"threads", L->model.threads()}, {"blas_core", tq::cli::blas_core()}, {"prefill_matmul", tq::cli::prefill_matmul()},
                             {"attention", tq::attn_kernel_name(L->model.attention_kernel())}, {"rows", rows}});
       return;
     }
@@ -99,8 +99,8 @@ void setup(CLI::App& app) {
                   shown(r).c_str(), r["prefill_tok_s"].get<double>(),
                   r["decode_tok_s"].get<double>(), r["prefill_vs_first"].get<double>(),
                   r["decode_vs_first"].get<double>(), r["kv_bytes"].get<double>() / 1048576.0);
-    std::printf("threads %d, OpenBLAS kernels %s (prefill speed depends on them)\n", L->model.threads(),
-                tq::cli::blas_core().c_str());
+    std::printf("threads %d, prefill matmul %s, OpenBLAS kernels %s\n", L->model.threads(),
+                tq::cli::prefill_matmul().c_str(), tq::cli::blas_core().c_str());
   });
 }
 

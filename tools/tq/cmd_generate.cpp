@@ -63,7 +63,7 @@ void setup(CLI::App& app) {
       tq::cli::print_json({{"prompt", *prompt}, {"chat", *chat}, {"text", gen},
                            {"prompt_tokens", ids.size()}, {"generated_tokens", out.size()},
                            {"prompt_tok_s", ids.size() / t_prompt}, {"gen_tok_s", gen_tps},
-                           {"threads", L->model.threads()}, {"blas_core", tq::cli::blas_core()}, {"kv", tq::cli::kv_json(o->kv, L->model.config())},
+                           {"threads", L->model.threads()}, {"blas_core", tq::cli::blas_core()}, {"prefill_matmul", tq::cli::prefill_matmul()}, {"kv", tq::cli::kv_json(o->kv, L->model.config())},
                            {"kv_bytes", cache.bytes_used()}, {"kv_bytes_per_token", cache.bytes_per_token()},
                            {"kv_bits_per_value", tq::kv_bits_per_value(L->model, cache.bytes_per_token())}});
     } else {

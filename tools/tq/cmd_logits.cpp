@@ -64,7 +64,8 @@ void setup(CLI::App& app) {
       rows.push_back(std::vector<float>(lg.begin() + static_cast<size_t>(r) * c.n_vocab,
                                         lg.begin() + static_cast<size_t>(r + 1) * c.n_vocab));
     tq::cli::print_json({{"arch", c.arch}, {"n_vocab", c.n_vocab}, {"n_tokens", n}, {"first_row", first},
-                         {"head_dim", c.head_dim}, {"kv", tq::cli::kv_json(o->kv, c)}, {"logits", rows}});
+                         {"head_dim", c.head_dim}, {"kv", tq::cli::kv_json(o->kv, c)},
+                         {"prefill_matmul", tq::cli::prefill_matmul()}, {"logits", rows}});
   });
 }
 

@@ -52,7 +52,7 @@ void setup(CLI::App& app) {
       tq::cli::print_json({{"context", o->ctx}, {"kv", tq::cli::kv_json(o->kv, L->model.config())}, {"trials", r.trials},
                            {"passed", r.passed}, {"per_depth", per}, {"details", det},
                            {"seconds", r.seconds}, {"threads", L->model.threads()},
-                           {"blas_core", tq::cli::blas_core()}});
+                           {"blas_core", tq::cli::blas_core()}, {"prefill_matmul", tq::cli::prefill_matmul()}});
       return;
     }
     std::printf("niah context %d, kv %s: %d / %d passed (%.1f s)\n", o->ctx, tq::cli::kv_label(o->kv, L->model.config()).c_str(), r.passed,

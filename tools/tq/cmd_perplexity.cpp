@@ -80,7 +80,7 @@ void setup(CLI::App& app) {
     nlohmann::json head = {{"model", tq::cli::resolve_model(o->model)}, {"file", *file},
                            {"text_tokens", tokens.size()}, {"ctx", r0.n_ctx}, {"chunks", r0.n_chunks},
                            {"scored_tokens", r0.n_scored}, {"threads", L->model.threads()},
-                           {"blas_core", tq::cli::blas_core()},
+                           {"blas_core", tq::cli::blas_core()}, {"prefill_matmul", tq::cli::prefill_matmul()},
                            {"attention", tq::attn_kernel_name(L->model.attention_kernel())}};
     if (o->json) {
       if (sweep->empty()) {

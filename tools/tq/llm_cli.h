@@ -13,10 +13,12 @@
 #include <string>
 
 #include "cli.h"
+#include "llm/qmatvec.h"
 #include "tq/error.h"
 #include "tq/eval.h"
 #include "tq/gguf.h"
 #include "tq/model.h"
+#include "tq/simd.h"
 #include "tq/tokenizer.h"
 
 namespace tq::cli {
@@ -215,6 +217,13 @@ extern "C" char* openblas_get_corename(void);
 // The kernel set OpenBLAS runs with (its own name for it), for the JSON of model commands:
 // float summation, hence results in their last digits, and prefill speed depend on it.
 inline std::string blas_core() { return openblas_get_corename(); }
+// How prefill multiplies the weights of the integer-activation types (Q4_0, Q4_1, Q5_0, Q8_0,
+// Q4_K, Q6_K; every matrix of SmolLM2 and Gemma 3), for the same JSON: "int16 <level>" (the
+// integer GEMM of llm::qgemm on AVX-512 levels; blas_core does not matter for them) or
+// "sgemm" (OpenBLAS on dequantized panels). Other weight types always take sgemm.
+inline std::string prefill_matmul() {
+  return tq::llm::qgemm_int16(tq::GgmlType::Q8_0) ? "int16 " + tq::simd::current_level() : std::string("sgemm");
+}
 
 inline std::unique_ptr<Loaded> load_model(ModelOpts& o) {
   const AttnKernel kernel = o.kernel();  // a bad TQ_ATTN fails before anything is read
