@@ -492,6 +492,12 @@ TEST(CliBadInput, KvConfigFile) {
   };
   EXPECT_EQ(bench("f16,@" + cfg), (std::vector<std::string>{"k=f16 v=f16", "k=tq3 v=tq4 sink=1 center=k,rope,512 layers=0.1:tq4/tq3 layers=1:f16"}));
   EXPECT_EQ(bench("f16; tq3/tq4 L0,1:tq4 ;"), (std::vector<std::string>{"k=f16 v=f16", "k=tq3 v=tq4 sink=1 center=k,rope,512 layers=0,1:tq4"}));
+  // `auto` alone in --caches means the model's recommended types (it once ran f16 silently):
+  // on this head_dim-16 model they cannot run, which is a clear error naming them.
+  const RunResult a = run_tq({"bench", "model", "-m", fx.model, "-f", fx.text, "-t", "1", "--contexts", "64",
+                              "--decode", "2", "--caches", "f16;auto", "--json"});
+  EXPECT_EQ(a.status, 1) << a.out;
+  EXPECT_NE(a.err.find("tq3h6: head_dim 16 not supported"), std::string::npos) << a.err;
 }
 
 // --kv-trellis (label tc): the flag and the label token run the same cache, shown in the label

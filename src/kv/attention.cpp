@@ -285,8 +285,11 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
   // OpenMP fork/join costs about as much as the work there. 4096 token-heads (e.g. one query
   // over 1366+ tokens with 3 kv heads) is ~0.1 ms of work: with the CLI's short spin
   // (GOMP_SPINCOUNT, tools/tq/llm_cli.h) the model's 4K decode went 79.8 -> 99.8 tok/s (f16)
-  // and 69.3 -> 97.7 (tq5/tq3) at 2 threads when this limit moved down from 16384.
-  const bool parallel = n_threads > 1 && n_tasks > 1 && (int64_t)n_q * sh.n_tokens * KVH >= 4096;
+  // and 69.3 -> 97.7 (tq5/tq3) at 2 threads when this limit moved down from 16384. The tokens
+  // counted are the ones the queries see: a sliding-window layer's call (gemma3: 512 tokens)
+  // is small however long the context, and most of its tasks would find nothing to do.
+  const bool parallel =
+      n_threads > 1 && n_tasks > 1 && (int64_t)n_q * (sh.n_tokens - std::clamp(start, 0, sh.n_tokens)) * KVH >= 4096;
 
 #pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads) if (parallel)
   for (int task = 0; task < n_tasks; ++task) {

@@ -45,9 +45,10 @@ void setup(CLI::App& app) {
       const tq::KvSpec parsed = tq::cli::label_options(cs, *o);
       if (cs.find(' ') != std::string::npos || cs[0] == '@') {
         kvs.push_back(parsed);
-      } else {  // types only: the --kv-* flags apply
-        kvs.push_back(tq::KvSpec::parse(o->kv_label + " k=" + tq::kv_format_name(parsed.k) + " v=" +
-                                        tq::kv_format_name(parsed.v)));
+      } else {  // types only (or auto): the --kv-* flags apply
+        kvs.push_back(tq::KvSpec::parse(o->kv_label + (parsed.auto_types ? std::string(" auto")
+                                                                          : std::string(" k=") + tq::kv_format_name(parsed.k) +
+                                                                                " v=" + tq::kv_format_name(parsed.v))));
       }
     }
     tq::cli::Progress pb("bench model", total);
