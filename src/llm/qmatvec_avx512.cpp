@@ -58,6 +58,36 @@ inline __m512i nibbles32(const uint8_t* qs) {
 }
 
 // kType: 0 Q8_0, 1 Q4_0, 2 Q4_1, 3 Q5_0 (32-value blocks with one fp16 d).
+// The block's 32 signed codes (Q4_1: unsigned; its offset m is applied by the caller).
+template <int kType>
+inline __m512i b32_codes(const uint8_t* blk) {
+  if constexpr (kType == 0) {
+    return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2)));
+  } else if constexpr (kType == 1) {
+    return _mm512_sub_epi16(nibbles32(blk + 2), _mm512_set1_epi16(8));
+  } else if constexpr (kType == 2) {
+    return nibbles32(blk + 4);
+  } else {
+    uint32_t qh;
+    std::memcpy(&qh, blk + 2, 4);
+    const __m512i c = nibbles32(blk + 6);
+    return _mm512_sub_epi16(_mm512_mask_add_epi16(c, _cvtu32_mask32(qh), c, _mm512_set1_epi16(16)),
+                            _mm512_set1_epi16(16));
+  }
+}
+
+// Q6_K: per half h and quarter g, 32 values (one block of x) as one vector: 4 bits from ql,
+// 2 from qh, minus 32; lanes 0-7 are the first 16-value group (scale sc[2 (4h + g)]), lanes
+// 8-15 the second.
+inline __m512i q6k_codes(const uint8_t* blk, int h, int g) {
+  const __m512i qh = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h)));
+  const __m512i ql =
+      _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h + 32 * (g & 1))));
+  const __m512i lq = _mm512_and_si512(_mm512_srl_epi16(ql, _mm_cvtsi32_si128(4 * (g >> 1))), _mm512_set1_epi16(15));
+  const __m512i hq = _mm512_and_si512(_mm512_srl_epi16(qh, _mm_cvtsi32_si128(2 * g)), _mm512_set1_epi16(3));
+  return _mm512_sub_epi16(_mm512_or_si512(lq, _mm512_slli_epi16(hq, 4)), _mm512_set1_epi16(32));
+}
+
 template <int NR, int kType>
 void rows_b32(const uint8_t* w, int in, const X16& x, int o0, int o1, float* y, int ldy) {
   const int nb = in / 32;
@@ -77,20 +107,7 @@ void rows_b32(const uint8_t* w, int in, const X16& x, int o0, int o1, float* y, 
     for (int b = 0; b < nb; ++b, blk += kBB) {
       prefetch(blk);
       const float d = h2f(blk);
-      __m512i c;
-      if constexpr (kType == 0) {
-        c = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2)));
-      } else if constexpr (kType == 1) {
-        c = _mm512_sub_epi16(nibbles32(blk + 2), _mm512_set1_epi16(8));
-      } else if constexpr (kType == 2) {
-        c = nibbles32(blk + 4);
-      } else {
-        uint32_t qh;
-        std::memcpy(&qh, blk + 2, 4);
-        c = nibbles32(blk + 6);
-        c = _mm512_mask_add_epi16(c, _cvtu32_mask32(qh), c, _mm512_set1_epi16(16));
-        c = _mm512_sub_epi16(c, _mm512_set1_epi16(16));
-      }
+      const __m512i c = b32_codes<kType>(blk);
       for (int r = 0; r < NR; ++r) {
         const size_t k = static_cast<size_t>(r) * nb + b;
         const __m512i s = _mm512_madd_epi16(c, ldq(x.q + static_cast<size_t>(r) * in + 32 * static_cast<size_t>(b)));
@@ -142,14 +159,11 @@ void rows_q4k(const uint8_t* w, int in, const X16& x, int o0, int o1, float* y, 
   }
 }
 
-// Q6_K: per half h and quarter g, 32 values (one block of x) as one vector: 4 bits from ql,
-// 2 from qh, minus 32; lanes 0-7 are the first 16-value group (scale sc[2 (4h + g)]), lanes
-// 8-15 the second.
+// Q6_K: 32 codes at a time (q6k_codes), lanes 0-7 scaled by sc[2 (4h + g)], 8-15 by the next.
 template <int NR>
 void rows_q6k(const uint8_t* w, int in, const X16& x, int o0, int o1, float* y, int ldy) {
   const int nsb = in / kQK, nb = in / 32;
   const size_t rb = sizeof(BlockQ6_K) * static_cast<size_t>(nsb);
-  const __m512i m15 = _mm512_set1_epi16(15), m3 = _mm512_set1_epi16(3), k32 = _mm512_set1_epi16(32);
   for (int o = o0; o < o1; ++o) {
     const uint8_t* blk = w + static_cast<size_t>(o) * rb;
     __m512 acc[NR];
@@ -162,13 +176,8 @@ void rows_q6k(const uint8_t* w, int in, const X16& x, int o0, int o1, float* y, 
       const float d = h2f(blk + 208);
       const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
       for (int h = 0; h < 2; ++h) {
-        const __m512i qh = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h)));
         for (int g = 0; g < 4; ++g) {
-          const __m512i ql =
-              _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h + 32 * (g & 1))));
-          const __m512i lq = _mm512_and_si512(_mm512_srl_epi16(ql, _mm_cvtsi32_si128(4 * (g >> 1))), m15);
-          const __m512i hq = _mm512_and_si512(_mm512_srl_epi16(qh, _mm_cvtsi32_si128(2 * g)), m3);
-          const __m512i c = _mm512_sub_epi16(_mm512_or_si512(lq, _mm512_slli_epi16(hq, 4)), k32);
+          const __m512i c = q6k_codes(blk, h, g);
           const int grp = 2 * (4 * h + g);
           const __m512 dsc = _mm512_insertf32x8(_mm512_set1_ps(d * static_cast<float>(sc[grp])),
                                                 _mm256_set1_ps(d * static_cast<float>(sc[grp + 1])), 1);
@@ -262,23 +271,11 @@ void unpack_row(GgmlType t, const uint8_t* row, int in, int32_t* tile, int i) {
       for (int u = 0; u < nu; ++u, row += bb) {
         int32_t* unit = tile + static_cast<size_t>(u) * kUnitInts;
         const float d = h2f(row);
-        float m = 0.0f;
-        __m512i c;
-        if (t == GgmlType::Q8_0) {
-          c = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2)));
-        } else if (t == GgmlType::Q4_0) {
-          c = _mm512_sub_epi16(nibbles32(row + 2), _mm512_set1_epi16(8));
-        } else if (t == GgmlType::Q4_1) {
-          c = nibbles32(row + 4);
-          m = h2f(row + 2);
-        } else {
-          uint32_t qh;
-          std::memcpy(&qh, row + 2, 4);
-          c = nibbles32(row + 6);
-          c = _mm512_mask_add_epi16(c, _cvtu32_mask32(qh), c, _mm512_set1_epi16(16));
-          c = _mm512_sub_epi16(c, _mm512_set1_epi16(16));
-        }
-        put_codes(unit, i, c);
+        const float m = t == GgmlType::Q4_1 ? h2f(row + 2) : 0.0f;
+        put_codes(unit, i, t == GgmlType::Q8_0   ? b32_codes<0>(row)
+                           : t == GgmlType::Q4_0 ? b32_codes<1>(row)
+                           : t == GgmlType::Q4_1 ? b32_codes<2>(row)
+                                                 : b32_codes<3>(row));
         put_scales(unit, i, d, d, m);
       }
       return;
@@ -302,20 +299,14 @@ void unpack_row(GgmlType t, const uint8_t* row, int in, int32_t* tile, int i) {
       return;
     }
     case GgmlType::Q6_K: {
-      const __m512i m15 = _mm512_set1_epi16(15), m3 = _mm512_set1_epi16(3), k32 = _mm512_set1_epi16(32);
       for (int b = 0; b < in / kQK; ++b, row += sizeof(BlockQ6_K)) {
         const float d = h2f(row + 208);
         const int8_t* sc = reinterpret_cast<const int8_t*>(row + 192);
         for (int h = 0; h < 2; ++h) {
-          const __m512i qh = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 128 + 32 * h)));
           for (int g = 0; g < 4; ++g) {
-            const __m512i ql =
-                _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 64 * h + 32 * (g & 1))));
-            const __m512i lq = _mm512_and_si512(_mm512_srl_epi16(ql, _mm_cvtsi32_si128(4 * (g >> 1))), m15);
-            const __m512i hq = _mm512_and_si512(_mm512_srl_epi16(qh, _mm_cvtsi32_si128(2 * g)), m3);
             const int grp = 2 * (4 * h + g);
             int32_t* unit = tile + static_cast<size_t>(b * 8 + 4 * h + g) * kUnitInts;
-            put_codes(unit, i, _mm512_sub_epi16(_mm512_or_si512(lq, _mm512_slli_epi16(hq, 4)), k32));
+            put_codes(unit, i, q6k_codes(row, h, g));
             put_scales(unit, i, d * static_cast<float>(sc[grp]), d * static_cast<float>(sc[grp + 1]), 0.0f);
           }
         }
