@@ -9,6 +9,7 @@
 #        NICE (default 5), CACHES (';'-separated "tag|flags" entries; default below).
 set -u
 cd "$(dirname "$0")/.."
+source scripts/niah-lib.sh
 TQ="${TQ:-build/tq}"
 THREADS="${THREADS:-2}"
 SEED="${SEED:-42}"
@@ -27,17 +28,8 @@ for ctx in "${contexts[@]}"; do
   for entry in "${entries[@]}"; do
     tag=${entry%%|*}
     flags=${entry#*|}
-    out="$OUT/niah_c${ctx}_${tag}_s${SEED}.json"
-    if [[ -s $out ]]; then echo "skip $out (exists)"; continue; fi
-    echo "$(date -u +%H:%M:%S) start $out"
     # shellcheck disable=SC2086
-    if nice -n "$NICE" "$TQ" niah -m "$MODEL" -f "$CORPUS" --context "$ctx" --depths "$DEPTHS" \
-        --trials "$TRIALS" --seed "$SEED" -t "$THREADS" $flags --json > "$out.tmp" 2> "${out%.json}.err"; then
-      mv "$out.tmp" "$out"
-      rm -f "${out%.json}.err"
-      echo "$(date -u +%H:%M:%S) done  $out: $(python3 -c "import json; j=json.load(open('$out')); print(j['passed'], '/', j['trials'])")"
-    else
-      echo "$(date -u +%H:%M:%S) FAILED $out (see ${out%.json}.err)"
-    fi
+    niah_one "$OUT/niah_c${ctx}_${tag}_s${SEED}.json" "$NICE" "$TQ" -m "$MODEL" -f "$CORPUS" --context "$ctx" \
+      --depths "$DEPTHS" --trials "$TRIALS" --seed "$SEED" -t "$THREADS" $flags
   done
 done

@@ -19,6 +19,7 @@
 # (BENCHMARKS.md, "41 trials at 8K").
 set -u
 cd "$(dirname "$0")"
+source ../../scripts/niah-lib.sh
 TQ="${TQ:-../../build/tq}"
 N8="${N8:-3}"
 NICE="${NICE:-10}"
@@ -33,23 +34,15 @@ MODEL=../../models/SmolLM2-135M-Instruct.Q4_1.gguf
 CORPUS=../../data/debian-reference.en.txt
 
 run() {  # context trials seed
-  local ctx=$1 trials=$2 seed=$3 entry tag flags out
+  local ctx=$1 trials=$2 seed=$3 entry tag flags
   local -a entries
   IFS=';' read -r -a entries <<< "$CACHES"
   for entry in "${entries[@]}"; do
     tag=${entry%%|*}
     flags=${entry#*|}
-    out="niah_c${ctx}_${tag}_s${seed}${DTAG}.json"
-    if [[ -s $out ]]; then echo "skip $out (exists)"; continue; fi
-    echo "$(date -u +%H:%M:%S) start $out"
-    if nice -n "$NICE" "$TQ" niah -m "$MODEL" -f "$CORPUS" --context "$ctx" --depths "$DEPTHS" \
-        --trials "$trials" --seed "$seed" -t 1 --exact-attention $flags --json \
-        > "$out.tmp" 2> "${out%.json}.err"; then
-      mv "$out.tmp" "$out"
-      echo "$(date -u +%H:%M:%S) done  $out: $(python3 -c "import json,sys; j=json.load(open('$out')); print(j['passed'], '/', j['trials'])")"
-    else
-      echo "$(date -u +%H:%M:%S) FAILED $out (see ${out%.json}.err)"
-    fi
+    # shellcheck disable=SC2086
+    niah_one "niah_c${ctx}_${tag}_s${seed}${DTAG}.json" "$NICE" "$TQ" -m "$MODEL" -f "$CORPUS" --context "$ctx" \
+      --depths "$DEPTHS" --trials "$trials" --seed "$seed" -t 1 --exact-attention $flags
   done
 }
 
