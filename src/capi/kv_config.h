@@ -20,5 +20,8 @@ KvSpec kv_options(const std::string& label);
 // with RoPE ("cr", part of a tq K type's automatic protection); 0: none.
 KvCacheConfig kv_cache_config(const std::string& label, int n_layers, int n_kv_heads, int head_dim,
                               int max_tokens, float rope_base = 0, int rope_dim = 0);
+// The same for a label already parsed (`label`: its text, for messages).
+KvCacheConfig kv_cache_config(const KvSpec& kv, const std::string& label, int n_layers, int n_kv_heads,
+                              int head_dim, int max_tokens, float rope_base = 0, int rope_dim = 0);
 
 }  // namespace tq::capi

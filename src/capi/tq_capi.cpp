@@ -226,9 +226,10 @@ tq_status tq_kv_cache_create(const char* label, int n_layers, int n_kv_heads, in
   TQ_CAPI_NONNULL(label, "tq_kv_cache_create");
   TQ_CAPI_NONNULL(out, "tq_kv_cache_create");
   return guard([&] {
-    *out = new tq_kv_cache(tq::capi::kv_cache_config(label, n_layers, n_kv_heads, head_dim, max_tokens, rope_base,
-                                                     rope_dim),
-                           tq::capi::kv_options(label).resolved().to_string());
+    const tq::KvSpec kv = tq::capi::kv_options(label);  // parsed (an @file read) once
+    *out = new tq_kv_cache(
+        tq::capi::kv_cache_config(kv, label, n_layers, n_kv_heads, head_dim, max_tokens, rope_base, rope_dim),
+        kv.resolved().to_string());
   });
 }
 
