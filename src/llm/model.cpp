@@ -386,7 +386,7 @@ struct Product {
 
 // Several products of the same x (q, k and v; gate and up) in one OpenMP region instead of
 // one per matrix when they take the block kernels (decode): each thread computes the rows of
-// every matrix that llm::qmatvec's own split (parallel_rows: min(nt, out / 64) even parts)
+// every matrix that llm::qmatvec's own split (llm::row_chunks / row_chunk_start)
 // gives it, through qmatvec on those rows at one thread, so every value is the one separate
 // calls compute. A decode step of Gemma 3 270M (18 layers) has 54 fork/joins fewer: each one
 // is a barrier a descheduled thread holds up on a busy host. Otherwise separate matmul calls.
@@ -402,11 +402,10 @@ void matmul_group(const float* x, std::initializer_list<Product> ps, int n, int 
   {
     const int tid = omp_get_thread_num(), team = omp_get_num_threads();
     for (const Product& p : ps) {
-      const int chunks = std::max(1, std::min(nt, p.out / 64));
+      const int chunks = llm::row_chunks(p.out, nt);
       const size_t rb = ggml_row_bytes(p.W.type, static_cast<size_t>(in));
       for (int c = tid; c < chunks; c += team) {
-        const int o0 = static_cast<int>(static_cast<int64_t>(p.out) * c / chunks);
-        const int o1 = static_cast<int>(static_cast<int64_t>(p.out) * (c + 1) / chunks);
+        const int o0 = llm::row_chunk_start(p.out, chunks, c), o1 = llm::row_chunk_start(p.out, chunks, c + 1);
         llm::qmatvec(p.W.type, static_cast<const uint8_t*>(p.W.raw()) + o0 * rb, in, o1 - o0, x, n, p.y + o0, p.out,
                      1);
       }

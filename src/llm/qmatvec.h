@@ -43,15 +43,19 @@
 
 namespace tq::llm {
 
-// The split of a projection's output rows over OpenMP threads (qmatvec, qgemm and the model's
-// f32 path): at most n_threads chunks of at least 64 rows; f(o0, o1) runs once per chunk.
+// The split of a projection's output rows over OpenMP threads (qmatvec, qgemm, the model's
+// f32 path and its grouped decode products): at most n_threads chunks of at least 64 rows,
+// chunk c of row_chunks(...) covering rows [row_chunk_start(out, chunks, c), ...(c + 1)).
+inline int row_chunks(int out, int n_threads) noexcept { return std::max(1, std::min(n_threads, out / 64)); }
+inline int row_chunk_start(int out, int chunks, int c) noexcept {
+  return static_cast<int>(static_cast<int64_t>(out) * c / chunks);
+}
+// f(o0, o1) runs once per chunk, chunk c on thread c.
 template <class F>
 void parallel_rows(int out, int n_threads, F&& f) {
-  const int chunks = std::max(1, std::min(n_threads, out / 64));
+  const int chunks = row_chunks(out, n_threads);
 #pragma omp parallel for num_threads(chunks) schedule(static) if (chunks > 1)
-  for (int c = 0; c < chunks; ++c)
-    f(static_cast<int>(static_cast<int64_t>(out) * c / chunks),
-      static_cast<int>(static_cast<int64_t>(out) * (c + 1) / chunks));
+  for (int c = 0; c < chunks; ++c) f(row_chunk_start(out, chunks, c), row_chunk_start(out, chunks, c + 1));
 }
 
 // Rows of x given to one kernel call (at most; more rows: several calls). The SIMD kernel
