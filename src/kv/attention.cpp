@@ -322,17 +322,29 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
       // Tokens [lo, hi) (one K mean) into the states: a fused kernel (with the rope mean
       // coefficients mc of the query rows, or null), else rows of queries qg fetched by fetch_g.
       auto run_range = [&](int lo, int hi, const float* qg, auto&& fetch_g, const float* mc) {
-        if (lo % kBlock != 0) {  // a block cut by the window's start: rows from `start`
-          const int e = std::min(hi, (lo / kBlock + 1) * kBlock);
-          generic_task(sh, qg, qlimits.data(), lo, e, fetch_g, st);
-          if ((lo = e) >= hi) return;
+        // A block cut by the window's start (sliding-window layers: every query after the
+        // first W runs alone with its own start). The lut8 kernel takes the whole block and
+        // masks the tokens before `lo` (Shape::first); for the others, rows from `lo` on the
+        // generic path (for a rope-centred K: decoded, turned back to the original domain and
+        // the mean added, per row and per call, which cost about as much as the fused blocks
+        // of a 512-token window).
+        int from = lo;
+        if (lo % kBlock != 0) {
+          if (kern == Kernel::tq_lut8) {
+            from = lo / kBlock * kBlock;
+          } else {
+            const int e = std::min(hi, (lo / kBlock + 1) * kBlock);
+            generic_task(sh, qg, qlimits.data(), lo, e, fetch_g, st);
+            if ((lo = from = e) >= hi) return;
+          }
         }
         const int j0 = first_seeing(i0, lo);
         if (j0 == n_q) return;
         Shape shf = sh;
         if (mc) shf.rope_mc = mc + (size_t)j0 * G * mst;
+        if (from < lo) shf.first = lo;
         if (kern != Kernel::rows && fused_decode(shf, sk, sv, kern, n_q - j0, qd + (size_t)j0 * G * D, &qlimits[j0],
-                                                 lo, hi, States{st.base + (size_t)j0 * G * st.stride(), D}))
+                                                 from, hi, States{st.base + (size_t)j0 * G * st.stride(), D}))
           return;
         generic_task(sh, qg, qlimits.data(), lo, hi, fetch_g, st);
       };

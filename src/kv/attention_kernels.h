@@ -28,6 +28,10 @@ struct Shape {
   // head g at row i G + g, rope_mc_stride floats apart) for the mean of the tokens scored; null
   // when K has no such mean.
   const float* rope_mc = nullptr;
+  // A sliding window's start inside the first block of a call (absolute stream index): the
+  // tokens of [a, first) are masked out. 0 (or <= a): none. Only the lut8 kernel reads it
+  // (run_attention passes it to no other kernel).
+  int first = 0;
 };
 
 // RoPE-rotating K mean. A token's mean m = R mu (Centre::mean_at) adds q.m to its logit

@@ -448,8 +448,12 @@ void run_rows(const Call& c, int q0, int rows, const Kernels& k) {
         continue;
       }
       const int ntr = std::min(kBlock, row_end[r] - t0);
-      const __mmask16 valid0 = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(ntr));
-      const __mmask16 valid1 = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(ntr - 16));
+      __mmask16 valid0 = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(ntr));
+      __mmask16 valid1 = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(ntr - 16));
+      if (sh.first > t0) {  // a sliding window's start inside this block: the tokens before it masked
+        valid0 &= _mm512_cmpge_epi32_mask(lane, _mm512_set1_epi32(sh.first - t0));
+        valid1 &= _mm512_cmpge_epi32_mask(lane, _mm512_set1_epi32(sh.first - t0 - 16));
+      }
       __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
       for (int i = 0; i < npk; ++i) {
         const __m512 off = _mm512_set1_ps(qoff[i][r]), ks = _mm512_set1_ps(kscale[i][r]);
