@@ -50,6 +50,7 @@ struct Gen {
 struct Row {
   std::string name, type_k, type_v;
   bool lut8 = false;     // this row's tq kernels use int8 tables ("tq4@lut8" or --lut8)
+  bool protect = false;  // the automatic protection of a QK-norm model ("tq4@auto")
   bool trellis = false;  // trellis-coded tq parts ("tq4@tc" or --trellis)
   std::unique_ptr<tq::KvCache> cache;
   double append_s = 0;
@@ -72,7 +73,7 @@ double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
 void setup(CLI::App& app) {
   struct Opts {
     int head_dim = 128, n_heads = 32, n_kv_heads = 8, context = 32768, steps = 9, window = 0, err_queries = 4;
-    int queries = 1;
+    int queries = 1, sliding_window = 0;
     std::string kv = "f16,q8_0,q4_0,q4_0h,tq3,tq4", threads = "1";
     uint64_t seed = 1;
     bool json = false, exact = false, lut8 = false, trellis = false, grouped = false, no_ref = false;
@@ -93,7 +94,11 @@ void setup(CLI::App& app) {
       "difference of the timed kernel's output from attention_ref (dequantize, then exact\n"
       "attention) on the same codes. With --queries N a step is one call with N queries at the\n"
       "last N positions, each seeing the tokens up to its own (a prefill micro-batch's attention\n"
-      "for one layer); the error columns stay one-query decode at the full context.");
+      "for one layer); the error columns stay one-query decode at the full context. A suffix '@auto'\n"
+      "(e.g. 'tq4h6n8:tq3h6n8@auto@lut8') gives that row the automatic protection as on a QK-norm\n"
+      "model such as Gemma 3 (sink=1 center=k,rope,512 scale-k; RoPE base 1e6 over the whole head,\n"
+      "scale-k fed the synthetic queries) instead of the bare types. --sliding-window W times the\n"
+      "calls of a windowed layer (each query sees its last W tokens; past W queries, one call each).");
   sub->add_option("--head-dim", o->head_dim, "head dimension D")->capture_default_str();
   sub->add_option("--n-heads", o->n_heads, "query heads")->capture_default_str();
   sub->add_option("--n-kv-heads", o->n_kv_heads, "kv heads (n-heads must be a multiple)")->capture_default_str();
@@ -106,6 +111,10 @@ void setup(CLI::App& app) {
                   "queries per timed call, at the last positions with causal limits (1: decode; more: prefill)")
       ->capture_default_str()->check(CLI::Range(1, 4096));
   sub->add_option("--window", o->window, "recent tokens kept in f16")->capture_default_str();
+  sub->add_option("--sliding-window", o->sliding_window,
+                  "timed calls and the same-codes check as a sliding-window layer's (AttentionParams::sliding_window; "
+                  "0: none; the error columns vs exact stay full attention)")
+      ->capture_default_str()->check(CLI::Range(0, 1 << 24));
   sub->add_option("--seed", o->seed, "data seed")->capture_default_str();
   sub->add_option("--err-queries", o->err_queries, "queries averaged in rel_err / max_abs_err vs exact")
       ->capture_default_str()->check(CLI::Range(1, 64));
@@ -160,7 +169,7 @@ void setup(CLI::App& app) {
     }
     const int HQ = n_err * H;
     std::vector<double> m(HQ, -INFINITY), l(HQ, 0), acc((size_t)HQ * D, 0);
-    std::vector<float> kb, vb;
+    std::vector<float> kb, vb, qobs;
     for (int t0 = 0; t0 < N; t0 += kBatch) {
       const int n = std::min(kBatch, N - t0);
       gen.batch(t0, n, kb, vb);
@@ -204,16 +213,18 @@ void setup(CLI::App& app) {
       std::string spec = t, tokens;
       for (auto at = spec.rfind('@'); at != std::string::npos; at = spec.rfind('@')) {
         const std::string suffix = spec.substr(at + 1);
-        TQ_CHECK(suffix == "lut8" || suffix == "tc", "--kv: unknown suffix '@%s' in '%s' (valid: @lut8, @tc)",
-                 suffix.c_str(), t.c_str());
+        TQ_CHECK(suffix == "lut8" || suffix == "tc" || suffix == "auto",
+                 "--kv: unknown suffix '@%s' in '%s' (valid: @lut8, @tc, @auto)", suffix.c_str(), t.c_str());
         if (suffix == "lut8") r.lut8 = true;
+        else if (suffix == "auto") r.protect = true;
         else tokens += " trellis";
         spec = spec.substr(0, at);
       }
       r.lut8 = (r.lut8 || o->lut8) && !o->exact;
       const auto colon = spec.find(':');
       tokens = "k=" + spec.substr(0, colon) + " v=" + (colon == std::string::npos ? spec : spec.substr(colon + 1)) +
-               " plain" + tokens + (o->trellis ? " trellis" : "") + " window=" + std::to_string(o->window);
+               (r.protect ? " sink=1 center=k,rope,512 scale-k" : " plain") + tokens + (o->trellis ? " trellis" : "") +
+               " window=" + std::to_string(o->window);
       const tq::KvSpec ks = tq::KvSpec::parse(tokens);
       r.type_k = tq::kv_format_name(ks.k);
       r.type_v = tq::kv_format_name(ks.v);
@@ -223,11 +234,19 @@ void setup(CLI::App& app) {
       shape.n_kv_heads = KVH;
       shape.head_dim = D;
       shape.max_tokens = N + kAppend1;
+      shape.rope_base = 1e6f;  // Gemma 3's global layers; read by the RoPE-rotating K mean only
+      shape.rope_dim = D;
       const tq::KvCacheConfig cfg = ks.resolve(shape);
       r.cache = std::make_unique<tq::KvCache>(cfg);
       for (int t0 = 0; t0 < N; t0 += kBatch) {
         const int n = std::min(kBatch, N - t0);
         gen.batch(t0, n, kb, vb);
+        if (r.protect) {  // scale-k chooses from the queries it sees: synthetic ones, untimed
+          tq::Rng qr(o->seed * 7919ull + (uint64_t)t0);
+          qobs.resize((size_t)n * H * D);
+          for (auto& x : qobs) x = (float)qr.normal();
+          r.cache->observe_queries(0, n, qobs.data(), H);
+        }
         const auto a = Clock::now();
         r.cache->append(0, n, kb.data(), vb.data());
         r.append_s += std::chrono::duration<double>(Clock::now() - a).count();
@@ -244,6 +263,7 @@ void setup(CLI::App& app) {
     tq::AttentionParams p;
     p.n_heads = H;
     p.pos0 = N - NQ;  // the timed queries see N - NQ + 1 .. N tokens
+    p.sliding_window = o->sliding_window;
     auto params = [&](const Row& r) {
       tq::AttentionParams pr = p;
       pr.kernel = r.lut8 ? tq::AttnKernel::lut8 : tq::AttnKernel::fused;
@@ -272,6 +292,7 @@ void setup(CLI::App& app) {
       tq::AttentionParams pe = params(r);
       pe.n_threads = threads.back();
       pe.pos0 = -1;  // one query at the full context
+      pe.sliding_window = 0;
       for (int e = 0; e < n_err; ++e)
         tq::attention(*r.cache, 0, 1, &qs[(size_t)e * H * D], &r.out_err[(size_t)e * H * D], pe);
     }
@@ -328,6 +349,7 @@ void setup(CLI::App& app) {
         j["type_k"] = r.type_k;
         j["type_v"] = r.type_v;
         j["trellis"] = r.trellis;
+        j["protection"] = r.protect ? "sink=1 center=k,rope,512 scale-k" : "plain";
         j["kernel"] = tq::attention_kernel(*r.cache, 0, params(r));
         j["threads"] = threads[ti];
         j["ms_per_step"] = ms;
@@ -350,13 +372,14 @@ void setup(CLI::App& app) {
     }
     if (o->json) {
       tq::cli::print_json({{"head_dim", D}, {"n_heads", H}, {"n_kv_heads", KVH}, {"context", N},
-                           {"steps", o->steps}, {"queries", NQ}, {"window", o->window}, {"exact", o->exact}, {"lut8", o->lut8}, {"trellis", o->trellis}, {"err_queries", n_err},
+                           {"steps", o->steps}, {"queries", NQ}, {"window", o->window},
+                           {"sliding_window", o->sliding_window}, {"exact", o->exact}, {"lut8", o->lut8}, {"trellis", o->trellis}, {"err_queries", n_err},
                            {"interleaved", !o->grouped},
                            {"simd", tq::simd::current_level()}, {"results", results}});
       return;
     }
-    std::printf("%s attention: D=%d heads=%d kv_heads=%d context=%d queries=%d steps=%d window=%d simd=%s%s%s\n",
-                NQ > 1 ? "prefill" : "decode", D, H, KVH, N, NQ, o->steps, o->window,
+    std::printf("%s attention: D=%d heads=%d kv_heads=%d context=%d queries=%d steps=%d window=%d sliding_window=%d simd=%s%s%s\n",
+                NQ > 1 ? "prefill" : "decode", D, H, KVH, N, NQ, o->steps, o->window, o->sliding_window,
                 tq::simd::current_level().c_str(), o->exact ? " exact" : "",
                 o->grouped ? " grouped" : " interleaved");
     std::printf("%-12s %3s %10s %8s %10s %10s %10s %12s %10s %10s %10s\n", "kv", "thr", "ms/step", "vs f16", "B/token",
