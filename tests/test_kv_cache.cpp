@@ -694,11 +694,30 @@ TEST(Attention, BenchCliJson) {
     EXPECT_LT(jq["results"][2]["rel_err_fused_vs_ref"].get<double>(), kFastRelTol);
     EXPECT_LT(jq["results"][2]["rel_err_float_vs_ref"].get<double>(), kExactRelTol);
   }
+  // '@auto': the automatic protection of a QK-norm model (sink, RoPE-rotating K mean, scale-k);
+  // --sliding-window: the timed calls and the same-codes check are a windowed layer's (40
+  // queries: most of them run alone with a window start inside a block).
+  {
+    const auto rw = run_tq({"bench", "attention", "--head-dim", "64", "--n-heads", "4", "--n-kv-heads", "1",
+                            "--context", "300", "--queries", "40", "--sliding-window", "50", "--kv",
+                            "f16,tq4:tq3@auto,tq4:tq3@auto@lut8", "--threads", "1", "--steps", "1", "--err-queries",
+                            "1", "--json"});
+    ASSERT_EQ(rw.status, 0) << rw.err;
+    const auto jw = nlohmann::json::parse(rw.out);
+    EXPECT_EQ(jw["sliding_window"], 50);
+    ASSERT_EQ(jw["results"].size(), 3u);
+    EXPECT_EQ(jw["results"][0]["protection"], "plain");
+    EXPECT_EQ(jw["results"][1]["protection"], "sink=1 center=k,rope,512 scale-k");
+    EXPECT_LT(jw["results"][1]["rel_err_fused_vs_ref"].get<double>(), kExactRelTol);
+    EXPECT_LT(jw["results"][2]["rel_err_fused_vs_ref"].get<double>(), kFastRelTol);
+    EXPECT_LT(jw["results"][2]["rel_err_float_vs_ref"].get<double>(), kExactRelTol);
+  }
   // More queries than context, unknown type or kernel suffix: a one-line error naming it.
   const std::pair<std::vector<std::string>, const char*> bad[] = {
       {{"--context", "10", "--queries", "11"}, "--queries"},
       {{"--kv", "tq4@lut9", "--context", "10"}, "lut9"},
       {{"--kv", "tq4@tc@x", "--context", "10"}, "'@x'"},
+      {{"--sliding-window", "-1", "--context", "10"}, "--sliding-window"},
       {{"--kv", "q5_k", "--context", "10"}, "q5_k"}};
   for (const auto& [args, names] : bad) {
     std::vector<std::string> a{"bench", "attention"};
