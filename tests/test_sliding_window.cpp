@@ -213,14 +213,14 @@ TEST(SlidingWindow, FusedEqualsReferenceEveryCacheType) {
   }
 }
 
-// The tq kernels (float at every Highway level, lut8 at avx3_dl) take a block cut by a query's
-// window start whole and mask the tokens before the start (Shape::first) instead of sending
-// them to the generic float path: against attention_ref on the same cache (built at each
-// level: the codes written may differ between levels), for windows that start inside a block, on its edges and (decode) at
-// every offset within a block. A token left unmasked adds a whole extra softmax term (W = 7:
-// one token in seven): with the mask switched off this test measured lut8 errors of 0.96-0.98
-// (max error / max |ref|) and FusedEqualsReferenceEveryCacheType failed 46 checks; with it,
-// lut8 reached at most 7.2e-3 here, and the float kernel stays within kTolFused.
+// The lut8 kernel (avx3_dl) takes a block cut by a query's window start whole and masks the
+// tokens before the start (Shape::first) instead of sending them to the generic float path;
+// the float kernel (every Highway level) leaves that block to the generic path. Both against
+// attention_ref on the same cache (built at each level: the codes written may differ between
+// levels), for windows that start inside a block, on its edges and (decode) at every offset
+// within a block. A token left unmasked adds a whole extra softmax term (W = 7: one token in
+// seven): with lut8's mask switched off this test measured errors of 0.96-0.98 (max error /
+// max |ref|); with it, at most 7.2e-3. (A float-kernel mask was tried and removed: design.md.)
 TEST(SlidingWindow, TqKernelsMaskTheCutBlockAtEveryLevel) {
   constexpr double kTolLut8 = 3e-2;  // the int8 kernel's bound (test_kv_cache.cpp kFastRelTol)
   const Data d = make_data(14);

@@ -323,14 +323,14 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
       // coefficients mc of the query rows, or null), else rows of queries qg fetched by fetch_g.
       auto run_range = [&](int lo, int hi, const float* qg, auto&& fetch_g, const float* mc) {
         // A block cut by the window's start (sliding-window layers: every query after the
-        // first W runs alone with its own start). The tq kernels take the whole block and
-        // mask the tokens before `lo` (Shape::first); for the others, rows from `lo` on the
-        // generic path (for a rope-centred K that decoded the rows, turned them back to the
-        // original domain and added each row's mean, per call: more than the fused blocks of
-        // a 512-token window cost).
+        // first W runs alone with its own start). The lut8 kernel takes the whole block and
+        // masks the tokens before `lo` (Shape::first); the others get rows from `lo` on the
+        // generic path (for a rope-centred K: decoded, turned back to the original domain and
+        // each row's mean added, per call; the float kernel keeps this exact path, see
+        // docs/design.md "Sliding-window attention").
         int from = lo;
         if (lo % kBlock != 0) {
-          if (kern == Kernel::tq_lut8 || kern == Kernel::tq_float) {
+          if (kern == Kernel::tq_lut8) {
             from = lo / kBlock * kBlock;
           } else {
             const int e = std::min(hi, (lo / kBlock + 1) * kBlock);

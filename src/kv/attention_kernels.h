@@ -29,7 +29,7 @@ struct Shape {
   // when K has no such mean.
   const float* rope_mc = nullptr;
   // A sliding window's start inside the first block of a call (stream index): the tokens of
-  // [a, first) are masked out. 0 (or <= a): none. The tq kernels (lut8, float) read it;
+  // [a, first) are masked out. 0 (or <= a): none. Only the lut8 kernel reads it;
   // run_attention passes it to no other kernel.
   int first = 0;
 };

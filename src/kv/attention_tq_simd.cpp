@@ -533,7 +533,7 @@ void DecodeTqG(const Shape& sh, const Stream& sk, const Stream& sv, int nq, cons
         for (int i = 0; i < npv; ++i) std::fill(w[i] + r * 32, w[i] + r * 32 + 32, 0.f);
         continue;
       }
-      alpha[r] = BlockSoftmax(df, s[r], NV, nt[r / G], sh.scale, sq, r, p, sh.first - t0);
+      alpha[r] = BlockSoftmax(df, s[r], NV, nt[r / G], sh.scale, sq, r, p);
       for (int i = 0; i < npv; ++i)
         for (size_t v = 0; v < NV; ++v)
           hn::Store(hn::Mul(hn::Load(df, p + v * N), hn::Load(df, nv[i] + v * N)), df, w[i] + r * 32 + v * N);

@@ -8,25 +8,19 @@
 #define TQ_KV_BLOCK_SOFTMAX_INL_H_
 #endif
 
-// s: NV vectors of raw scores (tokens v N .. v N + N - 1); tokens >= nt, and tokens < lo (a
-// sliding window's start inside the block, Shape::first), are masked out.
+// s: NV vectors of raw scores (tokens v N .. v N + N - 1); tokens >= nt are masked out.
 // Scales by `scale`, updates the running (m, l) of row g of st, writes the weights
 // p_t = exp(s_t - m) (0 past nt) to p[0 .. NV N) and returns alpha = exp(m_old - m_new), the
 // factor the row's accumulator must be multiplied by.
 template <class D, class V>
-HWY_INLINE float BlockSoftmax(D df, V* s, size_t NV, int nt, float scale, const States& st, int g, float* p,
-                              int lo = 0) {
+HWY_INLINE float BlockSoftmax(D df, V* s, size_t NV, int nt, float scale, const States& st, int g, float* p) {
   namespace hn = hwy::HWY_NAMESPACE;
   const size_t N = hn::Lanes(df);
   const float neg_inf = -std::numeric_limits<float>::infinity();
   const V vninf = hn::Set(df, neg_inf), vscale = hn::Set(df, scale);
   V mx = vninf;
-  auto valid_at = [&](size_t j) {
-    const auto below_end = hn::FirstN(df, (size_t)std::max(0, nt - (int)(j * N)));
-    return lo > 0 ? hn::AndNot(hn::FirstN(df, (size_t)std::max(0, lo - (int)(j * N))), below_end) : below_end;
-  };
   for (size_t j = 0; j < NV; ++j) {
-    const auto valid = valid_at(j);
+    const auto valid = hn::FirstN(df, (size_t)std::max(0, nt - (int)(j * N)));
     s[j] = hn::IfThenElse(valid, hn::Mul(s[j], vscale), vninf);
     mx = hn::Max(mx, s[j]);
   }
@@ -38,7 +32,7 @@ HWY_INLINE float BlockSoftmax(D df, V* s, size_t NV, int nt, float scale, const 
   const V vm = hn::Set(df, m_new);
   V sum = hn::Zero(df);
   for (size_t j = 0; j < NV; ++j) {
-    const auto valid = valid_at(j);
+    const auto valid = hn::FirstN(df, (size_t)std::max(0, nt - (int)(j * N)));
     const V pj = hn::IfThenElseZero(valid, hn::Exp(df, hn::Sub(s[j], vm)));
     sum = hn::Add(sum, pj);
     hn::Store(pj, df, p + j * N);
