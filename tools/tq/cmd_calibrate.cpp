@@ -177,9 +177,11 @@ void setup(CLI::App& app) {
                 [] { std::string x; for (auto& t : tq::default_calib_v_types()) x += (x.empty() ? "" : ",") + t; return x; }() + ")");
   s->add_option("--probe-k", *probe_k, "the K type each head is probed with")->capture_default_str();
   s->add_option("--probe-v", *probe_v, "the V type each head is probed with")->capture_default_str();
-  s->add_option("--protect", *protect,
+  auto* protect_opt = s->add_option("--protect", *protect,
                 "protection tokens after the base K/V of the label (e.g. 'ks', 'plain ks', 's1 ck cs512 cr ks'); "
-                "the probes use the same, spelled out")
+                "the probes use the same, spelled out. With --sens: the measured protection, to which only "
+                "trellis codes ('ks tc') may be added (the same bytes; the label gets them, the sensitivities stay "
+                "those of the codes measured)")
       ->capture_default_str();
   s->add_option("--kv-seed", *seed, "seed of the cache rotations")->capture_default_str();
   s->callback([=] {
@@ -320,9 +322,20 @@ void setup(CLI::App& app) {
                  "(finish with --sens %s)", part.c_str(), names.c_str(), names.c_str());
       }
     }
-    if (!save_sens->empty() && sens->empty())
+    if (!save_sens->empty())
       for (size_t i = 0; i < svs.size(); ++i)
         write_json_file(i == 0 ? *save_sens : sens_path_at(svs[i].n_ctx), sens_json(svs[i], model, text_name));
+    // --protect with --sens: the measured protection, with trellis codes added at most.
+    const std::string measured_protect = svs[0].protect;
+    if (!sens->empty() && protect_opt->count() > 0 && *protect != measured_protect) {
+      tq::KvSpec want = tq::calib_protection(*protect, *seed), had = tq::calib_protection(measured_protect, *seed);
+      const bool adds_trellis = want.trellis && !had.trellis;
+      want.trellis = had.trellis = false;
+      TQ_CHECK(want == had && adds_trellis,
+               "--protect '%s' with --sens: the sensitivities were measured with '%s'; only trellis codes ('%s tc') "
+               "may be added to it", protect->c_str(), measured_protect.c_str(), measured_protect.c_str());
+      for (auto& x : svs) x.protect = *protect;
+    }
     const tq::CalibSensitivity& sv = svs[0];
     const tq::CalibAllocation a = svs.size() == 1 ? tq::calibrate_allocate(mc, sv, *bits, o->ctx, co.seed)
                                                   : tq::calibrate_allocate_multi(mc, svs, *bits, o->ctx, co.seed);
@@ -363,6 +376,12 @@ void setup(CLI::App& app) {
                     sv.probe_k.c_str(), sv.probe_v.c_str());
       comments.push_back(line);
     }
+    if (sv.protect != measured_protect) {
+      std::snprintf(line, sizeof line,
+                    "Written with protection '%s' (trellis codes: the same bytes); the sensitivities were measured "
+                    "with '%s'.", sv.protect.c_str(), measured_protect.c_str());
+      comments.push_back(line);
+    }
     comments.push_back("On another model its LAYER.HEAD entries are wrong or out of range: run tq calibrate for it.");
     comments.push_back("Written by:");
     comments.push_back("  " + command_line());
@@ -390,16 +409,33 @@ void setup(CLI::App& app) {
                            {"contexts", contexts}, {"budget_checks", checks},
                            {"bits_per_value_all", a.bits_all}, {"kv_bytes_used", a.bytes_used}, {"ctx", a.n_ctx},
                            {"bits_cheapest", a.bits_cheapest}, {"windows", sv.windows}, {"scored_tokens", sv.n_scored},
-                           {"ppl_f16", sv.ppl_ref}, {"predicted_kld", a.alloc.predicted_kld}, {"label", a.alloc.label},
+                           {"ppl_f16", sv.ppl_ref}, {"predicted_kld", a.alloc.predicted_each.empty() ? a.alloc.predicted_kld : a.alloc.predicted_each[0]},
+                           {"objective", a.alloc.predicted_kld}, {"label", a.alloc.label},
                            {"seconds_measure", sens->empty() ? measure_s : 0.0}, {"seconds", wall},
                            {"cpu_seconds", cpu}, {"threads", L->model.threads()}, {"sens_from", sens->empty() ? std::string() : (*sens)[0]}, {"sens_files", *sens},
                            {"units", units}});
       return;
     }
-    std::printf("%s: %s\n  %.4f bits per value everything counted at ctx %d (budget %g), predicted KLD %.5f\n"
+    std::string pred;
+    char one[96];
+    if (svs.size() == 1) {
+      std::snprintf(one, sizeof one, "%.5f", a.alloc.predicted_kld);
+      pred = one;
+    } else {
+      for (size_t i = 0; i < svs.size(); ++i) {
+        std::snprintf(one, sizeof one, "%s%.5f at ctx %d", i ? ", " : "", a.alloc.predicted_each[i], svs[i].n_ctx);
+        pred += one;
+      }
+      for (size_t j = 0; j < a.check_ctx.size(); ++j)
+        if (a.check_ctx[j] != a.n_ctx) {
+          std::snprintf(one, sizeof one, "; %.4f bits at ctx %d", a.check_bits[j], a.check_ctx[j]);
+          pred += one;
+        }
+    }
+    std::printf("%s: %s\n  %.4f bits per value everything counted at ctx %d (budget %g), predicted KLD %s\n"
                 "  %.1f s (%.1f s CPU)\n",
-                out->c_str(), tq::short_label(a.alloc.label, 72).c_str(), a.bits_all, a.n_ctx, *bits,
-                a.alloc.predicted_kld, wall, cpu);
+                out->c_str(), tq::short_label(a.alloc.label, 72).c_str(), a.bits_all, a.n_ctx, *bits, pred.c_str(),
+                wall, cpu);
   });
 }
 
