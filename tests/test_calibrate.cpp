@@ -424,10 +424,10 @@ TEST(Calibrate, BytesHeldAsPerplexityCountsThemOnGemma) {
   m.set_threads(2);
   const tq::LlamaConfig& mc = m.config();
   ASSERT_EQ(mc.sliding_window, 512);
-  // What tq perplexity counts for a window of 1536 tokens: bytes_used after one forward (the
-  // model appends 512 at a time; the last append drops what the windowed layers' queries no
-  // longer see).
-  const int n = 1536;
+  // What tq perplexity counts for a window of 1056 tokens: bytes_used after one forward (the
+  // model appends 512 at a time; the last append, 32 tokens at position 1024, first drops what
+  // the windowed layers' queries no longer see: they hold 544 tokens, the global ones 1056).
+  const int n = 1056;
   const std::vector<int32_t> tokens = random_tokens(n, mc.n_vocab, 11);
   const tq::KvSpec kv = tq::KvSpec::parse("tq3h6n8/tq3h4n8 ks L5:tq4h6n8/tq5n8 L11:f16/tq4n8");
   tq::KvCache cache(kv.resolve(mc, n));
