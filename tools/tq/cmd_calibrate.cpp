@@ -284,6 +284,7 @@ void setup(CLI::App& app) {
       std::vector<int> ctxs{co.n_ctx};
       ctxs.insert(ctxs.end(), longs.begin(), longs.end());
       bool stopped = false;
+      std::string stop_at;  // where the interruption came: "ctx N (W of R windows)"
       for (size_t i = 0; i < ctxs.size() && !stopped; ++i) {
         tq::CalibOptions ci = co;
         ci.n_ctx = ctxs[i];
@@ -299,6 +300,9 @@ void setup(CLI::App& app) {
         }
         if (pb) pb->finish();
         stopped = !one.complete();
+        if (stopped)
+          stop_at = "ctx " + std::to_string(ctxs[i]) + " (" + std::to_string(one.windows) + " of " +
+                    std::to_string(one.windows_requested) + " windows)";
         if (one.windows > 0) svs.push_back(std::move(one));
       }
       sigaction(SIGINT, &old, nullptr);
@@ -313,9 +317,7 @@ void setup(CLI::App& app) {
         }
         const tq::CalibAllocation a = svs.size() == 1 ? tq::calibrate_allocate(mc, svs[0], *bits, co.n_ctx, co.seed)
                                                       : tq::calibrate_allocate_multi(mc, svs, *bits, co.n_ctx, co.seed);
-        tq::write_kv_config_file(part, {"PARTIAL: interrupted during the calibration at ctx " +
-                                            std::to_string(svs.back().n_ctx) + " (" + std::to_string(svs.back().windows) +
-                                            " of " + std::to_string(svs.back().windows_requested) + " windows)",
+        tq::write_kv_config_file(part, {"PARTIAL: interrupted during the calibration at " + stop_at,
                                         "  " + command_line()},
                                  a.alloc.label);
         TQ_CHECK(false, "interrupted: the allocation from what was measured is in %s, the sensitivities in %s "
