@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -306,6 +307,167 @@ TEST(Calibrate, ReproducesKvLayerPlanAlloc) {
     EXPECT_LE(r.cost, in.budget);
     EXPECT_NEAR(r.predicted_kld, c.predicted, c.predicted * 1e-5);
   }
+}
+
+}  // namespace
+
+namespace {
+
+// allocate_heads with further measurements and unit cost scales: the same measurement given twice
+// (any weights) picks what it picks alone, and a scaled unit's cost counts scaled.
+TEST(Calibrate, FurtherMeasurementsAndUnitScales) {
+  tq::Rng r(5);
+  tq::AllocInput in;
+  in.n_layers = 6;
+  in.n_kv_heads = 1;
+  for (int u = 0; u < 6; ++u) {
+    in.sens_k.push_back(0.01 + r.uniform());
+    in.sens_v.push_back(0.01 + r.uniform());
+  }
+  in.k_types = {"tq2h5n8", "tq3h6n8", "tq4h6n8"};
+  in.v_types = {"tq2h5n8", "tq3n8", "tq5n8"};
+  in.kld_k = {0.3, 0.1, 0.02};
+  in.kld_v = {0.2, 0.08, 0.01};
+  in.cost_k = {10, 14, 18};
+  in.cost_v = {10, 13, 21};
+  in.budget = 12 * 14;
+  const tq::AllocResult one = tq::allocate_heads(in);
+  EXPECT_TRUE(one.predicted_each.empty());
+  tq::AllocInput twice = in;
+  twice.weight = 2;
+  twice.more.push_back({in.sens_k, in.sens_v, in.kld_k, in.kld_v, 3});
+  const tq::AllocResult two = tq::allocate_heads(twice);
+  EXPECT_EQ(two.k_type, one.k_type);
+  EXPECT_EQ(two.v_type, one.v_type);
+  ASSERT_EQ(two.predicted_each.size(), 2u);
+  EXPECT_NEAR(two.predicted_each[0], one.predicted_kld, 1e-12);
+  EXPECT_NEAR(two.predicted_each[1], one.predicted_kld, 1e-12);
+  EXPECT_NEAR(two.predicted_kld, 5 * one.predicted_kld, 1e-12);
+  // A measurement that finds only unit 0's K sensitive moves bits there.
+  tq::AllocInput other = in;
+  std::vector<double> k0(6, 1e-6);
+  k0[0] = 1;
+  other.more.push_back({k0, in.sens_v, in.kld_k, in.kld_v, 100});
+  EXPECT_EQ(tq::allocate_heads(other).k_type[0], "tq4h6n8");
+  // Unit 2 held 4x the tokens (a global layer at a long context): its cost counts 4x.
+  tq::AllocInput scaled = in;
+  scaled.unit_scale = {1, 1, 4, 1, 1, 1};
+  scaled.budget = 15 * 14 + 6 * 10;
+  const tq::AllocResult s = tq::allocate_heads(scaled);
+  int64_t cost = 0;
+  for (int u = 0; u < 6; ++u) {
+    const int64_t sc = scaled.unit_scale[u];
+    cost += sc * scaled.cost_k[std::find(in.k_types.begin(), in.k_types.end(), s.k_type[u]) - in.k_types.begin()];
+    cost += sc * scaled.cost_v[std::find(in.v_types.begin(), in.v_types.end(), s.v_type[u]) - in.v_types.begin()];
+  }
+  EXPECT_EQ(cost, s.cost);
+  EXPECT_LE(s.cost, scaled.budget);
+  scaled.unit_scale = {1, 1, 0, 1, 1, 1};
+  EXPECT_THROW(tq::allocate_heads(scaled), tq::Error);
+  scaled.unit_scale = {1, 1};
+  EXPECT_THROW(tq::allocate_heads(scaled), tq::Error);
+  tq::AllocInput bad = in;
+  bad.more.push_back({{1, 2}, in.sens_v, in.kld_k, in.kld_v, 1});
+  EXPECT_THROW(tq::allocate_heads(bad), tq::Error);
+  bad.more = {{in.sens_k, in.sens_v, in.kld_k, in.kld_v, 0}};
+  EXPECT_THROW(tq::allocate_heads(bad), tq::Error);
+}
+
+// Two measurements (two contexts): the budget holds at both, each counted as perplexity counts it.
+TEST(Calibrate, SeveralContextsKeepTheBudgetAtEach) {
+  Tiny t;
+  const tq::LlamaConfig& mc = t.m.config();
+  tq::CalibSensitivity a = fake_sens(mc, 7), b = fake_sens(mc, 8);
+  a.n_ctx = 96;
+  b.n_ctx = 192;
+  const std::vector<int32_t> tokens = random_tokens(192, mc.n_vocab, 3);
+  double prev = std::numeric_limits<double>::infinity();
+  for (double bits : {3.6, 4.25, 5.0}) {
+    const tq::CalibAllocation al = tq::calibrate_allocate_multi(mc, {a, b}, bits, 96);
+    ASSERT_EQ(al.check_ctx, (std::vector<int>{96, 192}));
+    ASSERT_EQ(al.alloc.predicted_each.size(), 2u);
+    EXPECT_LE(al.alloc.predicted_kld, prev);
+    prev = al.alloc.predicted_kld;
+    const tq::KvSpec kv = tq::KvSpec::parse(al.alloc.label);
+    for (size_t i = 0; i < al.check_ctx.size(); ++i) {
+      EXPECT_LE(al.check_bits[i], bits) << al.alloc.label;
+      tq::PerplexityOptions po;
+      po.n_ctx = al.check_ctx[i];
+      const tq::PerplexityResult r = tq::perplexity_multi(t.m, tokens, po, {kv})[0];
+      EXPECT_EQ(r.kv_bytes_used, tq::calib_bytes_held(mc, kv, po.n_ctx)) << al.alloc.label;
+      EXPECT_LE(r.bits_per_value_all, bits);
+    }
+    EXPECT_DOUBLE_EQ(al.bits_all, al.check_bits[0]);
+  }
+  // One measurement: what calibrate_allocate gives (no windows on this model).
+  const tq::CalibAllocation one = tq::calibrate_allocate_multi(mc, {a}, 4.25, 96);
+  EXPECT_EQ(one.alloc.label, tq::calibrate_allocate(mc, a, 4.25, 96).alloc.label);
+  EXPECT_THROW(tq::calibrate_allocate_multi(mc, {a, b}, 2.0, 96), tq::Error);  // below the cheapest
+  tq::CalibSensitivity c = b;
+  c.k_types.pop_back();
+  c.kld_k.pop_back();
+  EXPECT_THROW(tq::calibrate_allocate_multi(mc, {a, c}, 4.25, 96), tq::Error);  // other candidates
+  c = b;
+  c.protect = "plain ks";
+  EXPECT_THROW(tq::calibrate_allocate_multi(mc, {a, c}, 4.25, 96), tq::Error);  // other protection
+  EXPECT_THROW(tq::calibrate_allocate_multi(mc, {}, 4.25, 96), tq::Error);
+}
+
+// On Gemma 3 (15 of 18 layers in 512-token windows) calib_bytes_held is what tq perplexity
+// counts past the window, and calib_bytes_used (every token of every layer) within it.
+TEST(Calibrate, BytesHeldAsPerplexityCountsThemOnGemma) {
+  const std::string path = tq_test::source_path("models/gemma-3-270m-q4_k_m.gguf");
+  if (!tq_test::file_exists(path))
+    GTEST_SKIP() << path << " missing: run scripts/fetch-model.sh gemma3-270m (make test does)";
+  const tq::GgufFile g = tq::GgufFile::open(path);
+  tq::LlamaModel m = tq::LlamaModel::load(g);
+  m.set_threads(2);
+  const tq::LlamaConfig& mc = m.config();
+  ASSERT_EQ(mc.sliding_window, 512);
+  // What tq perplexity counts for a window of 1056 tokens: bytes_used after one forward (the
+  // model appends 512 at a time; the last append, 32 tokens at position 1024, first drops what
+  // the windowed layers' queries no longer see: they hold 544 tokens, the global ones 1056).
+  const int n = 1056;
+  const std::vector<int32_t> tokens = random_tokens(n, mc.n_vocab, 11);
+  const tq::KvSpec kv = tq::KvSpec::parse("tq3h6n8/tq3h4n8 ks L5:tq4h6n8/tq5n8 L11:f16/tq4n8");
+  tq::KvCache cache(kv.resolve(mc, n));
+  std::vector<float> hidden(static_cast<size_t>(n) * mc.n_embd);
+  m.forward(cache, tokens.data(), n, hidden.data());
+  EXPECT_EQ(cache.bytes_used(), tq::calib_bytes_held(mc, kv, n));
+  EXPECT_LT(tq::calib_bytes_held(mc, kv, n), tq::calib_bytes_used(mc, kv, n) * 0.8);
+  EXPECT_EQ(tq::calib_bytes_held(mc, kv, 512), tq::calib_bytes_used(mc, kv, 512));
+  // A budget at 512 and 1024: the knapsack at 512 (every layer holds 512), checked at both.
+  tq::CalibSensitivity a;
+  a.n_layers = mc.n_layers;
+  a.n_kv_heads = 1;
+  a.head_dim = mc.head_dim;
+  a.n_ctx = 512;
+  a.windows = a.windows_requested = 1;
+  a.n_scored = 255;
+  a.protect = "ks";
+  tq::Rng rr(3);
+  for (int l = 0; l < mc.n_layers; ++l) {
+    a.sens_k.push_back(0.001 + rr.uniform());
+    a.sens_v.push_back(0.001 + rr.uniform());
+  }
+  a.k_types = tq::default_calib_k_types();
+  a.v_types = tq::default_calib_v_types();
+  for (const auto& t : a.k_types) a.kld_k.push_back(1.0 / tq::kv_type_traits(tq::parse_kv_type(t)).block_bytes(256));
+  for (const auto& t : a.v_types) a.kld_v.push_back(1.0 / tq::kv_type_traits(tq::parse_kv_type(t)).block_bytes(256));
+  tq::CalibSensitivity b = a;
+  b.n_ctx = 2048;
+  for (int l : {5, 11, 17}) b.sens_k[l] *= 20;  // the global layers matter more at the long context
+  const tq::CalibAllocation al = tq::calibrate_allocate_multi(mc, {a, b}, 3.25, 512);
+  ASSERT_EQ(al.check_ctx, (std::vector<int>{512, 2048}));
+  EXPECT_LE(al.check_bits[0], 3.25);
+  EXPECT_GT(al.check_bits[0], 3.0);
+  EXPECT_LT(al.check_bits[1], al.check_bits[0]);  // the windowed layers hold about 1024 of 2048
+  const tq::CalibAllocation only_a = tq::calibrate_allocate(mc, a, 3.25, 512);
+  double pa = 0;
+  for (int l : {5, 11, 17})
+    pa += tq::kv_type_traits(tq::parse_kv_type(al.alloc.k_type[l])).block_bytes(256) -
+          tq::kv_type_traits(tq::parse_kv_type(only_a.alloc.k_type[l])).block_bytes(256);
+  EXPECT_GT(pa, 0) << "the global layers' K gets more bytes: " << al.alloc.label << " vs " << only_a.alloc.label;
 }
 
 }  // namespace

@@ -71,7 +71,8 @@ const std::vector<std::string> kOldLabels = {
     "tq3 tc", "tq2h4n8/tq3n8 ks tc", "tq3 w32 plain", "f16 cs256", "f16 s2", "q4_0 ck", "tq3 cr plain",
     "tq3 s1 cv cr", "f16 cr", "tq3 L0-29:q8_0", "tq3 L29.2:tq6/tq2",
     "@configs/smollm2-135m-kv4.25.kv", "@configs/smollm2-135m-kv3.25.kv", "@configs/gemma3-270m-kv4.25.kv",
-    "@configs/gemma3-270m-kv3.25.kv",
+    "@configs/gemma3-270m-kv3.25.kv", "@bench/results/gemma/gemma3-270m-kv4.25-fit512.kv",
+    "@bench/results/gemma/gemma3-270m-kv3.25-fit512.kv",
 };
 
 std::string label_text(const std::string& label) {

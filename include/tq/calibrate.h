@@ -47,11 +47,25 @@ struct AllocInput {
   std::vector<int64_t> cost_k, cost_v;       // cost of one unit at each candidate (integer units)
   int64_t budget = 0;                        // summed cost of all units, K and V, at most this
   std::string suffix;                        // appended to the base K/V of the label, e.g. " ks"
+  // Further measurements of the same units and types (e.g. at other contexts): with them a unit's
+  // value at type t is the weighted sum over all measurements (the one above with `weight`) of
+  // share(u) x kld(t). Empty: the one measurement above, unweighted.
+  struct Measure {
+    std::vector<double> sens_k, sens_v, kld_k, kld_v;
+    double weight = 1;
+  };
+  std::vector<Measure> more;
+  double weight = 1;
+  // A unit's cost at type t is cost x unit_scale[u] (e.g. the tokens its layer holds, in units of
+  // the fewest any layer holds); empty: x 1.
+  std::vector<int64_t> unit_scale;
 };
 struct AllocResult {
   std::string label;                         // "k=K v=V<suffix> layers=UNITS:K/V ..." (KvSpec::to_string)
   std::vector<std::string> k_type, v_type;   // the type of each unit
-  double predicted_kld = 0;
+  double predicted_kld = 0;                  // the minimized sum (weighted when `more` is given)
+  std::vector<double> predicted_each;        // with `more`: the unweighted predicted KLD of each
+                                             // measurement, the first one's first
   int64_t cost = 0;                          // summed cost
 };
 // The knapsack above and the label: base K (V) = the type most units take (ties: the cheaper),
@@ -107,6 +121,10 @@ CalibSensitivity calibrate_measure(const LlamaModel& m, const std::vector<int32_
 // (sliding-window layers hold fewer; this counts them in full). Filled with random keys,
 // values and queries: nothing it counts depends on the values.
 size_t calib_bytes_used(const LlamaConfig& mc, const KvSpec& kv, int n_ctx);
+// The same, but as `tq perplexity` counts a window of n_ctx tokens: sliding-window layers drop
+// what their window has left as the model's forward appends in batches of `ubatch` tokens
+// (LlamaModel's default 512). Equal to calib_bytes_used when n_ctx <= every window.
+size_t calib_bytes_held(const LlamaConfig& mc, const KvSpec& kv, int n_ctx, int ubatch = 512);
 
 struct CalibAllocation {
   AllocResult alloc;
@@ -114,6 +132,11 @@ struct CalibAllocation {
   size_t bytes_used = 0;
   int n_ctx = 0;
   double bits_cheapest = 0; // the cheapest candidate on every head, counted the same way
+  // calibrate_allocate_multi: every context the budget was checked at (the smallest first), the
+  // bits per value the allocation takes there (calib_bytes_held), and each measurement's
+  // predicted KLD (alloc.predicted_each, in the order of the sensitivities given).
+  std::vector<int> check_ctx;
+  std::vector<double> check_bits;
 };
 // Bits per value, everything counted at n_ctx tokens (calib_bytes_used), of the cheapest
 // candidates on every head: the least budget an allocation can meet.
@@ -126,6 +149,16 @@ double calib_cheapest_bits(const LlamaConfig& mc, const std::vector<std::string>
 // tq::Error when bits is below what the cheapest candidates already take.
 CalibAllocation calibrate_allocate(const LlamaConfig& mc, const CalibSensitivity& s, double bits, int n_ctx,
                                    uint64_t seed = 0x5eed);
+
+// Step 2 on sensitivities measured at several contexts (e.g. 512 and 2048 on a model whose
+// global layers see the whole context and the others a window): each unit's value at a type is
+// the sum over the measurements of its predicted KLD there divided by that measurement's
+// predicted KLD with the cheapest candidates everywhere (so each context counts alike, whatever
+// its KLD scale), and the allocation keeps within `bits` at every measured context and at n_ctx,
+// each counted as the cache holds it (calib_bytes_held). One measurement: calibrate_allocate.
+// The measurements must share the model and the candidate types; tq::Error otherwise.
+CalibAllocation calibrate_allocate_multi(const LlamaConfig& mc, const std::vector<CalibSensitivity>& s, double bits,
+                                         int n_ctx, uint64_t seed = 0x5eed);
 
 // Writes a --kv-config file: each of `comments` as a '#' line, then the label with one
 // layers= rule per line. Written to a temporary file and renamed (never half a file); tq::Error when

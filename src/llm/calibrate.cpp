@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <numeric>
 #include <sstream>
 #include <utility>
 
@@ -91,22 +92,52 @@ AllocResult allocate_heads(const AllocInput& in) {
   TQ_CHECK(in.kld_k.size() == in.k_types.size() && in.cost_k.size() == in.k_types.size() &&
                in.kld_v.size() == in.v_types.size() && in.cost_v.size() == in.v_types.size(),
            "allocation: a KLD and a cost for every candidate type");
+  TQ_CHECK(in.unit_scale.empty() || in.unit_scale.size() == (size_t)n_units,
+           "allocation: %zu unit cost scales for %d KV heads", in.unit_scale.size(), n_units);
+  for (int64_t x : in.unit_scale) TQ_CHECK(x >= 1, "allocation: a unit cost scale below 1");
+  // Every measurement: the first (in's own fields) and `more`.
+  std::vector<AllocInput::Measure> ms{{in.sens_k, in.sens_v, in.kld_k, in.kld_v, in.weight}};
+  for (const auto& m : in.more) {
+    TQ_CHECK(m.sens_k.size() == (size_t)n_units && m.sens_v.size() == (size_t)n_units &&
+                 m.kld_k.size() == in.k_types.size() && m.kld_v.size() == in.v_types.size(),
+             "allocation: a further measurement of %zu K and %zu V heads and %zu + %zu types (want %d and %zu + %zu)",
+             m.sens_k.size(), m.sens_v.size(), m.kld_k.size(), m.kld_v.size(), n_units, in.k_types.size(),
+             in.v_types.size());
+    TQ_CHECK(std::isfinite(m.weight) && m.weight > 0, "allocation: a measurement weight that is not > 0");
+    ms.push_back(m);
+  }
+  // value[m][side][u][t]: measurement m's predicted KLD of unit u's side at type t.
+  auto predicted = [&](const AllocInput::Measure& m, int side, int u, size_t t) {
+    const auto& sens = side == 0 ? m.sens_k : m.sens_v;
+    const auto& kld = side == 0 ? m.kld_k : m.kld_v;
+    double tot = 0;
+    for (double x : sens) tot += x;
+    const double share = tot > 0 ? sens[u] / tot : 1.0 / n_units;
+    return share * kld[t];
+  };
   std::vector<std::vector<McOption>> groups;
   for (int side = 0; side < 2; ++side) {
-    const auto& sens = side == 0 ? in.sens_k : in.sens_v;
-    const auto& kld = side == 0 ? in.kld_k : in.kld_v;
     const auto& cost = side == 0 ? in.cost_k : in.cost_v;
-    double tot = 0;
-    for (double s : sens) tot += s;
     for (int u = 0; u < n_units; ++u) {
-      const double share = tot > 0 ? sens[u] / tot : 1.0 / n_units;
+      const int64_t sc = in.unit_scale.empty() ? 1 : in.unit_scale[u];
       std::vector<McOption> og;
-      for (size_t t = 0; t < kld.size(); ++t) og.push_back({share * kld[t], cost[t]});
+      for (size_t t = 0; t < cost.size(); ++t) {
+        double v = 0;
+        if (ms.size() == 1) v = predicted(ms[0], side, u, t);  // unweighted, as before `more`
+        else for (const auto& m : ms) v += m.weight * predicted(m, side, u, t);
+        og.push_back({v, cost[t] * sc});
+      }
       groups.push_back(std::move(og));
     }
   }
   AllocResult r;
   const std::vector<int> pick = solve_mckp(groups, in.budget, &r.predicted_kld, &r.cost);
+  if (ms.size() > 1)
+    for (const auto& m : ms) {
+      double p = 0;
+      for (int u = 0; u < n_units; ++u) p += predicted(m, 0, u, pick[u]) + predicted(m, 1, u, pick[n_units + u]);
+      r.predicted_each.push_back(p);
+    }
   std::vector<int> count_k(in.k_types.size()), count_v(in.v_types.size());
   for (int u = 0; u < n_units; ++u) {
     r.k_type.push_back(in.k_types[pick[u]]);
@@ -272,6 +303,26 @@ size_t calib_bytes_used(const LlamaConfig& mc, const KvSpec& kv, int n_ctx) {
   return cache.bytes_used();
 }
 
+size_t calib_bytes_held(const LlamaConfig& mc, const KvSpec& kv, int n_ctx, int ubatch) {
+  TQ_CHECK(n_ctx >= 1 && ubatch >= 1, "calibrate: context %d, batch %d", n_ctx, ubatch);
+  KvCache cache(kv.resolve(mc, n_ctx));
+  Rng r(0xca1b);
+  const int D = mc.head_dim;
+  const int nb = std::min(ubatch, n_ctx);
+  std::vector<float> q(static_cast<size_t>(nb) * mc.n_heads * D);
+  std::vector<float> k(static_cast<size_t>(nb) * mc.n_kv_heads * D), v(k.size());
+  for (int p0 = 0; p0 < n_ctx; p0 += nb) {
+    const int n = std::min(nb, n_ctx - p0);
+    for (int l = 0; l < mc.n_layers; ++l) {
+      for (auto* buf : {&q, &k, &v})
+        for (float& x : *buf) x = static_cast<float>(r.normal());
+      cache.observe_queries(l, n, q.data(), mc.n_heads);
+      cache.append(l, n, k.data(), v.data());
+    }
+  }
+  return cache.bytes_used();
+}
+
 namespace {
 // Bytes of one stream per 32 tokens once quantized (KvCache::bytes_per_token's unit, x 32).
 int64_t block_cost(const std::string& t, int head_dim) {
@@ -351,6 +402,122 @@ CalibAllocation calibrate_allocate(const LlamaConfig& mc, const CalibSensitivity
     if (static_cast<double>(out.bytes_used) <= allowed) return out;
     TQ_CHECK(cap > base_cost, "calibrate: no allocation fits %g bits per value", bits);
     fixed = static_cast<double>(out.bytes_used) - n_ctx * static_cast<double>(out.alloc.cost) / 32.0;
+  }
+  TQ_CHECK(false, "calibrate: no allocation within %g bits per value found", bits);
+  return out;
+}
+
+CalibAllocation calibrate_allocate_multi(const LlamaConfig& mc, const std::vector<CalibSensitivity>& ss, double bits,
+                                         int n_ctx, uint64_t seed) {
+  TQ_CHECK(!ss.empty(), "calibrate: no measured sensitivities");
+  const CalibSensitivity& s0 = ss[0];
+  for (const CalibSensitivity& s : ss) {
+    TQ_CHECK(s.n_layers == mc.n_layers && s.n_kv_heads == mc.n_kv_heads && s.head_dim == mc.head_dim,
+             "calibrate: the sensitivities at ctx %d are of a model with %d layers x %d KV heads of %d dims, this one "
+             "has %d x %d of %d", s.n_ctx, s.n_layers, s.n_kv_heads, s.head_dim, mc.n_layers, mc.n_kv_heads,
+             mc.head_dim);
+    TQ_CHECK(s.n_scored > 0 && !s.sens_k.empty(), "calibrate: no measured sensitivities at ctx %d", s.n_ctx);
+    TQ_CHECK(s.k_types == s0.k_types && s.v_types == s0.v_types && s.protect == s0.protect,
+             "calibrate: the sensitivities at ctx %d and ctx %d were measured with different candidate types or "
+             "protection (measure both with the same --k-types, --v-types, --protect)", s0.n_ctx, s.n_ctx);
+  }
+  TQ_CHECK(std::isfinite(bits) && bits > 0, "calibrate: bits per value %g is not > 0", bits);
+  TQ_CHECK(n_ctx >= 1, "calibrate: context %d", n_ctx);
+  const int D = mc.head_dim;
+  const std::string suffix = s0.protect.empty() ? "" : " " + s0.protect;
+  const size_t ck = cheapest(s0.k_types, D), cv = cheapest(s0.v_types, D);
+  AllocInput in;
+  in.n_layers = mc.n_layers;
+  in.n_kv_heads = mc.n_kv_heads;
+  in.sens_k = s0.sens_k;
+  in.sens_v = s0.sens_v;
+  in.k_types = s0.k_types;
+  in.v_types = s0.v_types;
+  in.kld_k = s0.kld_k;
+  in.kld_v = s0.kld_v;
+  for (const auto& t : s0.k_types) in.cost_k.push_back(block_cost(t, D));
+  for (const auto& t : s0.v_types) in.cost_v.push_back(block_cost(t, D));
+  in.suffix = suffix;
+  if (ss.size() > 1) {
+    // Each measurement relative to its predicted KLD with the cheapest types everywhere.
+    auto w_of = [&](const CalibSensitivity& s) {
+      const double base = s.kld_k[ck] + s.kld_v[cv];
+      TQ_CHECK(std::isfinite(base) && base > 0, "calibrate: the cheapest types' KLD at ctx %d is not > 0", s.n_ctx);
+      return 1.0 / base;
+    };
+    in.weight = w_of(s0);
+    for (size_t i = 1; i < ss.size(); ++i)
+      in.more.push_back({ss[i].sens_k, ss[i].sens_v, ss[i].kld_k, ss[i].kld_v, w_of(ss[i])});
+  }
+  // The contexts the budget holds at: every measured one and n_ctx; the knapsack counts bytes at
+  // the smallest, where a layer holds min(ctx, its window) tokens.
+  std::vector<int> ctxs{n_ctx};
+  for (const auto& s : ss) ctxs.push_back(s.n_ctx);
+  std::sort(ctxs.begin(), ctxs.end());
+  ctxs.erase(std::unique(ctxs.begin(), ctxs.end()), ctxs.end());
+  const int c0 = ctxs.front();
+  std::vector<int64_t> held(mc.n_layers);
+  int64_t g = 0;
+  for (int l = 0; l < mc.n_layers; ++l) {
+    held[l] = mc.layer_is_swa(l) ? std::min(c0, mc.sliding_window) : c0;
+    g = std::gcd(g, held[l]);
+  }
+  const int64_t n_units = static_cast<int64_t>(mc.n_layers) * mc.n_kv_heads;
+  int64_t scale_sum = 0;
+  for (int64_t u = 0; u < n_units; ++u) {
+    in.unit_scale.push_back(held[u / mc.n_kv_heads] / g);
+    scale_sum += in.unit_scale.back();
+  }
+  const double values_per_token = 2.0 * mc.n_layers * mc.n_kv_heads * D;
+  auto allowed_at = [&](int c) { return std::floor(bits * values_per_token * c / 8.0 + 1e-9); };
+  auto bits_at = [&](size_t bytes, int c) { return 8.0 * static_cast<double>(bytes) / (values_per_token * c); };
+  CalibAllocation out;
+  out.n_ctx = n_ctx;
+  const KvSpec cheap = label_kv(s0.k_types[ck] + "/" + s0.v_types[cv] + suffix, seed);
+  for (int c : ctxs) {
+    const size_t b = calib_bytes_held(mc, cheap, c);
+    if (c == n_ctx) out.bits_cheapest = bits_at(b, c);
+    TQ_CHECK(static_cast<double>(b) <= allowed_at(c),
+             "--bits %g is below the cheapest candidates (K %s, V %s on every head): %.4f bits per value, everything "
+             "counted at ctx %d", bits, s0.k_types[ck].c_str(), s0.v_types[cv].c_str(), bits_at(b, c), c);
+  }
+  // Bytes at c0 = fixed + g / 32 x (summed unit cost x scale); the fixed part (sinks, means,
+  // scales) from the cheapest allocation first, then from each allocation that did not fit.
+  const int64_t base_cost = scale_sum * (in.cost_k[ck] + in.cost_v[cv]);
+  double fixed = static_cast<double>(calib_bytes_held(mc, cheap, c0)) - g * static_cast<double>(base_cost) / 32.0;
+  int64_t cap = std::numeric_limits<int64_t>::max();
+  for (int iter = 0; iter < 256; ++iter) {
+    const int64_t want = static_cast<int64_t>(std::floor((allowed_at(c0) - fixed) * 32.0 / g + 1e-9));
+    cap = std::max(base_cost, std::min(want, cap == std::numeric_limits<int64_t>::max() ? want : cap - 1));
+    in.budget = cap;
+    out.alloc = allocate_heads(in);
+    const KvSpec kv = label_kv(out.alloc.label, seed);
+    out.check_ctx.clear();
+    out.check_bits.clear();
+    double worst = 1;  // the largest bytes / allowed over the contexts
+    bool first_over = false;
+    for (int c : ctxs) {
+      const size_t b = calib_bytes_held(mc, kv, c);
+      out.check_ctx.push_back(c);
+      out.check_bits.push_back(bits_at(b, c));
+      if (c == n_ctx) {
+        out.bytes_used = b;
+        out.bits_all = bits_at(b, c);
+      }
+      worst = std::max(worst, static_cast<double>(b) / allowed_at(c));
+      if (c == c0 && static_cast<double>(b) > allowed_at(c)) {
+        first_over = true;
+        fixed = static_cast<double>(b) - g * static_cast<double>(out.alloc.cost) / 32.0;
+      }
+    }
+    if (worst <= 1) {
+      if (ss.size() == 1) out.alloc.predicted_each = {out.alloc.predicted_kld};
+      return out;
+    }
+    TQ_CHECK(cap > base_cost, "calibrate: no allocation fits %g bits per value", bits);
+    // Over at a larger context only: shrink the cap by the overshoot (at least one unit).
+    if (!first_over) cap = std::max(base_cost + 1, cap - std::max<int64_t>(0, static_cast<int64_t>(
+                                                            std::ceil((cap - base_cost) * (1 - 1 / worst)))) + 1);
   }
   TQ_CHECK(false, "calibrate: no allocation within %g bits per value found", bits);
   return out;

@@ -2,6 +2,7 @@
 // writes it as a --kv-config file (include/tq/calibrate.h has the method).
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -145,7 +146,9 @@ void setup(CLI::App& app) {
   auto bits = std::make_shared<double>(0);
   auto chunks = std::make_shared<int>(8);
   auto save_sens = std::make_shared<std::string>();
-  auto sens = std::make_shared<std::string>();
+  auto sens = std::make_shared<std::vector<std::string>>();
+  auto long_ctx = std::make_shared<std::string>();
+  auto long_chunks = std::make_shared<int>(1);
   auto k_types = std::make_shared<std::string>();
   auto v_types = std::make_shared<std::string>();
   auto probe_k = std::make_shared<std::string>("tq2h5n8");
@@ -158,7 +161,15 @@ void setup(CLI::App& app) {
   s->add_option("-f,--file", *file, "calibration text (not your evaluation text)");
   s->add_option("--chunks", *chunks, "windows of -c tokens of calibration text (0 = all)")->capture_default_str();
   s->add_option("--save-sens", *save_sens, "also write the measured sensitivities (JSON) to this file");
-  s->add_option("--sens", *sens, "sensitivities from --save-sens: skip the measuring (no -f needed)");
+  s->add_option("--sens", *sens,
+                "sensitivities from --save-sens: skip the measuring (no -f needed); several files (e.g. one at -c 512 "
+                "and one at 2048) are fitted to together, as --long-ctx does");
+  s->add_option("--long-ctx", *long_ctx,
+                "also measure at these longer contexts (comma-separated, e.g. 2048) and fit one allocation to all: "
+                "each context's predicted KLD relative to the cheapest types' there, summed, within --bits counted "
+                "at every context as the cache holds it (sliding-window layers hold their window); for models whose "
+                "global layers see more tokens at long context than at -c");
+  s->add_option("--long-chunks", *long_chunks, "windows of calibration text at each --long-ctx")->capture_default_str();
   s->add_option("--k-types", *k_types, "candidate K types, comma-separated (default: " +
                 [] { std::string x; for (auto& t : tq::default_calib_k_types()) x += (x.empty() ? "" : ",") + t; return x; }() +
                 ", those the model's head_dim supports)");
@@ -166,9 +177,11 @@ void setup(CLI::App& app) {
                 [] { std::string x; for (auto& t : tq::default_calib_v_types()) x += (x.empty() ? "" : ",") + t; return x; }() + ")");
   s->add_option("--probe-k", *probe_k, "the K type each head is probed with")->capture_default_str();
   s->add_option("--probe-v", *probe_v, "the V type each head is probed with")->capture_default_str();
-  s->add_option("--protect", *protect,
+  auto* protect_opt = s->add_option("--protect", *protect,
                 "protection tokens after the base K/V of the label (e.g. 'ks', 'plain ks', 's1 ck cs512 cr ks'); "
-                "the probes use the same, spelled out")
+                "the probes use the same, spelled out. With --sens: the measured protection, to which only "
+                "trellis codes ('ks tc') may be added (the same bytes; the label gets them, the sensitivities stay "
+                "those of the codes measured)")
       ->capture_default_str();
   s->add_option("--kv-seed", *seed, "seed of the cache rotations")->capture_default_str();
   s->callback([=] {
@@ -180,15 +193,42 @@ void setup(CLI::App& app) {
     TQ_CHECK(*chunks >= 0, "--chunks must be >= 0, got %d", *chunks);
     TQ_CHECK(!sens->empty() || !file->empty(),
              "no calibration text: give -f FILE (text that is not your evaluation text), or --sens FILE");
-    TQ_CHECK(sens->empty() || (file->empty() && k_types->empty() && v_types->empty()),
-             "--sens reuses measured sensitivities: -f, --k-types and --v-types do not apply with it");
+    TQ_CHECK(sens->empty() || (file->empty() && k_types->empty() && v_types->empty() && long_ctx->empty()),
+             "--sens reuses measured sensitivities: -f, --k-types, --v-types and --long-ctx do not apply with it");
+    TQ_CHECK(*long_chunks >= 1, "--long-chunks must be >= 1, got %d", *long_chunks);
+    std::vector<int> longs;
+    for (const auto& t : split_list(*long_ctx)) {
+      int c = 0;
+      size_t used = 0;
+      try {
+        c = std::stoi(t, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      TQ_CHECK(used == t.size() && used > 0, "--long-ctx '%s': not a context in tokens", t.c_str());
+      TQ_CHECK(c > o->ctx, "--long-ctx %d must be more than -c %d", c, o->ctx);
+      TQ_CHECK(std::find(longs.begin(), longs.end(), c) == longs.end(), "--long-ctx %d given twice", c);
+      longs.push_back(c);
+    }
+    auto sens_path_at = [&](int c) {  // --save-sens for a --long-ctx context: NAME.cCTX.json
+      const std::filesystem::path p(*save_sens);
+      return (p.parent_path() / (p.stem().string() + ".c" + std::to_string(c) + p.extension().string())).string();
+    };
     check_writable(*out, "output");
-    if (!save_sens->empty()) check_writable(*save_sens, "--save-sens");
+    if (!save_sens->empty()) {
+      check_writable(*save_sens, "--save-sens");
+      for (int c : longs) check_writable(sens_path_at(c), "--save-sens");
+    }
     std::string text_name = *file;
-    tq::CalibSensitivity sv;
+    std::vector<tq::CalibSensitivity> svs;  // the -c measurement first, then each --long-ctx
     std::string text;
-    if (!sens->empty()) sv = read_sens(*sens, &text_name);
-    else text = tq::read_text_file(*file);
+    for (const auto& p : *sens) {
+      std::string name;
+      svs.push_back(read_sens(p, &name));
+      if (svs.size() == 1) text_name = name;
+      else if (name != text_name) text_name += " + " + name;
+    }
+    if (sens->empty()) text = tq::read_text_file(*file);
     tq::calib_protection(*protect, *seed);  // a bad --protect fails before the model loads
     auto L = tq::cli::load_model(*o);
     const tq::LlamaConfig& mc = L->model.config();
@@ -219,13 +259,20 @@ void setup(CLI::App& app) {
       const double least = tq::calib_cheapest_bits(mc, co.k_types, co.v_types, co.protect, co.n_ctx, co.seed);
       TQ_CHECK(least <= *bits, "--bits %g is below the cheapest candidates: %.4f bits per value, everything counted at ctx %d",
                *bits, least, co.n_ctx);
+      for (int c : longs) {
+        const double lb = tq::calib_cheapest_bits(mc, co.k_types, co.v_types, co.protect, c, co.seed);
+        TQ_CHECK(lb <= *bits, "--bits %g is below the cheapest candidates: %.4f bits per value, everything counted "
+                 "at ctx %d", *bits, lb, c);
+      }
       const std::vector<int32_t> tokens = L->tok.encode_with_bos(text);
-      TQ_CHECK(tokens.size() >= static_cast<size_t>(co.n_ctx),
-               "calibration text '%s' has %zu tokens, fewer than one window of %d (-c)", file->c_str(), tokens.size(),
-               co.n_ctx);
+      const int max_ctx = longs.empty() ? co.n_ctx : *std::max_element(longs.begin(), longs.end());
+      TQ_CHECK(tokens.size() >= static_cast<size_t>(max_ctx),
+               "calibration text '%s' has %zu tokens, fewer than one window of %d (%s)", file->c_str(), tokens.size(),
+               max_ctx, longs.empty() ? "-c" : "--long-ctx");
       std::unique_ptr<tq::cli::Progress> pb;
+      std::string pb_name = "calibrate";
       co.progress = [&](size_t d, size_t t) {
-        if (!pb) pb = std::make_unique<tq::cli::Progress>("calibrate", t);
+        if (!pb) pb = std::make_unique<tq::cli::Progress>(pb_name.c_str(), t);
         pb->update(d);
       };
       co.stop = [] { return g_interrupted != 0; };
@@ -234,30 +281,66 @@ void setup(CLI::App& app) {
       sa.sa_handler = on_sigint;
       sigemptyset(&sa.sa_mask);
       sigaction(SIGINT, &sa, &old);
-      try {
-        sv = tq::calibrate_measure(L->model, tokens, co);
-      } catch (...) {
-        sigaction(SIGINT, &old, nullptr);
-        throw;
+      std::vector<int> ctxs{co.n_ctx};
+      ctxs.insert(ctxs.end(), longs.begin(), longs.end());
+      bool stopped = false;
+      std::string stop_at;  // where the interruption came: "ctx N (W of R windows)"
+      for (size_t i = 0; i < ctxs.size() && !stopped; ++i) {
+        tq::CalibOptions ci = co;
+        ci.n_ctx = ctxs[i];
+        if (i > 0) ci.n_chunks = *long_chunks;
+        pb.reset();
+        pb_name = i == 0 ? "calibrate" : "calibrate c" + std::to_string(ctxs[i]);
+        tq::CalibSensitivity one;
+        try {
+          one = tq::calibrate_measure(L->model, tokens, ci);
+        } catch (...) {
+          sigaction(SIGINT, &old, nullptr);
+          throw;
+        }
+        if (pb) pb->finish();
+        stopped = !one.complete();
+        if (stopped)
+          stop_at = "ctx " + std::to_string(ctxs[i]) + " (" + std::to_string(one.windows) + " of " +
+                    std::to_string(one.windows_requested) + " windows)";
+        if (one.windows > 0) svs.push_back(std::move(one));
       }
       sigaction(SIGINT, &old, nullptr);
-      if (pb) pb->finish();
-      if (!sv.complete()) {
-        TQ_CHECK(sv.windows > 0, "interrupted before the first window was measured: nothing written");
-        const std::string part = *out + ".partial", part_sens = *out + ".partial.sens.json";
-        write_json_file(part_sens, sens_json(sv, model, text_name));
-        const tq::CalibAllocation a = tq::calibrate_allocate(mc, sv, *bits, co.n_ctx, co.seed);
-        tq::write_kv_config_file(part, {"PARTIAL: interrupted after " + std::to_string(sv.windows) + " of " +
-                                            std::to_string(sv.windows_requested) + " calibration windows",
+      if (stopped) {
+        TQ_CHECK(!svs.empty(), "interrupted before the first window was measured: nothing written");
+        const std::string part = *out + ".partial";
+        std::string names;
+        for (size_t i = 0; i < svs.size(); ++i) {
+          const std::string ps = *out + ".partial" + (i == 0 ? "" : ".c" + std::to_string(svs[i].n_ctx)) + ".sens.json";
+          write_json_file(ps, sens_json(svs[i], model, text_name));
+          names += (names.empty() ? "" : " --sens ") + ps;
+        }
+        const tq::CalibAllocation a = svs.size() == 1 ? tq::calibrate_allocate(mc, svs[0], *bits, co.n_ctx, co.seed)
+                                                      : tq::calibrate_allocate_multi(mc, svs, *bits, co.n_ctx, co.seed);
+        tq::write_kv_config_file(part, {"PARTIAL: interrupted during the calibration at " + stop_at,
                                         "  " + command_line()},
                                  a.alloc.label);
-        TQ_CHECK(false, "interrupted after %d of %d windows: the allocation from them is in %s, the sensitivities in %s "
-                 "(finish with --sens %s)", sv.windows, sv.windows_requested, part.c_str(), part_sens.c_str(),
-                 part_sens.c_str());
+        TQ_CHECK(false, "interrupted: the allocation from what was measured is in %s, the sensitivities in %s "
+                 "(finish with --sens %s)", part.c_str(), names.c_str(), names.c_str());
       }
     }
-    if (!save_sens->empty()) write_json_file(*save_sens, sens_json(sv, model, text_name));
-    const tq::CalibAllocation a = tq::calibrate_allocate(mc, sv, *bits, o->ctx, co.seed);
+    if (!save_sens->empty())
+      for (size_t i = 0; i < svs.size(); ++i)
+        write_json_file(i == 0 ? *save_sens : sens_path_at(svs[i].n_ctx), sens_json(svs[i], model, text_name));
+    // --protect with --sens: the measured protection, with trellis codes added at most.
+    const std::string measured_protect = svs[0].protect;
+    if (!sens->empty() && protect_opt->count() > 0 && *protect != measured_protect) {
+      tq::KvSpec want = tq::calib_protection(*protect, *seed), had = tq::calib_protection(measured_protect, *seed);
+      const bool adds_trellis = want.trellis && !had.trellis;
+      want.trellis = had.trellis = false;
+      TQ_CHECK(want == had && adds_trellis,
+               "--protect '%s' with --sens: the sensitivities were measured with '%s'; only trellis codes ('%s tc') "
+               "may be added to it", protect->c_str(), measured_protect.c_str(), measured_protect.c_str());
+      for (auto& x : svs) x.protect = *protect;
+    }
+    const tq::CalibSensitivity& sv = svs[0];
+    const tq::CalibAllocation a = svs.size() == 1 ? tq::calibrate_allocate(mc, sv, *bits, o->ctx, co.seed)
+                                                  : tq::calibrate_allocate_multi(mc, svs, *bits, o->ctx, co.seed);
     char line[512];
     std::vector<std::string> comments;
     std::snprintf(line, sizeof line, "%s: %d layers x %d KV heads of %d dims; per-KV-head cache types at <= %g bits",
@@ -268,13 +351,39 @@ void setup(CLI::App& app) {
                   "per value, everything counted (%.4f at ctx %d: sinks, centring means, K scales included), fitted by",
                   a.bits_all, a.n_ctx);
     comments.push_back(line);
-    std::snprintf(line, sizeof line, "`tq calibrate` on %s (%d window%s of %d tokens, %zu scored; f16 perplexity %.4f there).",
-                  text_name.c_str(), sv.windows, sv.windows == 1 ? "" : "s", sv.n_ctx, sv.n_scored, sv.ppl_ref);
-    comments.push_back(line);
-    std::snprintf(line, sizeof line,
-                  "Predicted KLD vs f16 %.6g (one-head sensitivities, probes K %s / V %s, x whole-model type KLDs).",
-                  a.alloc.predicted_kld, sv.probe_k.c_str(), sv.probe_v.c_str());
-    comments.push_back(line);
+    if (svs.size() == 1) {
+      std::snprintf(line, sizeof line, "`tq calibrate` on %s (%d window%s of %d tokens, %zu scored; f16 perplexity %.4f there).",
+                    text_name.c_str(), sv.windows, sv.windows == 1 ? "" : "s", sv.n_ctx, sv.n_scored, sv.ppl_ref);
+      comments.push_back(line);
+      std::snprintf(line, sizeof line,
+                    "Predicted KLD vs f16 %.6g (one-head sensitivities, probes K %s / V %s, x whole-model type KLDs).",
+                    a.alloc.predicted_kld, sv.probe_k.c_str(), sv.probe_v.c_str());
+      comments.push_back(line);
+    } else {
+      std::snprintf(line, sizeof line, "`tq calibrate` on %s at %zu contexts together (the sum of each one's predicted KLD",
+                    text_name.c_str(), svs.size());
+      comments.push_back(line);
+      comments.push_back("relative to the cheapest types' there, the budget kept at each, as the cache holds it):");
+      for (size_t i = 0; i < svs.size(); ++i) {
+        double bits_there = 0;
+        for (size_t j = 0; j < a.check_ctx.size(); ++j)
+          if (a.check_ctx[j] == svs[i].n_ctx) bits_there = a.check_bits[j];
+        std::snprintf(line, sizeof line,
+                      "  ctx %d: %d window%s, %zu scored, f16 perplexity %.4f; predicted KLD %.6g; %.4f bits per value",
+                      svs[i].n_ctx, svs[i].windows, svs[i].windows == 1 ? "" : "s", svs[i].n_scored, svs[i].ppl_ref,
+                      a.alloc.predicted_each[i], bits_there);
+        comments.push_back(line);
+      }
+      std::snprintf(line, sizeof line, "(one-head sensitivities, probes K %s / V %s, x whole-model type KLDs).",
+                    sv.probe_k.c_str(), sv.probe_v.c_str());
+      comments.push_back(line);
+    }
+    if (sv.protect != measured_protect) {
+      std::snprintf(line, sizeof line,
+                    "Written with protection '%s' (trellis codes: the same bytes); the sensitivities were measured "
+                    "with '%s'.", sv.protect.c_str(), measured_protect.c_str());
+      comments.push_back(line);
+    }
     comments.push_back("On another model its LAYER.HEAD entries are wrong or out of range: run tq calibrate for it.");
     comments.push_back("Written by:");
     comments.push_back("  " + command_line());
@@ -286,19 +395,49 @@ void setup(CLI::App& app) {
       for (size_t u = 0; u < a.alloc.k_type.size(); ++u)
         units.push_back({{"layer", u / mc.n_kv_heads}, {"head", u % mc.n_kv_heads}, {"k", a.alloc.k_type[u]},
                          {"v", a.alloc.v_type[u]}, {"sens_k", sv.sens_k[u]}, {"sens_v", sv.sens_v[u]}});
+      nlohmann::json contexts = nlohmann::json::array();
+      double measure_s = 0;
+      for (size_t i = 0; i < svs.size(); ++i) {
+        measure_s += svs[i].seconds;
+        nlohmann::json cj = {{"ctx", svs[i].n_ctx}, {"windows", svs[i].windows}, {"scored_tokens", svs[i].n_scored},
+                             {"ppl_f16", svs[i].ppl_ref}, {"seconds_measure", svs[i].seconds}};
+        if (!a.alloc.predicted_each.empty()) cj["predicted_kld"] = a.alloc.predicted_each[i];
+        contexts.push_back(cj);
+      }
+      nlohmann::json checks = nlohmann::json::array();
+      for (size_t j = 0; j < a.check_ctx.size(); ++j)
+        checks.push_back({{"ctx", a.check_ctx[j]}, {"bits_per_value_all", a.check_bits[j]}});
       tq::cli::print_json({{"model", model}, {"file", text_name}, {"out", *out}, {"bits", *bits},
+                           {"contexts", contexts}, {"budget_checks", checks},
                            {"bits_per_value_all", a.bits_all}, {"kv_bytes_used", a.bytes_used}, {"ctx", a.n_ctx},
                            {"bits_cheapest", a.bits_cheapest}, {"windows", sv.windows}, {"scored_tokens", sv.n_scored},
-                           {"ppl_f16", sv.ppl_ref}, {"predicted_kld", a.alloc.predicted_kld}, {"label", a.alloc.label},
-                           {"seconds_measure", sens->empty() ? sv.seconds : 0.0}, {"seconds", wall},
-                           {"cpu_seconds", cpu}, {"threads", L->model.threads()}, {"sens_from", *sens},
+                           {"ppl_f16", sv.ppl_ref}, {"predicted_kld", a.alloc.predicted_each.empty() ? a.alloc.predicted_kld : a.alloc.predicted_each[0]},
+                           {"objective", a.alloc.predicted_kld}, {"label", a.alloc.label},
+                           {"seconds_measure", sens->empty() ? measure_s : 0.0}, {"seconds", wall},
+                           {"cpu_seconds", cpu}, {"threads", L->model.threads()}, {"sens_from", sens->empty() ? std::string() : (*sens)[0]}, {"sens_files", *sens},
                            {"units", units}});
       return;
     }
-    std::printf("%s: %s\n  %.4f bits per value everything counted at ctx %d (budget %g), predicted KLD %.5f\n"
+    std::string pred;
+    char one[96];
+    if (svs.size() == 1) {
+      std::snprintf(one, sizeof one, "%.5f", a.alloc.predicted_kld);
+      pred = one;
+    } else {
+      for (size_t i = 0; i < svs.size(); ++i) {
+        std::snprintf(one, sizeof one, "%s%.5f at ctx %d", i ? ", " : "", a.alloc.predicted_each[i], svs[i].n_ctx);
+        pred += one;
+      }
+      for (size_t j = 0; j < a.check_ctx.size(); ++j)
+        if (a.check_ctx[j] != a.n_ctx) {
+          std::snprintf(one, sizeof one, "; %.4f bits at ctx %d", a.check_bits[j], a.check_ctx[j]);
+          pred += one;
+        }
+    }
+    std::printf("%s: %s\n  %.4f bits per value everything counted at ctx %d (budget %g), predicted KLD %s\n"
                 "  %.1f s (%.1f s CPU)\n",
-                out->c_str(), tq::short_label(a.alloc.label, 72).c_str(), a.bits_all, a.n_ctx, *bits,
-                a.alloc.predicted_kld, wall, cpu);
+                out->c_str(), tq::short_label(a.alloc.label, 72).c_str(), a.bits_all, a.n_ctx, *bits, pred.c_str(),
+                wall, cpu);
   });
 }
 
