@@ -814,14 +814,21 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
                   I.centroids.data(), I.d, 0.0f, cs.data(), L);
 #pragma omp parallel num_threads(threads)
       {
-        std::vector<std::pair<float, uint32_t>> rank(LL);
+        // The np best lists by (score desc, list asc): one pass with a min-heap of np (a list
+        // enters only when strictly better than the worst kept, so among equal scores the
+        // lower list index stays), then sorted; the same lists and order as a partial sort.
+        std::vector<float> v(LL);
+        TopR best;
 #pragma omp for schedule(static)
         for (size_t i = 0; i < m; ++i) {
           const float* si = cs.data() + i * LL;
+          if (ip) std::memcpy(v.data(), si, LL * sizeof(float));
+          else
+            for (size_t l = 0; l < LL; ++l) v[l] = 2.f * si[l] - I.cnorm2[l];
+          best.reset(np);
           for (size_t l = 0; l < LL; ++l)
-            rank[l] = {ip ? si[l] : 2.f * si[l] - I.cnorm2[l], static_cast<uint32_t>(l)};
-          std::partial_sort(rank.begin(), rank.begin() + static_cast<std::ptrdiff_t>(np), rank.end(),
-                            [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+            if (v[l] > best.threshold || best.h.size() < np) best.push(v[l], static_cast<uint32_t>(l));
+          const auto rank = best.sorted();
           for (size_t j = 0; j < np; ++j) {
             const uint32_t l = rank[j].second;
             probes[(q0 + i) * np + j] = l;
