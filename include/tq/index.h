@@ -20,8 +20,9 @@
 // (4 bits per group: one 4-bit channel, two 2-bit channels or four 1-bit channels; a 3-bit
 // channel uses a 16-entry table with 8 live entries) are quantized to uint8 and scanned
 // with SIMD byte shuffles over blocks of 32 vectors ("fast scan"); the best `rerank`
-// candidates are then re-scored with the exact float LUT (still from codes), optionally
-// followed by an exact re-rank with full vectors when they are kept (keep_vectors).
+// candidates are then re-scored with the exact float LUT (still from codes), or, for an IVF
+// index with a second-stage code (rerank_bits), with that wider code of the same residual;
+// optionally followed by an exact re-rank with full vectors when they are kept (keep_vectors).
 // Widths above 4 bits per channel use float LUTs (no fast scan).
 //
 // Scores returned: inner product (ip), cosine similarity (cosine) — higher is nearer — or
