@@ -955,6 +955,31 @@ TEST(IvfRerank, SaveLoadRoundTripIncrementalAddAndBytes) {
   EXPECT_EQ(slurp(t.path("v2.tqi"))[8], 2);
 }
 
+// Files written before the second stage existed (tests/data, saved by `tq index build` of the
+// build just before it: a flat version-1 file, 2.5 bits cosine --center --fit-scale, and an
+// IVF version-2 file, 4 lists, 4 bits l2 --keep-vectors, 200 vectors of d = 8) still load,
+// search, and are written back byte for byte.
+TEST(IvfRerank, FilesOfEarlierBuildsStillLoad) {
+  TempDir t;
+  const std::string dir = std::string(TQ_SOURCE_DIR) + "/tests/data/";
+  for (const char* name : {"index_flat_v1_2p5b.tqi", "index_ivf_v2_l2_4b.tqi"}) {
+    const auto before = slurp(dir + name);
+    ASSERT_GT(before.size(), 128u) << name;
+    auto idx = tq::Index::load(dir + name);
+    EXPECT_EQ(idx.size(), 200u) << name;
+    EXPECT_EQ(idx.dim(), 8) << name;
+    EXPECT_EQ(idx.config().rerank_bits, 0) << name;
+    EXPECT_EQ(before[8], idx.nlist() > 0 ? 2 : 1) << name;
+    auto q = make_data(5, 8, 171);
+    tq::SearchParams p;
+    p.nprobe = idx.nlist() > 0 ? 2 : 1;
+    auto r = run(idx, q, 5, p);
+    for (int64_t id : r.id) EXPECT_TRUE(id >= 0 && id < 200) << name;
+    idx.save(t.path("again.tqi"));
+    EXPECT_EQ(slurp(t.path("again.tqi")), before) << name;
+  }
+}
+
 TEST(IvfRerank, BadConfigAndCorruptFilesRejected) {
   auto expect_msg = [](auto&& f, const char* needle) {
     try {
