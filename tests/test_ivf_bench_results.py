@@ -74,6 +74,19 @@ check(t1["memory_bytes_per_vector"] < 0.4 * rf["memory_bytes_per_vector"], "1M: 
 check(t1["memory_bytes_per_vector"] > sq["memory_bytes_per_vector"], "1M: tq more bytes than SQ8 refine as counted")
 for fam in ("faiss-ivfrabitqfs", "faiss-ivfpqfs"):
     check(max(p["recall_10_at_10"] for p in mb[fam]["points"]) < 0.9, f"1M: {fam} below 0.9")
+# The second 1M run: tq --rerank-bits 6 (fewer bytes than the SQ8 refine) is slower than it at 0.9.
+m6 = json.load(open(os.path.join(ROOT, "bench", "results", "ivf", "glove1m_rerank6", "results.json")))
+b6 = {r["family"]: r for r in m6["results"]}
+t6, sq6 = b6["tq-ivf"], b6["faiss-ivfpqfs-refine-sq8"]
+check("--rerank-bits 6" in t6["cmd"], "1M run 2: tq with the 6-bit second stage")
+check(t6["memory_bytes_per_vector"] < sq6["memory_bytes_per_vector"], "1M run 2: tq fewer bytes than SQ8 refine")
+q6, qs6 = qps_at(t6["points"], 0.9), qps_at(sq6["points"], 0.9)
+check(q6 is not None and qs6 is not None and 0.8 <= q6 / qs6 < 1.0, "1M run 2: tq 0.8-1.0x SQ8 refine at 0.9 (0.88x)")
+for r in m6["results"]:
+    s6 = m6["summary"][r["method"]]
+    w = qps_at(r["points"], 0.9)
+    check((w is None and s6["qps_at_r10_0p9"] is None) or abs(w - s6["qps_at_r10_0p9"]) < 1e-6,
+          f"1M run 2 {r['method']}: summary qps at 0.9")
 if failures:
     sys.exit(f"{len(failures)} failure(s)")
 print("ok")
