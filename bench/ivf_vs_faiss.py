@@ -99,15 +99,19 @@ def faiss_kmeans(args, ds, nlist):
     return km.centroids.copy(), t
 
 
-def faiss_curve(args, ds, label, family, make, sweep, set_param, bytes_per_vector, extra_build_s=0.0):
+def faiss_curve(args, ds, label, family, make, sweep, set_param, bytes_per_vector, extra_build_s=0.0, keep=False):
+    """make(d) -> a new index (trained and filled here), or a built index when it has ntotal > 0
+    (extra_build_s is then its whole build time). keep: return (curve, index) instead of
+    deleting the index, so that a refine stage can wrap it."""
     import faiss
     faiss.omp_set_num_threads(args.threads)
     xb, xq = faiss_data(ds)
     t0 = time.perf_counter()
     ix = make(xb.shape[1])
-    if not ix.is_trained:
-        ix.train(xb)
-    ix.add(xb)
+    if ix.ntotal == 0:
+        if not ix.is_trained:
+            ix.train(xb)
+        ix.add(xb)
     build = time.perf_counter() - t0 + extra_build_s
     pts = []
     for v in sweep:
@@ -116,10 +120,13 @@ def faiss_curve(args, ds, label, family, make, sweep, set_param, bytes_per_vecto
         pts.append(dict(param=f"{v}", qps=len(xq) / ts, recall_10_at_10=r10_of(ids, ds["gt"]),
                         recall_1_at_1=float(np.mean(ids[:, 0] == ds["gt"][:, 0]))))
     bpv = bytes_per_vector(ix) if callable(bytes_per_vector) else bytes_per_vector
-    print(f"  {label}: build {build:.1f}s (shared k-means {extra_build_s:.1f}s included)", file=sys.stderr, flush=True)
+    print(f"  {label}: build {build:.1f}s (shared k-means or base build {extra_build_s:.1f}s included)", file=sys.stderr, flush=True)
+    cur = dict(method=label, family=family, build_s=build, kmeans_s=extra_build_s, memory_bytes_per_vector=bpv,
+               points=pts, cmd="faiss " + faiss.__version__, load_avg_after=os.getloadavg())
+    if keep:
+        return cur, ix
     del ix
-    return dict(method=label, family=family, build_s=build, kmeans_s=extra_build_s, memory_bytes_per_vector=bpv,
-                points=pts, cmd="faiss " + faiss.__version__, load_avg_after=os.getloadavg())
+    return cur
 
 
 def qps_at(points, target):
@@ -187,6 +194,11 @@ def main():
                     help="train one FAISS coarse k-means and give it to every FAISS IVF (its time added to each)")
     ap.add_argument("--refine-k-factor", type=int, default=0,
                     help="also FAISS IVF-PQ fast scan + IndexRefineFlat re-ranking k * this many candidates")
+    ap.add_argument("--refine-sq8", action="store_true",
+                    help="with --refine-k-factor: also IVF-PQ fast scan + IndexRefine(IndexScalarQuantizer QT_8bit), "
+                         "the byte-equivalent of an 8-bit second stage. The refine variants wrap the one built "
+                         "IVF-PQ fast-scan index (build time = its build + the refine stage's)")
+    ap.add_argument("--no-load-time", action="store_true", help="skip the tq load-time measurement (one more build)")
     ap.add_argument("--hnsw-m", type=int, default=32)
     ap.add_argument("--hnsw-efc", type=int, default=40, help="HNSW efConstruction (FAISS's default 40)")
     ap.add_argument("--ef", type=lambda s: [int(v) for v in s.split(",")], default=[10, 16, 32, 64, 128, 256])
@@ -245,22 +257,39 @@ def main():
         if "ivfpq" not in skip and (d * bi) % 8 == 0:
             m = d * bi // 4  # 4-bit sub-quantizers: m * 4 bits = d * bi bits
             if d % m == 0:
-                res.append(faiss_curve(args, ds, f"FAISS IVF{nlist},PQ{m}x4fs", "faiss-ivfpqfs",
-                                       lambda dd, m=m: faiss.IndexIVFPQFastScan(flat(dd), dd, nlist, m, 4, mt),
-                                       nprobe, set_nprobe, m * 4 / 8 + 8, km_s))
+                cur, base = faiss_curve(args, ds, f"FAISS IVF{nlist},PQ{m}x4fs", "faiss-ivfpqfs",
+                                        lambda dd, m=m: faiss.IndexIVFPQFastScan(flat(dd), dd, nlist, m, 4, mt),
+                                        nprobe, set_nprobe, m * 4 / 8 + 8, km_s, keep=True)
+                res.append(cur)
                 if args.refine_k_factor > 0:
                     kf = args.refine_k_factor
+                    xbf, _ = faiss_data(ds)
+                    keep_alive = []
 
-                    def mk_refine(dd, m=m):
-                        ix = faiss.IndexRefineFlat(faiss.IndexIVFPQFastScan(flat(dd), dd, nlist, m, 4, mt))
+                    def mk_refine_flat(dd):
+                        ix = faiss.IndexRefineFlat(base, faiss.swig_ptr(xbf))  # refine store = the floats
                         ix.k_factor = kf
+                        return ix
+
+                    def mk_refine_sq8(dd):
+                        sq = faiss.IndexScalarQuantizer(dd, faiss.ScalarQuantizer.QT_8bit, mt)
+                        sq.train(xbf)
+                        sq.add(xbf)
+                        ix = faiss.IndexRefine(base, sq)
+                        ix.k_factor = kf
+                        keep_alive.append(sq)  # the wrapper does not own it
                         return ix
 
                     def set_nprobe_refine(ix, v):
                         faiss.extract_index_ivf(ix).nprobe = v
                     res.append(faiss_curve(args, ds, f"FAISS IVF{nlist},PQ{m}x4fs,RFlat k_factor {kf}",
-                                           "faiss-ivfpqfs-refine", mk_refine, nprobe, set_nprobe_refine,
-                                           m * 4 / 8 + 8 + 4 * d, km_s))
+                                           "faiss-ivfpqfs-refine", mk_refine_flat, nprobe, set_nprobe_refine,
+                                           m * 4 / 8 + 8 + 4 * d, cur["build_s"]))
+                    if args.refine_sq8:
+                        res.append(faiss_curve(args, ds, f"FAISS IVF{nlist},PQ{m}x4fs,RSQ8 k_factor {kf}",
+                                               "faiss-ivfpqfs-refine-sq8", mk_refine_sq8, nprobe, set_nprobe_refine,
+                                               m * 4 / 8 + 8 + d, cur["build_s"]))
+                del base
     if "hnsw" not in skip:
         def set_ef(ix, v):
             ix.hnsw.efSearch = v
@@ -271,7 +300,7 @@ def main():
         res.append(faiss_curve(args, ds, f"FAISS HNSW{args.hnsw_m},Flat efC {args.hnsw_efc}", "faiss-hnsw",
                                mk_hnsw, args.ef, set_ef,
                                4 * d + 2 * args.hnsw_m * 4))  # floats + level-0 links (upper levels not counted)
-    load = tq_load_time(args, ds, nlist, args.bits[0], extra)
+    load = None if args.no_load_time else tq_load_time(args, ds, nlist, args.bits[0], extra)
     summary = {}
     for r in res:
         summary[r["method"]] = dict(qps_at_r10_0p9=qps_at(r["points"], 0.9), build_s=r["build_s"],

@@ -9,7 +9,9 @@
 //   - a k-NN search (fast scan or float LUTs, with and without re-ranking; k from the mode
 //     byte) runs on two seeded queries, and every returned id is -1 or an id of the file;
 //   - the index reports the dimension and size of its header;
-//   - IVF files (version 2): the search probes 1 + (mode >> 4) % nlist lists.
+//   - IVF files (version 2, and 3 with a second-stage code): the search probes
+//     1 + (mode >> 4) % nlist lists; mode & 4 turns the re-rank stage (float LUT or second
+//     stage) off.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -75,6 +77,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     bool keep, center;
     size_t n;
     int nlist;
+    int rerank_bits;
   };
   const Cfg cfgs[] = {
       {8, "cosine", 4, tq::QuantizerKind::mse, "corrected", tq::NormFormat::f16, "hadamard", false, false, 5},
@@ -89,6 +92,11 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
       {17, "l2", 2.5, tq::QuantizerKind::mse, "plain", tq::NormFormat::f32, "block32", true, false, 20, 4},
       {8, "ip", 8, tq::QuantizerKind::mse, "lsq", tq::NormFormat::f16, "haar", false, false, 9, 2},
       {16, "cosine", 3, tq::QuantizerKind::mse, "corrected", tq::NormFormat::f16, "hadamard", false, false, 0, 5},
+      // IVF with a second-stage re-rank code (version 3 files).
+      {8, "cosine", 4, tq::QuantizerKind::mse, "corrected", tq::NormFormat::f16, "hadamard", false, false, 40, 3, 8},
+      {17, "l2", 2.5, tq::QuantizerKind::mse, "plain", tq::NormFormat::f32, "block32", true, false, 20, 4, 3},
+      {8, "ip", 2, tq::QuantizerKind::mse, "lsq", tq::NormFormat::f16, "haar", false, false, 9, 2, 6},
+      {16, "cosine", 4, tq::QuantizerKind::mse, "corrected", tq::NormFormat::f16, "hadamard", false, false, 0, 5, 5},
   };
   int k = 0;
   for (const Cfg& c : cfgs) {
@@ -103,6 +111,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     ic.keep_vectors = c.keep;
     ic.center = c.center;
     ic.nlist = c.nlist;
+    ic.rerank_bits = c.rerank_bits;
     tq::Index index(ic);
     std::vector<float> x(c.n * c.dim);
     tq::random_unit_vectors(c.n, c.dim, 10 + k, x.data());
@@ -120,7 +129,9 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     if (c.nlist > 0 && b.size() > 128) {
       // Damaged IVF files, each with its checksums recomputed (mode 1) so that the loader's
       // field checks, not the checksum, meet them: cut in the IVF section, cut in the codes,
-      // version 1 (an IVF file read as flat), version 3 (unknown), one list size inflated.
+      // version 1 (an IVF file read as flat), version 2 or 3 (the other IVF version: with or
+      // without a second stage), version 4 (unknown), one list size inflated; for version 3,
+      // second-stage widths 0 and 9 in the IVF section.
       const std::string stem = "index_" + std::to_string(k) + "_ivf_";
       auto put = [&](const std::string& name, std::vector<uint8_t> f) {
         f.insert(f.begin(), uint8_t{1});
@@ -128,7 +139,8 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
       };
       put("cut_header", std::vector<uint8_t>(b.begin(), b.begin() + 136));
       put("cut_half", std::vector<uint8_t>(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(b.size() / 2)));
-      for (uint8_t v : {uint8_t{1}, uint8_t{3}}) {
+      for (uint8_t v : {uint8_t{1}, uint8_t{2}, uint8_t{3}, uint8_t{4}}) {
+        if (v == b[8]) continue;
         auto f = b;
         f[8] = v;
         put("version" + std::to_string(v), f);
@@ -139,6 +151,12 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
         f[first_size] += 1;
         put("list_size", f);
       }
+      if (c.rerank_bits > 0)
+        for (uint8_t w : {uint8_t{0}, uint8_t{9}}) {
+          auto f = b;
+          f[128 + 12] = w;
+          put("rerank_width" + std::to_string(w), f);
+        }
     }
     ++k;
   }

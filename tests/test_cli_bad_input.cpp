@@ -305,7 +305,8 @@ std::string byte_token(int b) {
 struct Fixtures {
   TempDir dir;
   std::string model, truncated_model, empty, folder, text, base, queries, queries_d5, gt, gt_bad, index,
-      corrupt_index, truncated_fvecs, nan_fvecs, ivf_index, ivf_truncated, ivf_corrupt, ivf_version3;
+      corrupt_index, truncated_fvecs, nan_fvecs, ivf_index, ivf_truncated, ivf_corrupt, ivf_version4,
+      ivf_rerank, ivf_rerank_truncated, ivf_rerank_corrupt, ivf_rerank_width;
   Fixtures() {
     tq_test::TinyLlama c;
     c.n_vocab = 3 + 256;
@@ -369,7 +370,7 @@ struct Fixtures {
     corrupt_index = dir.path("corrupt.tqi");
     write(corrupt_index, ib.data(), ib.size());
     // IVF (version 2 file, 4 lists): whole, cut in half, one payload byte flipped, and the
-    // version field set to 3 (checked before the header checksum).
+    // version field set to 4 (checked before the header checksum).
     tq::IndexConfig ivc;
     ivc.dim = static_cast<int>(d);
     ivc.nlist = 4;
@@ -384,10 +385,35 @@ struct Fixtures {
     vc[vc.size() - 20] ^= 0x10;
     ivf_corrupt = dir.path("ivf_corrupt.tqi");
     write(ivf_corrupt, vc.data(), vc.size());
-    auto v3 = vb;
-    v3[8] = 3;
-    ivf_version3 = dir.path("ivf_version3.tqi");
-    write(ivf_version3, v3.data(), v3.size());
+    auto v4 = vb;
+    v4[8] = 4;
+    ivf_version4 = dir.path("ivf_version4.tqi");
+    write(ivf_version4, v4.data(), v4.size());
+    // IVF with an 8-bit second-stage code (version 3 file): whole, cut inside the last
+    // record's second-stage code, a second-stage byte flipped, and the second stage's width
+    // (the IVF section's last word, byte 140) set to 9 under valid checksums.
+    ivc.rerank_bits = 8;
+    tq::Index ivr(ivc);
+    ivr.add(n, x.data());
+    ivf_rerank = dir.path("ivf_rerank.tqi");
+    ivr.save(ivf_rerank);
+    const auto rb = tq::read_file_bytes(ivf_rerank);
+    uint64_t ids_offset = 0;
+    for (int i = 0; i < 8; ++i) ids_offset |= static_cast<uint64_t>(rb[72 + i]) << (8 * i);
+    ivf_rerank_truncated = dir.path("ivf_rerank_truncated.tqi");
+    write(ivf_rerank_truncated, rb.data(), ids_offset - 3);
+    auto rc = rb;
+    rc[ids_offset - 3] ^= 0x10;
+    ivf_rerank_corrupt = dir.path("ivf_rerank_corrupt.tqi");
+    write(ivf_rerank_corrupt, rc.data(), rc.size());
+    auto rw = rb;
+    rw[140] = 9;
+    const uint64_t pay = tq::checksum64(rw.data() + 128, rw.size() - 128);
+    for (int i = 0; i < 8; ++i) rw[112 + i] = static_cast<uint8_t>(pay >> (8 * i));
+    const uint64_t hdr = tq::checksum64(rw.data(), 120);
+    for (int i = 0; i < 8; ++i) rw[120 + i] = static_cast<uint8_t>(hdr >> (8 * i));
+    ivf_rerank_width = dir.path("ivf_rerank_width.tqi");
+    write(ivf_rerank_width, rw.data(), rw.size());
     auto fb = tq::read_file_bytes(base);
     truncated_fvecs = dir.path("truncated.fvecs");
     write(truncated_fvecs, fb.data(), fb.size() - 3);

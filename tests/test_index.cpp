@@ -813,9 +813,239 @@ TEST(Ivf, TruncatedAndCorruptedFilesRejected) {
   fix_header_checksum(f);
   expect_msg(f, "version 2");
   f = b;
+  st32(f.data() + 8, 4);
+  fix_header_checksum(f);
+  expect_msg(f, "version 4");
+  // Version 3 (second stage) needs a width in the IVF section's last word, here 0.
+  f = b;
   st32(f.data() + 8, 3);
   fix_header_checksum(f);
-  expect_msg(f, "version 3");
+  expect_msg(f, "second-stage code width 0");
+}
+
+// ---------------------------------------------------------------------------------------
+// IVF second-stage re-rank code (IndexConfig::rerank_bits)
+
+// The second stage re-scores the shortlist with an independent rerank_bits-bit code of the
+// same residual. With every list probed and the whole index as the shortlist, the result is
+// the top-k by that code's score over every vector: what an IVF index whose only code has
+// rerank_bits bits (same seed, same k-means, same residuals, so the same codes and scales)
+// returns from its exhaustive float-LUT scan. Scores agree to float rounding; ids except ties
+// within it.
+TEST(IvfRerank, SecondStageEqualsBruteForceRerankOfTheSameCodes) {
+  const int d = 40;
+  const size_t n = small() ? 600 : 1500, nq = 30;
+  auto x = make_data(n, d, 131), q = make_data(nq, d, 132);
+  for (tq::Metric m : {tq::Metric::cosine, tq::Metric::ip, tq::Metric::l2})
+    for (int rb : {8, 6, 3}) {
+      const int nlist = 12;
+      auto ca = ivf_cfg(d, 4, m, nlist);
+      ca.rerank_bits = rb;
+      tq::Index a(ca), ref(ivf_cfg(d, rb, m, nlist));
+      a.add(n, x.data());
+      ref.add(n, x.data());
+      tq::SearchParams pa, pr;
+      pa.nprobe = pr.nprobe = nlist;
+      pa.rerank = static_cast<int>(n);
+      pr.fast_scan = false;
+      const int k = 10;
+      auto ra = run(a, q, k, pa), rr = run(ref, q, k, pr);
+      const std::string what = a.describe();
+      for (size_t i = 0; i < nq * k; ++i) {
+        EXPECT_NEAR(ra.s[i], rr.s[i], 1e-4f * (1.f + std::fabs(rr.s[i]))) << what << " " << i;
+        if (ra.id[i] != rr.id[i]) {
+          const size_t row = i / k;
+          bool tie = false;
+          for (size_t j = row * k; j < (row + 1) * k; ++j)
+            tie |= rr.id[j] == ra.id[i] && std::fabs(rr.s[j] - ra.s[i]) <= 1e-4f * (1.f + std::fabs(ra.s[i]));
+          EXPECT_TRUE(tie) << what << " query " << row;
+        }
+      }
+      // rerank 0: the scan scores of the first code alone, as an index without a second stage.
+      tq::Index plain(ivf_cfg(d, 4, m, nlist));
+      plain.add(n, x.data());
+      tq::SearchParams p0;
+      p0.nprobe = 3;
+      p0.rerank = 0;
+      auto r0 = run(a, q, k, p0), rp = run(plain, q, k, p0);
+      EXPECT_EQ(r0.id, rp.id) << what;
+      EXPECT_EQ(r0.s, rp.s) << what;
+    }
+}
+
+// A shortlist re-scored with an 8-bit code finds more true neighbours than the 4-bit code's
+// own float-LUT re-rank at the same nprobe (clustered data, exact ground truth).
+TEST(IvfRerank, EightBitSecondStageRaisesRecall) {
+  const int d = 64;
+  const size_t n = small() ? 1500 : 4000, nq = 60;
+  auto x = make_data(n, d, 141, 0.6f), q = make_data(nq, d, 142, 0.6f);
+  for (tq::Metric m : {tq::Metric::cosine, tq::Metric::l2}) {
+    auto c = ivf_cfg(d, 4, m, 16);
+    tq::Index plain(c);
+    c.rerank_bits = 8;
+    tq::Index two(c);
+    plain.add(n, x.data());
+    two.add(n, x.data());
+    auto gt = exact(m, x, q, d, 10);
+    tq::SearchParams p;
+    p.nprobe = 16;
+    p.rerank = 50;
+    const size_t hit_plain = overlap(run(plain, q, 10, p), gt, nq, 10);
+    const size_t hit_two = overlap(run(two, q, 10, p), gt, nq, 10);
+    EXPECT_GT(hit_two, hit_plain) << two.describe();
+    EXPECT_GE(hit_two, static_cast<size_t>(0.97 * nq * 10)) << two.describe();  // 8 bits: near exact
+  }
+}
+
+TEST(IvfRerank, SaveLoadRoundTripIncrementalAddAndBytes) {
+  TempDir t;
+  const int d = 36;
+  auto x = make_data(900, d, 151), q = make_data(20, d, 152);
+  for (tq::Metric m : {tq::Metric::cosine, tq::Metric::l2, tq::Metric::ip})
+    for (int rb : {8, 5, 1}) {
+      auto c = ivf_cfg(d, m == tq::Metric::l2 ? 2.5 : 4, m, 7);
+      c.rerank_bits = rb;
+      c.keep_vectors = rb == 5;
+      tq::Index idx(c);
+      idx.add(500, x.data());
+      idx.add(400, x.data() + 500 * d);  // relayout moves the second stage with the slots
+      idx.save(t.path("r.tqi"));
+      const auto bytes = slurp(t.path("r.tqi"));
+      EXPECT_EQ(bytes[8], 3);  // IVF with a second stage: version 3
+      EXPECT_EQ(bytes.size(), idx.file_bytes());
+      // Record: first code + [scale][rerank codes]; memory: + packed codes and a float scale.
+      tq::Index first(ivf_cfg(d, c.bits, m, 7));
+      first.add(500, x.data());
+      first.add(400, x.data() + 500 * d);
+      const size_t rbytes = (static_cast<size_t>(d) * rb + 7) / 8;
+      EXPECT_EQ(idx.code_bytes(), first.code_bytes() + 2 + rbytes);
+      // (Per slot: IVF lists are padded to whole 32-vector blocks.)
+      EXPECT_NEAR(idx.memory_bytes_per_vector(),
+                  first.memory_bytes_per_vector() +
+                      ((c.keep_vectors ? 4.0 * d : 0.0) + rbytes + 4.0) * [&] {
+                        size_t slots = 0;
+                        for (int l = 0; l < 7; ++l) slots += (idx.list_size(l) + 31) / 32 * 32;
+                        return static_cast<double>(slots) / 900;
+                      }(),
+                  1e-9);
+      EXPECT_NE(idx.describe().find("rerank" + std::to_string(rb) + "b"), std::string::npos) << idx.describe();
+      auto back = tq::Index::load(t.path("r.tqi"));
+      EXPECT_EQ(back.describe(), idx.describe());
+      EXPECT_EQ(back.config().rerank_bits, rb);
+      tq::SearchParams p;
+      p.nprobe = 3;
+      p.rerank = 40;
+      p.rerank_full = c.keep_vectors ? 15 : 0;
+      auto a = run(idx, q, 10, p), b = run(back, q, 10, p);
+      EXPECT_EQ(a.id, b.id) << idx.describe();
+      EXPECT_EQ(a.s, b.s) << idx.describe();
+      back.save(t.path("s.tqi"));
+      EXPECT_EQ(bytes, slurp(t.path("s.tqi")));
+      // One add of the same vectors: the same lists, the same results.
+      tq::Index one(c);
+      one.add(500, x.data());
+      tq::Index one2(c);
+      one2.add(500, x.data());
+      EXPECT_EQ(run(one, q, 10, p).id, run(one2, q, 10, p).id);
+    }
+  // An index without a second stage is still written as version 2 (earlier builds read it).
+  tq::Index v2(ivf_cfg(d, 4, tq::Metric::cosine, 5));
+  v2.add(200, x.data());
+  v2.save(t.path("v2.tqi"));
+  EXPECT_EQ(slurp(t.path("v2.tqi"))[8], 2);
+}
+
+// Files written before the second stage existed (tests/data, saved by `tq index build` of the
+// build just before it: a flat version-1 file, 2.5 bits cosine --center --fit-scale, and an
+// IVF version-2 file, 4 lists, 4 bits l2 --keep-vectors, 200 vectors of d = 8) still load,
+// search, and are written back byte for byte.
+TEST(IvfRerank, FilesOfEarlierBuildsStillLoad) {
+  TempDir t;
+  const std::string dir = std::string(TQ_SOURCE_DIR) + "/tests/data/";
+  for (const char* name : {"index_flat_v1_2p5b.tqi", "index_ivf_v2_l2_4b.tqi"}) {
+    const auto before = slurp(dir + name);
+    ASSERT_GT(before.size(), 128u) << name;
+    auto idx = tq::Index::load(dir + name);
+    EXPECT_EQ(idx.size(), 200u) << name;
+    EXPECT_EQ(idx.dim(), 8) << name;
+    EXPECT_EQ(idx.config().rerank_bits, 0) << name;
+    EXPECT_EQ(before[8], idx.nlist() > 0 ? 2 : 1) << name;
+    auto q = make_data(5, 8, 171);
+    tq::SearchParams p;
+    p.nprobe = idx.nlist() > 0 ? 2 : 1;
+    auto r = run(idx, q, 5, p);
+    for (int64_t id : r.id) EXPECT_TRUE(id >= 0 && id < 200) << name;
+    idx.save(t.path("again.tqi"));
+    EXPECT_EQ(slurp(t.path("again.tqi")), before) << name;
+  }
+}
+
+TEST(IvfRerank, BadConfigAndCorruptFilesRejected) {
+  auto expect_msg = [](auto&& f, const char* needle) {
+    try {
+      f();
+      ADD_FAILURE() << "accepted; expected " << needle;
+    } catch (const tq::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  const int d = 12;
+  for (int rb : {-1, 9, 16}) {
+    auto c = ivf_cfg(d, 4, tq::Metric::cosine, 4);
+    c.rerank_bits = rb;
+    expect_msg([&] { tq::Index bad(c); }, "rerank_bits");
+  }
+  auto flat = cfg_of(d, 4, tq::Metric::cosine);
+  flat.rerank_bits = 8;
+  expect_msg([&] { tq::Index bad(flat); }, "needs IVF");
+
+  TempDir t;
+  auto x = make_data(100, d, 161);
+  auto c = ivf_cfg(d, 2, tq::Metric::l2, 5);
+  c.rerank_bits = 6;
+  tq::Index idx(c);
+  idx.add(100, x.data());
+  idx.save(t.path("v3.tqi"));
+  const auto b = slurp(t.path("v3.tqi"));
+  ASSERT_EQ(b[8], 3);
+  for (size_t len = 0; len < b.size(); ++len)
+    EXPECT_THROW(tq::Index::from_bytes(b.data(), len, "trunc"), tq::Error) << len;
+  for (size_t i = 0; i < b.size(); ++i) {
+    auto f = b;
+    f[i] ^= 0x10;
+    EXPECT_THROW(tq::Index::from_bytes(f.data(), f.size(), "flip"), tq::Error) << i;
+  }
+  EXPECT_NO_THROW(tq::Index::from_bytes(b.data(), b.size(), "ok"));
+  auto expect_file = [&](std::vector<uint8_t> f, const char* needle) {
+    expect_msg([&] { tq::Index::from_bytes(f.data(), f.size(), "v3"); }, needle);
+  };
+  // Valid checksums, inconsistent second-stage fields (IVF section word 3 at byte 140).
+  for (uint32_t rb : {0u, 9u, 255u}) {
+    auto f = b;
+    st32(f.data() + 140, rb);
+    fix_payload_checksum(f);
+    expect_file(f, "second-stage code width");
+  }
+  auto f = b;
+  st32(f.data() + 140, 7);  // another width: the record size no longer matches
+  fix_payload_checksum(f);
+  expect_file(f, "record size");
+  f = b;
+  st32(f.data() + 8, 2);  // version 2 with a second stage in its records and IVF word
+  fix_header_checksum(f);
+  expect_file(f, "record size");
+  f = b;
+  st32(f.data() + 8, 4);
+  fix_header_checksum(f);
+  expect_file(f, "version 4");
+  // A NaN second-stage scale (f16 0x7e00) in the first record, checksums valid.
+  const size_t rec0 = 128 + 16 + 5 * d * 4 + 5 * 8;
+  const size_t first_code = 2 + 2 + (d * 2 + 7) / 8;  // scale, norm, 2-bit codes
+  f = b;
+  f[rec0 + first_code] = 0x00;
+  f[rec0 + first_code + 1] = 0x7e;
+  fix_payload_checksum(f);
+  expect_file(f, "second-stage scale");
 }
 
 // Honest descriptions and byte counts (issue 35): the search description names the scan a

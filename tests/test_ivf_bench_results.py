@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""bench/results/ivf/glove100k/results.json (bench/ivf_vs_faiss.py): the saved comparison is
-well formed, its summary follows from its points, and the statements BENCHMARKS.md makes about
-it hold for the saved numbers (qps_at is the bench's own, so the summary is recomputed the same way)."""
+"""bench/results/ivf/glove100k/results.json and bench/results/ivf/glove1m_rerank/results.json
+(bench/ivf_vs_faiss.py): the saved comparisons are well formed, their summaries follow from their
+points, and the statements BENCHMARKS.md makes about them hold for the saved numbers (qps_at is the
+bench's own, so the summary is recomputed the same way)."""
 import json
 import os
 import sys
@@ -48,6 +49,44 @@ fs = [r for r in j["results"] if r["family"] == "faiss-ivfrabitqfs"][0]
 check(qps_at(t["points"], 0.85) >= 2.5 * qps_at(fs["points"], 0.85), "tq >= 2.5x IVF-RaBitQ fast scan at 0.85")
 check(t["memory_bytes_per_vector"] <= fs["memory_bytes_per_vector"] + 2, "bytes within 2 of IVF-RaBitQ")
 check(j["tq_load"]["load_s"] > 0 and j["tq_load"]["file_bytes"] > 0, "load time recorded")
+
+# 1M, the second stage (85-search-ivf.md, "tq IVF with an 8-bit second-stage code ..."): one run,
+# tq --rerank-bits 8 --rerank 40 against IVF-PQ fast scan alone, + RefineFlat, + SQ8 refine and
+# IVF-RaBitQ fast scan.
+m = json.load(open(os.path.join(ROOT, "bench", "results", "ivf", "glove1m_rerank", "results.json")))
+check(m["threads"] == 2 and m["n"] == 1000000 and m["nq"] == 1000 and m["nlist"] == 4096, "1M run parameters")
+mb = {r["family"]: r for r in m["results"]}
+for fam in ("tq-ivf", "faiss-ivfrabitqfs", "faiss-ivfpqfs", "faiss-ivfpqfs-refine", "faiss-ivfpqfs-refine-sq8"):
+    check(fam in mb, f"1M: a {fam} curve")
+for r in m["results"]:
+    s = m["summary"][r["method"]]
+    want = qps_at(r["points"], 0.9)
+    check((want is None and s["qps_at_r10_0p9"] is None) or abs(want - s["qps_at_r10_0p9"]) < 1e-6,
+          f"1M {r['method']}: summary qps at 0.9")
+t1, rf, sq = mb["tq-ivf"], mb["faiss-ivfpqfs-refine"], mb["faiss-ivfpqfs-refine-sq8"]
+check("--rerank-bits 8" in t1["cmd"] and "--rerank 40" in t1["cmd"], "1M: tq with the 8-bit second stage")
+q_t, q_rf, q_sq = (qps_at(r["points"], 0.9) for r in (t1, rf, sq))
+check(None not in (q_t, q_rf, q_sq), "1M: tq and both refines reach 0.9")
+if None not in (q_t, q_rf, q_sq):
+    check(1.0 <= q_t / q_rf < 1.5, "1M: tq 1.0-1.5x RefineFlat at 0.9 (1.03x)")
+    check(1.15 <= q_t / q_sq < 1.5, "1M: tq 1.15-1.5x SQ8 refine at 0.9 (1.20x), goal 1.5x not met")
+check(t1["memory_bytes_per_vector"] < 0.4 * rf["memory_bytes_per_vector"], "1M: tq under 40% of RefineFlat's bytes")
+check(t1["memory_bytes_per_vector"] > sq["memory_bytes_per_vector"], "1M: tq more bytes than SQ8 refine as counted")
+for fam in ("faiss-ivfrabitqfs", "faiss-ivfpqfs"):
+    check(max(p["recall_10_at_10"] for p in mb[fam]["points"]) < 0.9, f"1M: {fam} below 0.9")
+# The second 1M run: tq --rerank-bits 6 (fewer bytes than the SQ8 refine) is slower than it at 0.9.
+m6 = json.load(open(os.path.join(ROOT, "bench", "results", "ivf", "glove1m_rerank6", "results.json")))
+b6 = {r["family"]: r for r in m6["results"]}
+t6, sq6 = b6["tq-ivf"], b6["faiss-ivfpqfs-refine-sq8"]
+check("--rerank-bits 6" in t6["cmd"], "1M run 2: tq with the 6-bit second stage")
+check(t6["memory_bytes_per_vector"] < sq6["memory_bytes_per_vector"], "1M run 2: tq fewer bytes than SQ8 refine")
+q6, qs6 = qps_at(t6["points"], 0.9), qps_at(sq6["points"], 0.9)
+check(q6 is not None and qs6 is not None and 0.8 <= q6 / qs6 < 1.0, "1M run 2: tq 0.8-1.0x SQ8 refine at 0.9 (0.88x)")
+for r in m6["results"]:
+    s6 = m6["summary"][r["method"]]
+    w = qps_at(r["points"], 0.9)
+    check((w is None and s6["qps_at_r10_0p9"] is None) or abs(w - s6["qps_at_r10_0p9"]) < 1e-6,
+          f"1M run 2 {r['method']}: summary qps at 0.9")
 if failures:
     sys.exit(f"{len(failures)} failure(s)")
 print("ok")

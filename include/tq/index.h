@@ -20,8 +20,9 @@
 // (4 bits per group: one 4-bit channel, two 2-bit channels or four 1-bit channels; a 3-bit
 // channel uses a 16-entry table with 8 live entries) are quantized to uint8 and scanned
 // with SIMD byte shuffles over blocks of 32 vectors ("fast scan"); the best `rerank`
-// candidates are then re-scored with the exact float LUT (still from codes), optionally
-// followed by an exact re-rank with full vectors when they are kept (keep_vectors).
+// candidates are then re-scored with the exact float LUT (still from codes), or, for an IVF
+// index with a second-stage code (rerank_bits), with that wider code of the same residual;
+// optionally followed by an exact re-rank with full vectors when they are kept (keep_vectors).
 // Widths above 4 bits per channel use float LUTs (no fast scan).
 //
 // Scores returned: inner product (ip), cosine similarity (cosine) — higher is nearer — or
@@ -81,14 +82,21 @@ struct IndexConfig {
   // Residual reference: false: the k-means centroid; true: the mean of the vectors of the
   // first batch actually assigned to the list (measured in docs/design.md).
   bool ivf_list_mean = false;
+  // IVF second stage (docs/design.md "Second-stage re-rank code"): rerank_bits > 0 also
+  // stores, per vector, an independent mse code of the same residual at rerank_bits bits per
+  // channel (1..8, Lloyd-Max codebook of that width, its own corrected scale). It is read only
+  // for the shortlist: the `rerank` best fast-scan candidates are re-scored with it instead
+  // of with the float LUT of the first code. 0: none. IVF (nlist > 0) only.
+  int rerank_bits = 0;
 };
 
 struct SearchParams {
   int k = 10;
   int n_threads = 0;    // 0: OpenMP default
   bool fast_scan = true;  // uint8-LUT SIMD scan where the width allows; false: float LUTs
-  int rerank = -1;      // fast-scan candidates re-scored with exact float LUTs; -1: auto
-                        // (k + 16); 0: return the uint8-LUT scores
+  int rerank = -1;      // fast-scan candidates re-scored with exact float LUTs, or with the
+                        // second-stage code when the index has one (IndexConfig::rerank_bits);
+                        // -1: auto (k + 16); 0: return the scan scores
   int rerank_full = 0;  // candidates re-scored with the kept float vectors (0: off)
   int nprobe = 1;       // IVF: lists scanned per query, 1..nlist (ignored by a flat index)
 };

@@ -78,6 +78,9 @@ Index::Impl::Impl(const IndexConfig& c) : cfg(c) {
     list_begin.assign(static_cast<size_t>(cfg.nlist) + 1, 0);
     list_size.assign(static_cast<size_t>(cfg.nlist), 0);
   }
+  TQ_CHECK(cfg.rerank_bits >= 0 && cfg.rerank_bits <= 8, "index: rerank_bits %d outside [0, 8] (0: no second-stage code)",
+           cfg.rerank_bits);
+  TQ_CHECK(cfg.rerank_bits == 0 || cfg.nlist > 0, "index: a second-stage re-rank code (rerank_bits) needs IVF (nlist > 0)");
   if (cfg.codec == QuantizerKind::prod) {
     TQ_CHECK(!cfg.center && !cfg.fit_scale, "index: center and fit_scale apply to codec mse only");
     TQ_CHECK(bits_x2 % 2 == 0 && bits_x2 >= 4,
@@ -117,6 +120,11 @@ Index::Impl::Impl(const IndexConfig& c) : cfg(c) {
   for (auto& g : groups) max_gb = std::max(max_gb, g.gbits());
   lut_stride = fast_ok ? 16 : (size_t{1} << max_gb);
   code_bytes = norm_bytes * (has_norm ? 2 : 1) + seg_bytes;
+  if (cfg.rerank_bits > 0) {
+    rcb = &get_codebook(d, cfg.rerank_bits, cfg.law);
+    rbytes = packed_bytes(static_cast<size_t>(d), cfg.rerank_bits);
+    code_bytes += norm_bytes + rbytes;  // the record carries the second stage: [scale][codes]
+  }
 }
 
 void Index::Impl::get_indices(size_t i, uint8_t* idx) const noexcept {
@@ -155,6 +163,11 @@ void Index::Impl::resize(size_t n_new) {
     norm.resize(padded, 0.f);
   }
   ids.resize(n_new, 0);
+  if (rbytes > 0) {
+    rcodes.resize(checked_mul(n_new, rbytes, "rerank codes"), 0);
+    rscale.resize(std::min(rscale.size(), n_new));
+    rscale.resize(padded, 0.f);
+  }
   if (cfg.keep_vectors) vectors.resize(checked_mul(n_new, static_cast<size_t>(d), "kept vectors"), 0.f);
   slots = n_new;
 }
@@ -200,7 +213,8 @@ void Index::Impl::relayout(size_t old_slots, size_t n_new, const uint32_t* assig
   // The new storage: swap it in, fill it from the old one (kept in `old`).
   const size_t ns = old_slots + n_new;
   std::vector<uint8_t> old_blocks, old_gcodes;
-  std::vector<float> old_scale, old_norm, old_vectors;
+  std::vector<float> old_scale, old_norm, old_vectors, old_rscale;
+  std::vector<uint8_t> old_rcodes;
   std::vector<int64_t> old_ids;
   old_blocks.swap(blocks);
   old_gcodes.swap(gcodes);
@@ -208,8 +222,11 @@ void Index::Impl::relayout(size_t old_slots, size_t n_new, const uint32_t* assig
   old_norm.swap(norm);
   old_ids.swap(ids);
   old_vectors.swap(vectors);
+  old_rcodes.swap(rcodes);
+  old_rscale.swap(rscale);
   scale.clear();
   norm.clear();
+  rscale.clear();
   resize(new_begin[L]);
   std::fill(ids.begin(), ids.end(), int64_t{-1});
   // Inverse map, destination -> source, so each destination block is written by one thread.
@@ -232,6 +249,10 @@ void Index::Impl::relayout(size_t old_slots, size_t n_new, const uint32_t* assig
       for (size_t g = 0; g < m; ++g) set_group_code(t, g, old_code(s, g));
       scale[t] = old_scale[s];
       if (has_norm) norm[t] = old_norm[s];
+      if (rbytes > 0) {
+        rscale[t] = old_rscale[s];
+        std::memcpy(rcodes.data() + t * rbytes, old_rcodes.data() + s * rbytes, rbytes);
+      }
       ids[t] = old_ids[s];
       if (cfg.keep_vectors) std::memcpy(vectors.data() + t * dd, old_vectors.data() + s * dd, dd * sizeof(float));
     }
@@ -270,6 +291,7 @@ double Index::memory_bytes_per_vector() const noexcept {
   else if (I.fast_ok) b += static_cast<double>(I.mp) * 16.0 / kBlock;
   else b += static_cast<double>(I.m);
   b += 4.0 + (I.has_norm ? 4.0 : 0.0) + 8.0;  // scale, norm, id
+  if (I.rbytes > 0) b += static_cast<double>(I.rbytes) + 4.0;  // second-stage code and its scale
   if (I.cfg.keep_vectors) b += 4.0 * I.d;
   if (!I.ivf() || I.n == 0) return b;
   // IVF: per slot (lists padded to whole blocks) plus the centroid tables, per vector.
@@ -280,7 +302,10 @@ double Index::memory_bytes_per_vector() const noexcept {
 
 std::string Index::describe() const {
   const Impl& I = *impl_;
-  return strprintf("%s%s %g bits %s %s%s%s %s %s%s", I.ivf() ? strprintf("ivf%d ", I.cfg.nlist).c_str() : "",
+  const std::string ivf = !I.ivf() ? std::string()
+                         : I.rbytes > 0 ? strprintf("ivf%d+rerank%db ", I.cfg.nlist, I.cfg.rerank_bits)
+                                        : strprintf("ivf%d ", I.cfg.nlist);
+  return strprintf("%s%s %g bits %s %s%s%s %s %s%s", ivf.c_str(),
                    quantizer_kind_name(I.cfg.codec), I.bits_x2 / 2.0,
                    rotation_name(I.cfg.rotation).c_str(),
                    I.quant ? "-" : scale_mode_name(I.cfg.scale), I.cfg.fit_scale ? "+fit" : "",
@@ -446,7 +471,7 @@ void Index::add(size_t n, const float* x, const int64_t* ids) {
 #pragma omp parallel reduction(|| : overflow)
   {
     std::vector<float> u(kChunk * d), y(kChunk * d), nrm(kChunk), lens(kChunk), cvals(d), ty(d), tc(d);
-    std::vector<uint8_t> idx(d), cidx(kChunk * d), gc(kBlock * I.m), tidx(d);
+    std::vector<uint8_t> idx(d), cidx(kChunk * d), gc(kBlock * I.m), tidx(d), ridx(I.rbytes > 0 ? d : 0);
 #pragma omp for schedule(dynamic, 1)
     for (size_t c = first; c < last; ++c) {
       const size_t i0 = std::max(n0, c * kChunk), i1 = std::min(n1, (c + 1) * kChunk);
@@ -540,18 +565,39 @@ void Index::add(size_t n, const float* x, const int64_t* ids) {
           yc += cvals[j] * yr[j];
         }
         const double len = lens[r];
-        double sc = len;
-        if (len > 0) {
-          switch (I.cfg.scale) {
-            case ScaleMode::plain: sc = len; break;
-            case ScaleMode::corrected: sc = cc > 0 ? len / std::sqrt(static_cast<double>(cc)) : len; break;
-            case ScaleMode::eden: sc = yc > 1e-6f ? len / yc : (cc > 0 ? len / std::sqrt(static_cast<double>(cc)) : len); break;
-            case ScaleMode::lsq: sc = cc > 0 ? len * yc / cc : len; break;
+        // The scale of a code with ||c||^2 = cc and <y, c> = yc, by the scale mode.
+        auto scale_of = [&](float cc_, float yc_) {
+          double sc = len;
+          if (len > 0) {
+            switch (I.cfg.scale) {
+              case ScaleMode::plain: sc = len; break;
+              case ScaleMode::corrected: sc = cc_ > 0 ? len / std::sqrt(static_cast<double>(cc_)) : len; break;
+              case ScaleMode::eden:
+                sc = yc_ > 1e-6f ? len / yc_ : (cc_ > 0 ? len / std::sqrt(static_cast<double>(cc_)) : len);
+                break;
+              case ScaleMode::lsq: sc = cc_ > 0 ? len * yc_ / cc_ : len; break;
+            }
           }
-        }
+          return sc;
+        };
         const size_t i = i0 + r;
-        I.scale[i] = I.round_norm(static_cast<float>(sc));
+        I.scale[i] = I.round_norm(static_cast<float>(scale_of(cc, yc)));
         overflow |= !std::isfinite(I.scale[i]);
+        if (I.rbytes > 0) {
+          // Second stage: the nearest-centroid code of the same rotated unit residual at
+          // rerank_bits bits, with its own scale.
+          quantize_rotated(*I.rcb, d, yr, ridx.data());
+          const float* cent = I.rcb->centroids.data();
+          float cc2 = 0, yc2 = 0;
+          for (size_t j = 0; j < d; ++j) {
+            const float c = cent[ridx[j]];
+            cc2 += c * c;
+            yc2 += c * yr[j];
+          }
+          I.rscale[i] = I.round_norm(static_cast<float>(scale_of(cc2, yc2)));
+          overflow |= !std::isfinite(I.rscale[i]);
+          pack_bits(d, I.cfg.rerank_bits, ridx.data(), I.rcodes.data() + i * I.rbytes);
+        }
         if (I.has_norm) {
           I.norm[i] = I.round_norm(lens[r]);
           overflow |= !std::isfinite(I.norm[i]);
@@ -749,8 +795,11 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
   }
   const bool fast = I.fast_ok && p.fast_scan;
   const size_t rerank = p.rerank < 0 ? k + 16 : static_cast<size_t>(p.rerank);
+  // Re-rank stage: the second-stage code when the index has one (any scan), else the float
+  // LUT of the first code after a fast scan (a float-LUT scan is already exact).
+  const bool stage2 = I.rbytes > 0 && rerank > 0;
   const size_t r2 = std::max(k, static_cast<size_t>(p.rerank_full));
-  const size_t r1 = fast && rerank > 0 ? std::max(r2, rerank) : r2;
+  const size_t r1 = (fast || stage2) && rerank > 0 ? std::max(r2, rerank) : r2;
   const int threads = p.n_threads > 0 ? p.n_threads : omp_get_max_threads();
 
   // Coarse step, in batches of queries: probes[q][0..np) best first and their offsets.
@@ -765,14 +814,21 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
                   I.centroids.data(), I.d, 0.0f, cs.data(), L);
 #pragma omp parallel num_threads(threads)
       {
-        std::vector<std::pair<float, uint32_t>> rank(LL);
+        // The np best lists by (score desc, list asc): one pass with a min-heap of np (a list
+        // enters only when strictly better than the worst kept, so among equal scores the
+        // lower list index stays), then sorted; the same lists and order as a partial sort.
+        std::vector<float> v(LL);
+        TopR best;
 #pragma omp for schedule(static)
         for (size_t i = 0; i < m; ++i) {
           const float* si = cs.data() + i * LL;
+          if (ip) std::memcpy(v.data(), si, LL * sizeof(float));
+          else
+            for (size_t l = 0; l < LL; ++l) v[l] = 2.f * si[l] - I.cnorm2[l];
+          best.reset(np);
           for (size_t l = 0; l < LL; ++l)
-            rank[l] = {ip ? si[l] : 2.f * si[l] - I.cnorm2[l], static_cast<uint32_t>(l)};
-          std::partial_sort(rank.begin(), rank.begin() + static_cast<std::ptrdiff_t>(np), rank.end(),
-                            [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+            if (v[l] > best.threshold || best.h.size() < np) best.push(v[l], static_cast<uint32_t>(l));
+          const auto rank = best.sorted();
           for (size_t j = 0; j < np; ++j) {
             const uint32_t l = rank[j].second;
             probes[(q0 + i) * np + j] = l;
@@ -813,6 +869,23 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
       }
       return internal(s, dot) + off;
     };
+    // Score of slot s in list l from its second-stage code (same form, its own scale).
+    auto stage2_score = [&](const float* y, size_t s, size_t l, float off) {
+      unpack_bits(d, I.cfg.rerank_bits, I.rcodes.data() + s * I.rbytes, idx.data());
+      const float* yy = list_query(y, l);
+      const float* cent = I.rcb->centroids.data();
+      float d0 = 0, d1 = 0, d2 = 0, d3 = 0;
+      size_t j = 0;
+      for (; j + 4 <= d; j += 4) {
+        d0 += yy[j] * cent[idx[j]];
+        d1 += yy[j + 1] * cent[idx[j + 1]];
+        d2 += yy[j + 2] * cent[idx[j + 2]];
+        d3 += yy[j + 3] * cent[idx[j + 3]];
+      }
+      for (; j < d; ++j) d0 += yy[j] * cent[idx[j]];
+      const float sd = I.rscale[s] * ((d0 + d1) + (d2 + d3));
+      return (l2 ? 2.f * sd - I.norm[s] * I.norm[s] : sd) + off;
+    };
 
 #pragma omp for schedule(dynamic, 4)
     for (size_t qi = 0; qi < nq; ++qi) {
@@ -849,7 +922,14 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
         }
       }
       auto cand = top.sorted();
-      if (fast && rerank > 0) {
+      if (stage2) {
+        for (auto& c : cand) {
+          const size_t l = I.list_of(c.second);
+          c.first = stage2_score(y, c.second, l, list_off[l]);
+        }
+        std::sort(cand.begin(), cand.end(), TopR::cmp);
+        if (cand.size() > r2) cand.resize(r2);
+      } else if (fast && rerank > 0) {
         for (auto& c : cand) {
           const size_t l = I.list_of(c.second);
           const float off = list_off[l];

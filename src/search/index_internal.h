@@ -29,6 +29,7 @@ struct Group {
 constexpr size_t kBlock = 32;         // vectors per fast-scan block
 constexpr uint32_t kFileVersion = 1;     // io.cpp: flat index files
 constexpr uint32_t kFileVersionIvf = 2;  // io.cpp: IVF index files
+constexpr uint32_t kFileVersionIvfRerank = 3;  // io.cpp: IVF index files with a second-stage code
 
 // IVF coarse quantizer (kmeans.cpp). nearest_centroids: out[i] = argmin_j ||x_i - c_j||^2
 // (ties: lowest j) for x: n * dim, c: k * dim, cn2: k squared norms; best_out (optional):
@@ -75,6 +76,13 @@ struct Index::Impl {
   bool ivf() const noexcept { return cfg.nlist > 0; }
   // List of slot s (IVF).
   size_t list_of(size_t s) const noexcept;
+  // IVF second-stage code (cfg.rerank_bits > 0): per slot rbytes packed rerank_bits-bit
+  // channel indices (bitpack.h order) of the rotated unit residual, codebook rcb, and its
+  // scale (rscale, padded like scale). Empty otherwise.
+  const Codebook* rcb = nullptr;
+  size_t rbytes = 0;             // packed bytes per slot
+  std::vector<uint8_t> rcodes;   // slots * rbytes
+  std::vector<float> rscale;     // slots (padded to whole blocks)
   // codec prod
   std::unique_ptr<Quantizer> quant;
   std::vector<uint8_t> pcodes;  // n * quant->code_bytes()

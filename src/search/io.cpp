@@ -1,10 +1,12 @@
 // Index persistence: one versioned, checksummed, little-endian file, written atomically.
 //
 // File layout (all integers little-endian):
-//   [IndexFileHeader: 128 bytes]  version 1: flat index; version 2: IVF (flags & 8)
+//   [IndexFileHeader: 128 bytes]  version 1: flat index; version 2: IVF (flags & 8);
+//                                 version 3: IVF with a second-stage re-rank code
 //   [center: dim * 4]             float32 mean, only when flags & 4 and count > 0
-//   [ivf: 16 (+ nlist * dim * 4 + nlist * 8 when count > 0)], version 2 only:
-//     u32 nlist (1..2^20), u32 kmeans_iters (1..1000), u32 trained (count > 0), u32 0,
+//   [ivf: 16 (+ nlist * dim * 4 + nlist * 8 when count > 0)], versions 2 and 3 only:
+//     u32 nlist (1..2^20), u32 kmeans_iters (1..1000), u32 trained (count > 0),
+//     u32 rerank_bits (version 2: 0; version 3: 1..8),
 //     float32 centroids nlist * dim, u64 list sizes nlist (summing to count);
 //     the records, ids and vectors below are then in list order (list 0 first)
 //   [codes: count * code_bytes]   per vector, see record layout below
@@ -16,6 +18,7 @@
 // load in both.
 // Per-vector record, codec mse: [scale: f16|f32] [norm ||x||: f16|f32, l2 only]
 //   [segment codes: bitpack.h stream of the segment's channel indices, one per segment]
+//   version 3 then: [second-stage scale: f16|f32] [bitpack.h stream of dim rerank_bits-bit indices]
 // codec prod: [tq::Quantizer prod code] [norm, l2 only].
 // Load checks, in order, before allocating or building anything: size >= 128, magic,
 // version, header size, header checksum, every enum/parameter, count <= 2^32 - 1, each
@@ -149,7 +152,7 @@ void Index::save(const std::string& path) const {
   const size_t n = I.n, d = static_cast<size_t>(I.d);
   IndexFileHeader h{};
   std::memcpy(h.magic, kMagic, 8);
-  h.version = I.ivf() ? kFileVersionIvf : kFileVersion;
+  h.version = !I.ivf() ? kFileVersion : I.rbytes > 0 ? kFileVersionIvfRerank : kFileVersionIvf;
   h.header_bytes = 128;
   h.dim = static_cast<uint32_t>(I.d);
   h.metric = static_cast<uint8_t>(I.cfg.metric);
@@ -195,7 +198,7 @@ void Index::save(const std::string& path) const {
     st32(v, static_cast<uint32_t>(L));
     st32(v + 4, static_cast<uint32_t>(I.cfg.kmeans_iters));
     st32(v + 8, n > 0 ? 1u : 0u);
-    st32(v + 12, 0);
+    st32(v + 12, static_cast<uint32_t>(I.cfg.rerank_bits));
     if (n > 0) {
       for (size_t j = 0; j < L * d; ++j) st32(v + 16 + 4 * j, f2u(I.centroids[j]));
       uint8_t* sz = v + 16 + L * d * 4;
@@ -226,6 +229,10 @@ void Index::save(const std::string& path) const {
     for (const Segment& s : I.segs) {
       pack_bits(static_cast<size_t>(s.len), s.bits, idx.data() + s.begin, rec);
       rec += packed_bytes(static_cast<size_t>(s.len), s.bits);
+    }
+    if (I.rbytes > 0) {
+      put_norm(rec, I.rscale[i], I.cfg.norm);
+      std::memcpy(rec + I.norm_bytes, I.rcodes.data() + i * I.rbytes, I.rbytes);
     }
   }
   uint8_t* idp = buf.data() + h.ids_offset;
@@ -280,9 +287,9 @@ Index Index::from_bytes(const uint8_t* data, size_t size, const std::string& nam
   TQ_CHECK(size >= 128, "%s: %zu bytes, too short for the 128-byte tq index header (truncated?)", nm, size);
   const IndexFileHeader h = parse_header(data);
   TQ_CHECK(std::memcmp(h.magic, kMagic, 8) == 0, "%s: bad magic, not a tq index file", nm);
-  TQ_CHECK(h.version == kFileVersion || h.version == kFileVersionIvf,
-           "%s: tq index file version %u, this build reads versions %u (flat) and %u (IVF)", nm, h.version,
-           kFileVersion, kFileVersionIvf);
+  TQ_CHECK(h.version == kFileVersion || h.version == kFileVersionIvf || h.version == kFileVersionIvfRerank,
+           "%s: tq index file version %u, this build reads versions %u (flat), %u (IVF) and %u (IVF with a "
+           "second-stage code)", nm, h.version, kFileVersion, kFileVersionIvf, kFileVersionIvfRerank);
   TQ_CHECK(h.header_bytes == 128, "%s: header size %u, expected 128", nm, h.header_bytes);
   TQ_CHECK(checksum64(data, 120) == h.header_xxh3, "%s: header checksum mismatch (corrupted header)", nm);
   TQ_CHECK(h.dim >= 2 && h.dim <= 65536, "%s: dim %u outside [2, 65536]", nm, h.dim);
@@ -293,8 +300,10 @@ Index Index::from_bytes(const uint8_t* data, size_t size, const std::string& nam
   TQ_CHECK(h.rotation_kind <= 5, "%s: unknown rotation kind %u", nm, h.rotation_kind);
   TQ_CHECK(h.law <= 1, "%s: unknown codebook law %u", nm, h.law);
   TQ_CHECK(h.bits_x2 >= 2 && h.bits_x2 <= 16, "%s: bits*2 = %u outside [2, 16]", nm, h.bits_x2);
-  const bool ivf = h.version == kFileVersionIvf;
-  if (ivf) TQ_CHECK(h.flags <= 31 && (h.flags & 8) != 0, "%s: flags 0x%x invalid for a version 2 (IVF) file", nm, h.flags);
+  const bool ivf = h.version == kFileVersionIvf || h.version == kFileVersionIvfRerank;
+  if (ivf)
+    TQ_CHECK(h.flags <= 31 && (h.flags & 8) != 0, "%s: flags 0x%x invalid for a version %u (IVF) file", nm, h.flags,
+             h.version);
   else TQ_CHECK(h.flags <= 7, "%s: unknown flags 0x%x", nm, h.flags);
   const auto rk = static_cast<RotationKind>(h.rotation_kind);
   if (rk == RotationKind::block)
@@ -335,6 +344,17 @@ Index Index::from_bytes(const uint8_t* data, size_t size, const std::string& nam
     expect_code = nb * (l2 ? 2 : 1) + packed_bytes(n_hi, h.bits_x2 / 2 + 1) +
                   packed_bytes(d - n_hi, h.bits_x2 / 2);
   }
+  // Version 3: the IVF section's last word is the second stage's width, and its records
+  // carry [scale][packed codes] after the first code.
+  if (h.version == kFileVersionIvfRerank) {
+    const uint64_t off = 128 + (cfg.center && h.count > 0 ? 4 * static_cast<uint64_t>(d) : 0);
+    TQ_CHECK(size >= off + 16, "%s: %zu bytes, too short for the IVF section (truncated?)", nm, size);
+    const uint32_t rb = ld32(data + off + 12);
+    TQ_CHECK(rb >= 1 && rb <= 8, "%s: second-stage code width %u outside [1, 8] in a version 3 file", nm, rb);
+    TQ_CHECK(cfg.codec == QuantizerKind::mse, "%s: second-stage code with codec prod", nm);
+    cfg.rerank_bits = static_cast<int>(rb);
+    expect_code += nb + packed_bytes(d, static_cast<int>(rb));
+  }
   TQ_CHECK(h.code_bytes == expect_code, "%s: record size %llu, parameters imply %zu", nm,
            static_cast<unsigned long long>(h.code_bytes), expect_code);
   const size_t code_bytes = expect_code;
@@ -352,7 +372,8 @@ Index Index::from_bytes(const uint8_t* data, size_t size, const std::string& nam
     const uint32_t trained = ld32(data + ivf_offset + 8), reserved = ld32(data + ivf_offset + 12);
     TQ_CHECK(nl >= 1 && nl <= (1u << 20), "%s: IVF nlist %u outside [1, 2^20]", nm, nl);
     TQ_CHECK(it >= 1 && it <= 1000, "%s: IVF kmeans_iters %u outside [1, 1000]", nm, it);
-    TQ_CHECK(trained == (n > 0 ? 1u : 0u) && reserved == 0, "%s: IVF section flags inconsistent", nm);
+    TQ_CHECK(trained == (n > 0 ? 1u : 0u) && reserved == static_cast<uint32_t>(cfg.rerank_bits),
+             "%s: IVF section flags inconsistent", nm);
     cfg.nlist = static_cast<int>(nl);
     cfg.kmeans_iters = static_cast<int>(it);
     ivf_bytes = 16;
@@ -439,6 +460,11 @@ Index Index::from_bytes(const uint8_t* data, size_t size, const std::string& nam
         r += packed_bytes(static_cast<size_t>(s.len), s.bits);
       }
       I.set_indices(i, idx.data());
+      if (I.rbytes > 0) {
+        I.rscale[i] = get_norm(r, cfg.norm);
+        std::memcpy(I.rcodes.data() + i * I.rbytes, r + I.norm_bytes, I.rbytes);
+        TQ_CHECK(std::isfinite(I.rscale[i]), "%s: vector %zu has a non-finite second-stage scale", nm, i);
+      }
     }
     TQ_CHECK(std::isfinite(I.scale[i]), "%s: vector %zu has a non-finite scale", nm, i);
     if (I.has_norm) TQ_CHECK(std::isfinite(I.norm[i]) && I.norm[i] >= 0, "%s: vector %zu has a bad norm", nm, i);

@@ -33,7 +33,7 @@ struct BuildOpts {
   uint64_t seed = 0x5eed;
   bool keep_vectors = false, fit_scale = false, center = false, ivf_list_mean = false;
   bool no_fit_scale = false, no_center = false;
-  int threads = 0, ivf = 0, kmeans_iters = 10;
+  int threads = 0, ivf = 0, kmeans_iters = 10, rerank_bits = 0;
 };
 
 void add_build_options(CLI::App* sub, BuildOpts& o) {
@@ -66,6 +66,10 @@ void add_build_options(CLI::App* sub, BuildOpts& o) {
                   "search scans --nprobe lists")->capture_default_str()->check(CLI::Range(0, 1 << 20));
   sub->add_option("--kmeans-iters", o.kmeans_iters, "IVF: Lloyd iterations of the coarse k-means")
       ->capture_default_str()->check(CLI::Range(1, 1000));
+  sub->add_option("--rerank-bits", o.rerank_bits,
+                  "IVF: also store a second-stage code of each residual at B bits per channel (1..8),\n"
+                  "read only to re-score the --rerank shortlist (0: none)")
+      ->capture_default_str()->check(CLI::Range(0, 8));
   sub->add_flag("--ivf-list-mean", o.ivf_list_mean,
                 "IVF: residuals to the mean of each list's members instead of the k-means centroid");
 }
@@ -91,6 +95,7 @@ tq::IndexConfig config_of(const BuildOpts& o, int dim) {
   c.nlist = o.ivf;
   c.kmeans_iters = o.kmeans_iters;
   c.ivf_list_mean = o.ivf_list_mean;
+  c.rerank_bits = o.rerank_bits;
   return c;
 }
 
@@ -130,7 +135,8 @@ struct SearchOpts {
 void add_search_options(CLI::App* sub, SearchOpts& o, bool with_k) {
   if (with_k) sub->add_option("-k", o.k, "results per query")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   sub->add_option("--rerank", o.rerank,
-                  "fast-scan candidates re-scored with exact float LUTs (-1: auto = k + 16; 0: off)")
+                  "fast-scan candidates re-scored with exact float LUTs, or with the second-stage code of an\n"
+                  "index built with --rerank-bits (-1: auto = k + 16; 0: off)")
       ->capture_default_str();
   sub->add_option("--rerank-full", o.rerank_full, "candidates re-scored with kept float vectors (0: off)")
       ->capture_default_str();
