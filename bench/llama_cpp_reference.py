@@ -150,24 +150,50 @@ def llama_speed(args, tokens, type_k, type_v, ctx):
     return statistics.median(pf), statistics.median(dc)
 
 
-def speed_ratios(speed):
+def speed_ratios(speed, pairs=()):
     """Per context and cache type both engines ran: tq / llama.cpp tok/s of each round (the
-    two runs next to each other), and the median over rounds."""
+    two runs next to each other), and the median over rounds. pairs: (tq cache, llama.cpp
+    cache) of different types to compare too (e.g. tq's auto against llama.cpp's q4_0); their
+    rows name both ("auto vs q4_0")."""
     out = []
-    keys = sorted({(r["context"], r["cache"]) for r in speed if r["engine"] == "llama.cpp"})
-    for ctx, cache in keys:
+    keys = sorted({(r["context"], r["cache"], r["cache"]) for r in speed if r["engine"] == "llama.cpp"})
+    keys += sorted({(r["context"], t, l) for r in speed for t, l in pairs if r["engine"] == "llama.cpp"})
+    for ctx, tq_cache, cache in keys:
         pf, dc = [], []
         for rnd in sorted({r["round"] for r in speed if r["context"] == ctx}):
             a = [r for r in speed if (r["engine"], r["context"], r["cache"], r["round"]) == ("llama.cpp", ctx, cache, rnd)]
-            b = [r for r in speed if (r["engine"], r["context"], r["cache"], r["round"]) == ("tq", ctx, cache, rnd)]
+            b = [r for r in speed if (r["engine"], r["context"], r["cache"], r["round"]) == ("tq", ctx, tq_cache, rnd)]
             if a and b:
                 pf.append(b[0]["prefill_tok_s"] / a[0]["prefill_tok_s"])
                 dc.append(b[0]["decode_tok_s"] / a[0]["decode_tok_s"])
         if pf:
-            out.append({"context": ctx, "cache": cache, "rounds": len(pf), "prefill_ratio": pf, "decode_ratio": dc,
+            name = cache if tq_cache == cache else f"{tq_cache} vs {cache}"
+            out.append({"context": ctx, "cache": name, "rounds": len(pf), "prefill_ratio": pf, "decode_ratio": dc,
                         "prefill_ratio_median": statistics.median(pf), "decode_ratio_median": statistics.median(dc),
                         "prefill_ratio_min": min(pf), "prefill_ratio_max": max(pf),
                         "decode_ratio_min": min(dc), "decode_ratio_max": max(dc)})
+    return out
+
+
+def tq_cache_ratios(speed):
+    """tq's own caches against the first tq cache of the same round and context (one process
+    runs them one after the other), per round and the median: e.g. auto / f16."""
+    out = []
+    for ctx in sorted({r["context"] for r in speed if r["engine"] == "tq"}):
+        rows = [r for r in speed if r["engine"] == "tq" and r["context"] == ctx]
+        caches = list(dict.fromkeys(r["cache"] for r in rows))
+        for cache in caches[1:]:
+            pf, dc = [], []
+            for rnd in sorted({r["round"] for r in rows}):
+                a = [r for r in rows if (r["cache"], r["round"]) == (caches[0], rnd)]
+                b = [r for r in rows if (r["cache"], r["round"]) == (cache, rnd)]
+                if a and b:
+                    pf.append(b[0]["prefill_tok_s"] / a[0]["prefill_tok_s"])
+                    dc.append(b[0]["decode_tok_s"] / a[0]["decode_tok_s"])
+            if pf:
+                out.append({"context": ctx, "cache": cache, "vs": caches[0], "rounds": len(pf),
+                            "prefill_ratio": pf, "decode_ratio": dc,
+                            "prefill_ratio_median": statistics.median(pf), "decode_ratio_median": statistics.median(dc)})
     return out
 
 
@@ -190,6 +216,9 @@ def main():
                     help="tq caches in the speed runs (tq bench model --caches: types or whole labels)")
     ap.add_argument("--llama-caches", default="f16,q8_0,q4_0", help="llama.cpp caches in the speed runs (of f16, q8_0, q4_0)")
     ap.add_argument("--no-quality", action="store_true", help="speed runs only")
+    ap.add_argument("--pairs", default="",
+                    help="extra speed ratios of a tq cache against a llama.cpp cache of another type, "
+                         "comma-separated TQ:LLAMA (e.g. auto:q4_0,auto:q8_0)")
     ap.add_argument("--kv-ppl", default="q8_0,q4_0", help="llama.cpp quantized KV caches for perplexity ('' for none)")
     ap.add_argument("--self-ubatch", default="",
                     help="comma-separated micro-batch sizes: llama.cpp's f16 perplexity again with each, top-1 "
@@ -207,6 +236,12 @@ def main():
     bad = set(filter(None, args.llama_caches.split(","))) - {"f16", "q8_0", "q4_0"}
     if bad:
         ap.error(f"--llama-caches: unknown cache type(s) {', '.join(sorted(bad))} (valid: f16, q8_0, q4_0)")
+    pairs = []
+    for item in filter(None, (x.strip() for x in args.pairs.split(","))):
+        t, sep, l = item.partition(":")
+        if not sep or not t or l not in ("f16", "q8_0", "q4_0"):
+            ap.error(f"--pairs: '{item}' is not TQ_CACHE:LLAMA_CACHE with LLAMA_CACHE one of f16, q8_0, q4_0")
+        pairs.append((t, l))
     text = open(args.corpus, encoding="utf-8").read()
     report = {"date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "model": args.model,
               "corpus": args.corpus, "ctx": args.ctx, "chunks": args.chunks, "threads": args.threads}
@@ -322,10 +357,14 @@ def main():
                 if row["context"] == ctx and row["round"] == rnd:
                     row["loadavg_1min_before"] = load0
             report["speed"] = speed
-            report["speed_ratio"] = speed_ratios(speed)
+            report["speed_ratio"] = speed_ratios(speed, pairs)
+            report["tq_cache_ratio"] = tq_cache_ratios(speed)
             save()
     for r in report.get("speed_ratio", []):
         print(f"tq / llama.cpp ctx {r['context']} {r['cache']}: prefill {r['prefill_ratio_median']:.3f}x, "
+              f"decode {r['decode_ratio_median']:.3f}x (median of {r['rounds']} rounds)")
+    for r in report.get("tq_cache_ratio", []):
+        print(f"tq {r['cache']} / tq {r['vs']} ctx {r['context']}: prefill {r['prefill_ratio_median']:.3f}x, "
               f"decode {r['decode_ratio_median']:.3f}x (median of {r['rounds']} rounds)")
 
 

@@ -13,7 +13,8 @@
 #   defaults: build/tq 512 8 1 2 512 (speed contexts comma-separated; "" for none); extra args
 #   go to bench/llama_cpp_reference.py (e.g. --no-quality, --kv-ppl "", --reps 3, --rounds 5: speed runs of
 #   the two engines alternating, ratio per round; --self-ubatch 32,1:
-#   llama.cpp against its own run with other micro-batch sizes).
+#   llama.cpp against its own run with other micro-batch sizes; --pairs auto:q4_0: a tq cache
+#   against a llama.cpp cache of another type; tq_cache_ratio: each tq cache against the first).
 #   TQ_REF_MODEL: the GGUF (default models/SmolLM2-135M-Instruct.Q4_1.gguf; e.g.
 #   models/gemma-3-270m-q4_k_m.gguf); TQ_REF_OUT: the report (default
 #   bench/results/llama_cpp_reference_c<ctx>.json).
