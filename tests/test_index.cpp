@@ -53,6 +53,20 @@ Results run(const tq::Index& idx, const std::vector<float>& q, int k, tq::Search
   idx.search(nq, q.data(), p, r.s.data(), r.id.data());
   return r;
 }
+// Two searches that score the same codes: equal scores (float rounding), and ids that differ
+// only where two neighbours of a row tie within that rounding.
+void expect_same_up_to_ties(const Results& ra, const Results& rb, size_t nq, int k, const std::string& what) {
+  for (size_t i = 0; i < nq * k; ++i) {
+    EXPECT_NEAR(ra.s[i], rb.s[i], 1e-4f * (1.f + std::fabs(rb.s[i]))) << what << " " << i;
+    if (ra.id[i] != rb.id[i]) {
+      const size_t row = i / k;
+      bool tie = false;
+      for (size_t j = row * k; j < (row + 1) * k; ++j)
+        tie |= rb.id[j] == ra.id[i] && std::fabs(rb.s[j] - ra.s[i]) <= 1e-4f * (1.f + std::fabs(ra.s[i]));
+      EXPECT_TRUE(tie) << what << " query " << row;
+    }
+  }
+}
 Results exact(tq::Metric m, const std::vector<float>& x, const std::vector<float>& q, int d, int k) {
   const size_t n = x.size() / d, nq = q.size() / d;
   Results r{std::vector<float>(nq * k), std::vector<int64_t>(nq * k)};
@@ -589,17 +603,7 @@ TEST(Ivf, AllListsProbedEqualsExhaustiveScanOfTheSameCodes) {
       const int k = 10;
       auto ra = run(idx, q, k, a), rb = run(idx, q, k, b);
       const std::string what = idx.describe();
-      for (size_t i = 0; i < nq * k; ++i) {
-        EXPECT_NEAR(ra.s[i], rb.s[i], 1e-4f * (1.f + std::fabs(rb.s[i]))) << what << " " << i;
-        if (ra.id[i] != rb.id[i]) {
-          // Only a tie within float rounding may swap two neighbours.
-          const size_t row = i / k;
-          bool tie = false;
-          for (size_t j = row * k; j < (row + 1) * k; ++j)
-            tie |= rb.id[j] == ra.id[i] && std::fabs(rb.s[j] - ra.s[i]) <= 1e-4f * (1.f + std::fabs(ra.s[i]));
-          EXPECT_TRUE(tie) << what << " query " << row;
-        }
-      }
+      expect_same_up_to_ties(ra, rb, nq, k, what);
       // And recall against exact search is that of the codes, at every nprobe it can only
       // lose candidates: recall(nprobe = 4) <= recall(all) + noise, recall(4) high at 4 bits.
       if (bits == 4.0) {
@@ -851,16 +855,7 @@ TEST(IvfRerank, SecondStageEqualsBruteForceRerankOfTheSameCodes) {
       const int k = 10;
       auto ra = run(a, q, k, pa), rr = run(ref, q, k, pr);
       const std::string what = a.describe();
-      for (size_t i = 0; i < nq * k; ++i) {
-        EXPECT_NEAR(ra.s[i], rr.s[i], 1e-4f * (1.f + std::fabs(rr.s[i]))) << what << " " << i;
-        if (ra.id[i] != rr.id[i]) {
-          const size_t row = i / k;
-          bool tie = false;
-          for (size_t j = row * k; j < (row + 1) * k; ++j)
-            tie |= rr.id[j] == ra.id[i] && std::fabs(rr.s[j] - ra.s[i]) <= 1e-4f * (1.f + std::fabs(ra.s[i]));
-          EXPECT_TRUE(tie) << what << " query " << row;
-        }
-      }
+      expect_same_up_to_ties(ra, rr, nq, k, what);
       // rerank 0: the scan scores of the first code alone, as an index without a second stage.
       tq::Index plain(ivf_cfg(d, 4, m, nlist));
       plain.add(n, x.data());
