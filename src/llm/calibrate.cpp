@@ -353,16 +353,11 @@ double calib_cheapest_bits(const LlamaConfig& mc, const std::vector<std::string>
   return 8.0 * static_cast<double>(calib_bytes_used(mc, label_kv(label, seed), n_ctx)) / values;
 }
 
-CalibAllocation calibrate_allocate(const LlamaConfig& mc, const CalibSensitivity& s, double bits, int n_ctx,
-                                   uint64_t seed) {
-  TQ_CHECK(s.n_layers == mc.n_layers && s.n_kv_heads == mc.n_kv_heads && s.head_dim == mc.head_dim,
-           "calibrate: the sensitivities are of a model with %d layers x %d KV heads of %d dims, this one has "
-           "%d x %d of %d", s.n_layers, s.n_kv_heads, s.head_dim, mc.n_layers, mc.n_kv_heads, mc.head_dim);
-  TQ_CHECK(s.n_scored > 0 && !s.sens_k.empty(), "calibrate: no measured sensitivities");
-  TQ_CHECK(std::isfinite(bits) && bits > 0, "calibrate: bits per value %g is not > 0", bits);
-  TQ_CHECK(n_ctx >= 1, "calibrate: context %d", n_ctx);
+namespace {
+// The knapsack's input from one measurement: its sensitivities, types, whole-model KLDs, each
+// type's bytes per block and the protection as the label suffix.
+AllocInput alloc_input(const LlamaConfig& mc, const CalibSensitivity& s) {
   const int D = mc.head_dim;
-  const std::string suffix = s.protect.empty() ? "" : " " + s.protect;
   AllocInput in;
   in.n_layers = mc.n_layers;
   in.n_kv_heads = mc.n_kv_heads;
@@ -374,7 +369,22 @@ CalibAllocation calibrate_allocate(const LlamaConfig& mc, const CalibSensitivity
   in.kld_v = s.kld_v;
   for (const auto& t : s.k_types) in.cost_k.push_back(block_cost(t, D));
   for (const auto& t : s.v_types) in.cost_v.push_back(block_cost(t, D));
-  in.suffix = suffix;
+  in.suffix = s.protect.empty() ? "" : " " + s.protect;
+  return in;
+}
+}  // namespace
+
+CalibAllocation calibrate_allocate(const LlamaConfig& mc, const CalibSensitivity& s, double bits, int n_ctx,
+                                   uint64_t seed) {
+  TQ_CHECK(s.n_layers == mc.n_layers && s.n_kv_heads == mc.n_kv_heads && s.head_dim == mc.head_dim,
+           "calibrate: the sensitivities are of a model with %d layers x %d KV heads of %d dims, this one has "
+           "%d x %d of %d", s.n_layers, s.n_kv_heads, s.head_dim, mc.n_layers, mc.n_kv_heads, mc.head_dim);
+  TQ_CHECK(s.n_scored > 0 && !s.sens_k.empty(), "calibrate: no measured sensitivities");
+  TQ_CHECK(std::isfinite(bits) && bits > 0, "calibrate: bits per value %g is not > 0", bits);
+  TQ_CHECK(n_ctx >= 1, "calibrate: context %d", n_ctx);
+  const int D = mc.head_dim;
+  AllocInput in = alloc_input(mc, s);
+  const std::string& suffix = in.suffix;
   const double values_per_token = 2.0 * mc.n_layers * mc.n_kv_heads * D;
   const double allowed = std::floor(bits * values_per_token * n_ctx / 8.0 + 1e-9);  // bytes at n_ctx tokens
   const int64_t n_units = static_cast<int64_t>(mc.n_layers) * mc.n_kv_heads;
@@ -424,20 +434,9 @@ CalibAllocation calibrate_allocate_multi(const LlamaConfig& mc, const std::vecto
   TQ_CHECK(std::isfinite(bits) && bits > 0, "calibrate: bits per value %g is not > 0", bits);
   TQ_CHECK(n_ctx >= 1, "calibrate: context %d", n_ctx);
   const int D = mc.head_dim;
-  const std::string suffix = s0.protect.empty() ? "" : " " + s0.protect;
   const size_t ck = cheapest(s0.k_types, D), cv = cheapest(s0.v_types, D);
-  AllocInput in;
-  in.n_layers = mc.n_layers;
-  in.n_kv_heads = mc.n_kv_heads;
-  in.sens_k = s0.sens_k;
-  in.sens_v = s0.sens_v;
-  in.k_types = s0.k_types;
-  in.v_types = s0.v_types;
-  in.kld_k = s0.kld_k;
-  in.kld_v = s0.kld_v;
-  for (const auto& t : s0.k_types) in.cost_k.push_back(block_cost(t, D));
-  for (const auto& t : s0.v_types) in.cost_v.push_back(block_cost(t, D));
-  in.suffix = suffix;
+  AllocInput in = alloc_input(mc, s0);
+  const std::string& suffix = in.suffix;
   if (ss.size() > 1) {
     // Each measurement relative to its predicted KLD with the cheapest types everywhere.
     auto w_of = [&](const CalibSensitivity& s) {
