@@ -413,6 +413,67 @@ TEST(Calibrate, SeveralContextsKeepTheBudgetAtEach) {
   EXPECT_THROW(tq::calibrate_allocate_multi(mc, {}, 4.25, 96), tq::Error);
 }
 
+// --long-probes growing: the layers whose attended tokens grow with the context, probed alone;
+// the others' sensitivities copied from the shorter context.
+TEST(Calibrate, LongContextProbesOnlyTheGrowingLayers) {
+  tq::LlamaConfig w;
+  w.n_layers = 6;
+  w.sliding_window = 512;
+  w.traits.swa_pattern = 6;  // layer 5 global, the rest in 512-token windows
+  EXPECT_EQ(tq::calib_layers_growing(w, 512, 8192), (std::vector<int>{5}));
+  EXPECT_EQ(tq::calib_layers_growing(w, 1024, 2048), (std::vector<int>{5}));
+  EXPECT_EQ(tq::calib_layers_growing(w, 256, 8192), (std::vector<int>{0, 1, 2, 3, 4, 5}));  // windows not yet full
+  w.sliding_window = 0;  // no windows: every layer grows
+  EXPECT_EQ(tq::calib_layers_growing(w, 512, 8192), (std::vector<int>{0, 1, 2, 3, 4, 5}));
+  EXPECT_THROW(tq::calib_layers_growing(w, 512, 512), tq::Error);
+
+  Tiny t;
+  const tq::LlamaConfig& mc = t.m.config();
+  const std::vector<int32_t> tokens = random_tokens(2 * 64 + 3, mc.n_vocab, 5);
+  tq::CalibOptions co;
+  co.n_ctx = 64;
+  co.n_chunks = 1;
+  co.k_types = {"tq2h4n8", "tq4h6n8"};
+  co.v_types = {"tq3n8", "tq5n8"};
+  const tq::CalibSensitivity all = tq::calibrate_measure(t.m, tokens, co);
+  co.probe_layers = std::vector<int>{1};
+  size_t total = 0;
+  co.progress = [&](size_t, size_t n) { total = n; };
+  tq::CalibSensitivity some = tq::calibrate_measure(t.m, tokens, co);
+  EXPECT_EQ(total, 2u * mc.n_kv_heads + 2 + 2 + 1);  // layer 1's K and V probes, the types, f16
+  const int H = mc.n_kv_heads;
+  for (int h = 0; h < H; ++h) {
+    EXPECT_EQ(some.sens_k[h], -1);  // layer 0: not probed
+    EXPECT_EQ(some.sens_v[h], -1);
+    EXPECT_NEAR(some.sens_k[H + h], all.sens_k[H + h], 1e-12 + 1e-9 * all.sens_k[H + h]);
+    EXPECT_NEAR(some.sens_v[H + h], all.sens_v[H + h], 1e-12 + 1e-9 * all.sens_v[H + h]);
+  }
+  EXPECT_EQ(some.kld_k, all.kld_k);
+  EXPECT_EQ(some.kld_v, all.kld_v);
+  some.n_ctx = 128;  // as if measured at a longer context
+  tq::CalibSensitivity shorter = fake_sens(mc, 4);
+  shorter.k_types = co.k_types;
+  shorter.v_types = co.v_types;
+  EXPECT_THROW(tq::calib_reuse_sens(some, shorter, {1}), tq::Error);  // other probes (fake_sens has none)
+  shorter.probe_k = some.probe_k;
+  shorter.probe_v = some.probe_v;
+  tq::CalibSensitivity longer = some;
+  tq::calib_reuse_sens(longer, shorter, {1});
+  EXPECT_EQ(longer.reused_layers, (std::vector<int>{0}));
+  EXPECT_EQ(longer.reused_from_ctx, 64);
+  for (int h = 0; h < H; ++h) {
+    EXPECT_EQ(longer.sens_k[h], shorter.sens_k[h]);
+    EXPECT_EQ(longer.sens_v[h], shorter.sens_v[h]);
+    EXPECT_EQ(longer.sens_k[H + h], some.sens_k[H + h]);
+  }
+  tq::CalibSensitivity bad = some;
+  shorter.n_ctx = 128;  // not a shorter context
+  EXPECT_THROW(tq::calib_reuse_sens(bad, shorter, {1}), tq::Error);
+  shorter.n_ctx = 64;
+  shorter.v_types.pop_back();  // other candidates
+  EXPECT_THROW(tq::calib_reuse_sens(bad, shorter, {1}), tq::Error);
+}
+
 // On Gemma 3 (15 of 18 layers in 512-token windows) calib_bytes_held is what tq perplexity
 // counts past the window, and calib_bytes_used (every token of every layer) within it.
 TEST(Calibrate, BytesHeldAsPerplexityCountsThemOnGemma) {

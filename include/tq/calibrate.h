@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,9 @@ struct CalibOptions {
   std::string probe_k = "tq2h5n8", probe_v = "tq3n8";
   std::string protect = "ks";                // label tokens after the base K/V (the protection)
   uint64_t seed = 0x5eed;                    // cache rotations
+  // Layers whose KV heads get the one-head probes (nullopt: every layer). The other units'
+  // sensitivities are left at -1 for calib_reuse_sens to fill from a shorter context.
+  std::optional<std::vector<int>> probe_layers;
   ProgressFn progress;                       // (done, total) passes
   std::function<bool()> stop;                // polled after every pass: true stops at the last whole window
 };
@@ -100,6 +104,10 @@ struct CalibSensitivity {
   std::vector<double> kld_k, kld_v;
   double ppl_ref = 0;
   double seconds = 0;
+  // Layers whose sensitivities were not probed at n_ctx but copied from the measurement at
+  // reused_from_ctx (calib_reuse_sens); empty: every layer was probed here.
+  std::vector<int> reused_layers;
+  int reused_from_ctx = 0;
   bool complete() const { return windows > 0 && windows == windows_requested; }
 };
 
@@ -115,6 +123,18 @@ std::vector<KvSpec> calib_configs(const LlamaConfig& mc, const CalibOptions& opt
 // none finished).
 CalibSensitivity calibrate_measure(const LlamaModel& m, const std::vector<int32_t>& tokens,
                                    const CalibOptions& opt);
+
+// The layers that attend to more tokens at long_ctx than at short_ctx: every layer of a model
+// without sliding windows, only the global (non-windowed) ones when short_ctx already fills the
+// windows (Gemma 3 at 512: layers 5, 11, 17). The others' one-head sensitivities change little
+// with the context, so `tq calibrate --long-probes growing` probes only these at long_ctx.
+std::vector<int> calib_layers_growing(const LlamaConfig& mc, int short_ctx, int long_ctx);
+// Fills the units of `at_long` whose layers are not in `probed` with the one-head sensitivities
+// of `at_short` (the same model, candidates, probes and protection, measured at a shorter
+// context), as they are: a windowed layer's probe is a per-token KLD over the same number of
+// attended tokens at both contexts. Records the layers and at_short.n_ctx (reused_layers,
+// reused_from_ctx). tq::Error on a mismatch.
+void calib_reuse_sens(CalibSensitivity& at_long, const CalibSensitivity& at_short, const std::vector<int>& probed);
 
 // Bytes a cache of this label holds after n_ctx tokens (KvCache::bytes_used: quantized rows,
 // f16 sink rows, centring means, K scales, channel masks), every layer holding every token

@@ -199,9 +199,16 @@ std::vector<KvSpec> calib_configs(const LlamaConfig& mc, const CalibOptions& opt
   const KvSpec p = calib_protection(opt.protect, opt.seed);
   std::vector<KvSpec> out;
   const KvFormat probe_k = parse_kv_format(opt.probe_k), probe_v = parse_kv_format(opt.probe_v);
+  if (opt.probe_layers)
+    for (int l : *opt.probe_layers)
+      TQ_CHECK(l >= 0 && l < mc.n_layers, "calibrate: probe layer %d out of range (the model has %d layers)", l,
+               mc.n_layers);
+  auto probed = [&](int l) {
+    return !opt.probe_layers || std::find(opt.probe_layers->begin(), opt.probe_layers->end(), l) != opt.probe_layers->end();
+  };
   for (int side = 0; side < 2; ++side)
     for (int l = 0; l < mc.n_layers; ++l)
-      for (int h = 0; h < mc.n_kv_heads; ++h) {
+      for (int h = 0; h < mc.n_kv_heads && probed(l); ++h) {
         KvSpec o = p;
         o.layers = {{{{l, l, h}}, side == 0 ? probe_k : KvFormat::f16, side == 0 ? KvFormat::f16 : probe_v}};
         out.push_back(o);
@@ -276,14 +283,63 @@ CalibSensitivity calibrate_measure(const LlamaModel& m, const std::vector<int32_
   s.seconds = tq::wall_seconds() - t0;
   if (s.n_scored == 0) return s;
   const double n = static_cast<double>(s.n_scored);
+  // The probed units in order (calib_configs' order); the others stay -1.
+  std::vector<int> units;
   for (int u = 0; u < n_units; ++u) {
-    s.sens_k.push_back(kld_sum[u] / n);
-    s.sens_v.push_back(kld_sum[n_units + u] / n);
+    const int l = u / mc.n_kv_heads;
+    if (!opt.probe_layers || std::find(opt.probe_layers->begin(), opt.probe_layers->end(), l) != opt.probe_layers->end())
+      units.push_back(u);
   }
-  for (size_t t = 0; t < kt.size(); ++t) s.kld_k.push_back(kld_sum[2 * n_units + t] / n);
-  for (size_t t = 0; t < vt.size(); ++t) s.kld_v.push_back(kld_sum[2 * n_units + kt.size() + t] / n);
+  const size_t np = units.size();
+  s.sens_k.assign(n_units, -1);
+  s.sens_v.assign(n_units, -1);
+  for (size_t i = 0; i < np; ++i) {
+    s.sens_k[units[i]] = kld_sum[i] / n;
+    s.sens_v[units[i]] = kld_sum[np + i] / n;
+  }
+  for (size_t t = 0; t < kt.size(); ++t) s.kld_k.push_back(kld_sum[2 * np + t] / n);
+  for (size_t t = 0; t < vt.size(); ++t) s.kld_v.push_back(kld_sum[2 * np + kt.size() + t] / n);
   s.ppl_ref = std::exp(nll_ref / n);
   return s;
+}
+
+std::vector<int> calib_layers_growing(const LlamaConfig& mc, int short_ctx, int long_ctx) {
+  TQ_CHECK(short_ctx >= 1 && long_ctx > short_ctx, "calibrate: contexts %d and %d (the second must be longer)",
+           short_ctx, long_ctx);
+  std::vector<int> out;
+  for (int l = 0; l < mc.n_layers; ++l) {
+    auto seen = [&](int c) { return mc.layer_is_swa(l) ? std::min(c, mc.sliding_window) : c; };
+    if (seen(long_ctx) > seen(short_ctx)) out.push_back(l);
+  }
+  return out;
+}
+
+void calib_reuse_sens(CalibSensitivity& at_long, const CalibSensitivity& at_short, const std::vector<int>& probed) {
+  CalibSensitivity& a = at_long;
+  const CalibSensitivity& b = at_short;
+  TQ_CHECK(a.n_layers == b.n_layers && a.n_kv_heads == b.n_kv_heads && a.head_dim == b.head_dim &&
+               a.k_types == b.k_types && a.v_types == b.v_types && a.protect == b.protect && a.probe_k == b.probe_k &&
+               a.probe_v == b.probe_v,
+           "calibrate: the sensitivities at ctx %d and ctx %d were measured on another model or with other candidates, "
+           "probes or protection: cannot reuse one's for the other", b.n_ctx, a.n_ctx);
+  TQ_CHECK(b.n_ctx < a.n_ctx, "calibrate: reusing sensitivities of ctx %d at ctx %d (must be a shorter context)",
+           b.n_ctx, a.n_ctx);
+  const size_t n = static_cast<size_t>(a.n_layers) * a.n_kv_heads;
+  TQ_CHECK(a.sens_k.size() == n && a.sens_v.size() == n && b.sens_k.size() == n && b.sens_v.size() == n,
+           "calibrate: sensitivities of %zu units expected", n);
+  a.reused_layers.clear();
+  for (int l = 0; l < a.n_layers; ++l) {
+    if (std::find(probed.begin(), probed.end(), l) != probed.end()) continue;
+    for (int h = 0; h < a.n_kv_heads; ++h) {
+      const size_t u = static_cast<size_t>(l) * a.n_kv_heads + h;
+      a.sens_k[u] = b.sens_k[u];
+      a.sens_v[u] = b.sens_v[u];
+    }
+    a.reused_layers.push_back(l);
+  }
+  a.reused_from_ctx = a.reused_layers.empty() ? 0 : b.n_ctx;
+  for (size_t u = 0; u < n; ++u)
+    TQ_CHECK(a.sens_k[u] >= 0 && a.sens_v[u] >= 0, "calibrate: unit %zu has no sensitivity at ctx %d", u, a.n_ctx);
 }
 
 size_t calib_bytes_used(const LlamaConfig& mc, const KvSpec& kv, int n_ctx) {

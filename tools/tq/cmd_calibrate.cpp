@@ -63,7 +63,8 @@ nlohmann::json sens_json(const tq::CalibSensitivity& s, const std::string& model
           {"ctx", s.n_ctx}, {"windows", s.windows}, {"windows_requested", s.windows_requested},
           {"scored_tokens", s.n_scored}, {"probe_k", s.probe_k}, {"probe_v", s.probe_v},
           {"protect", s.protect}, {"ppl_f16", s.ppl_ref}, {"seconds", s.seconds},
-          {"sens_k", s.sens_k}, {"sens_v", s.sens_v}, {"types_k", tk}, {"types_v", tv}};
+          {"sens_k", s.sens_k}, {"sens_v", s.sens_v}, {"types_k", tk}, {"types_v", tv},
+          {"reused_layers", s.reused_layers}, {"reused_from_ctx", s.reused_from_ctx}};
 }
 
 tq::CalibSensitivity read_sens(const std::string& path, std::string* file) {
@@ -89,6 +90,8 @@ tq::CalibSensitivity read_sens(const std::string& path, std::string* file) {
     s.seconds = j.at("seconds");
     s.sens_k = j.at("sens_k").get<std::vector<double>>();
     s.sens_v = j.at("sens_v").get<std::vector<double>>();
+    s.reused_layers = j.value("reused_layers", std::vector<int>{});  // absent in files of earlier releases
+    s.reused_from_ctx = j.value("reused_from_ctx", 0);
     for (const auto& t : j.at("types_k")) {
       s.k_types.push_back(t.at("type"));
       s.kld_k.push_back(t.at("kld"));
@@ -149,6 +152,7 @@ void setup(CLI::App& app) {
   auto sens = std::make_shared<std::vector<std::string>>();
   auto long_ctx = std::make_shared<std::string>();
   auto long_chunks = std::make_shared<int>(1);
+  auto long_probes = std::make_shared<std::string>("all");
   auto k_types = std::make_shared<std::string>();
   auto v_types = std::make_shared<std::string>();
   auto probe_k = std::make_shared<std::string>("tq2h5n8");
@@ -170,6 +174,12 @@ void setup(CLI::App& app) {
                 "at every context as the cache holds it (sliding-window layers hold their window); for models whose "
                 "global layers see more tokens at long context than at -c");
   s->add_option("--long-chunks", *long_chunks, "windows of calibration text at each --long-ctx")->capture_default_str();
+  auto* long_probes_opt = s->add_option("--long-probes", *long_probes,
+                "which layers get the one-head probes at each --long-ctx: all, or growing (only the layers that "
+                "attend to more tokens there than at -c, e.g. a sliding-window model's global layers; the others "
+                "keep their -c sensitivities, and the whole-model type costs are still measured at --long-ctx: on "
+                "Gemma 3 at -c 512, 3 of 18 layers, 22 passes per window instead of 52)")
+      ->capture_default_str();
   s->add_option("--k-types", *k_types, "candidate K types, comma-separated (default: " +
                 [] { std::string x; for (auto& t : tq::default_calib_k_types()) x += (x.empty() ? "" : ",") + t; return x; }() +
                 ", those the model's head_dim supports)");
@@ -196,6 +206,10 @@ void setup(CLI::App& app) {
     TQ_CHECK(sens->empty() || (file->empty() && k_types->empty() && v_types->empty() && long_ctx->empty()),
              "--sens reuses measured sensitivities: -f, --k-types, --v-types and --long-ctx do not apply with it");
     TQ_CHECK(*long_chunks >= 1, "--long-chunks must be >= 1, got %d", *long_chunks);
+    TQ_CHECK(*long_probes == "all" || *long_probes == "growing", "--long-probes '%s': all or growing",
+             long_probes->c_str());
+    TQ_CHECK(long_probes_opt->count() == 0 || !long_ctx->empty(),
+             "--long-probes says which layers are probed at --long-ctx: give --long-ctx too");
     std::vector<int> longs;
     for (const auto& t : split_list(*long_ctx)) {
       int c = 0;
@@ -289,6 +303,7 @@ void setup(CLI::App& app) {
         tq::CalibOptions ci = co;
         ci.n_ctx = ctxs[i];
         if (i > 0) ci.n_chunks = *long_chunks;
+        if (i > 0 && *long_probes == "growing") ci.probe_layers = tq::calib_layers_growing(mc, co.n_ctx, ctxs[i]);
         pb.reset();
         pb_name = i == 0 ? "calibrate" : "calibrate c" + std::to_string(ctxs[i]);
         tq::CalibSensitivity one;
@@ -303,6 +318,7 @@ void setup(CLI::App& app) {
         if (stopped)
           stop_at = "ctx " + std::to_string(ctxs[i]) + " (" + std::to_string(one.windows) + " of " +
                     std::to_string(one.windows_requested) + " windows)";
+        if (one.windows > 0 && ci.probe_layers) tq::calib_reuse_sens(one, svs[0], *ci.probe_layers);
         if (one.windows > 0) svs.push_back(std::move(one));
       }
       sigaction(SIGINT, &old, nullptr);
@@ -373,6 +389,12 @@ void setup(CLI::App& app) {
                       svs[i].n_ctx, svs[i].windows, svs[i].windows == 1 ? "" : "s", svs[i].n_scored, svs[i].ppl_ref,
                       a.alloc.predicted_each[i], bits_there);
         comments.push_back(line);
+        if (!svs[i].reused_layers.empty()) {
+          std::string ls;
+          for (int l : svs[i].reused_layers) ls += (ls.empty() ? "" : ",") + std::to_string(l);
+          comments.push_back("    (one-head probes of layers " + ls + " not measured there: those of ctx " +
+                             std::to_string(svs[i].reused_from_ctx) + ", --long-probes growing)");
+        }
       }
       std::snprintf(line, sizeof line, "(one-head sensitivities, probes K %s / V %s, x whole-model type KLDs).",
                     sv.probe_k.c_str(), sv.probe_v.c_str());
@@ -400,7 +422,8 @@ void setup(CLI::App& app) {
       for (size_t i = 0; i < svs.size(); ++i) {
         measure_s += svs[i].seconds;
         nlohmann::json cj = {{"ctx", svs[i].n_ctx}, {"windows", svs[i].windows}, {"scored_tokens", svs[i].n_scored},
-                             {"ppl_f16", svs[i].ppl_ref}, {"seconds_measure", svs[i].seconds}};
+                             {"ppl_f16", svs[i].ppl_ref}, {"seconds_measure", svs[i].seconds},
+                             {"reused_layers", svs[i].reused_layers}, {"reused_from_ctx", svs[i].reused_from_ctx}};
         if (!a.alloc.predicted_each.empty()) cj["predicted_kld"] = a.alloc.predicted_each[i];
         contexts.push_back(cj);
       }
