@@ -178,7 +178,7 @@ void setup(CLI::App& app) {
                 "which layers get the one-head probes at each --long-ctx: all, or growing (only the layers that "
                 "attend to more tokens there than at -c, e.g. a sliding-window model's global layers; the others "
                 "keep their -c sensitivities, and the whole-model type costs are still measured at --long-ctx: on "
-                "Gemma 3 at -c 512, 3 of 18 layers, 22 passes per window instead of 52)")
+                "Gemma 3 at -c 512, 3 of 18 layers, 23 forward passes per window instead of 53)")
       ->capture_default_str();
   s->add_option("--k-types", *k_types, "candidate K types, comma-separated (default: " +
                 [] { std::string x; for (auto& t : tq::default_calib_k_types()) x += (x.empty() ? "" : ",") + t; return x; }() +
