@@ -97,7 +97,8 @@ void setup(CLI::App& app) {
       "for one layer); the error columns stay one-query decode at the full context. A suffix '@auto'\n"
       "(e.g. 'tq4h6n8:tq3h6n8@auto@lut8') gives that row the automatic protection as on a QK-norm\n"
       "model such as Gemma 3 (sink=1 center=k,rope,512 scale-k; RoPE base 1e6 over the whole head,\n"
-      "scale-k fed the synthetic queries) instead of the bare types. --sliding-window W times the\n"
+      "scale-k fed the synthetic queries) instead of the bare types; '@autoN' the same with one K mean per N\n"
+      "tokens (center=k,rope,N). --sliding-window W times the\n"
       "calls of a windowed layer (each query sees its last W tokens; past W queries, one call each).");
   sub->add_option("--head-dim", o->head_dim, "head dimension D")->capture_default_str();
   sub->add_option("--n-heads", o->n_heads, "query heads")->capture_default_str();
@@ -211,19 +212,25 @@ void setup(CLI::App& app) {
       // The row's cache as a KvSpec: 'K:V' and '@tc' are its k=/v= and trellis tokens; no sink or
       // centring (plain: the synthetic keys have no RoPE), the --window / --trellis flags on top.
       std::string spec = t, tokens;
+      int segment = 512;
       for (auto at = spec.rfind('@'); at != std::string::npos; at = spec.rfind('@')) {
         const std::string suffix = spec.substr(at + 1);
-        TQ_CHECK(suffix == "lut8" || suffix == "tc" || suffix == "auto",
-                 "--kv: unknown suffix '@%s' in '%s' (valid: @lut8, @tc, @auto)", suffix.c_str(), t.c_str());
+        // @autoN: the automatic protection with one K mean per N tokens instead of 512.
+        const bool is_auto = suffix.rfind("auto", 0) == 0 && suffix.size() <= 9 &&
+                             std::all_of(suffix.begin() + 4, suffix.end(), [](char c) { return c >= '0' && c <= '9'; });
+        TQ_CHECK(suffix == "lut8" || suffix == "tc" || is_auto,
+                 "--kv: unknown suffix '@%s' in '%s' (valid: @lut8, @tc, @auto, @autoN)", suffix.c_str(), t.c_str());
         if (suffix == "lut8") r.lut8 = true;
-        else if (suffix == "auto") r.protect = true;
-        else tokens += " trellis";
+        else if (is_auto) {
+          r.protect = true;
+          if (suffix.size() > 4) segment = std::stoi(suffix.substr(4));
+        } else tokens += " trellis";
         spec = spec.substr(0, at);
       }
       r.lut8 = (r.lut8 || o->lut8) && !o->exact;
       const auto colon = spec.find(':');
       tokens = "k=" + spec.substr(0, colon) + " v=" + (colon == std::string::npos ? spec : spec.substr(colon + 1)) +
-               (r.protect ? " sink=1 center=k,rope,512 scale-k" : " plain") + tokens + (o->trellis ? " trellis" : "") +
+               (r.protect ? " sink=1 center=k,rope," + std::to_string(segment) + " scale-k" : std::string(" plain")) + tokens + (o->trellis ? " trellis" : "") +
                " window=" + std::to_string(o->window);
       const tq::KvSpec ks = tq::KvSpec::parse(tokens);
       r.type_k = tq::kv_format_name(ks.k);
