@@ -88,6 +88,13 @@ struct IndexConfig {
   // for the shortlist: the `rerank` best fast-scan candidates are re-scored with it instead
   // of with the float LUT of the first code. 0: none. IVF (nlist > 0) only.
   int rerank_bits = 0;
+  // Second stage as a refinement of the first code (docs/design.md "Refining second stage"):
+  // instead of an independent code, each channel's rerank_bits bits split the Lloyd-Max cell
+  // of its first-stage index into 2^rerank_bits equal parts (the outer cells closed
+  // symmetrically about their centroid); the re-rank decodes first and second code together,
+  // so 4 + 4 bits rank like a 256-level code at the bytes of a 4-bit one. Same record size as
+  // the independent code ([scale][packed bits]); written as file version 4.
+  bool rerank_refine = true;
 };
 
 struct SearchParams {

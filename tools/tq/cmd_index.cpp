@@ -32,7 +32,7 @@ struct BuildOpts {
               rotation = "hadamard", law = "beta";
   uint64_t seed = 0x5eed;
   bool keep_vectors = false, fit_scale = false, center = false, ivf_list_mean = false;
-  bool no_fit_scale = false, no_center = false;
+  bool no_fit_scale = false, no_center = false, rerank_independent = false;
   int threads = 0, ivf = 0, kmeans_iters = 10, rerank_bits = 0;
 };
 
@@ -70,6 +70,9 @@ void add_build_options(CLI::App* sub, BuildOpts& o) {
                   "IVF: also store a second-stage code of each residual at B bits per channel (1..8),\n"
                   "read only to re-score the --rerank shortlist (0: none)")
       ->capture_default_str()->check(CLI::Range(0, 8));
+  sub->add_flag("--rerank-independent", o.rerank_independent,
+                "IVF: the second stage as an independent B-bit code of the residual instead of a\n"
+                "refinement of the first code's cells (file version 3)");
   sub->add_flag("--ivf-list-mean", o.ivf_list_mean,
                 "IVF: residuals to the mean of each list's members instead of the k-means centroid");
 }
@@ -96,6 +99,8 @@ tq::IndexConfig config_of(const BuildOpts& o, int dim) {
   c.kmeans_iters = o.kmeans_iters;
   c.ivf_list_mean = o.ivf_list_mean;
   c.rerank_bits = o.rerank_bits;
+  TQ_CHECK(!o.rerank_independent || o.rerank_bits > 0, "index: --rerank-independent needs --rerank-bits B");
+  c.rerank_refine = !o.rerank_independent;
   return c;
 }
 
