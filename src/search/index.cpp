@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -882,23 +883,38 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
                   I.centroids.data(), I.d, 0.0f, cs.data(), L);
 #pragma omp parallel num_threads(threads)
       {
-        // The np best lists by (score desc, list asc): one pass with a min-heap of np (a list
-        // enters only when strictly better than the worst kept, so among equal scores the
-        // lower list index stays), then sorted; the same lists and order as a partial sort.
-        std::vector<float> v(LL);
-        TopR best;
+        // The np best lists by (score desc, list asc): one pass with a min-heap of np over
+        // 64-bit keys (the score's order-preserving bits, then the complemented list index, so
+        // one integer compare orders by score and, among equal scores, prefers the lower
+        // list), then sorted; the same lists and order as a partial sort (+0 ranks above -0).
+        std::vector<uint64_t> heap;
+        heap.reserve(np);
+        auto key_of = [](float f, uint32_t l) {
+          uint32_t u;
+          std::memcpy(&u, &f, 4);
+          u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+          return (static_cast<uint64_t>(u) << 32) | (0xFFFFFFFFu - l);
+        };
+        const auto greater = std::greater<uint64_t>();
 #pragma omp for schedule(static)
         for (size_t i = 0; i < m; ++i) {
           const float* si = cs.data() + i * LL;
-          if (ip) std::memcpy(v.data(), si, LL * sizeof(float));
-          else
-            for (size_t l = 0; l < LL; ++l) v[l] = 2.f * si[l] - I.cnorm2[l];
-          best.reset(np);
-          for (size_t l = 0; l < LL; ++l)
-            if (v[l] > best.threshold || best.h.size() < np) best.push(v[l], static_cast<uint32_t>(l));
-          const auto rank = best.sorted();
+          heap.clear();
+          for (size_t l = 0; l < LL; ++l) {
+            const float v = ip ? si[l] : 2.f * si[l] - I.cnorm2[l];
+            const uint64_t key = key_of(v, static_cast<uint32_t>(l));
+            if (heap.size() < np) {
+              heap.push_back(key);
+              std::push_heap(heap.begin(), heap.end(), greater);
+            } else if (key > heap.front()) {
+              std::pop_heap(heap.begin(), heap.end(), greater);
+              heap.back() = key;
+              std::push_heap(heap.begin(), heap.end(), greater);
+            }
+          }
+          std::sort(heap.begin(), heap.end(), greater);
           for (size_t j = 0; j < np; ++j) {
-            const uint32_t l = rank[j].second;
+            const uint32_t l = 0xFFFFFFFFu - static_cast<uint32_t>(heap[j]);
             probes[(q0 + i) * np + j] = l;
             // ip/cosine: <q, c_l>; l2: -||q - c_l||^2 = 2 <q, c> - ||c||^2 - ||q||^2.
             poff[(q0 + i) * np + j] = l2 ? 2.f * si[l] - I.cnorm2[l] - qsq[q0 + i] : si[l];
@@ -914,6 +930,7 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
     std::vector<float> flut(I.m * I.lut_stride), yl(d), sc(kChunkBlocks * kBlock), bmax(kChunkBlocks);
     std::vector<uint8_t> qlut(I.mp * 16), idx(d), idx1(d);
     const bool refine = I.rbytes > 0 && I.cfg.rerank_refine;
+    const bool refine4 = refine && I.fast_ok && I.segs.size() == 1 && I.segs[0].bits == 4 && I.cfg.rerank_bits == 4;
     std::vector<uint32_t> acc(kChunkBlocks * kBlock);
     std::vector<float> list_off(LL, 0.f);  // offset of each probed list of the current query
     TopR top;
@@ -940,8 +957,28 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
     };
     // Score of slot s in list l from its second-stage code (same form, its own scale).
     auto stage2_score = [&](const float* y, size_t s, size_t l, float off) {
-      unpack_bits(d, I.cfg.rerank_bits, I.rcodes.data() + s * I.rbytes, idx.data());
       const float* yy = list_query(y, l);
+      if (!refine4) unpack_bits(d, I.cfg.rerank_bits, I.rcodes.data() + s * I.rbytes, idx.data());
+      if (refine4) {
+        // 4-bit first code in the fast layout (channel j = group j, a nibble of byte j * 16 of
+        // the slot's block) and a 4-bit refinement (channel j: nibble j % 2 of byte j / 2),
+        // read together without unpacking: tab[(c << 4) | k].
+        const uint8_t* base = I.blocks.data() + (s / kBlock) * I.mp * 16 + (s % 16);
+        const int sh = (s % kBlock) < 16 ? 0 : 4;
+        const uint8_t* rc = I.rcodes.data() + s * I.rbytes;
+        const float* tab = I.rtab[0].data();
+        float d0 = 0, d1 = 0;
+        size_t j = 0;
+        for (; j + 2 <= d; j += 2) {
+          const uint8_t r = rc[j / 2];
+          const unsigned c0 = (base[j * 16] >> sh) & 15u, c1 = (base[(j + 1) * 16] >> sh) & 15u;
+          d0 += yy[j] * tab[(c0 << 4) | (r & 15u)];
+          d1 += yy[j + 1] * tab[(c1 << 4) | (r >> 4)];
+        }
+        if (j < d) d0 += yy[j] * tab[(((base[j * 16] >> sh) & 15u) << 4) | (rc[j / 2] & 15u)];
+        const float sd = I.rscale[s] * (d0 + d1);
+        return (l2 ? 2.f * sd - I.norm[s] * I.norm[s] : sd) + off;
+      }
       if (refine) {
         // Refinement: first index c and second index k decode together, tab[(c << B) | k].
         I.get_indices(s, idx1.data());
@@ -1011,7 +1048,21 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
       }
       auto cand = top.sorted();
       if (stage2) {
-        for (auto& c : cand) {
+        // The candidates' codes are scattered: prefetch the one four ahead (its fast-layout
+        // block rows when the first code is read too, and its second-stage bytes).
+        auto prefetch2 = [&](size_t s) {
+          if (refine && I.fast_ok) {
+            const uint8_t* base = I.blocks.data() + (s / kBlock) * I.mp * 16 + (s % 16);
+            for (size_t g = 0; g < I.mp; g += 4) __builtin_prefetch(base + g * 16);
+          }
+          __builtin_prefetch(I.rcodes.data() + s * I.rbytes);
+        };
+        // In slot order, so candidates of one block share its rows while they are cached.
+        std::sort(cand.begin(), cand.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+        for (size_t ci = 0; ci < cand.size() && ci < 4; ++ci) prefetch2(cand[ci].second);
+        for (size_t ci = 0; ci < cand.size(); ++ci) {
+          if (ci + 4 < cand.size()) prefetch2(cand[ci + 4].second);
+          auto& c = cand[ci];
           const size_t l = I.list_of(c.second);
           c.first = stage2_score(y, c.second, l, list_off[l]);
         }
