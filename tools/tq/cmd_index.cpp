@@ -32,7 +32,7 @@ struct BuildOpts {
               rotation = "hadamard", law = "beta";
   uint64_t seed = 0x5eed;
   bool keep_vectors = false, fit_scale = false, center = false, ivf_list_mean = false;
-  bool no_fit_scale = false, no_center = false, rerank_independent = false;
+  bool no_fit_scale = false, no_center = false;
   int threads = 0, ivf = 0, kmeans_iters = 10, rerank_bits = 0;
 };
 
@@ -67,12 +67,10 @@ void add_build_options(CLI::App* sub, BuildOpts& o) {
   sub->add_option("--kmeans-iters", o.kmeans_iters, "IVF: Lloyd iterations of the coarse k-means")
       ->capture_default_str()->check(CLI::Range(1, 1000));
   sub->add_option("--rerank-bits", o.rerank_bits,
-                  "IVF: also store a second-stage code of each residual at B bits per channel (1..8),\n"
-                  "read only to re-score the --rerank shortlist (0: none)")
+                  "IVF: also store a second-stage code at B bits per channel (1..8) that refines each\n"
+                  "channel of the first code inside its quantization cell, read only to re-score the\n"
+                  "--rerank shortlist (0: none; 4 bits over 4-bit codes rank like 8-bit codes)")
       ->capture_default_str()->check(CLI::Range(0, 8));
-  sub->add_flag("--rerank-independent", o.rerank_independent,
-                "IVF: the second stage as an independent B-bit code of the residual instead of a\n"
-                "refinement of the first code's cells (file version 3)");
   sub->add_flag("--ivf-list-mean", o.ivf_list_mean,
                 "IVF: residuals to the mean of each list's members instead of the k-means centroid");
 }
@@ -99,8 +97,6 @@ tq::IndexConfig config_of(const BuildOpts& o, int dim) {
   c.kmeans_iters = o.kmeans_iters;
   c.ivf_list_mean = o.ivf_list_mean;
   c.rerank_bits = o.rerank_bits;
-  TQ_CHECK(!o.rerank_independent || o.rerank_bits > 0, "index: --rerank-independent needs --rerank-bits B");
-  c.rerank_refine = !o.rerank_independent;
   return c;
 }
 
