@@ -663,6 +663,64 @@ TEST(Ivf, DeterministicForASeedAndThreadCount) {
   }
 }
 
+// The coarse step probes the nprobe lists of best centroid score (ip: <q, c>; cosine, l2:
+// 2 <q, c> - ||c||^2, q normalised for cosine). With k >= n every vector of the probed lists
+// comes back, so the result's ids give the probed lists: each must score at least as well as
+// every list not probed (to float rounding), for list counts that are not multiples of the
+// 16 scores the selection compares at a time and for nprobe below and above 16.
+TEST(Ivf, ProbedListsAreTheBestByCentroidScore) {
+  const int d = 24, nlist = 37;
+  const size_t n = 1500, nq = 12;
+  auto x = make_data(n, d, 61), q = make_data(nq, d, 62);
+  for (tq::Metric m : {tq::Metric::cosine, tq::Metric::ip, tq::Metric::l2}) {
+    tq::Index idx(ivf_cfg(d, 4, m, nlist));
+    idx.add(n, x.data());
+    const auto& I = idx.impl();
+    std::vector<int> list_of_id(n, -1);
+    for (int l = 0; l < nlist; ++l)
+      for (size_t s = I.list_begin[l]; s < I.list_begin[l] + I.list_size[l]; ++s) list_of_id[I.ids[s]] = l;
+    for (int np : {1, 5, 17, 20, 36}) {
+      tq::SearchParams p;
+      p.nprobe = np;
+      const int k = static_cast<int>(n);
+      auto r = run(idx, q, k, p);
+      for (size_t qi = 0; qi < nq; ++qi) {
+        std::vector<bool> probed(nlist, false);
+        for (int j = 0; j < k; ++j) {
+          const int64_t id = r.id[qi * k + j];
+          if (id >= 0) probed[list_of_id[id]] = true;
+        }
+        const float* qr = q.data() + qi * d;
+        double qq = 0;
+        for (int j = 0; j < d; ++j) qq += static_cast<double>(qr[j]) * qr[j];
+        const double qs = m == tq::Metric::cosine ? 1.0 / std::sqrt(qq) : 1.0;
+        std::vector<double> sc(nlist);
+        for (int l = 0; l < nlist; ++l) {
+          double dot = 0, cc = 0;
+          for (int j = 0; j < d; ++j) {
+            const double c = I.centroids[l * d + j];
+            dot += qr[j] * qs * c;
+            cc += c * c;
+          }
+          sc[l] = m == tq::Metric::ip ? dot : 2 * dot - cc;
+        }
+        double worst_in = 1e300, best_out = -1e300;
+        int n_in = 0;
+        for (int l = 0; l < nlist; ++l) {
+          if (probed[l]) {
+            worst_in = std::min(worst_in, sc[l]);
+            ++n_in;
+          } else if (I.list_size[l] > 0) {
+            best_out = std::max(best_out, sc[l]);
+          }
+        }
+        EXPECT_LE(n_in, np) << idx.describe() << " nprobe " << np;
+        EXPECT_GE(worst_in, best_out - 1e-4 * (1 + std::fabs(best_out))) << idx.describe() << " nprobe " << np;
+      }
+    }
+  }
+}
+
 TEST(Ivf, SaveLoadRoundTripAndIncrementalAdd) {
   TempDir t;
   const int d = 40;

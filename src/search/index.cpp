@@ -886,7 +886,8 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
         // The np best lists by (score desc, list asc): one pass with a min-heap of np over
         // 64-bit keys (the score's order-preserving bits, then the complemented list index, so
         // one integer compare orders by score and, among equal scores, prefers the lower
-        // list), then sorted; the same lists and order as a partial sort (+0 ranks above -0).
+        // list), then sorted; the same lists and order as a partial sort (of the first np,
+        // +0 ranks above -0).
         std::vector<uint64_t> heap;
         heap.reserve(np);
         auto key_of = [](float f, uint32_t l) {
@@ -895,23 +896,44 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
           u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
           return (static_cast<uint64_t>(u) << 32) | (0xFFFFFFFFu - l);
         };
+        auto score_of = [](uint64_t key) {
+          uint32_t u = static_cast<uint32_t>(key >> 32);
+          u = (u & 0x80000000u) ? (u & 0x7FFFFFFFu) : ~u;
+          float f;
+          std::memcpy(&f, &u, 4);
+          return f;
+        };
         const auto greater = std::greater<uint64_t>();
+        std::vector<float> vb(LL);
 #pragma omp for schedule(static)
         for (size_t i = 0; i < m; ++i) {
           const float* si = cs.data() + i * LL;
-          heap.clear();
-          for (size_t l = 0; l < LL; ++l) {
-            const float v = ip ? si[l] : 2.f * si[l] - I.cnorm2[l];
-            const uint64_t key = key_of(v, static_cast<uint32_t>(l));
-            if (heap.size() < np) {
-              heap.push_back(key);
-              std::push_heap(heap.begin(), heap.end(), greater);
-            } else if (key > heap.front()) {
-              std::pop_heap(heap.begin(), heap.end(), greater);
-              heap.back() = key;
-              std::push_heap(heap.begin(), heap.end(), greater);
-            }
+          const float* v = si;
+          if (!ip) {
+            for (size_t l = 0; l < LL; ++l) vb[l] = 2.f * si[l] - I.cnorm2[l];
+            v = vb.data();
           }
+          heap.clear();
+          for (size_t l = 0; l < np; ++l) heap.push_back(key_of(v[l], static_cast<uint32_t>(l)));
+          std::make_heap(heap.begin(), heap.end(), greater);
+          // A later list can enter only with a score strictly above the worst kept one (on an
+          // equal score the kept list has the lower index): 16 scores at a time against it.
+          float thr = score_of(heap.front());
+          auto offer = [&](size_t l) {
+            if (!(v[l] > thr)) return;
+            std::pop_heap(heap.begin(), heap.end(), greater);
+            heap.back() = key_of(v[l], static_cast<uint32_t>(l));
+            std::push_heap(heap.begin(), heap.end(), greater);
+            thr = score_of(heap.front());
+          };
+          size_t l = np;
+          for (; l + 16 <= LL; l += 16) {
+            bool any = false;
+            for (size_t t = 0; t < 16; ++t) any |= v[l + t] > thr;
+            if (any)
+              for (size_t t = 0; t < 16; ++t) offer(l + t);
+          }
+          for (; l < LL; ++l) offer(l);
           std::sort(heap.begin(), heap.end(), greater);
           for (size_t j = 0; j < np; ++j) {
             const uint32_t l = 0xFFFFFFFFu - static_cast<uint32_t>(heap[j]);
