@@ -194,6 +194,9 @@ def main():
                     help="train one FAISS coarse k-means and give it to every FAISS IVF (its time added to each)")
     ap.add_argument("--refine-k-factor", type=int, default=0,
                     help="also FAISS IVF-PQ fast scan + IndexRefineFlat re-ranking k * this many candidates")
+    ap.add_argument("--refine-sq", type=lambda s: [int(v) for v in s.split(",")], default=[],
+                    help="with --refine-k-factor: also IVF-PQ fast scan + IndexRefine(IndexScalarQuantizer "
+                         "QT_<B>bit) for each B of this comma list (4, 6, 8); --refine-sq8 is --refine-sq 8")
     ap.add_argument("--refine-sq8", action="store_true",
                     help="with --refine-k-factor: also IVF-PQ fast scan + IndexRefine(IndexScalarQuantizer QT_8bit), "
                          "the byte-equivalent of an 8-bit second stage. The refine variants wrap the one built "
@@ -271,8 +274,8 @@ def main():
                         ix.k_factor = kf
                         return ix
 
-                    def mk_refine_sq8(dd):
-                        sq = faiss.IndexScalarQuantizer(dd, faiss.ScalarQuantizer.QT_8bit, mt)
+                    def mk_refine_sq(dd, qt):
+                        sq = faiss.IndexScalarQuantizer(dd, qt, mt)
                         sq.train(xbf)
                         sq.add(xbf)
                         ix = faiss.IndexRefine(base, sq)
@@ -285,10 +288,13 @@ def main():
                     res.append(faiss_curve(args, ds, f"FAISS IVF{nlist},PQ{m}x4fs,RFlat k_factor {kf}",
                                            "faiss-ivfpqfs-refine", mk_refine_flat, nprobe, set_nprobe_refine,
                                            m * 4 / 8 + 8 + 4 * d, cur["build_s"]))
-                    if args.refine_sq8:
-                        res.append(faiss_curve(args, ds, f"FAISS IVF{nlist},PQ{m}x4fs,RSQ8 k_factor {kf}",
-                                               "faiss-ivfpqfs-refine-sq8", mk_refine_sq8, nprobe, set_nprobe_refine,
-                                               m * 4 / 8 + 8 + d, cur["build_s"]))
+                    sq_bits = sorted(set(args.refine_sq + ([8] if args.refine_sq8 else [])), reverse=True)
+                    for sb in sq_bits:
+                        qt = {4: faiss.ScalarQuantizer.QT_4bit, 6: faiss.ScalarQuantizer.QT_6bit,
+                              8: faiss.ScalarQuantizer.QT_8bit}[sb]
+                        res.append(faiss_curve(args, ds, f"FAISS IVF{nlist},PQ{m}x4fs,RSQ{sb} k_factor {kf}",
+                                               f"faiss-ivfpqfs-refine-sq{sb}", lambda dd, qt=qt: mk_refine_sq(dd, qt),
+                                               nprobe, set_nprobe_refine, m * 4 / 8 + 8 + d * sb / 8, cur["build_s"]))
                 del base
     if "hnsw" not in skip:
         def set_ef(ix, v):

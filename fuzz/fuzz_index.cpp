@@ -78,6 +78,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     size_t n;
     int nlist;
     int rerank_bits;
+    bool refine;  // second stage: refining (version 4) or independent (version 3)
   };
   const Cfg cfgs[] = {
       {8, "cosine", 4, tq::QuantizerKind::mse, "corrected", tq::NormFormat::f16, "hadamard", false, false, 5},
@@ -92,11 +93,16 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
       {17, "l2", 2.5, tq::QuantizerKind::mse, "plain", tq::NormFormat::f32, "block32", true, false, 20, 4},
       {8, "ip", 8, tq::QuantizerKind::mse, "lsq", tq::NormFormat::f16, "haar", false, false, 9, 2},
       {16, "cosine", 3, tq::QuantizerKind::mse, "corrected", tq::NormFormat::f16, "hadamard", false, false, 0, 5},
-      // IVF with a second-stage re-rank code (version 3 files).
-      {8, "cosine", 4, tq::QuantizerKind::mse, "corrected", tq::NormFormat::f16, "hadamard", false, false, 40, 3, 8},
-      {17, "l2", 2.5, tq::QuantizerKind::mse, "plain", tq::NormFormat::f32, "block32", true, false, 20, 4, 3},
-      {8, "ip", 2, tq::QuantizerKind::mse, "lsq", tq::NormFormat::f16, "haar", false, false, 9, 2, 6},
-      {16, "cosine", 4, tq::QuantizerKind::mse, "corrected", tq::NormFormat::f16, "hadamard", false, false, 0, 5, 5},
+      // IVF with an independent second-stage re-rank code (version 3 files).
+      {8, "cosine", 4, tq::QuantizerKind::mse, "corrected", tq::NormFormat::f16, "hadamard", false, false, 40, 3, 8, false},
+      {17, "l2", 2.5, tq::QuantizerKind::mse, "plain", tq::NormFormat::f32, "block32", true, false, 20, 4, 3, false},
+      {8, "ip", 2, tq::QuantizerKind::mse, "lsq", tq::NormFormat::f16, "haar", false, false, 9, 2, 6, false},
+      {16, "cosine", 4, tq::QuantizerKind::mse, "corrected", tq::NormFormat::f16, "hadamard", false, false, 0, 5, 5, false},
+      // IVF with a refining second stage (version 4 files).
+      {8, "cosine", 4, tq::QuantizerKind::mse, "corrected", tq::NormFormat::f16, "hadamard", false, false, 40, 3, 4, true},
+      {17, "l2", 2.5, tq::QuantizerKind::mse, "plain", tq::NormFormat::f32, "block32", true, false, 20, 4, 8, true},
+      {8, "ip", 2, tq::QuantizerKind::mse, "eden", tq::NormFormat::f16, "haar", false, false, 9, 2, 1, true},
+      {16, "l2", 1.5, tq::QuantizerKind::mse, "lsq", tq::NormFormat::f32, "givens", false, false, 33, 5, 6, true},
   };
   int k = 0;
   for (const Cfg& c : cfgs) {
@@ -112,6 +118,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     ic.center = c.center;
     ic.nlist = c.nlist;
     ic.rerank_bits = c.rerank_bits;
+    ic.rerank_refine = c.refine;
     tq::Index index(ic);
     std::vector<float> x(c.n * c.dim);
     tq::random_unit_vectors(c.n, c.dim, 10 + k, x.data());
@@ -129,9 +136,9 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     if (c.nlist > 0 && b.size() > 128) {
       // Damaged IVF files, each with its checksums recomputed (mode 1) so that the loader's
       // field checks, not the checksum, meet them: cut in the IVF section, cut in the codes,
-      // version 1 (an IVF file read as flat), version 2 or 3 (the other IVF version: with or
-      // without a second stage), version 4 (unknown), one list size inflated; for version 3,
-      // second-stage widths 0 and 9 in the IVF section.
+      // version 1 (an IVF file read as flat), version 2, 3 or 4 (the other IVF versions: without
+      // a second stage, with an independent or a refining one), version 5 (unknown), one list
+      // size inflated; for versions 3 and 4, second-stage widths 0 and 9 in the IVF section.
       const std::string stem = "index_" + std::to_string(k) + "_ivf_";
       auto put = [&](const std::string& name, std::vector<uint8_t> f) {
         f.insert(f.begin(), uint8_t{1});
@@ -139,7 +146,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
       };
       put("cut_header", std::vector<uint8_t>(b.begin(), b.begin() + 136));
       put("cut_half", std::vector<uint8_t>(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(b.size() / 2)));
-      for (uint8_t v : {uint8_t{1}, uint8_t{2}, uint8_t{3}, uint8_t{4}}) {
+      for (uint8_t v : {uint8_t{1}, uint8_t{2}, uint8_t{3}, uint8_t{4}, uint8_t{5}}) {
         if (v == b[8]) continue;
         auto f = b;
         f[8] = v;

@@ -305,8 +305,8 @@ std::string byte_token(int b) {
 struct Fixtures {
   TempDir dir;
   std::string model, truncated_model, empty, folder, text, base, queries, queries_d5, gt, gt_bad, index,
-      corrupt_index, truncated_fvecs, nan_fvecs, ivf_index, ivf_truncated, ivf_corrupt, ivf_version4,
-      ivf_rerank, ivf_rerank_truncated, ivf_rerank_corrupt, ivf_rerank_width;
+      corrupt_index, truncated_fvecs, nan_fvecs, ivf_index, ivf_truncated, ivf_corrupt, ivf_version5,
+      ivf_rerank, ivf_rerank_truncated, ivf_rerank_corrupt, ivf_rerank_width, ivf_indep_width;
   Fixtures() {
     tq_test::TinyLlama c;
     c.n_vocab = 3 + 256;
@@ -385,13 +385,14 @@ struct Fixtures {
     vc[vc.size() - 20] ^= 0x10;
     ivf_corrupt = dir.path("ivf_corrupt.tqi");
     write(ivf_corrupt, vc.data(), vc.size());
-    auto v4 = vb;
-    v4[8] = 4;
-    ivf_version4 = dir.path("ivf_version4.tqi");
-    write(ivf_version4, v4.data(), v4.size());
-    // IVF with an 8-bit second-stage code (version 3 file): whole, cut inside the last
-    // record's second-stage code, a second-stage byte flipped, and the second stage's width
-    // (the IVF section's last word, byte 140) set to 9 under valid checksums.
+    auto v5 = vb;
+    v5[8] = 5;
+    ivf_version5 = dir.path("ivf_version5.tqi");
+    write(ivf_version5, v5.data(), v5.size());
+    // IVF with an 8-bit refining second-stage code (version 4 file): whole, cut inside the
+    // last record's second-stage code, a second-stage byte flipped, and the second stage's
+    // width (the IVF section's last word, byte 140) set to 9 under valid checksums; and an
+    // independent 8-bit code (version 3 file) with width 9 likewise.
     ivc.rerank_bits = 8;
     tq::Index ivr(ivc);
     ivr.add(n, x.data());
@@ -414,6 +415,18 @@ struct Fixtures {
     for (int i = 0; i < 8; ++i) rw[120 + i] = static_cast<uint8_t>(hdr >> (8 * i));
     ivf_rerank_width = dir.path("ivf_rerank_width.tqi");
     write(ivf_rerank_width, rw.data(), rw.size());
+    ivc.rerank_refine = false;
+    tq::Index ivi(ivc);
+    ivi.add(n, x.data());
+    ivf_indep_width = dir.path("ivf_indep_width.tqi");
+    ivi.save(ivf_indep_width);
+    auto iw = tq::read_file_bytes(ivf_indep_width);
+    iw[140] = 9;
+    const uint64_t ipay = tq::checksum64(iw.data() + 128, iw.size() - 128);
+    for (int i = 0; i < 8; ++i) iw[112 + i] = static_cast<uint8_t>(ipay >> (8 * i));
+    const uint64_t ihdr = tq::checksum64(iw.data(), 120);
+    for (int i = 0; i < 8; ++i) iw[120 + i] = static_cast<uint8_t>(ihdr >> (8 * i));
+    write(ivf_indep_width, iw.data(), iw.size());
     auto fb = tq::read_file_bytes(base);
     truncated_fvecs = dir.path("truncated.fvecs");
     write(truncated_fvecs, fb.data(), fb.size() - 3);

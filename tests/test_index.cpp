@@ -18,6 +18,10 @@
 #include "tq/fileio.h"
 #include "tq/index.h"
 #include "tq/simd.h"
+#include "tq/bitpack.h"
+#include "tq/codebook.h"
+#include "tq/rotation.h"
+#include "search/index_internal.h"
 
 namespace fs = std::filesystem;
 
@@ -659,6 +663,64 @@ TEST(Ivf, DeterministicForASeedAndThreadCount) {
   }
 }
 
+// The coarse step probes the nprobe lists of best centroid score (ip: <q, c>; cosine, l2:
+// 2 <q, c> - ||c||^2, q normalised for cosine). With k >= n every vector of the probed lists
+// comes back, so the result's ids give the probed lists: each must score at least as well as
+// every list not probed (to float rounding), for list counts that are not multiples of the
+// 16 scores the selection compares at a time and for nprobe below and above 16.
+TEST(Ivf, ProbedListsAreTheBestByCentroidScore) {
+  const int d = 24, nlist = 37;
+  const size_t n = 1500, nq = 12;
+  auto x = make_data(n, d, 61), q = make_data(nq, d, 62);
+  for (tq::Metric m : {tq::Metric::cosine, tq::Metric::ip, tq::Metric::l2}) {
+    tq::Index idx(ivf_cfg(d, 4, m, nlist));
+    idx.add(n, x.data());
+    const auto& I = idx.impl();
+    std::vector<int> list_of_id(n, -1);
+    for (int l = 0; l < nlist; ++l)
+      for (size_t s = I.list_begin[l]; s < I.list_begin[l] + I.list_size[l]; ++s) list_of_id[I.ids[s]] = l;
+    for (int np : {1, 5, 17, 20, 36}) {
+      tq::SearchParams p;
+      p.nprobe = np;
+      const int k = static_cast<int>(n);
+      auto r = run(idx, q, k, p);
+      for (size_t qi = 0; qi < nq; ++qi) {
+        std::vector<bool> probed(nlist, false);
+        for (int j = 0; j < k; ++j) {
+          const int64_t id = r.id[qi * k + j];
+          if (id >= 0) probed[list_of_id[id]] = true;
+        }
+        const float* qr = q.data() + qi * d;
+        double qq = 0;
+        for (int j = 0; j < d; ++j) qq += static_cast<double>(qr[j]) * qr[j];
+        const double qs = m == tq::Metric::cosine ? 1.0 / std::sqrt(qq) : 1.0;
+        std::vector<double> sc(nlist);
+        for (int l = 0; l < nlist; ++l) {
+          double dot = 0, cc = 0;
+          for (int j = 0; j < d; ++j) {
+            const double c = I.centroids[l * d + j];
+            dot += qr[j] * qs * c;
+            cc += c * c;
+          }
+          sc[l] = m == tq::Metric::ip ? dot : 2 * dot - cc;
+        }
+        double worst_in = 1e300, best_out = -1e300;
+        int n_in = 0;
+        for (int l = 0; l < nlist; ++l) {
+          if (probed[l]) {
+            worst_in = std::min(worst_in, sc[l]);
+            ++n_in;
+          } else if (I.list_size[l] > 0) {
+            best_out = std::max(best_out, sc[l]);
+          }
+        }
+        EXPECT_LE(n_in, np) << idx.describe() << " nprobe " << np;
+        EXPECT_GE(worst_in, best_out - 1e-4 * (1 + std::fabs(best_out))) << idx.describe() << " nprobe " << np;
+      }
+    }
+  }
+}
+
 TEST(Ivf, SaveLoadRoundTripAndIncrementalAdd) {
   TempDir t;
   const int d = 40;
@@ -845,6 +907,7 @@ TEST(IvfRerank, SecondStageEqualsBruteForceRerankOfTheSameCodes) {
       const int nlist = 12;
       auto ca = ivf_cfg(d, 4, m, nlist);
       ca.rerank_bits = rb;
+      ca.rerank_refine = false;
       tq::Index a(ca), ref(ivf_cfg(d, rb, m, nlist));
       a.add(n, x.data());
       ref.add(n, x.data());
@@ -866,6 +929,116 @@ TEST(IvfRerank, SecondStageEqualsBruteForceRerankOfTheSameCodes) {
       EXPECT_EQ(r0.id, rp.id) << what;
       EXPECT_EQ(r0.s, rp.s) << what;
     }
+}
+
+// Refining second stage (IndexConfig::rerank_refine, the default): each channel's B bits
+// place the residual inside the Lloyd-Max cell of its first-stage index. Checked against the
+// codebook directly: every decoded value lies in its first index's cell (inner cells) or on
+// its side of the boundary (outer cells), and within half a part (cell width / 2^B) of the
+// rotated unit residual wherever the residual lies inside an inner cell. Then the search:
+// with every list probed and the whole index as the shortlist, the result is the top-k of a
+// brute-force scan that decodes the same first and second codes (score = list offset +
+// scale2 * <rotated query, decoded value>, l2 minus ||x||^2); scores agree to float rounding.
+TEST(IvfRerank, RefiningSecondStageDecodesInsideTheCellsAndEqualsBruteForce) {
+  const int d = 40;
+  const size_t n = small() ? 600 : 1200, nq = 25;
+  auto x = make_data(n, d, 181), q = make_data(nq, d, 182);
+  for (tq::Metric m : {tq::Metric::cosine, tq::Metric::ip, tq::Metric::l2})
+    for (double bits : {4.0, 2.0, 2.5})
+      for (int rb : {4, 2, 8}) {
+        const int nlist = 9;
+        auto c = ivf_cfg(d, bits, m, nlist);
+        c.rerank_bits = rb;
+        ASSERT_TRUE(c.rerank_refine);  // the default
+        tq::Index a(c);
+        a.add(n, x.data());
+        const std::string what = a.describe();
+        EXPECT_NE(what.find("refine" + std::to_string(rb) + "b"), std::string::npos) << what;
+        const auto& I = a.impl();
+        const bool l2 = m == tq::Metric::l2, cosine = m == tq::Metric::cosine;
+        // Decoded values of slot s (codebook units) and its rotated unit residual.
+        std::vector<uint8_t> i1(d), i2(d);
+        std::vector<float> u(d), y(d);
+        auto decode = [&](size_t s, std::vector<float>& v, std::vector<int>& seg_of) {
+          I.get_indices(s, i1.data());
+          tq::unpack_bits(d, rb, I.rcodes.data() + s * I.rbytes, i2.data());
+          for (size_t sg = 0; sg < I.segs.size(); ++sg)
+            for (int j = I.segs[sg].begin; j < I.segs[sg].begin + I.segs[sg].len; ++j) {
+              v[j] = I.rtab[sg][(static_cast<size_t>(i1[j]) << rb) | i2[j]];
+              seg_of[j] = static_cast<int>(sg);
+            }
+        };
+        std::vector<float> v(d);
+        std::vector<int> seg_of(d);
+        size_t checked = 0;
+        for (size_t l = 0; l < static_cast<size_t>(nlist); ++l)
+          for (size_t s = I.list_begin[l]; s < I.list_begin[l] + I.list_size[l]; ++s) {
+            const int64_t id = I.ids[s];
+            ASSERT_TRUE(id >= 0 && id < static_cast<int64_t>(n));
+            const float* xr = x.data() + id * d;
+            double nx = 0;
+            for (int j = 0; j < d; ++j) nx += static_cast<double>(xr[j]) * xr[j];
+            const float inv = cosine ? static_cast<float>(1.0 / std::sqrt(nx)) : 1.f;
+            double len = 0;
+            for (int j = 0; j < d; ++j) {
+              u[j] = xr[j] * inv - I.centroids[l * d + j];
+              len += static_cast<double>(u[j]) * u[j];
+            }
+            for (int j = 0; j < d; ++j) u[j] = static_cast<float>(u[j] / std::sqrt(len));
+            I.rot->forward(1, u.data(), y.data());
+            decode(s, v, seg_of);
+            for (int j = 0; j < d; ++j) {
+              const tq::Codebook& cb = *I.segs[seg_of[j]].cb;
+              const int L = cb.levels(), ci = i1[j];
+              const float lo = ci > 0 ? cb.boundaries[ci - 1] : -1e30f, hi = ci < L - 1 ? cb.boundaries[ci] : 1e30f;
+              const float eps = 1e-6f;
+              EXPECT_TRUE(v[j] >= lo - eps && v[j] <= hi + eps) << what << " slot " << s << " ch " << j;
+              if (ci > 0 && ci < L - 1) {
+                EXPECT_LE(std::fabs(y[j] - v[j]), (hi - lo) / (2 << rb) + 1e-5f) << what << " slot " << s << " ch " << j;
+                ++checked;
+              }
+            }
+          }
+        EXPECT_GT(checked, n * d / 4) << what;
+        // Brute force over every real slot.
+        const int k = 10;
+        Results bf{std::vector<float>(nq * k), std::vector<int64_t>(nq * k)};
+        std::vector<float> qq(d), qc(d), yq(d);
+        for (size_t qi = 0; qi < nq; ++qi) {
+          const float* qr = q.data() + qi * d;
+          double nq2 = 0;
+          for (int j = 0; j < d; ++j) nq2 += static_cast<double>(qr[j]) * qr[j];
+          const float qs = cosine ? static_cast<float>(1.0 / std::sqrt(nq2)) : 1.f;
+          for (int j = 0; j < d; ++j) qq[j] = qr[j] * qs;
+          std::vector<std::pair<double, int64_t>> all;
+          for (size_t l = 0; l < static_cast<size_t>(nlist); ++l) {
+            const float* cl = I.centroids.data() + l * d;
+            double off = 0;
+            for (int j = 0; j < d; ++j) {
+              qc[j] = l2 ? qq[j] - cl[j] : qq[j];
+              off += l2 ? -static_cast<double>(qc[j]) * qc[j] : static_cast<double>(qq[j]) * cl[j];
+            }
+            I.rot->forward(1, qc.data(), yq.data());
+            for (size_t s = I.list_begin[l]; s < I.list_begin[l] + I.list_size[l]; ++s) {
+              decode(s, v, seg_of);
+              double dot = 0;
+              for (int j = 0; j < d; ++j) dot += static_cast<double>(yq[j]) * v[j];
+              const double sd = I.rscale[s] * dot;
+              const double sc = off + (l2 ? 2 * sd - static_cast<double>(I.norm[s]) * I.norm[s] : sd);
+              all.push_back({sc, I.ids[s]});
+            }
+          }
+          std::sort(all.begin(), all.end(), [](auto& p1, auto& p2) { return p1.first > p2.first; });
+          for (int r = 0; r < k; ++r) {
+            bf.s[qi * k + r] = static_cast<float>(l2 ? -all[r].first : all[r].first);
+            bf.id[qi * k + r] = all[r].second;
+          }
+        }
+        tq::SearchParams p;
+        p.nprobe = nlist;
+        p.rerank = static_cast<int>(n);
+        expect_same_up_to_ties(run(a, q, k, p), bf, nq, k, what);
+      }
 }
 
 // A shortlist re-scored with an 8-bit code finds more true neighbours than the 4-bit code's
@@ -896,17 +1069,19 @@ TEST(IvfRerank, SaveLoadRoundTripIncrementalAddAndBytes) {
   TempDir t;
   const int d = 36;
   auto x = make_data(900, d, 151), q = make_data(20, d, 152);
+  for (bool refine : {true, false})
   for (tq::Metric m : {tq::Metric::cosine, tq::Metric::l2, tq::Metric::ip})
     for (int rb : {8, 5, 1}) {
       auto c = ivf_cfg(d, m == tq::Metric::l2 ? 2.5 : 4, m, 7);
       c.rerank_bits = rb;
+      c.rerank_refine = refine;
       c.keep_vectors = rb == 5;
       tq::Index idx(c);
       idx.add(500, x.data());
       idx.add(400, x.data() + 500 * d);  // relayout moves the second stage with the slots
       idx.save(t.path("r.tqi"));
       const auto bytes = slurp(t.path("r.tqi"));
-      EXPECT_EQ(bytes[8], 3);  // IVF with a second stage: version 3
+      EXPECT_EQ(bytes[8], refine ? 4 : 3);  // IVF with a refining / independent second stage
       EXPECT_EQ(bytes.size(), idx.file_bytes());
       // Record: first code + [scale][rerank codes]; memory: + packed codes and a float scale.
       tq::Index first(ivf_cfg(d, c.bits, m, 7));
@@ -923,10 +1098,12 @@ TEST(IvfRerank, SaveLoadRoundTripIncrementalAddAndBytes) {
                         return static_cast<double>(slots) / 900;
                       }(),
                   1e-9);
-      EXPECT_NE(idx.describe().find("rerank" + std::to_string(rb) + "b"), std::string::npos) << idx.describe();
+      EXPECT_NE(idx.describe().find((refine ? "refine" : "rerank") + std::to_string(rb) + "b"), std::string::npos)
+          << idx.describe();
       auto back = tq::Index::load(t.path("r.tqi"));
       EXPECT_EQ(back.describe(), idx.describe());
       EXPECT_EQ(back.config().rerank_bits, rb);
+      EXPECT_EQ(back.config().rerank_refine, refine);
       tq::SearchParams p;
       p.nprobe = 3;
       p.rerank = 40;
@@ -957,14 +1134,24 @@ TEST(IvfRerank, SaveLoadRoundTripIncrementalAddAndBytes) {
 TEST(IvfRerank, FilesOfEarlierBuildsStillLoad) {
   TempDir t;
   const std::string dir = std::string(TQ_SOURCE_DIR) + "/tests/data/";
-  for (const char* name : {"index_flat_v1_2p5b.tqi", "index_ivf_v2_l2_4b.tqi"}) {
+  // Also an IVF version-3 file (independent 6-bit second stage over 2-bit ip codes; written
+  // with --rerank-independent, whose encoder and layout are those of the build before the
+  // refining stage) and a version-4 file (refining 4-bit stage, 4 bits cosine), 4 lists each.
+  struct F {
+    const char* name;
+    int version, rerank_bits;
+  };
+  for (const F& fi : {F{"index_flat_v1_2p5b.tqi", 1, 0}, F{"index_ivf_v2_l2_4b.tqi", 2, 0},
+                      F{"index_ivf_v3_ip_2b_rb6.tqi", 3, 6}, F{"index_ivf_v4_cos_4b_rf4.tqi", 4, 4}}) {
+    const char* name = fi.name;
     const auto before = slurp(dir + name);
     ASSERT_GT(before.size(), 128u) << name;
     auto idx = tq::Index::load(dir + name);
     EXPECT_EQ(idx.size(), 200u) << name;
     EXPECT_EQ(idx.dim(), 8) << name;
-    EXPECT_EQ(idx.config().rerank_bits, 0) << name;
-    EXPECT_EQ(before[8], idx.nlist() > 0 ? 2 : 1) << name;
+    EXPECT_EQ(idx.config().rerank_bits, fi.rerank_bits) << name;
+    if (fi.rerank_bits > 0) EXPECT_EQ(idx.config().rerank_refine, fi.version == 4) << name;
+    EXPECT_EQ(before[8], fi.version) << name;
     auto q = make_data(5, 8, 171);
     tq::SearchParams p;
     p.nprobe = idx.nlist() > 0 ? 2 : 1;
@@ -996,13 +1183,15 @@ TEST(IvfRerank, BadConfigAndCorruptFilesRejected) {
 
   TempDir t;
   auto x = make_data(100, d, 161);
+  for (bool refine : {false, true}) {
   auto c = ivf_cfg(d, 2, tq::Metric::l2, 5);
   c.rerank_bits = 6;
+  c.rerank_refine = refine;
   tq::Index idx(c);
   idx.add(100, x.data());
   idx.save(t.path("v3.tqi"));
   const auto b = slurp(t.path("v3.tqi"));
-  ASSERT_EQ(b[8], 3);
+  ASSERT_EQ(b[8], refine ? 4 : 3);
   for (size_t len = 0; len < b.size(); ++len)
     EXPECT_THROW(tq::Index::from_bytes(b.data(), len, "trunc"), tq::Error) << len;
   for (size_t i = 0; i < b.size(); ++i) {
@@ -1030,9 +1219,14 @@ TEST(IvfRerank, BadConfigAndCorruptFilesRejected) {
   fix_header_checksum(f);
   expect_file(f, "record size");
   f = b;
-  st32(f.data() + 8, 4);
+  st32(f.data() + 8, 5);
   fix_header_checksum(f);
-  expect_file(f, "version 4");
+  expect_file(f, "version 5");
+  // Version 3 read as 4 and back: same layout, loads, but decodes the other second stage.
+  f = b;
+  st32(f.data() + 8, refine ? 3 : 4);
+  fix_header_checksum(f);
+  EXPECT_EQ(tq::Index::from_bytes(f.data(), f.size(), "other").config().rerank_refine, !refine);
   // A NaN second-stage scale (f16 0x7e00) in the first record, checksums valid.
   const size_t rec0 = 128 + 16 + 5 * d * 4 + 5 * 8;
   const size_t first_code = 2 + 2 + (d * 2 + 7) / 8;  // scale, norm, 2-bit codes
@@ -1041,6 +1235,7 @@ TEST(IvfRerank, BadConfigAndCorruptFilesRejected) {
   f[rec0 + first_code + 1] = 0x7e;
   fix_payload_checksum(f);
   expect_file(f, "second-stage scale");
+  }
 }
 
 // Honest descriptions and byte counts (issue 35): the search description names the scan a

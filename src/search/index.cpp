@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -120,14 +121,63 @@ Index::Impl::Impl(const IndexConfig& c) : cfg(c) {
   for (auto& g : groups) max_gb = std::max(max_gb, g.gbits());
   lut_stride = fast_ok ? 16 : (size_t{1} << max_gb);
   code_bytes = norm_bytes * (has_norm ? 2 : 1) + seg_bytes;
-  if (cfg.rerank_bits > 0) {
+  if (cfg.rerank_bits > 0 && cfg.rerank_refine) {
+    // Cell i of a segment's codebook: [b_{i-1}, b_i], the outer cells closed at twice their
+    // inner half-width beyond the centroid (c_0 - 2 (b_0 - c_0), c_L + 2 (c_L - b_{L-1})). Refinement k of 2^B
+    // reconstructs the middle of the k-th of 2^B equal parts.
+    const int R = 1 << cfg.rerank_bits;
+    for (const Segment& s : segs) {
+      const std::vector<float>& c = s.cb->centroids;
+      const std::vector<float>& b = s.cb->boundaries;
+      const int L = static_cast<int>(c.size());
+      std::vector<float> lo(L), wid(L), tab(static_cast<size_t>(L) * R);
+      const float om = 2.f;  // outer cells: 1 lost recall on Fashion-MNIST, 2 and 4 did not (design.md)
+      for (int i = 0; i < L; ++i) {
+        const float a = i == 0 ? c[0] - om * (b[0] - c[0]) : b[i - 1];
+        const float e = i == L - 1 ? c[L - 1] + om * (c[L - 1] - b[L - 2]) : b[i];
+        lo[i] = a;
+        wid[i] = e - a;
+        for (int k = 0; k < R; ++k) tab[static_cast<size_t>(i) * R + k] = a + (e - a) * (k + 0.5f) / R;
+      }
+      rlo.push_back(std::move(lo));
+      rwid.push_back(std::move(wid));
+      rtab.push_back(std::move(tab));
+    }
+  } else if (cfg.rerank_bits > 0) {
     rcb = &get_codebook(d, cfg.rerank_bits, cfg.law);
+  }
+  if (cfg.rerank_bits > 0) {
     rbytes = packed_bytes(static_cast<size_t>(d), cfg.rerank_bits);
     code_bytes += norm_bytes + rbytes;  // the record carries the second stage: [scale][codes]
   }
 }
 
+uint8_t Index::Impl::refine_index(size_t sg, uint8_t c, float z) const noexcept {
+  const int R = 1 << cfg.rerank_bits;
+  const float w = rwid[sg][c];
+  const float f = w > 0 ? (z - rlo[sg][c]) / w * static_cast<float>(R) : 0.f;
+  if (!(f >= 0.f)) return 0;  // below the cell, or NaN
+  return static_cast<uint8_t>(std::min(R - 1, static_cast<int>(f)));
+}
+
 void Index::Impl::get_indices(size_t i, uint8_t* idx) const noexcept {
+  if (fast_ok) {
+    // Fast layout: group g of slot i is nibble (i % 32 < 16 ? low : high) of byte g * 16 + i % 16
+    // of its block.
+    const uint8_t* base = blocks.data() + (i / kBlock) * mp * 16 + (i % 16);
+    const int sh = (i % kBlock) < 16 ? 0 : 4;
+    for (size_t g = 0; g < m; ++g) {
+      const Group& gr = groups[g];
+      const uint8_t c = static_cast<uint8_t>((base[g * 16] >> sh) & 15);
+      if (gr.ndims == 1) {
+        idx[gr.dim0] = c;
+        continue;
+      }
+      const uint8_t mask = static_cast<uint8_t>((1u << gr.bpd) - 1);
+      for (int t = 0; t < gr.ndims; ++t) idx[gr.dim0 + t] = (c >> (t * gr.bpd)) & mask;
+    }
+    return;
+  }
   for (size_t g = 0; g < m; ++g) {
     const Group& gr = groups[g];
     const uint8_t c = group_code(i, g);
@@ -303,7 +353,8 @@ double Index::memory_bytes_per_vector() const noexcept {
 std::string Index::describe() const {
   const Impl& I = *impl_;
   const std::string ivf = !I.ivf() ? std::string()
-                         : I.rbytes > 0 ? strprintf("ivf%d+rerank%db ", I.cfg.nlist, I.cfg.rerank_bits)
+                         : I.rbytes > 0 ? strprintf(I.cfg.rerank_refine ? "ivf%d+refine%db " : "ivf%d+rerank%db ",
+                                                    I.cfg.nlist, I.cfg.rerank_bits)
                                         : strprintf("ivf%d ", I.cfg.nlist);
   return strprintf("%s%s %g bits %s %s%s%s %s %s%s", ivf.c_str(),
                    quantizer_kind_name(I.cfg.codec), I.bits_x2 / 2.0,
@@ -531,6 +582,7 @@ void Index::add(size_t n, const float* x, const int64_t* ids) {
           const float* cent = s.cb->centroids.data();
           for (int j = s.begin; j < s.begin + s.len; ++j) cvals[j] = cent[ir[j]];
         }
+        float tbest = 1.f;  // the grid scale the first code was chosen at (fit_scale)
         if (I.cfg.fit_scale) {
           // Best cosine(y, c) over grid scales t (t = 1 is the plain nearest-centroid code).
           auto cosine_of = [&](const float* cv) {
@@ -554,6 +606,7 @@ void Index::add(size_t n, const float* x, const int64_t* ids) {
             const float cs = cosine_of(tc.data());
             if (cs > best) {
               best = cs;
+              tbest = t;
               std::memcpy(ir, tidx.data(), d);
               std::memcpy(cvals.data(), tc.data(), d * sizeof(float));
             }
@@ -584,15 +637,31 @@ void Index::add(size_t n, const float* x, const int64_t* ids) {
         I.scale[i] = I.round_norm(static_cast<float>(scale_of(cc, yc)));
         overflow |= !std::isfinite(I.scale[i]);
         if (I.rbytes > 0) {
-          // Second stage: the nearest-centroid code of the same rotated unit residual at
-          // rerank_bits bits, with its own scale.
-          quantize_rotated(*I.rcb, d, yr, ridx.data());
-          const float* cent = I.rcb->centroids.data();
           float cc2 = 0, yc2 = 0;
-          for (size_t j = 0; j < d; ++j) {
-            const float c = cent[ridx[j]];
-            cc2 += c * c;
-            yc2 += c * yr[j];
+          if (I.cfg.rerank_refine) {
+            // Refining second stage: where t y_j lies inside the cell of its first index, in
+            // 2^B equal parts; reconstruction and scale from first and second index together.
+            const int B = I.cfg.rerank_bits;
+            for (size_t sg = 0; sg < I.segs.size(); ++sg) {
+              const Segment& s = I.segs[sg];
+              const float* tab = I.rtab[sg].data();
+              for (int j = s.begin; j < s.begin + s.len; ++j) {
+                ridx[j] = I.refine_index(sg, ir[j], tbest * yr[j]);
+                const float c = tab[(static_cast<size_t>(ir[j]) << B) | ridx[j]];
+                cc2 += c * c;
+                yc2 += c * yr[j];
+              }
+            }
+          } else {
+            // Independent second stage: the nearest-centroid code of the same rotated unit
+            // residual at rerank_bits bits, with its own scale.
+            quantize_rotated(*I.rcb, d, yr, ridx.data());
+            const float* cent = I.rcb->centroids.data();
+            for (size_t j = 0; j < d; ++j) {
+              const float c = cent[ridx[j]];
+              cc2 += c * c;
+              yc2 += c * yr[j];
+            }
           }
           I.rscale[i] = I.round_norm(static_cast<float>(scale_of(cc2, yc2)));
           overflow |= !std::isfinite(I.rscale[i]);
@@ -814,23 +883,60 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
                   I.centroids.data(), I.d, 0.0f, cs.data(), L);
 #pragma omp parallel num_threads(threads)
       {
-        // The np best lists by (score desc, list asc): one pass with a min-heap of np (a list
-        // enters only when strictly better than the worst kept, so among equal scores the
-        // lower list index stays), then sorted; the same lists and order as a partial sort.
-        std::vector<float> v(LL);
-        TopR best;
+        // The np best lists by (score desc, list asc): one pass with a min-heap of np over
+        // 64-bit keys (the score's order-preserving bits, then the complemented list index, so
+        // one integer compare orders by score and, among equal scores, prefers the lower
+        // list), then sorted; the same lists and order as a partial sort (of the first np,
+        // +0 ranks above -0).
+        std::vector<uint64_t> heap;
+        heap.reserve(np);
+        auto key_of = [](float f, uint32_t l) {
+          uint32_t u;
+          std::memcpy(&u, &f, 4);
+          u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+          return (static_cast<uint64_t>(u) << 32) | (0xFFFFFFFFu - l);
+        };
+        auto score_of = [](uint64_t key) {
+          uint32_t u = static_cast<uint32_t>(key >> 32);
+          u = (u & 0x80000000u) ? (u & 0x7FFFFFFFu) : ~u;
+          float f;
+          std::memcpy(&f, &u, 4);
+          return f;
+        };
+        const auto greater = std::greater<uint64_t>();
+        std::vector<float> vb(LL);
 #pragma omp for schedule(static)
         for (size_t i = 0; i < m; ++i) {
           const float* si = cs.data() + i * LL;
-          if (ip) std::memcpy(v.data(), si, LL * sizeof(float));
-          else
-            for (size_t l = 0; l < LL; ++l) v[l] = 2.f * si[l] - I.cnorm2[l];
-          best.reset(np);
-          for (size_t l = 0; l < LL; ++l)
-            if (v[l] > best.threshold || best.h.size() < np) best.push(v[l], static_cast<uint32_t>(l));
-          const auto rank = best.sorted();
+          const float* v = si;
+          if (!ip) {
+            for (size_t l = 0; l < LL; ++l) vb[l] = 2.f * si[l] - I.cnorm2[l];
+            v = vb.data();
+          }
+          heap.clear();
+          for (size_t l = 0; l < np; ++l) heap.push_back(key_of(v[l], static_cast<uint32_t>(l)));
+          std::make_heap(heap.begin(), heap.end(), greater);
+          // A later list can enter only with a score strictly above the worst kept one (on an
+          // equal score the kept list has the lower index): 16 scores at a time against it.
+          float thr = score_of(heap.front());
+          auto offer = [&](size_t l) {
+            if (!(v[l] > thr)) return;
+            std::pop_heap(heap.begin(), heap.end(), greater);
+            heap.back() = key_of(v[l], static_cast<uint32_t>(l));
+            std::push_heap(heap.begin(), heap.end(), greater);
+            thr = score_of(heap.front());
+          };
+          size_t l = np;
+          for (; l + 16 <= LL; l += 16) {
+            bool any = false;
+            for (size_t t = 0; t < 16; ++t) any |= v[l + t] > thr;
+            if (any)
+              for (size_t t = 0; t < 16; ++t) offer(l + t);
+          }
+          for (; l < LL; ++l) offer(l);
+          std::sort(heap.begin(), heap.end(), greater);
           for (size_t j = 0; j < np; ++j) {
-            const uint32_t l = rank[j].second;
+            const uint32_t l = 0xFFFFFFFFu - static_cast<uint32_t>(heap[j]);
             probes[(q0 + i) * np + j] = l;
             // ip/cosine: <q, c_l>; l2: -||q - c_l||^2 = 2 <q, c> - ||c||^2 - ||q||^2.
             poff[(q0 + i) * np + j] = l2 ? 2.f * si[l] - I.cnorm2[l] - qsq[q0 + i] : si[l];
@@ -844,7 +950,9 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
 #pragma omp parallel num_threads(threads)
   {
     std::vector<float> flut(I.m * I.lut_stride), yl(d), sc(kChunkBlocks * kBlock), bmax(kChunkBlocks);
-    std::vector<uint8_t> qlut(I.mp * 16), idx(d);
+    std::vector<uint8_t> qlut(I.mp * 16), idx(d), idx1(d);
+    const bool refine = I.rbytes > 0 && I.cfg.rerank_refine;
+    const bool refine4 = refine && I.fast_ok && I.segs.size() == 1 && I.segs[0].bits == 4 && I.cfg.rerank_bits == 4;
     std::vector<uint32_t> acc(kChunkBlocks * kBlock);
     std::vector<float> list_off(LL, 0.f);  // offset of each probed list of the current query
     TopR top;
@@ -871,8 +979,47 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
     };
     // Score of slot s in list l from its second-stage code (same form, its own scale).
     auto stage2_score = [&](const float* y, size_t s, size_t l, float off) {
-      unpack_bits(d, I.cfg.rerank_bits, I.rcodes.data() + s * I.rbytes, idx.data());
       const float* yy = list_query(y, l);
+      if (!refine4) unpack_bits(d, I.cfg.rerank_bits, I.rcodes.data() + s * I.rbytes, idx.data());
+      if (refine4) {
+        // 4-bit first code in the fast layout (channel j = group j, a nibble of byte j * 16 of
+        // the slot's block) and a 4-bit refinement (channel j: nibble j % 2 of byte j / 2),
+        // read together without unpacking: tab[(c << 4) | k].
+        const uint8_t* base = I.blocks.data() + (s / kBlock) * I.mp * 16 + (s % 16);
+        const int sh = (s % kBlock) < 16 ? 0 : 4;
+        const uint8_t* rc = I.rcodes.data() + s * I.rbytes;
+        const float* tab = I.rtab[0].data();
+        float d0 = 0, d1 = 0;
+        size_t j = 0;
+        for (; j + 2 <= d; j += 2) {
+          const uint8_t r = rc[j / 2];
+          const unsigned c0 = (base[j * 16] >> sh) & 15u, c1 = (base[(j + 1) * 16] >> sh) & 15u;
+          d0 += yy[j] * tab[(c0 << 4) | (r & 15u)];
+          d1 += yy[j + 1] * tab[(c1 << 4) | (r >> 4)];
+        }
+        if (j < d) d0 += yy[j] * tab[(((base[j * 16] >> sh) & 15u) << 4) | (rc[j / 2] & 15u)];
+        const float sd = I.rscale[s] * (d0 + d1);
+        return (l2 ? 2.f * sd - I.norm[s] * I.norm[s] : sd) + off;
+      }
+      if (refine) {
+        // Refinement: first index c and second index k decode together, tab[(c << B) | k].
+        I.get_indices(s, idx1.data());
+        const int B = I.cfg.rerank_bits;
+        float d0 = 0, d1 = 0;
+        for (size_t sg = 0; sg < I.segs.size(); ++sg) {
+          const Segment& seg = I.segs[sg];
+          const float* tab = I.rtab[sg].data();
+          int j = seg.begin;
+          const int e = seg.begin + seg.len;
+          for (; j + 2 <= e; j += 2) {
+            d0 += yy[j] * tab[(static_cast<size_t>(idx1[j]) << B) | idx[j]];
+            d1 += yy[j + 1] * tab[(static_cast<size_t>(idx1[j + 1]) << B) | idx[j + 1]];
+          }
+          for (; j < e; ++j) d0 += yy[j] * tab[(static_cast<size_t>(idx1[j]) << B) | idx[j]];
+        }
+        const float sd = I.rscale[s] * (d0 + d1);
+        return (l2 ? 2.f * sd - I.norm[s] * I.norm[s] : sd) + off;
+      }
       const float* cent = I.rcb->centroids.data();
       float d0 = 0, d1 = 0, d2 = 0, d3 = 0;
       size_t j = 0;
@@ -923,7 +1070,21 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
       }
       auto cand = top.sorted();
       if (stage2) {
-        for (auto& c : cand) {
+        // The candidates' codes are scattered: prefetch the one four ahead (its fast-layout
+        // block rows when the first code is read too, and its second-stage bytes).
+        auto prefetch2 = [&](size_t s) {
+          if (refine && I.fast_ok) {
+            const uint8_t* base = I.blocks.data() + (s / kBlock) * I.mp * 16 + (s % 16);
+            for (size_t g = 0; g < I.mp; g += 4) __builtin_prefetch(base + g * 16);
+          }
+          __builtin_prefetch(I.rcodes.data() + s * I.rbytes);
+        };
+        // In slot order, so candidates of one block share its rows while they are cached.
+        std::sort(cand.begin(), cand.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+        for (size_t ci = 0; ci < cand.size() && ci < 4; ++ci) prefetch2(cand[ci].second);
+        for (size_t ci = 0; ci < cand.size(); ++ci) {
+          if (ci + 4 < cand.size()) prefetch2(cand[ci + 4].second);
+          auto& c = cand[ci];
           const size_t l = I.list_of(c.second);
           c.first = stage2_score(y, c.second, l, list_off[l]);
         }

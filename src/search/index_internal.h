@@ -29,7 +29,8 @@ struct Group {
 constexpr size_t kBlock = 32;         // vectors per fast-scan block
 constexpr uint32_t kFileVersion = 1;     // io.cpp: flat index files
 constexpr uint32_t kFileVersionIvf = 2;  // io.cpp: IVF index files
-constexpr uint32_t kFileVersionIvfRerank = 3;  // io.cpp: IVF index files with a second-stage code
+constexpr uint32_t kFileVersionIvfRerank = 3;  // io.cpp: IVF index files with an independent second-stage code
+constexpr uint32_t kFileVersionIvfRefine = 4;  // io.cpp: IVF index files with a refining second-stage code
 
 // IVF coarse quantizer (kmeans.cpp). nearest_centroids: out[i] = argmin_j ||x_i - c_j||^2
 // (ties: lowest j) for x: n * dim, c: k * dim, cn2: k squared norms; best_out (optional):
@@ -83,6 +84,12 @@ struct Index::Impl {
   size_t rbytes = 0;             // packed bytes per slot
   std::vector<uint8_t> rcodes;   // slots * rbytes
   std::vector<float> rscale;     // slots (padded to whole blocks)
+  // Refining second stage (cfg.rerank_refine): per segment, the reconstruction of (first
+  // index c, refinement index k) at rtab[seg][(c << rerank_bits) | k], in codebook units.
+  std::vector<std::vector<float>> rtab;
+  std::vector<std::vector<float>> rlo, rwid;  // per segment: each first-stage cell's low end and width
+  // Refinement index of value z (codebook units) in the cell of first index c of segment sg.
+  uint8_t refine_index(size_t sg, uint8_t c, float z) const noexcept;
   // codec prod
   std::unique_ptr<Quantizer> quant;
   std::vector<uint8_t> pcodes;  // n * quant->code_bytes()

@@ -2,11 +2,13 @@
 //
 // File layout (all integers little-endian):
 //   [IndexFileHeader: 128 bytes]  version 1: flat index; version 2: IVF (flags & 8);
-//                                 version 3: IVF with a second-stage re-rank code
+//                                 version 3: IVF with an independent second-stage re-rank code
+//                                 version 4: IVF with a refining second-stage code (same layout
+//                                 as version 3; the second stage's indices refine the first's)
 //   [center: dim * 4]             float32 mean, only when flags & 4 and count > 0
 //   [ivf: 16 (+ nlist * dim * 4 + nlist * 8 when count > 0)], versions 2 and 3 only:
 //     u32 nlist (1..2^20), u32 kmeans_iters (1..1000), u32 trained (count > 0),
-//     u32 rerank_bits (version 2: 0; version 3: 1..8),
+//     u32 rerank_bits (version 2: 0; versions 3 and 4: 1..8),
 //     float32 centroids nlist * dim, u64 list sizes nlist (summing to count);
 //     the records, ids and vectors below are then in list order (list 0 first)
 //   [codes: count * code_bytes]   per vector, see record layout below
@@ -18,7 +20,7 @@
 // load in both.
 // Per-vector record, codec mse: [scale: f16|f32] [norm ||x||: f16|f32, l2 only]
 //   [segment codes: bitpack.h stream of the segment's channel indices, one per segment]
-//   version 3 then: [second-stage scale: f16|f32] [bitpack.h stream of dim rerank_bits-bit indices]
+//   versions 3 and 4 then: [second-stage scale: f16|f32] [bitpack.h stream of dim rerank_bits-bit indices]
 // codec prod: [tq::Quantizer prod code] [norm, l2 only].
 // Load checks, in order, before allocating or building anything: size >= 128, magic,
 // version, header size, header checksum, every enum/parameter, count <= 2^32 - 1, each
@@ -152,7 +154,10 @@ void Index::save(const std::string& path) const {
   const size_t n = I.n, d = static_cast<size_t>(I.d);
   IndexFileHeader h{};
   std::memcpy(h.magic, kMagic, 8);
-  h.version = !I.ivf() ? kFileVersion : I.rbytes > 0 ? kFileVersionIvfRerank : kFileVersionIvf;
+  h.version = !I.ivf()       ? kFileVersion
+              : I.rbytes == 0 ? kFileVersionIvf
+              : I.cfg.rerank_refine ? kFileVersionIvfRefine
+                                    : kFileVersionIvfRerank;
   h.header_bytes = 128;
   h.dim = static_cast<uint32_t>(I.d);
   h.metric = static_cast<uint8_t>(I.cfg.metric);
@@ -287,9 +292,11 @@ Index Index::from_bytes(const uint8_t* data, size_t size, const std::string& nam
   TQ_CHECK(size >= 128, "%s: %zu bytes, too short for the 128-byte tq index header (truncated?)", nm, size);
   const IndexFileHeader h = parse_header(data);
   TQ_CHECK(std::memcmp(h.magic, kMagic, 8) == 0, "%s: bad magic, not a tq index file", nm);
-  TQ_CHECK(h.version == kFileVersion || h.version == kFileVersionIvf || h.version == kFileVersionIvfRerank,
-           "%s: tq index file version %u, this build reads versions %u (flat), %u (IVF) and %u (IVF with a "
-           "second-stage code)", nm, h.version, kFileVersion, kFileVersionIvf, kFileVersionIvfRerank);
+  TQ_CHECK(h.version == kFileVersion || h.version == kFileVersionIvf || h.version == kFileVersionIvfRerank ||
+               h.version == kFileVersionIvfRefine,
+           "%s: tq index file version %u, this build reads versions %u (flat), %u (IVF), %u (IVF with an "
+           "independent second-stage code) and %u (IVF with a refining second-stage code)",
+           nm, h.version, kFileVersion, kFileVersionIvf, kFileVersionIvfRerank, kFileVersionIvfRefine);
   TQ_CHECK(h.header_bytes == 128, "%s: header size %u, expected 128", nm, h.header_bytes);
   TQ_CHECK(checksum64(data, 120) == h.header_xxh3, "%s: header checksum mismatch (corrupted header)", nm);
   TQ_CHECK(h.dim >= 2 && h.dim <= 65536, "%s: dim %u outside [2, 65536]", nm, h.dim);
@@ -300,7 +307,8 @@ Index Index::from_bytes(const uint8_t* data, size_t size, const std::string& nam
   TQ_CHECK(h.rotation_kind <= 5, "%s: unknown rotation kind %u", nm, h.rotation_kind);
   TQ_CHECK(h.law <= 1, "%s: unknown codebook law %u", nm, h.law);
   TQ_CHECK(h.bits_x2 >= 2 && h.bits_x2 <= 16, "%s: bits*2 = %u outside [2, 16]", nm, h.bits_x2);
-  const bool ivf = h.version == kFileVersionIvf || h.version == kFileVersionIvfRerank;
+  const bool second = h.version == kFileVersionIvfRerank || h.version == kFileVersionIvfRefine;
+  const bool ivf = h.version == kFileVersionIvf || second;
   if (ivf)
     TQ_CHECK(h.flags <= 31 && (h.flags & 8) != 0, "%s: flags 0x%x invalid for a version %u (IVF) file", nm, h.flags,
              h.version);
@@ -346,11 +354,13 @@ Index Index::from_bytes(const uint8_t* data, size_t size, const std::string& nam
   }
   // Version 3: the IVF section's last word is the second stage's width, and its records
   // carry [scale][packed codes] after the first code.
-  if (h.version == kFileVersionIvfRerank) {
+  cfg.rerank_refine = h.version == kFileVersionIvfRefine;
+  if (second) {
     const uint64_t off = 128 + (cfg.center && h.count > 0 ? 4 * static_cast<uint64_t>(d) : 0);
     TQ_CHECK(size >= off + 16, "%s: %zu bytes, too short for the IVF section (truncated?)", nm, size);
     const uint32_t rb = ld32(data + off + 12);
-    TQ_CHECK(rb >= 1 && rb <= 8, "%s: second-stage code width %u outside [1, 8] in a version 3 file", nm, rb);
+    TQ_CHECK(rb >= 1 && rb <= 8, "%s: second-stage code width %u outside [1, 8] in a version %u file", nm, rb,
+             h.version);
     TQ_CHECK(cfg.codec == QuantizerKind::mse, "%s: second-stage code with codec prod", nm);
     cfg.rerank_bits = static_cast<int>(rb);
     expect_code += nb + packed_bytes(d, static_cast<int>(rb));

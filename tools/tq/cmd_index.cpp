@@ -67,8 +67,9 @@ void add_build_options(CLI::App* sub, BuildOpts& o) {
   sub->add_option("--kmeans-iters", o.kmeans_iters, "IVF: Lloyd iterations of the coarse k-means")
       ->capture_default_str()->check(CLI::Range(1, 1000));
   sub->add_option("--rerank-bits", o.rerank_bits,
-                  "IVF: also store a second-stage code of each residual at B bits per channel (1..8),\n"
-                  "read only to re-score the --rerank shortlist (0: none)")
+                  "IVF: also store a second-stage code at B bits per channel (1..8) that refines each\n"
+                  "channel of the first code inside its quantization cell, read only to re-score the\n"
+                  "--rerank shortlist (0: none; 4 bits over 4-bit codes rank like 8-bit codes)")
       ->capture_default_str()->check(CLI::Range(0, 8));
   sub->add_flag("--ivf-list-mean", o.ivf_list_mean,
                 "IVF: residuals to the mean of each list's members instead of the k-means centroid");
