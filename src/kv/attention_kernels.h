@@ -57,7 +57,7 @@ inline void rope_mean_coefs(const Stream& s, int G, const float* q, const float*
   }
 }
 // The mean's terms for blocks [b0, b0 + nb) (nb <= kRopeMaxBlocks) and the G heads of mc, from
-// the block tables (Centre::rope_cos / rope_sin, v_i = A_i cos + B_i sin and
+// the block tables (Centre::rope_seed / rope_lane, v_i = A_i cos + B_i sin and
 // u_i = B_i cos - A_i sin at each block's angle): head g's row of out (stride
 // rope_terms_stride()) holds [c (64)][d (64)][e (64)] then for each fast pair i
 // [a2 (64)][b2 (64)], indexed by block - b0, where c = C0 + the slow pairs' v_i,
