@@ -522,10 +522,15 @@ void run_rows(const Call& c, int q0, int rows, const Kernels& k) {
         if (!live[r]) continue;
         float* o = st.acc(r) + P.off;
         const __m512 al = _mm512_set1_ps(alpha[r]), ws = _mm512_set1_ps(wsc[i][r]);
+        const int32_t* av = accv + (size_t)r * P.dim;
+        if (alpha[r] == 1.f && any_w[i]) {  // the running max held (most blocks): o * 1 is o
+          for (int d = 0; d < P.dim; d += 16)
+            _mm512_storeu_ps(o + d, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(av + d)), ws, _mm512_loadu_ps(o + d)));
+          continue;
+        }
         for (int d = 0; d < P.dim; d += 16) {
           __m512 x = _mm512_mul_ps(_mm512_loadu_ps(o + d), al);
-          if (any_w[i])
-            x = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(accv + (size_t)r * P.dim + d)), ws, x);
+          if (any_w[i]) x = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(av + d)), ws, x);
           _mm512_storeu_ps(o + d, x);
         }
       }
