@@ -943,6 +943,18 @@ TEST(KvCache, ParallelAppendStoresTheSameCache) {
   }
 }
 
+TEST(KvCache, N8BlockBaseEqualsExp2) {
+  // The kernels' tq_n8 block factor 2^(e / 32) comes from a table for common exponents: the same
+  // float as exp2 for every int16 exponent.
+  for (int e = -32768; e < 32768; ++e) {
+    const int16_t v = (int16_t)e;
+    uint8_t hdr[2];
+    std::memcpy(hdr, &v, 2);
+    const float want = std::exp2((float)e * (1.0f / tq::kv::kN8Steps));
+    ASSERT_EQ(tq::kv::n8_block_base(hdr), want) << e;
+  }
+}
+
 TEST(KvCache, RopeBlockTermsMatchTheirDefinition) {
   // rope_block_terms (the RoPE-rotating K mean's per-block logit terms, both tq kernels) takes
   // cos / sin of each block's angle from a seed per 16 blocks turned once; at every SIMD level
