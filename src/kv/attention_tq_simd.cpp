@@ -608,6 +608,31 @@ void DecodeTqG(const Shape& sh, const Stream& sk, const Stream& sv, int nq, cons
 
 // Up to 4 heads at once (GN): each table vector is loaded once for the GN heads, and every
 // head's sums run in the one-head order (the same floats for any grouping of the heads).
+// cos / sin of the seed (c0, s0) turned by lane l's turn (lane[l], lane[2 kRopeSeedBlocks + l]),
+// in double, rounded to float.
+template <class DFT, class V>
+HWY_INLINE void TurnSeed(DFT df, const double* seed, const double* lane, V* C, V* S) {
+#if HWY_TARGET == HWY_SCALAR
+  (void)df;
+  *C = V((float)(seed[0] * lane[0] - seed[1] * lane[2 * kRopeSeedBlocks]));
+  *S = V((float)(seed[1] * lane[0] + seed[0] * lane[2 * kRopeSeedBlocks]));
+#else
+  const hn::Repartition<double, DFT> dd;  // N / 2 doubles
+  const hn::Rebind<float, decltype(dd)> dh;       // N / 2 floats
+  const size_t ND = hn::Lanes(dd);
+  using VD = hn::Vec<decltype(dd)>;
+  const VD c0 = hn::Set(dd, seed[0]), s0 = hn::Set(dd, seed[1]);
+  VD c[2], s[2];
+  for (int h = 0; h < 2; ++h) {
+    const VD cl = hn::LoadU(dd, lane + h * ND), sl = hn::LoadU(dd, lane + 2 * kRopeSeedBlocks + h * ND);
+    c[h] = hn::MulSub(c0, cl, hn::Mul(s0, sl));
+    s[h] = hn::MulAdd(s0, cl, hn::Mul(c0, sl));
+  }
+  *C = hn::Combine(df, hn::DemoteTo(dh, c[1]), hn::DemoteTo(dh, c[0]));
+  *S = hn::Combine(df, hn::DemoteTo(dh, s[1]), hn::DemoteTo(dh, s[0]));
+#endif
+}
+
 template <int GN>
 HWY_INLINE void RopeBlockTermsN(const Stream& s, const float* mc, int b0, int nb, float* out) {
   const hn::ScalableTag<float> df;
@@ -618,7 +643,7 @@ HWY_INLINE void RopeBlockTermsN(const Stream& s, const float* mc, int b0, int nb
   for (int j = 0; j < nb; j += N) {  // out rows hold 64 (>= nb rounded up to N)
     // Blocks b0 + j + l (l < N) are k = k0 + l blocks past their seed (k < 32).
     const int k0 = (b0 + j) % kRopeSeedBlocks;
-    const float* seed = s.centre.rope_seed + (size_t)((b0 + j) / kRopeSeedBlocks) * P * 2;
+    const double* seed = s.centre.rope_seed + (size_t)((b0 + j) / kRopeSeedBlocks) * P * 2;
     V c[GN], d[GN], e[GN];
     for (int g = 0; g < GN; ++g) {
       c[g] = hn::Set(df, mc[(size_t)g * mst + 2 * P]);
@@ -626,10 +651,8 @@ HWY_INLINE void RopeBlockTermsN(const Stream& s, const float* mc, int b0, int nb
       e[g] = hn::Zero(df);
     }
     for (int i = 0; i < P; ++i) {
-      const float* lane = s.centre.rope_lane + (size_t)i * 4 * kRopeSeedBlocks + k0;
-      const V c0 = hn::Set(df, seed[2 * i]), s0 = hn::Set(df, seed[2 * i + 1]);
-      const V cl = hn::LoadU(df, lane), sl = hn::LoadU(df, lane + 2 * kRopeSeedBlocks);
-      const V C = hn::MulSub(c0, cl, hn::Mul(s0, sl)), S = hn::MulAdd(s0, cl, hn::Mul(c0, sl));
+      V C, S;
+      TurnSeed(df, seed + 2 * i, s.centre.rope_lane + (size_t)i * 4 * kRopeSeedBlocks + k0, &C, &S);
       if (i < F) {
         for (int g = 0; g < GN; ++g) {
           const float* m = mc + (size_t)g * mst;

@@ -159,8 +159,10 @@ struct Centre final : Precond {
   // rope_lane[i 4 kRopeSeedBlocks + k] and sin(32 k w_i) at [.. + 2 kRopeSeedBlocks + k], k < 32.
   // So the kernels take cos / sin of a_i(b) for a vector of blocks from one seed and one turn
   // (rope_block_terms), reading P seeds per 16 blocks, not a full-size table from memory.
-  const float* rope_seed = nullptr;
-  const float* rope_lane = nullptr;
+  // Doubles, rounded to float after the turn: the floats of cos / sin of a_i(b) themselves
+  // (bar a value within ~1e-12 of a rounding boundary), as the full-size float tables were.
+  const double* rope_seed = nullptr;
+  const double* rope_lane = nullptr;
   // Fast pair i < F: [cos(j w_i), j < 32][sin(j w_i), j < 32]; then at F: the slow pairs'
   // offsets from the block centre [j - 15.5, j < 32][(j - 15.5)^2, j < 32].
   const float* rope_j = nullptr;
@@ -318,7 +320,8 @@ struct KvCache::Impl {
   std::unique_ptr<Rotation> rot;        // D-dim randomized Hadamard (rotated formats)
   std::unique_ptr<Rotation> rot_hi;     // split: D/4
   std::unique_ptr<Rotation> rot_lo;     // split: 3D/4
-  std::vector<float> rope_seed, rope_lane, rope_j;  // tables of the RoPE-rotating K mean (Centre::rope_seed ...)
+  std::vector<double> rope_seed, rope_lane;  // tables of the RoPE-rotating K mean (Centre::rope_seed ...)
+  std::vector<float> rope_j;
   std::vector<double> rope_freq;                  // its pair frequencies (empty: no rotating mean)
   kv::RopeTurns turns;                            // its angles at the positions of the current append
 };

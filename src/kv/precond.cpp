@@ -74,19 +74,19 @@ void build_rope_tables(KvCache::Impl& I) {
   const int P = cfg.rope_dim / 2, F = std::min(P, kRopeExactPairs);
   const int nb = cfg.max_tokens / kBlock + 1, ns = (nb + kRopeSeedBlocks - 1) / kRopeSeedBlocks;
   for (int i = 0; i < P; ++i) I.rope_freq.push_back(std::pow((double)cfg.rope_base, -2.0 * i / cfg.rope_dim));
-  I.rope_seed.assign((size_t)ns * P * 2, 0.f);
-  I.rope_lane.assign((size_t)P * 4 * kRopeSeedBlocks, 0.f);
+  I.rope_seed.assign((size_t)ns * P * 2, 0.0);
+  I.rope_lane.assign((size_t)P * 4 * kRopeSeedBlocks, 0.0);
   I.rope_j.resize((size_t)(F + 1) * 2 * kBlock);
   for (int i = 0; i < P; ++i) {
     for (int s = 0; s < ns; ++s) {  // fast pairs: the block's first token
       const double a = rope_mean_pos(cfg.sink, s * kRopeSeedBlocks * kBlock, i) * I.rope_freq[i];
-      I.rope_seed[((size_t)s * P + i) * 2] = (float)std::cos(a);
-      I.rope_seed[((size_t)s * P + i) * 2 + 1] = (float)std::sin(a);
+      I.rope_seed[((size_t)s * P + i) * 2] = std::cos(a);
+      I.rope_seed[((size_t)s * P + i) * 2 + 1] = std::sin(a);
     }
     for (int k = 0; k < 2 * kRopeSeedBlocks; ++k) {
       const double a = (double)k * kBlock * I.rope_freq[i];
-      I.rope_lane[(size_t)i * 4 * kRopeSeedBlocks + k] = (float)std::cos(a);
-      I.rope_lane[(size_t)i * 4 * kRopeSeedBlocks + 2 * kRopeSeedBlocks + k] = (float)std::sin(a);
+      I.rope_lane[(size_t)i * 4 * kRopeSeedBlocks + k] = std::cos(a);
+      I.rope_lane[(size_t)i * 4 * kRopeSeedBlocks + 2 * kRopeSeedBlocks + k] = std::sin(a);
     }
     if (i < F)
       for (int j = 0; j < kBlock; ++j) {
