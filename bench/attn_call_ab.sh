@@ -16,7 +16,8 @@ for round in $(seq 1 "$ROUNDS"); do
     label=$([ $side = A ] && echo "$LA" || echo "$LB")
     load=$(cut -d' ' -f1 /proc/loadavg)
     j=$(nice -n "$NICE" "$bin" bench attention --head-dim 256 --n-heads 4 --n-kv-heads 1 --context "$CONTEXT" \
-          --kv "f16,tq4h6n8:tq3h6n8@auto@lut8" --threads 1,2 --steps "$STEPS" --json)
+          --kv "f16,tq4h6n8:tq3h6n8@auto@lut8" --threads 1,2 --steps "$STEPS" --json |
+          python3 -c 'import json, sys; print(json.dumps(json.load(sys.stdin)))')
     echo "{\"round\": $round, \"binary\": \"$label\", \"loadavg_1min\": $load, \"result\": $j}" >> "$OUT.tmp"
   done
 done
@@ -27,7 +28,8 @@ rows = [json.loads(l) for l in open(sys.argv[1])]
 med = {}
 for r in rows:
     for x in r["result"]["results"]:
-        med.setdefault((r["binary"], x["kv"], x["threads"]), []).append(x["ms_per_step"])
+        med.setdefault((x["kv"], x["threads"], r["binary"]), []).append(x["ms_per_step"])
 for k, v in sorted(med.items()):
-    print(f"{k[0]:8s} {k[1]:30s} thr {k[2]}: median {statistics.median(v):.3f} ms over {len(v)} rounds {v}")
+    print(f"{k[0]:28s} thr {k[1]} {k[2]:8s}: median {statistics.median(v):.3f} ms over {len(v)} rounds "
+          f"({', '.join(f'{t:.3f}' for t in v)})")
 PY
