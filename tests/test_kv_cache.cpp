@@ -14,6 +14,7 @@
 
 #include "cli_test_util.h"
 #include "kv_test_util.h"
+#include "kv/attention_kernels.h"
 #include "kv/kv_internal.h"
 #include "tq/common.h"
 #include "tq/error.h"
@@ -939,6 +940,77 @@ TEST(KvCache, ParallelAppendStoresTheSameCache) {
     const FilledCache b = fill_rope_cache(cfg, n, H, in, 3, true, [](tq::KvCache&) {});
     EXPECT_EQ(a.bytes, b.bytes) << t.k;
     EXPECT_EQ(a.out, b.out) << t.k << "/" << t.v << ": the thread count changed the cache";
+  }
+}
+
+TEST(KvCache, N8BlockBaseEqualsExp2) {
+  // The kernels' tq_n8 block factor 2^(e / 32) comes from a table for common exponents: the same
+  // float as exp2 for every int16 exponent.
+  for (int e = -32768; e < 32768; ++e) {
+    const int16_t v = (int16_t)e;
+    uint8_t hdr[2];
+    std::memcpy(hdr, &v, 2);
+    const float want = std::exp2((float)e * (1.0f / tq::kv::kN8Steps));
+    ASSERT_EQ(tq::kv::n8_block_base(hdr), want) << e;
+  }
+}
+
+TEST(KvCache, RopeBlockTermsMatchTheirDefinition) {
+  // rope_block_terms (the RoPE-rotating K mean's per-block logit terms, both tq kernels) takes
+  // cos / sin of each block's angle from a seed per 16 blocks turned once; at every SIMD level
+  // its terms equal the definition in double (attention_kernels.h) up to float rounding, for
+  // ranges starting on and off a seed, 1 to 5 heads, fast and slow pairs.
+  const int D = 64, n = 6000, P = D / 2, F = std::min(P, tq::kv::kRopeExactPairs), sink = 1;
+  tq::KvCacheConfig cfg = tq_test::kv_config(1, 1, D, n, "tq4", "tq4");
+  cfg.center_k = cfg.center_rope = true;
+  cfg.rope_base = 1e6f;
+  cfg.rope_dim = D;
+  cfg.sink = sink;
+  tq::KvCache c(cfg);
+  const tq::kv::Stream& s = c.impl().layers[0].k[0];
+  ASSERT_TRUE(s.centre.rope);
+  const int mst = tq::kv::rope_mc_stride(s), RB = tq::kv::kRopeMaxBlocks;
+  tq::Rng rng(77);
+  std::vector<float> mc((size_t)5 * mst);
+  for (auto& x : mc) x = (float)rng.normal();
+  struct Range {
+    int b0, nb;
+  };
+  const Range ranges[] = {{0, 64}, {37, 64}, {150, 37}, {176, 1}, {5, 16}};
+  for (const std::string& lv : tq::simd::available_levels()) {
+    tq::simd::ScopedLevel level(lv);
+    for (int G : {1, 4, 5})
+      for (const Range& rg : ranges) {
+        std::vector<float> out((size_t)G * tq::kv::rope_terms_stride(), 0.f);
+        tq::kv::rope_block_terms(s, mc.data(), G, rg.b0, rg.nb, out.data());
+        for (int g = 0; g < G; ++g) {
+          const float* m = mc.data() + (size_t)g * mst;
+          const float* r = out.data() + (size_t)g * tq::kv::rope_terms_stride();
+          double mag = std::fabs(m[2 * P]);
+          for (int i = 0; i < 2 * P; ++i) mag += std::fabs(m[i]);
+          for (int k = 0; k < rg.nb; ++k) {
+            const int b = rg.b0 + k;
+            double cc = m[2 * P], dd = 0, ee = 0;
+            for (int i = 0; i < P; ++i) {
+              const double w = std::pow(1e6, -2.0 * i / D);
+              const double pos = i < F ? sink + b * tq::kv::kBlock : sink + b * tq::kv::kBlock + 15.5;
+              const double C = std::cos(pos * w), S = std::sin(pos * w);
+              const double v = m[i] * C + m[P + i] * S, u = m[P + i] * C - m[i] * S;
+              if (i < F) {
+                EXPECT_NEAR(r[(size_t)(tq::kv::kRopeSlowRows + 2 * i) * RB + k], v, 2e-6 * mag) << lv << " " << b;
+                EXPECT_NEAR(r[(size_t)(tq::kv::kRopeSlowRows + 2 * i + 1) * RB + k], u, 2e-6 * mag) << lv << " " << b;
+              } else {
+                cc += v;
+                dd += w * u;
+                ee -= 0.5 * w * w * v;
+              }
+            }
+            EXPECT_NEAR(r[k], cc, 2e-6 * mag) << lv << " G " << G << " block " << b;
+            EXPECT_NEAR(r[RB + k], dd, 2e-6 * mag) << lv << " G " << G << " block " << b;
+            EXPECT_NEAR(r[2 * RB + k], ee, 2e-6 * mag) << lv << " G " << G << " block " << b;
+          }
+        }
+      }
   }
 }
 

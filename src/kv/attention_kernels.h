@@ -57,7 +57,7 @@ inline void rope_mean_coefs(const Stream& s, int G, const float* q, const float*
   }
 }
 // The mean's terms for blocks [b0, b0 + nb) (nb <= kRopeMaxBlocks) and the G heads of mc, from
-// the block tables (Centre::rope_cos / rope_sin, v_i = A_i cos + B_i sin and
+// the block tables (Centre::rope_seed / rope_lane, v_i = A_i cos + B_i sin and
 // u_i = B_i cos - A_i sin at each block's angle): head g's row of out (stride
 // rope_terms_stride()) holds [c (64)][d (64)][e (64)] then for each fast pair i
 // [a2 (64)][b2 (64)], indexed by block - b0, where c = C0 + the slow pairs' v_i,
@@ -152,9 +152,18 @@ inline const float* n8_pow_table() {
   return t;
 }
 // The block factor 2^(e / 32) of a tq_n8 part, from its header (int16 e, then the 32 codes).
+// Exponents in [-kN8BaseTable, kN8BaseTable) come from a table of the same exp2 values (the
+// kernels take one per block and part: exp2f was 2-3% of a 32K decode call).
+constexpr int kN8BaseTable = 4096;
 inline float n8_block_base(const uint8_t* hdr) {
   int16_t e;
   std::memcpy(&e, hdr, 2);
+  static const float* t = [] {
+    auto* p = new float[2 * kN8BaseTable];
+    for (int i = 0; i < 2 * kN8BaseTable; ++i) p[i] = std::exp2((float)(i - kN8BaseTable) * (1.0f / kN8Steps));
+    return p;
+  }();
+  if (e >= -kN8BaseTable && e < kN8BaseTable) return t[e + kN8BaseTable];
   return std::exp2((float)e * (1.0f / kN8Steps));
 }
 

@@ -606,35 +606,94 @@ void DecodeTqG(const Shape& sh, const Stream& sk, const Stream& sv, int nq, cons
 
 #endif  // HWY_TARGET != HWY_SCALAR
 
-void RopeBlockTerms(const Stream& s, const float* mc, int G, int b0, int nb, float* out) {
+// Up to 4 heads at once (GN): each table vector is loaded once for the GN heads, and every
+// head's sums run in the one-head order (the same floats for any grouping of the heads).
+// cos / sin of the seed (c0, s0) turned by lane l's turn (lane[l], lane[2 kRopeSeedBlocks + l]),
+// in double, rounded to float.
+template <class DFT, class V>
+HWY_INLINE void TurnSeed(DFT df, const double* seed, const double* lane, V* C, V* S) {
+#if HWY_TARGET == HWY_SCALAR
+  (void)df;
+  *C = V((float)(seed[0] * lane[0] - seed[1] * lane[2 * kRopeSeedBlocks]));
+  *S = V((float)(seed[1] * lane[0] + seed[0] * lane[2 * kRopeSeedBlocks]));
+#else
+  const hn::Repartition<double, DFT> dd;  // N / 2 doubles
+  const hn::Rebind<float, decltype(dd)> dh;       // N / 2 floats
+  const size_t ND = hn::Lanes(dd);
+  using VD = hn::Vec<decltype(dd)>;
+  const VD c0 = hn::Set(dd, seed[0]), s0 = hn::Set(dd, seed[1]);
+  VD c[2], s[2];
+  for (int h = 0; h < 2; ++h) {
+    const VD cl = hn::LoadU(dd, lane + h * ND), sl = hn::LoadU(dd, lane + 2 * kRopeSeedBlocks + h * ND);
+    c[h] = hn::MulSub(c0, cl, hn::Mul(s0, sl));
+    s[h] = hn::MulAdd(s0, cl, hn::Mul(c0, sl));
+  }
+  *C = hn::Combine(df, hn::DemoteTo(dh, c[1]), hn::DemoteTo(dh, c[0]));
+  *S = hn::Combine(df, hn::DemoteTo(dh, s[1]), hn::DemoteTo(dh, s[0]));
+#endif
+}
+
+template <int GN>
+HWY_INLINE void RopeBlockTermsN(const Stream& s, const float* mc, int b0, int nb, float* out) {
   const hn::ScalableTag<float> df;
   using V = hn::Vec<decltype(df)>;
   const int N = (int)hn::Lanes(df);
   const int P = (int)s.centre.rope_freq.size(), F = rope_fast_pairs(s), mst = rope_mc_stride(s);
-  for (int g = 0; g < G; ++g) {
-    const float* m = mc + (size_t)g * mst;
-    float* r = out + (size_t)g * rope_terms_stride();
-    for (int j = 0; j < nb; j += N) {  // tables padded by 16 blocks; out rows hold 64
-      V c = hn::Set(df, m[2 * P]), d = hn::Zero(df), e = hn::Zero(df);
-      for (int i = 0; i < P; ++i) {
-        const V A = hn::Set(df, m[i]), B = hn::Set(df, m[P + i]);
-        const V C = hn::LoadU(df, s.centre.rope_cos + (size_t)i * s.centre.rope_nbs + b0 + j);
-        const V S = hn::LoadU(df, s.centre.rope_sin + (size_t)i * s.centre.rope_nbs + b0 + j);
-        const V v = hn::MulAdd(A, C, hn::Mul(B, S)), u = hn::NegMulAdd(A, S, hn::Mul(B, C));
-        if (i < F) {
-          hn::StoreU(v, df, r + (size_t)(kRopeSlowRows + 2 * i) * kRopeMaxBlocks + j);
-          hn::StoreU(u, df, r + (size_t)(kRopeSlowRows + 1 + 2 * i) * kRopeMaxBlocks + j);
-        } else {
-          const float w = (float)s.centre.rope_freq[i];
-          c = hn::Add(c, v);
-          d = hn::MulAdd(hn::Set(df, w), u, d);
-          e = hn::MulAdd(hn::Set(df, -0.5f * w * w), v, e);
+  TQ_ASSERT(N <= kRopeSeedBlocks);
+  for (int j = 0; j < nb; j += N) {  // out rows hold 64 (>= nb rounded up to N)
+    // Blocks b0 + j + l (l < N) are k = k0 + l blocks past their seed (k < 32).
+    const int k0 = (b0 + j) % kRopeSeedBlocks;
+    const double* seed = s.centre.rope_seed + (size_t)((b0 + j) / kRopeSeedBlocks) * P * 2;
+    V c[GN], d[GN], e[GN];
+    for (int g = 0; g < GN; ++g) {
+      c[g] = hn::Set(df, mc[(size_t)g * mst + 2 * P]);
+      d[g] = hn::Zero(df);
+      e[g] = hn::Zero(df);
+    }
+    for (int i = 0; i < P; ++i) {
+      V C, S;
+      TurnSeed(df, seed + 2 * i, s.centre.rope_lane + (size_t)i * 4 * kRopeSeedBlocks + k0, &C, &S);
+      if (i < F) {
+        for (int g = 0; g < GN; ++g) {
+          const float* m = mc + (size_t)g * mst;
+          float* r = out + (size_t)g * rope_terms_stride();
+          const V A = hn::Set(df, m[i]), B = hn::Set(df, m[P + i]);
+          hn::StoreU(hn::MulAdd(A, C, hn::Mul(B, S)), df, r + (size_t)(kRopeSlowRows + 2 * i) * kRopeMaxBlocks + j);
+          hn::StoreU(hn::NegMulAdd(A, S, hn::Mul(B, C)), df,
+                     r + (size_t)(kRopeSlowRows + 1 + 2 * i) * kRopeMaxBlocks + j);
+        }
+      } else {
+        const float w = (float)s.centre.rope_freq[i];
+        const V vw = hn::Set(df, w), vw2 = hn::Set(df, -0.5f * w * w);
+        for (int g = 0; g < GN; ++g) {
+          const float* m = mc + (size_t)g * mst;
+          const V A = hn::Set(df, m[i]), B = hn::Set(df, m[P + i]);
+          const V v = hn::MulAdd(A, C, hn::Mul(B, S)), u = hn::NegMulAdd(A, S, hn::Mul(B, C));
+          c[g] = hn::Add(c[g], v);
+          d[g] = hn::MulAdd(vw, u, d[g]);
+          e[g] = hn::MulAdd(vw2, v, e[g]);
         }
       }
-      hn::StoreU(c, df, r + j);
-      hn::StoreU(d, df, r + kRopeMaxBlocks + j);
-      hn::StoreU(e, df, r + 2 * kRopeMaxBlocks + j);
     }
+    for (int g = 0; g < GN; ++g) {
+      float* r = out + (size_t)g * rope_terms_stride();
+      hn::StoreU(c[g], df, r + j);
+      hn::StoreU(d[g], df, r + kRopeMaxBlocks + j);
+      hn::StoreU(e[g], df, r + 2 * kRopeMaxBlocks + j);
+    }
+  }
+}
+
+void RopeBlockTerms(const Stream& s, const float* mc, int G, int b0, int nb, float* out) {
+  const int mst = rope_mc_stride(s);
+  for (int g = 0; g < G;) {
+    const float* m = mc + (size_t)g * mst;
+    float* r = out + (size_t)g * rope_terms_stride();
+    const int left = G - g;
+    if (left >= 4) RopeBlockTermsN<4>(s, m, b0, nb, r), g += 4;
+    else if (left == 3) RopeBlockTermsN<3>(s, m, b0, nb, r), g += 3;
+    else if (left == 2) RopeBlockTermsN<2>(s, m, b0, nb, r), g += 2;
+    else RopeBlockTermsN<1>(s, m, b0, nb, r), g += 1;
   }
 }
 

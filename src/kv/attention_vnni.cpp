@@ -71,6 +71,8 @@ inline __m512 exp512(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+constexpr int kMaxRowsV = 12;  // = kMaxRows (below): query rows of one block pass
+
 // One 8-byte bit plane. Tiles follow the per-token norms in a block, so a plane need not be
 // 8-byte aligned (1-byte tq_n8 norms): memcpy is the unaligned load (one mov).
 inline __mmask64 plane(const uint8_t* p) {
@@ -139,9 +141,25 @@ void score_block(const uint8_t* tiles, int D, int nt, const int32_t* q32, const 
   }
 }
 
-// V: accv[g][d] = sum_t w8[g][t] * tblV[code(t, d)].
+// Where the V sums of a block go: row g's output o[g] (dims of the part; null: the row does not
+// see the block) becomes o * al[g] + sum * ws[g] (the multiply skipped when al is 1: the running
+// max held), straight from the accumulator registers.
+struct VOut {
+  float* o[kMaxRowsV];
+  float al[kMaxRowsV], ws[kMaxRowsV];
+};
+inline void put_v(const VOut& v, int g, int d, __m512i acc) {
+  float* o = v.o[g];
+  if (!o) return;
+  const __m512 x = _mm512_cvtepi32_ps(acc), ws = _mm512_set1_ps(v.ws[g]);
+  __m512 y = _mm512_loadu_ps(o + d);
+  if (v.al[g] != 1.f) y = _mm512_mul_ps(y, _mm512_set1_ps(v.al[g]));
+  _mm512_storeu_ps(o + d, _mm512_fmadd_ps(x, ws, y));
+}
+
+// V: o[g][d] += sum_t w8[g][t] * tblV[code(t, d)] (put_v).
 template <int G, int B>
-void accum_block(const uint8_t* tiles, int D, int nt, const int32_t* w32, const __m512i* tbl, int32_t* accv) {
+void accum_block(const uint8_t* tiles, int D, int nt, const int32_t* w32, const __m512i* tbl, const VOut& out) {
   const int nr = (nt + 3) / 4;
   for (int e = 0; e < D / 16; ++e) {
     __m512i acc[G];
@@ -151,7 +169,7 @@ void accum_block(const uint8_t* tiles, int D, int nt, const int32_t* w32, const 
       const __m512i vals = lookup<B>(tbl[0], tile_codes<B>(pl));
       for (int g = 0; g < G; ++g) acc[g] = _mm512_dpbusd_epi32(acc[g], _mm512_set1_epi32(w32[g * 8 + r]), vals);
     }
-    for (int g = 0; g < G; ++g) _mm512_store_si512(accv + (size_t)g * D + e * 16, acc[g]);
+    for (int g = 0; g < G; ++g) put_v(out, g, e * 16, acc[g]);
   }
 }
 
@@ -196,7 +214,7 @@ void score_block_t(const uint8_t* tiles, int D, int nt, const int32_t* q32, cons
 // same tile shifted j lanes with the previous 16-dim column's (the last column's for the first)
 // shifted in (valignd).
 template <int G, int B>
-void accum_block_t(const uint8_t* tiles, int D, int nt, const int32_t* w32, const __m512i* tbl, int32_t* accv) {
+void accum_block_t(const uint8_t* tiles, int D, int nt, const int32_t* w32, const __m512i* tbl, const VOut& out) {
   constexpr int P = (8 + B - 1) / B;
   const int nr = (nt + 3) / 4, ne = D / 16;
   alignas(64) uint8_t codes[kMaxHeadDim / 16][8][64];
@@ -221,12 +239,12 @@ void accum_block_t(const uint8_t* tiles, int D, int nt, const int32_t* w32, cons
       const __m512i vals = lookup256(tbl, windows<B>(sh));
       for (int g = 0; g < G; ++g) acc[g] = _mm512_dpbusd_epi32(acc[g], _mm512_set1_epi32(w32[g * 8 + r]), vals);
     }
-    for (int g = 0; g < G; ++g) _mm512_store_si512(accv + (size_t)g * D + e * 16, acc[g]);
+    for (int g = 0; g < G; ++g) put_v(out, g, e * 16, acc[g]);
   }
 }
 
 using ScoreFn = void (*)(const uint8_t*, int, int, const int32_t*, const __m512i*, int32_t*);
-using AccumFn = void (*)(const uint8_t*, int, int, const int32_t*, const __m512i*, int32_t*);
+using AccumFn = void (*)(const uint8_t*, int, int, const int32_t*, const __m512i*, const VOut&);
 
 // The block kernels of a part of `bits` bits for G heads (trellis codes: 1-4 bits); left null
 // where there is none.
@@ -293,7 +311,7 @@ inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
 
 // Query rows per block-kernel call when a call has many queries (prefill): the expansion of a
 // tile's codes is shared by the rows, so kMaxRows / G queries go through a block together.
-constexpr int kMaxRows = 12;
+constexpr int kMaxRows = kMaxRowsV;
 
 // The block kernels of part p for G query rows (the heads of a kv head, or kMaxRows: several
 // queries; left null: none).
@@ -393,7 +411,6 @@ void run_rows(const Call& c, int q0, int rows, const Kernels& k) {
   alignas(64) int8_t q8[2][kMaxRows * kMaxHeadDim];  // per K part: rows x dim
   alignas(64) int32_t raw[2][kMaxRows * 32];
   alignas(64) uint8_t w8[2][kMaxRows * 32];
-  alignas(64) int32_t accv[kMaxRows * kMaxHeadDim];
   float kscale[2][kMaxRows], qoff[2][kMaxRows], alpha[kMaxRows];
   int row_end[kMaxRows];
   int end = c.a;
@@ -516,18 +533,21 @@ void run_rows(const Call& c, int q0, int rows, const Kernels& k) {
     }
     for (int i = 0; i < npv; ++i) {
       const Part& P = pv[i];
-      if (any_w[i])
-        k.accum[i](vb + P.tiles_off, P.dim, nt, reinterpret_cast<const int32_t*>(w8[i]), c.tblV[i], accv);
-      for (int r = 0; r < rows; ++r) {
-        if (!live[r]) continue;
-        float* o = st.acc(r) + P.off;
-        const __m512 al = _mm512_set1_ps(alpha[r]), ws = _mm512_set1_ps(wsc[i][r]);
-        for (int d = 0; d < P.dim; d += 16) {
-          __m512 x = _mm512_mul_ps(_mm512_loadu_ps(o + d), al);
-          if (any_w[i])
-            x = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(accv + (size_t)r * P.dim + d)), ws, x);
-          _mm512_storeu_ps(o + d, x);
+      if (any_w[i]) {
+        VOut out;
+        for (int r = 0; r < rows; ++r) {
+          out.o[r] = live[r] ? st.acc(r) + P.off : nullptr;
+          out.al[r] = alpha[r];
+          out.ws[r] = wsc[i][r];
         }
+        k.accum[i](vb + P.tiles_off, P.dim, nt, reinterpret_cast<const int32_t*>(w8[i]), c.tblV[i], out);
+        continue;
+      }
+      for (int r = 0; r < rows; ++r) {  // no weight in this block: o * alpha
+        if (!live[r] || alpha[r] == 1.f) continue;
+        float* o = st.acc(r) + P.off;
+        const __m512 al = _mm512_set1_ps(alpha[r]);
+        for (int d = 0; d < P.dim; d += 16) _mm512_storeu_ps(o + d, _mm512_mul_ps(_mm512_loadu_ps(o + d), al));
       }
     }
   }

@@ -27,6 +27,7 @@ constexpr int kBlocksPerChunk = 64; // blocks per allocation chunk (2048 tokens)
 constexpr int kMaxHeadDim = 1024;
 constexpr int kRopeTurnsMax = 1024;  // positions RopeTurns holds (32 B per position and pair)
 constexpr int kRopeExactPairs = 8;  // RoPE-rotating K mean: pairs turned per token (the rest per block)
+constexpr int kRopeSeedBlocks = 16;  // its block tables: one (cos, sin) seed per 16 blocks (Centre::rope_seed)
 // tq_n8 norm codes (see kN8Steps): offsets below the block exponent in 1/kN8Steps octave
 // units, one code per unit for the first kN8FineCodes, then one per kN8CoarseUnits units.
 constexpr int kN8Steps = 32;
@@ -152,11 +153,16 @@ struct Centre final : Precond {
   bool rope = false;
   int pos0 = 0;                     // cache position of stream index 0 (the sink count)
   std::vector<double> rope_freq;    // rope_dim / 2 = P angles per position
-  // Pair-major tables: cos / sin of pair i's angle above at block b's first token (fast pairs)
-  // or centre (slow pairs) at [i * rope_nbs + b] (rope_nbs >= blocks + 16, zero padded).
-  const float* rope_cos = nullptr;
-  const float* rope_sin = nullptr;
-  int rope_nbs = 0;
+  // Pair i's angle above at block b's first token (fast pairs) or centre (slow pairs) is
+  // a_i(b) = a_i(s) + 32 k w_i with s = b - k a multiple of kRopeSeedBlocks. Seeds: cos, sin of
+  // a_i(s) at rope_seed[((s / kRopeSeedBlocks) P + i) 2 + {0, 1}]; turns: cos(32 k w_i) at
+  // rope_lane[i 4 kRopeSeedBlocks + k] and sin(32 k w_i) at [.. + 2 kRopeSeedBlocks + k], k < 32.
+  // So the kernels take cos / sin of a_i(b) for a vector of blocks from one seed and one turn
+  // (rope_block_terms), reading P seeds per 16 blocks, not a full-size table from memory.
+  // Doubles, rounded to float after the turn: the floats of cos / sin of a_i(b) themselves
+  // (bar a value within ~1e-12 of a rounding boundary), as the full-size float tables were.
+  const double* rope_seed = nullptr;
+  const double* rope_lane = nullptr;
   // Fast pair i < F: [cos(j w_i), j < 32][sin(j w_i), j < 32]; then at F: the slow pairs'
   // offsets from the block centre [j - 15.5, j < 32][(j - 15.5)^2, j < 32].
   const float* rope_j = nullptr;
@@ -314,8 +320,8 @@ struct KvCache::Impl {
   std::unique_ptr<Rotation> rot;        // D-dim randomized Hadamard (rotated formats)
   std::unique_ptr<Rotation> rot_hi;     // split: D/4
   std::unique_ptr<Rotation> rot_lo;     // split: 3D/4
-  std::vector<float> rope_cos, rope_sin, rope_j;  // tables of the RoPE-rotating K mean (Centre::rope_cos ...)
-  int rope_nbs = 0;
+  std::vector<double> rope_seed, rope_lane;  // tables of the RoPE-rotating K mean (Centre::rope_seed ...)
+  std::vector<float> rope_j;
   std::vector<double> rope_freq;                  // its pair frequencies (empty: no rotating mean)
   kv::RopeTurns turns;                            // its angles at the positions of the current append
 };

@@ -67,21 +67,26 @@ void RopeTurns::cover(const std::vector<double>& freq, int q0, int first, int co
                rope_mean_pos(pos0, (j0 / kBlock + k) * kBlock, kRopeExactPairs) * freq[i]);
 }
 
-// The pair frequencies and the kernels' tables of the RoPE-rotating K mean (Centre::rope_cos).
+// The pair frequencies and the kernels' tables of the RoPE-rotating K mean (Centre::rope_cs).
 void build_rope_tables(KvCache::Impl& I) {
   const KvCacheConfig& cfg = I.cfg;
-  I.rope_nbs = cfg.max_tokens / kBlock + 1 + 16;  // + 16: vector reads past the last block
   if (!cfg.center_rope) return;
-  const int P = cfg.rope_dim / 2, F = std::min(P, kRopeExactPairs), nbs = I.rope_nbs;
+  const int P = cfg.rope_dim / 2, F = std::min(P, kRopeExactPairs);
+  const int nb = cfg.max_tokens / kBlock + 1, ns = (nb + kRopeSeedBlocks - 1) / kRopeSeedBlocks;
   for (int i = 0; i < P; ++i) I.rope_freq.push_back(std::pow((double)cfg.rope_base, -2.0 * i / cfg.rope_dim));
-  I.rope_cos.assign((size_t)P * nbs, 0.f);
-  I.rope_sin.assign((size_t)P * nbs, 0.f);
+  I.rope_seed.assign((size_t)ns * P * 2, 0.0);
+  I.rope_lane.assign((size_t)P * 4 * kRopeSeedBlocks, 0.0);
   I.rope_j.resize((size_t)(F + 1) * 2 * kBlock);
   for (int i = 0; i < P; ++i) {
-    for (int b = 0; b + 16 < nbs; ++b) {  // fast pairs: the block's first token
-      const double a = rope_mean_pos(cfg.sink, b * kBlock, i) * I.rope_freq[i];
-      I.rope_cos[(size_t)i * nbs + b] = (float)std::cos(a);
-      I.rope_sin[(size_t)i * nbs + b] = (float)std::sin(a);
+    for (int s = 0; s < ns; ++s) {  // fast pairs: the block's first token
+      const double a = rope_mean_pos(cfg.sink, s * kRopeSeedBlocks * kBlock, i) * I.rope_freq[i];
+      I.rope_seed[((size_t)s * P + i) * 2] = std::cos(a);
+      I.rope_seed[((size_t)s * P + i) * 2 + 1] = std::sin(a);
+    }
+    for (int k = 0; k < 2 * kRopeSeedBlocks; ++k) {
+      const double a = (double)k * kBlock * I.rope_freq[i];
+      I.rope_lane[(size_t)i * 4 * kRopeSeedBlocks + k] = std::cos(a);
+      I.rope_lane[(size_t)i * 4 * kRopeSeedBlocks + 2 * kRopeSeedBlocks + k] = std::sin(a);
     }
     if (i < F)
       for (int j = 0; j < kBlock; ++j) {
@@ -105,9 +110,8 @@ void Centre::configure(const Stream& s, const KvCacheConfig& cfg, const KvCache:
   if (!rope) return;
   pos0 = cfg.sink;
   rope_freq = I.rope_freq;
-  rope_cos = I.rope_cos.data();
-  rope_sin = I.rope_sin.data();
-  rope_nbs = I.rope_nbs;
+  rope_seed = I.rope_seed.data();
+  rope_lane = I.rope_lane.data();
   rope_j = I.rope_j.data();
   turns = &I.turns;
 }
