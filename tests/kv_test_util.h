@@ -34,6 +34,14 @@ inline tq::KvCacheConfig kv_config(int n_layers, int n_kv_heads, int head_dim, i
   return cfg;
 }
 
+// K centred by a RoPE-rotating mean over all head_dim dimensions, with `sink` tokens kept exact.
+inline void rope_centred_k(tq::KvCacheConfig& cfg, float rope_base, int sink) {
+  cfg.center_k = cfg.center_rope = true;
+  cfg.rope_base = rope_base;
+  cfg.rope_dim = cfg.head_dim;
+  cfg.sink = sink;
+}
+
 // Per-layer / per-head types from names ("": not set), and back.
 inline std::vector<std::optional<tq::KvFormat>> formats(const std::vector<std::string>& names) {
   std::vector<std::optional<tq::KvFormat>> r;

@@ -962,10 +962,7 @@ TEST(KvCache, RopeBlockTermsMatchTheirDefinition) {
   // ranges starting on and off a seed, 1 to 5 heads, fast and slow pairs.
   const int D = 64, n = 6000, P = D / 2, F = std::min(P, tq::kv::kRopeExactPairs), sink = 1;
   tq::KvCacheConfig cfg = tq_test::kv_config(1, 1, D, n, "tq4", "tq4");
-  cfg.center_k = cfg.center_rope = true;
-  cfg.rope_base = 1e6f;
-  cfg.rope_dim = D;
-  cfg.sink = sink;
+  tq_test::rope_centred_k(cfg, 1e6f, sink);
   tq::KvCache c(cfg);
   const tq::kv::Stream& s = c.impl().layers[0].k[0];
   ASSERT_TRUE(s.centre.rope);

@@ -429,10 +429,7 @@ TEST(KvQuality, RopeMeanTurnsWithItsToken) {
   for (auto& x : v) x = (float)rng.normal();
   add_rotating_mean(n, 1, D, D, k);
   tq::KvCacheConfig cfg = tq_test::kv_config(1, 1, D, n, "tq3", "f32");
-  cfg.center_k = cfg.center_rope = true;
-  cfg.rope_base = 10000;
-  cfg.rope_dim = D;
-  cfg.sink = sink;
+  tq_test::rope_centred_k(cfg, 10000, sink);
   tq::KvCache cache(cfg);
   cache.append(0, n, k.data(), v.data());
   const tq::kv::Stream& s = cache.impl().layers[0].k[0];
