@@ -193,6 +193,13 @@ KvSpec calib_protection(const std::string& protect, uint64_t seed) {
   return r;
 }
 
+namespace {
+// Whether layer l's heads get the one-head probes (every layer unless opt.probe_layers says).
+bool layer_probed(const CalibOptions& opt, int l) {
+  return !opt.probe_layers || std::find(opt.probe_layers->begin(), opt.probe_layers->end(), l) != opt.probe_layers->end();
+}
+}  // namespace
+
 std::vector<KvSpec> calib_configs(const LlamaConfig& mc, const CalibOptions& opt,
                                      const std::vector<std::string>& k_types,
                                      const std::vector<std::string>& v_types) {
@@ -203,12 +210,9 @@ std::vector<KvSpec> calib_configs(const LlamaConfig& mc, const CalibOptions& opt
     for (int l : *opt.probe_layers)
       TQ_CHECK(l >= 0 && l < mc.n_layers, "calibrate: probe layer %d out of range (the model has %d layers)", l,
                mc.n_layers);
-  auto probed = [&](int l) {
-    return !opt.probe_layers || std::find(opt.probe_layers->begin(), opt.probe_layers->end(), l) != opt.probe_layers->end();
-  };
   for (int side = 0; side < 2; ++side)
     for (int l = 0; l < mc.n_layers; ++l)
-      for (int h = 0; h < mc.n_kv_heads && probed(l); ++h) {
+      for (int h = 0; h < mc.n_kv_heads && layer_probed(opt, l); ++h) {
         KvSpec o = p;
         o.layers = {{{{l, l, h}}, side == 0 ? probe_k : KvFormat::f16, side == 0 ? KvFormat::f16 : probe_v}};
         out.push_back(o);
@@ -287,8 +291,7 @@ CalibSensitivity calibrate_measure(const LlamaModel& m, const std::vector<int32_
   std::vector<int> units;
   for (int u = 0; u < n_units; ++u) {
     const int l = u / mc.n_kv_heads;
-    if (!opt.probe_layers || std::find(opt.probe_layers->begin(), opt.probe_layers->end(), l) != opt.probe_layers->end())
-      units.push_back(u);
+    if (layer_probed(opt, l)) units.push_back(u);
   }
   const size_t np = units.size();
   s.sens_k.assign(n_units, -1);
@@ -342,26 +345,11 @@ void calib_reuse_sens(CalibSensitivity& at_long, const CalibSensitivity& at_shor
     TQ_CHECK(a.sens_k[u] >= 0 && a.sens_v[u] >= 0, "calibrate: unit %zu has no sensitivity at ctx %d", u, a.n_ctx);
 }
 
-size_t calib_bytes_used(const LlamaConfig& mc, const KvSpec& kv, int n_ctx) {
-  KvCacheConfig cfg = kv.resolve(mc, n_ctx);
-  cfg.layer_window.clear();  // every layer holds every token
+namespace {
+// Bytes a cache of `cfg` holds after n_ctx tokens of random K / V (and queries, for the online
+// choices) appended in batches of `ubatch` across all layers.
+size_t bytes_after_filling(const LlamaConfig& mc, const KvCacheConfig& cfg, int n_ctx, int ubatch) {
   KvCache cache(cfg);
-  Rng r(0xca1b);
-  const int D = mc.head_dim;
-  std::vector<float> q(static_cast<size_t>(n_ctx) * mc.n_heads * D);
-  std::vector<float> k(static_cast<size_t>(n_ctx) * mc.n_kv_heads * D), v(k.size());
-  for (int l = 0; l < mc.n_layers; ++l) {
-    for (auto* buf : {&q, &k, &v})
-      for (float& x : *buf) x = static_cast<float>(r.normal());
-    cache.observe_queries(l, n_ctx, q.data(), mc.n_heads);
-    cache.append(l, n_ctx, k.data(), v.data());
-  }
-  return cache.bytes_used();
-}
-
-size_t calib_bytes_held(const LlamaConfig& mc, const KvSpec& kv, int n_ctx, int ubatch) {
-  TQ_CHECK(n_ctx >= 1 && ubatch >= 1, "calibrate: context %d, batch %d", n_ctx, ubatch);
-  KvCache cache(kv.resolve(mc, n_ctx));
   Rng r(0xca1b);
   const int D = mc.head_dim;
   const int nb = std::min(ubatch, n_ctx);
@@ -377,6 +365,18 @@ size_t calib_bytes_held(const LlamaConfig& mc, const KvSpec& kv, int n_ctx, int 
     }
   }
   return cache.bytes_used();
+}
+}  // namespace
+
+size_t calib_bytes_used(const LlamaConfig& mc, const KvSpec& kv, int n_ctx) {
+  KvCacheConfig cfg = kv.resolve(mc, n_ctx);
+  cfg.layer_window.clear();  // every layer holds every token
+  return bytes_after_filling(mc, cfg, n_ctx, n_ctx);
+}
+
+size_t calib_bytes_held(const LlamaConfig& mc, const KvSpec& kv, int n_ctx, int ubatch) {
+  TQ_CHECK(n_ctx >= 1 && ubatch >= 1, "calibrate: context %d, batch %d", n_ctx, ubatch);
+  return bytes_after_filling(mc, kv.resolve(mc, n_ctx), n_ctx, ubatch);
 }
 
 namespace {

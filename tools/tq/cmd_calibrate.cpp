@@ -118,6 +118,13 @@ tq::CalibSensitivity read_sens(const std::string& path, std::string* file) {
   return s;
 }
 
+// "a,b,c": a default type list as --help shows it.
+std::string comma_list(const std::vector<std::string>& items) {
+  std::string x;
+  for (const std::string& t : items) x += (x.empty() ? "" : ",") + t;
+  return x;
+}
+
 void write_json_file(const std::string& path, const nlohmann::json& j) {
   const std::string text = j.dump(1) + "\n";
   tq::atomic_write_file(path, text.data(), text.size());
@@ -181,10 +188,10 @@ void setup(CLI::App& app) {
                 "Gemma 3 at -c 512, 3 of 18 layers, 23 forward passes per window instead of 53)")
       ->capture_default_str();
   s->add_option("--k-types", *k_types, "candidate K types, comma-separated (default: " +
-                [] { std::string x; for (auto& t : tq::default_calib_k_types()) x += (x.empty() ? "" : ",") + t; return x; }() +
+                comma_list(tq::default_calib_k_types()) +
                 ", those the model's head_dim supports)");
   s->add_option("--v-types", *v_types, "candidate V types (default: " +
-                [] { std::string x; for (auto& t : tq::default_calib_v_types()) x += (x.empty() ? "" : ",") + t; return x; }() + ")");
+                comma_list(tq::default_calib_v_types()) + ")");
   s->add_option("--probe-k", *probe_k, "the K type each head is probed with")->capture_default_str();
   s->add_option("--probe-v", *probe_v, "the V type each head is probed with")->capture_default_str();
   auto* protect_opt = s->add_option("--protect", *protect,
