@@ -162,10 +162,8 @@ uint8_t Index::Impl::refine_index(size_t sg, uint8_t c, float z) const noexcept 
 
 void Index::Impl::get_indices(size_t i, uint8_t* idx) const noexcept {
   if (fast_ok) {
-    // Fast layout: group g of slot i is nibble (i % 32 < 16 ? low : high) of byte g * 16 + i % 16
-    // of its block.
-    const uint8_t* base = blocks.data() + (i / kBlock) * mp * 16 + (i % 16);
-    const int sh = (i % kBlock) < 16 ? 0 : 4;
+    const uint8_t* base = fast_row(i);
+    const int sh = fast_shift(i);
     for (size_t g = 0; g < m; ++g) {
       const Group& gr = groups[g];
       const uint8_t c = static_cast<uint8_t>((base[g * 16] >> sh) & 15);
@@ -772,8 +770,8 @@ float exact_lut_score(const Index::Impl& I, const float* lut, size_t i) {
   const size_t m = I.m, st = I.lut_stride;
   size_t g = 0;
   if (I.fast_ok) {
-    const uint8_t* p = I.blocks.data() + (i / kBlock) * I.mp * 16 + (i % 16);
-    const int sh = (i % kBlock) < 16 ? 0 : 4;
+    const uint8_t* p = I.fast_row(i);
+    const int sh = I.fast_shift(i);
     for (; g + 4 <= m; g += 4) {
       s0 += lut[g * 16 + ((p[g * 16] >> sh) & 15)];
       s1 += lut[(g + 1) * 16 + ((p[(g + 1) * 16] >> sh) & 15)];
@@ -978,6 +976,11 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
       return internal(s, dot) + off;
     };
     // Score of slot s in list l from its second-stage code (same form, its own scale).
+    // Slot s's second-stage score from its code's dot with the list query (its own scale).
+    auto stage2_of = [&](size_t s, float dot, float off) {
+      const float sd = I.rscale[s] * dot;
+      return (l2 ? 2.f * sd - I.norm[s] * I.norm[s] : sd) + off;
+    };
     auto stage2_score = [&](const float* y, size_t s, size_t l, float off) {
       const float* yy = list_query(y, l);
       if (!refine4) unpack_bits(d, I.cfg.rerank_bits, I.rcodes.data() + s * I.rbytes, idx.data());
@@ -985,8 +988,8 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
         // 4-bit first code in the fast layout (channel j = group j, a nibble of byte j * 16 of
         // the slot's block) and a 4-bit refinement (channel j: nibble j % 2 of byte j / 2),
         // read together without unpacking: tab[(c << 4) | k].
-        const uint8_t* base = I.blocks.data() + (s / kBlock) * I.mp * 16 + (s % 16);
-        const int sh = (s % kBlock) < 16 ? 0 : 4;
+        const uint8_t* base = I.fast_row(s);
+        const int sh = I.fast_shift(s);
         const uint8_t* rc = I.rcodes.data() + s * I.rbytes;
         const float* tab = I.rtab[0].data();
         float d0 = 0, d1 = 0;
@@ -998,8 +1001,7 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
           d1 += yy[j + 1] * tab[(c1 << 4) | (r >> 4)];
         }
         if (j < d) d0 += yy[j] * tab[(((base[j * 16] >> sh) & 15u) << 4) | (rc[j / 2] & 15u)];
-        const float sd = I.rscale[s] * (d0 + d1);
-        return (l2 ? 2.f * sd - I.norm[s] * I.norm[s] : sd) + off;
+        return stage2_of(s, d0 + d1, off);
       }
       if (refine) {
         // Refinement: first index c and second index k decode together, tab[(c << B) | k].
@@ -1017,8 +1019,7 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
           }
           for (; j < e; ++j) d0 += yy[j] * tab[(static_cast<size_t>(idx1[j]) << B) | idx[j]];
         }
-        const float sd = I.rscale[s] * (d0 + d1);
-        return (l2 ? 2.f * sd - I.norm[s] * I.norm[s] : sd) + off;
+        return stage2_of(s, d0 + d1, off);
       }
       const float* cent = I.rcb->centroids.data();
       float d0 = 0, d1 = 0, d2 = 0, d3 = 0;
@@ -1030,8 +1031,7 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
         d3 += yy[j + 3] * cent[idx[j + 3]];
       }
       for (; j < d; ++j) d0 += yy[j] * cent[idx[j]];
-      const float sd = I.rscale[s] * ((d0 + d1) + (d2 + d3));
-      return (l2 ? 2.f * sd - I.norm[s] * I.norm[s] : sd) + off;
+      return stage2_of(s, (d0 + d1) + (d2 + d3), off);
     };
 
 #pragma omp for schedule(dynamic, 4)
@@ -1073,10 +1073,7 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
         // The candidates' codes are scattered: prefetch the one four ahead (its fast-layout
         // block rows when the first code is read too, and its second-stage bytes).
         auto prefetch2 = [&](size_t s) {
-          if (refine && I.fast_ok) {
-            const uint8_t* base = I.blocks.data() + (s / kBlock) * I.mp * 16 + (s % 16);
-            for (size_t g = 0; g < I.mp; g += 4) __builtin_prefetch(base + g * 16);
-          }
+          if (refine) I.prefetch_fast_rows(s);
           __builtin_prefetch(I.rcodes.data() + s * I.rbytes);
         };
         // In slot order, so candidates of one block share its rows while they are cached.
@@ -1319,15 +1316,10 @@ void search_impl(const Index::Impl& I, size_t nq, const float* q, const SearchPa
         }
         if (fast && rerank > 0) {
           const float* lut = flut.data() + b * I.m * I.lut_stride;
-          // Prefetch the code rows of the candidate after next (one 64-byte line per 4 groups).
-          auto prefetch = [&](size_t i) {
-            if (!I.fast_ok) return;
-            const uint8_t* p = I.blocks.data() + (i / kBlock) * I.mp * 16 + (i % 16);
-            for (size_t g = 0; g < I.m; g += 4) __builtin_prefetch(p + g * 16);
-          };
-          for (size_t ci = 0; ci < cand.size() && ci < 2; ++ci) prefetch(cand[ci].second);
+          // Prefetch the code rows of the candidate after next.
+          for (size_t ci = 0; ci < cand.size() && ci < 2; ++ci) I.prefetch_fast_rows(cand[ci].second);
           for (size_t ci = 0; ci < cand.size(); ++ci) {
-            if (ci + 2 < cand.size()) prefetch(cand[ci + 2].second);
+            if (ci + 2 < cand.size()) I.prefetch_fast_rows(cand[ci + 2].second);
             cand[ci].first = internal(cand[ci].second, exact_lut_dot(lut, cand[ci].second));
           }
           std::sort(cand.begin(), cand.end(), TopR::cmp);

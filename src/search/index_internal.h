@@ -96,11 +96,18 @@ struct Index::Impl {
 
   explicit Impl(const IndexConfig& c);
 
+  // Fast layout: group g of slot i is nibble fast_shift(i) (low for the block's first 16 slots,
+  // high for the rest) of byte fast_row(i)[g * 16].
+  const uint8_t* fast_row(size_t i) const noexcept { return blocks.data() + (i / kBlock) * mp * 16 + (i % 16); }
+  static int fast_shift(size_t i) noexcept { return (i % kBlock) < 16 ? 0 : 4; }
+  // Prefetch slot i's fast-layout rows (one 64-byte line per 4 groups); nothing in the other layout.
+  void prefetch_fast_rows(size_t i) const noexcept {
+    if (!fast_ok) return;
+    const uint8_t* p = fast_row(i);
+    for (size_t g = 0; g < m; g += 4) __builtin_prefetch(p + g * 16);
+  }
   uint8_t group_code(size_t i, size_t g) const noexcept {
-    if (fast_ok) {
-      const uint8_t b = blocks[(i / kBlock) * mp * 16 + g * 16 + (i % 16)];
-      return (i % kBlock) < 16 ? (b & 15) : (b >> 4);
-    }
+    if (fast_ok) return static_cast<uint8_t>((fast_row(i)[g * 16] >> fast_shift(i)) & 15);
     return gcodes[i * m + g];
   }
   void set_group_code(size_t i, size_t g, uint8_t c) noexcept {
