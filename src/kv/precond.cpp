@@ -67,7 +67,7 @@ void RopeTurns::cover(const std::vector<double>& freq, int q0, int first, int co
                rope_mean_pos(pos0, (j0 / kBlock + k) * kBlock, kRopeExactPairs) * freq[i]);
 }
 
-// The pair frequencies and the kernels' tables of the RoPE-rotating K mean (Centre::rope_cs).
+// The pair frequencies and the kernels' tables of the RoPE-rotating K mean (Centre::rope_seed).
 void build_rope_tables(KvCache::Impl& I) {
   const KvCacheConfig& cfg = I.cfg;
   if (!cfg.center_rope) return;
