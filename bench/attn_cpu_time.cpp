@@ -6,8 +6,11 @@
 // Build against a library (any build tree's libturboquant.so), e.g.
 //   g++ -std=c++20 -O2 -fopenmp -Iinclude bench/attn_cpu_time.cpp -o /tmp/attn_cpu_time \
 //       -Lbuild -lturboquant -Wl,-rpath,$PWD/build
-// Usage: attn_cpu_time SPEC CONTEXT QUERIES STEPS KERNEL THREADS SLIDING_WINDOW
+// Usage: attn_cpu_time SPEC CONTEXT QUERIES STEPS KERNEL THREADS SLIDING_WINDOW [FLUSH_MB]
 //   e.g. attn_cpu_time "k=tq4h6n8 v=tq3h6n8 sink=1 center=k,rope,512 scale-k" 16384 128 7 lut8 1 512
+// FLUSH_MB > 0: before every timed call, read a buffer of that many MB (untimed), so the
+// cache's bytes come from memory as in a model's decode step (the weights stream between two
+// calls of a layer); 0 (default): back-to-back calls, the cache's bytes warm in L2 / L3.
 // Prints one JSON line: the medians and minima over STEPS calls (after one warm-up call).
 #include <time.h>
 
@@ -38,8 +41,8 @@ double median(std::vector<double> x) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 8) {
-    std::fprintf(stderr, "usage: %s SPEC CONTEXT QUERIES STEPS KERNEL THREADS SLIDING_WINDOW\n", argv[0]);
+  if (argc != 8 && argc != 9) {
+    std::fprintf(stderr, "usage: %s SPEC CONTEXT QUERIES STEPS KERNEL THREADS SLIDING_WINDOW [FLUSH_MB]\n", argv[0]);
     return 2;
   }
   try {
@@ -47,8 +50,9 @@ int main(int argc, char** argv) {
     const int N = std::atoi(argv[2]), nq = std::atoi(argv[3]), steps = std::atoi(argv[4]);
     const std::string kernel = argv[5];
     const int threads = std::atoi(argv[6]), window = std::atoi(argv[7]);
-    if (N < 1 || nq < 1 || nq > N || steps < 1 || threads < 1 || window < 0) {
-      std::fprintf(stderr, "attn_cpu_time: bad CONTEXT / QUERIES / STEPS / THREADS / SLIDING_WINDOW\n");
+    const int flush_mb = argc == 9 ? std::atoi(argv[8]) : 0;
+    if (N < 1 || nq < 1 || nq > N || steps < 1 || threads < 1 || window < 0 || flush_mb < 0) {
+      std::fprintf(stderr, "attn_cpu_time: bad CONTEXT / QUERIES / STEPS / THREADS / SLIDING_WINDOW / FLUSH_MB\n");
       return 2;
     }
     const int D = 256, H = 4;
@@ -81,7 +85,10 @@ int main(int argc, char** argv) {
     p.sliding_window = window;
     tq::attention(cache, 0, nq, q.data(), out.data(), p);  // warm-up
     std::vector<double> wall, cpu;
+    std::vector<unsigned char> flush((size_t)flush_mb << 20, 1);
+    unsigned sink = 0;
     for (int s = 0; s < steps; ++s) {
+      for (size_t i = 0; i < flush.size(); i += 64) sink += flush[i];  // reads only, as weights are
       const double w0 = wall_s(), c0 = cpu_s();
       tq::attention(cache, 0, nq, q.data(), out.data(), p);
       cpu.push_back((cpu_s() - c0) * 1e3);
@@ -89,10 +96,11 @@ int main(int argc, char** argv) {
     }
     std::printf(
         "{\"spec\": \"%s\", \"context\": %d, \"queries\": %d, \"steps\": %d, \"kernel\": \"%s\", \"threads\": %d, "
-        "\"sliding_window\": %d, \"cpu_ms_median\": %.4f, \"cpu_ms_min\": %.4f, \"wall_ms_median\": %.4f, "
+        "\"sliding_window\": %d, \"flush_mb\": %d, \"cpu_ms_median\": %.4f, \"cpu_ms_min\": %.4f, \"wall_ms_median\": %.4f, "
         "\"wall_ms_min\": %.4f}\n",
-        spec.c_str(), N, nq, steps, kernel.c_str(), threads, window, median(cpu),
+        spec.c_str(), N, nq, steps, kernel.c_str(), threads, window, flush_mb, median(cpu),
         *std::min_element(cpu.begin(), cpu.end()), median(wall), *std::min_element(wall.begin(), wall.end()));
+    if (sink == 1) std::fprintf(stderr, " ");  // keeps the flush reads
   } catch (const std::exception& e) {
     std::fprintf(stderr, "attn_cpu_time: %s\n", e.what());
     return 1;
