@@ -5,11 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "llm/qmatvec.h"
 #include "cli_test_util.h"
 #include "llm_test_util.h"
+#include "tq/common.h"
 #include "tq/error.h"
 #include "tq/gguf.h"
 #include "tq/kv_cache.h"
@@ -257,6 +259,33 @@ TEST(Model, RejectsMissingOrMisshapedTensors) {
         tq::LlamaModel::load(gg);
       },
       tq::Error);
+}
+
+// tq::argmax (two vectorizable passes) against the loop it replaces, bit for bit: random
+// lengths around the 8-lane blocks, ties, NaN (first and elsewhere), infinities, -0 / +0.
+TEST(Model, ArgmaxIsTheFirstLoopOnes) {
+  auto loop = [](const float* x, int n) {
+    int32_t best = 0;
+    for (int i = 1; i < n; ++i)
+      if (x[i] > x[best]) best = i;
+    return best;
+  };
+  tq::Rng r(7);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const float specials[] = {nan, inf, -inf, 0.0f, -0.0f, 1.0f, 1.0f};
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int n = 1 + static_cast<int>(r.next_u64() % 70);
+    std::vector<float> x(n);
+    const int levels = 1 + static_cast<int>(r.next_u64() % 4);  // few levels: many ties
+    for (auto& v : x) v = static_cast<float>(r.next_u64() % levels) - 1.0f;
+    const int k = static_cast<int>(r.next_u64() % 4);
+    for (int j = 0; j < k; ++j) x[r.next_u64() % n] = specials[r.next_u64() % 7];
+    ASSERT_EQ(tq::argmax(x.data(), n), loop(x.data(), n)) << "trial " << trial << " n " << n;
+  }
+  std::vector<float> big(262144);
+  for (auto& v : big) v = static_cast<float>(r.normal());
+  EXPECT_EQ(tq::argmax(big.data(), 262144), loop(big.data(), 262144));
+  EXPECT_EQ(tq::argmax(big.data(), 0), 0);
 }
 
 TEST(Model, SamplerGreedyAndTopP) {

@@ -10,11 +10,26 @@
 
 namespace tq {
 
+// The result of `best = 0; for i: if (x[i] > x[best]) best = i` (the first index of the largest
+// value, NaNs never chosen, 0 when x[0] is NaN), in two passes the compiler vectorizes: the
+// maximum over 8 lanes (`x > m ? x : m` is maxps), then the first index holding it (-0 and +0
+// compare equal, as in the loop). The loop itself compiles to a chain of cmov and a load at the
+// new index (~5 cycles a value): over Gemma 3's 262,144 logits it was ~1.2% of a 1-thread decode
+// step; this is ~8x faster (tests/test_model.cpp, ArgmaxIsTheFirstLoopOnes, checks the bits).
 int32_t argmax(const float* x, int n) noexcept {
-  int32_t best = 0;
-  for (int i = 1; i < n; ++i)
-    if (x[i] > x[best]) best = i;
-  return best;
+  if (n <= 1 || std::isnan(x[0])) return 0;
+  constexpr int L = 8;
+  float lane[L];
+  for (int j = 0; j < L; ++j) lane[j] = x[0];
+  int i = 0;
+  for (; i + L <= n; i += L)
+    for (int j = 0; j < L; ++j) lane[j] = x[i + j] > lane[j] ? x[i + j] : lane[j];
+  float m = x[0];
+  for (int j = 0; j < L; ++j) m = lane[j] > m ? lane[j] : m;
+  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+  for (int k = 0; k < n; ++k)
+    if (x[k] == m) return k;
+  return 0;  // not reached: m is one of the values
 }
 
 double log_softmax(const float* x, int n, float* out) noexcept {
