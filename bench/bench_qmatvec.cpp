@@ -18,6 +18,7 @@
 #include "llm/qmatvec.h"
 #include "tq/common.h"
 #include "tq/gguf.h"
+#include "tq/model.h"
 #include "tq/simd.h"
 
 extern "C" void openblas_set_num_threads(int num_threads);
@@ -276,6 +277,49 @@ void run_read(benchmark::State& st) {
                                            benchmark::Counter::kIsRate);
 }
 BENCHMARK(run_read)->Name("GemmaHeadRead")->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// The serial pieces of a Gemma 3 decode step around the matvecs: greedy argmax over the
+// 262,144 logits (tq::argmax; arg 1: the plain loop it replaced) and the 16-bit rounding of
+// one 2048-value activation row (arg 0: quantize_x16_avx512, which qmatvec uses on AVX-512
+// hosts; arg 1: the scalar reference quantize_x16).
+void run_argmax(benchmark::State& st) {
+  std::vector<float> x(262144);
+  tq::Rng r(3);
+  for (auto& v : x) v = static_cast<float>(r.normal());
+  const bool loop = st.range(0) == 1;
+  int i = 0;
+  for (auto _ : st) {
+    x[i++ & 1023] += 1e-3f;  // a new input each time
+    int32_t best = 0;
+    if (loop) {
+      for (int k = 1; k < static_cast<int>(x.size()); ++k)
+        if (x[k] > x[best]) best = k;
+    } else {
+      best = tq::argmax(x.data(), static_cast<int>(x.size()));
+    }
+    benchmark::DoNotOptimize(best);
+  }
+}
+BENCHMARK(run_argmax)->Name("Argmax262144")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
+
+void run_quantize_x16(benchmark::State& st) {
+  constexpr int in = 2048;
+  std::vector<float> x(in), d(in / 32), s(in / 32);
+  std::vector<int16_t> q(in);
+  tq::Rng r(4);
+  for (auto& v : x) v = static_cast<float>(r.normal());
+  const bool avx512 = st.range(0) == 0;
+  if (avx512 && !tq::llm::detail::qmv16_avx512_host_ok()) {
+    st.SkipWithError("no AVX-512");
+    return;
+  }
+  for (auto _ : st) {
+    if (avx512) tq::llm::detail::quantize_x16_avx512(x.data(), 1, in, q.data(), d.data(), s.data());
+    else tq::llm::detail::quantize_x16(x.data(), 1, in, q.data(), d.data(), s.data());
+    benchmark::DoNotOptimize(q.data());
+  }
+}
+BENCHMARK(run_quantize_x16)->Name("QuantizeX16_2048")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 

@@ -13,9 +13,10 @@ namespace tq {
 // The result of `best = 0; for i: if (x[i] > x[best]) best = i` (the first index of the largest
 // value, NaNs never chosen, 0 when x[0] is NaN), in two passes the compiler vectorizes: the
 // maximum over 8 lanes (`x > m ? x : m` is maxps), then the first index holding it (-0 and +0
-// compare equal, as in the loop). The loop itself compiles to a chain of cmov and a load at the
-// new index (~5 cycles a value): over Gemma 3's 262,144 logits it was ~1.2% of a 1-thread decode
-// step; this is ~8x faster (tests/test_model.cpp, ArgmaxIsTheFirstLoopOnes, checks the bits).
+// compare equal, as in the loop). The loop compiles to one loop-carried maxss (and a cmov) per
+// value: over Gemma 3's 262,144 logits ~1.2% of a 1-thread decode step in perf; this takes
+// about half its CPU time (bench_qmatvec Argmax262144; tests/test_model.cpp,
+// ArgmaxIsTheFirstLoopOnes, checks the bits against the loop).
 int32_t argmax(const float* x, int n) noexcept {
   if (n <= 1 || std::isnan(x[0])) return 0;
   constexpr int L = 8;
