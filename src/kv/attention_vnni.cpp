@@ -307,15 +307,14 @@ void byte_table(const Codebook* cb, const TrellisCode* tc, bool offset, __m512i*
 }
 
 inline float hmax(__m512 v) { return _mm512_reduce_max_ps(v); }
-
 inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
 
 // Software prefetch (into L2) of the K and V blocks kPrefetchBlocks ahead of the one being
 // read. A decode call reads each code byte once, and between two calls of a layer the model's
 // weights stream through the caches, so the blocks come from memory: one 32K global call of
-// Gemma 3's `auto` cache (8 MB of codes, 1 thread) took ~1.7-1.8 ms of CPU cold against
-// ~1.15 ms with the codes warm in L3 (bench/attn_cpu_time.cpp with FLUSH_MB 64 and 0). Two
-// blocks ahead took ~6% off the cold call; into L1 (_MM_HINT_T0) it cost ~10% more instead
+// Gemma 3's `auto` cache (8 MB of codes, 1 thread) took ~1.77 ms of CPU cold against ~1.2 ms
+// with the codes warm in L3 (bench/attn_cpu_time.cpp with FLUSH_MB 64 and 0). Two blocks
+// ahead took ~6.6% off the cold call; into L1 (_MM_HINT_T0) it cost 8-15% more instead
 // (docs/design.md, "Decode at 32K on Gemma").
 constexpr int kPrefetchBlocks = 2;
 inline void prefetch_block(const uint8_t* p, size_t bytes) {
