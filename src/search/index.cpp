@@ -873,14 +873,14 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
   std::vector<uint32_t> probes(checked_mul(nq, np, "IVF probes"));
   std::vector<float> poff(nq * np);
   {
-    const size_t qb = std::max<size_t>(16, std::min<size_t>(1024, (size_t{1} << 22) / LL));
-    std::vector<float> cs(qb * LL);
-    for (size_t q0 = 0; q0 < nq; q0 += qb) {
-      const size_t m = std::min(qb, nq - q0);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), L, I.d, 1.0f, qn + q0 * d, I.d,
-                  I.centroids.data(), I.d, 0.0f, cs.data(), L);
+    // Tiles of queries, each one single-threaded GEMM against the centroids and its selection
+    // by the same OpenMP thread (no BLAS threads spinning beside OpenMP's).
+    const size_t qb = std::max<size_t>(4, std::min<size_t>(256, (size_t{1} << 18) / LL));
+    const size_t tiles = (nq + qb - 1) / qb;
+    const BlasSingleThread one_blas_thread;
 #pragma omp parallel num_threads(threads)
-      {
+    {
+      std::vector<float> cs(qb * LL);
         // The np best lists by (score desc, list asc): one pass with a min-heap of np over
         // 64-bit keys (the score's order-preserving bits, then the complemented list index, so
         // one integer compare orders by score and, among equal scores, prefers the lower
@@ -903,8 +903,12 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
         };
         const auto greater = std::greater<uint64_t>();
         std::vector<float> vb(LL);
-#pragma omp for schedule(static)
-        for (size_t i = 0; i < m; ++i) {
+#pragma omp for schedule(dynamic, 1)
+        for (size_t t = 0; t < tiles; ++t) {
+          const size_t q0 = t * qb, m = std::min(qb, nq - q0);
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), L, I.d, 1.0f, qn + q0 * d, I.d,
+                      I.centroids.data(), I.d, 0.0f, cs.data(), L);
+          for (size_t i = 0; i < m; ++i) {
           const float* si = cs.data() + i * LL;
           const float* v = si;
           if (!ip) {
@@ -939,8 +943,8 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
             // ip/cosine: <q, c_l>; l2: -||q - c_l||^2 = 2 <q, c> - ||c||^2 - ||q||^2.
             poff[(q0 + i) * np + j] = l2 ? 2.f * si[l] - I.cnorm2[l] - qsq[q0 + i] : si[l];
           }
+          }
         }
-      }
     }
   }
 

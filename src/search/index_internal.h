@@ -32,6 +32,19 @@ constexpr uint32_t kFileVersionIvf = 2;  // io.cpp: IVF index files
 constexpr uint32_t kFileVersionIvfRerank = 3;  // io.cpp: IVF index files with an independent second-stage code
 constexpr uint32_t kFileVersionIvfRefine = 4;  // io.cpp: IVF index files with a refining second-stage code
 
+extern "C" int openblas_get_num_threads(void);
+extern "C" void openblas_set_num_threads(int num_threads);
+
+// While alive, OpenBLAS runs single-threaded (the previous setting is restored after): for
+// GEMMs that each OpenMP thread calls on its own tile.
+struct BlasSingleThread {
+  int saved = openblas_get_num_threads();
+  BlasSingleThread() { openblas_set_num_threads(1); }
+  ~BlasSingleThread() { openblas_set_num_threads(saved); }
+  BlasSingleThread(const BlasSingleThread&) = delete;
+  BlasSingleThread& operator=(const BlasSingleThread&) = delete;
+};
+
 // IVF coarse quantizer (kmeans.cpp). nearest_centroids: out[i] = argmin_j ||x_i - c_j||^2
 // (ties: lowest j) for x: n * dim, c: k * dim, cn2: k squared norms; best_out (optional):
 // 2 <x_i, c> - ||c||^2 of the winner. kmeans: k centroids (k * dim floats) of the rows of x

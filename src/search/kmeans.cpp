@@ -17,33 +17,76 @@
 
 namespace tq {
 
+namespace {
+
+// Index of the largest v_j = 2 s_j - cn2_j over j < k (ties: lowest j; best = -inf and 0 when
+// none exceeds -inf, NaN never wins), exactly as one sequential strict-greater scan, but with
+// 16 independent running maxima (one per j mod 16, each keeping its first maximum) so that the
+// compiler vectorizes it; the lanes are merged by value, then lowest index, and the tail
+// j >= k - k % 16 (all above every lane's indices) continues the sequential scan.
+uint32_t argmax_2s_minus_c(size_t k, const float* s, const float* cn2, float* best_out) {
+  constexpr size_t W = 16;
+  float bv[W];
+  uint32_t bi[W];
+  for (size_t t = 0; t < W; ++t) {
+    bv[t] = -std::numeric_limits<float>::infinity();
+    bi[t] = 0;
+  }
+  const size_t kw = k / W * W;
+  for (size_t j = 0; j < kw; j += W)
+    for (size_t t = 0; t < W; ++t) {
+      const float v = 2.f * s[j + t] - cn2[j + t];
+      const bool gt = v > bv[t];
+      bv[t] = gt ? v : bv[t];
+      bi[t] = gt ? static_cast<uint32_t>(j + t) : bi[t];
+    }
+  float best = -std::numeric_limits<float>::infinity();
+  uint32_t arg = 0;
+  bool found = false;
+  for (size_t t = 0; t < W; ++t)
+    if (bv[t] > best) best = bv[t];
+  for (size_t t = 0; t < W; ++t)
+    if (bv[t] == best && bv[t] > -std::numeric_limits<float>::infinity() && (!found || bi[t] < arg)) {
+      arg = bi[t];
+      found = true;
+    }
+  if (found)
+    for (size_t t = 0; t < W; ++t)
+      if (bi[t] == arg) best = bv[t];  // the first maximum's own value (+0 / -0 as the scan)
+  for (size_t j = kw; j < k; ++j) {
+    const float v = 2.f * s[j] - cn2[j];
+    if (v > best) {
+      best = v;
+      arg = static_cast<uint32_t>(j);
+    }
+  }
+  if (best_out) *best_out = best;
+  return arg;
+}
+
+}  // namespace
+
 void nearest_centroids(size_t n, int dim, const float* x, int k, const float* c, const float* cn2,
                        uint32_t* out, float* best_out) {
   if (n == 0) return;
   const size_t d = static_cast<size_t>(dim), kk = static_cast<size_t>(k);
-  // Blocks of rows so the score matrix stays in cache-sized pieces: rows * k floats.
-  const size_t rows = std::max<size_t>(64, std::min<size_t>(4096, (size_t{1} << 22) / kk));
-  std::vector<float> s(rows * kk);
-  for (size_t r0 = 0; r0 < n; r0 += rows) {
-    const size_t m = std::min(rows, n - r0);
-    // s = x c^T  (m x k)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), k, dim, 1.0f,
-                x + r0 * d, dim, c, dim, 0.0f, s.data(), k);
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < m; ++i) {
-      const float* si = s.data() + i * kk;
-      // nearest in l2: max 2 <x, c> - ||c||^2 (ties: lowest index)
-      float best = -std::numeric_limits<float>::infinity();
-      uint32_t arg = 0;
-      for (size_t j = 0; j < kk; ++j) {
-        const float v = 2.f * si[j] - cn2[j];
-        if (v > best) {
-          best = v;
-          arg = static_cast<uint32_t>(j);
-        }
-      }
-      out[r0 + i] = arg;
-      if (best_out) best_out[r0 + i] = best;
+  // Tiles of rows at fixed offsets, each one single-threaded GEMM (s = x c^T, rows x k) and
+  // its argmax by the same OpenMP thread: no BLAS threads beside OpenMP's (which would spin
+  // waiting while BLAS runs, on the same cores), and every row's scores come from the same
+  // call whatever the thread count, so the assignment does not depend on it.
+  const size_t rows = std::max<size_t>(16, std::min<size_t>(1024, (size_t{1} << 20) / kk));
+  const size_t tiles = (n + rows - 1) / rows;
+  const BlasSingleThread one_blas_thread;
+#pragma omp parallel
+  {
+    std::vector<float> s(rows * kk);
+#pragma omp for schedule(dynamic, 1)
+    for (size_t t = 0; t < tiles; ++t) {
+      const size_t r0 = t * rows, m = std::min(rows, n - r0);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), k, dim, 1.0f,
+                  x + r0 * d, dim, c, dim, 0.0f, s.data(), k);
+      for (size_t i = 0; i < m; ++i)
+        out[r0 + i] = argmax_2s_minus_c(kk, s.data() + i * kk, cn2, best_out ? best_out + r0 + i : nullptr);
     }
   }
 }
