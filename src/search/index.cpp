@@ -1050,6 +1050,15 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
         const size_t lb = I.list_begin[l], ls = I.list_size[l];
         if (ls == 0) continue;
         if (l2) build_luts(I, list_query(y, l), flut.data(), fast ? qlut.data() : nullptr, &bias, &delta);
+        if (fast && j + 1 < np) {
+          // The next probed list's first two blocks and their scales, while this one is scanned.
+          const size_t nl = probes[qi * np + j + 1];
+          const size_t nb0 = I.list_begin[nl] / kBlock;
+          const size_t nbl = std::min<size_t>(2, (I.list_size[nl] + kBlock - 1) / kBlock);
+          const uint8_t* pb = I.blocks.data() + nb0 * I.mp * 16;
+          for (size_t o = 0; o < nbl * I.mp * 16; o += 64) __builtin_prefetch(pb + o);
+          for (size_t o = 0; o < nbl * kBlock; o += 16) __builtin_prefetch(I.scale.data() + nb0 * kBlock + o);
+        }
         if (fast) {
           const size_t b0 = lb / kBlock, b1 = (lb + ls + kBlock - 1) / kBlock;
           for (size_t cb = b0; cb < b1; cb += kChunkBlocks) {
