@@ -70,23 +70,36 @@ void nearest_centroids(size_t n, int dim, const float* x, int k, const float* c,
                        uint32_t* out, float* best_out) {
   if (n == 0) return;
   const size_t d = static_cast<size_t>(dim), kk = static_cast<size_t>(k);
-  // Tiles of rows at fixed offsets, each one single-threaded GEMM (s = x c^T, rows x k) and
-  // its argmax by the same OpenMP thread: no BLAS threads beside OpenMP's (which would spin
-  // waiting while BLAS runs, on the same cores), and every row's scores come from the same
-  // call whatever the thread count, so the assignment does not depend on it.
-  const size_t rows = std::max<size_t>(16, std::min<size_t>(1024, (size_t{1} << 20) / kk));
+  // Tiles of rows at fixed offsets, each scored by single-threaded GEMMs (s = x c^T) against
+  // column chunks of at most 512 centroids (the tile's scores stay in cache) and its argmax
+  // carried across the chunks in column order, all by one OpenMP thread: no BLAS threads
+  // beside OpenMP's (which would spin waiting while BLAS runs, on the same cores), and every
+  // row's scores come from the same calls whatever the thread count, so the assignment does
+  // not depend on it. A later chunk wins only with a strictly larger score, as in one scan.
+  const size_t rows = 256, cols = std::min<size_t>(kk, 512);
   const size_t tiles = (n + rows - 1) / rows;
   const BlasSingleThread one_blas_thread;
 #pragma omp parallel
   {
-    std::vector<float> s(rows * kk);
+    std::vector<float> s(rows * cols), best(rows);
 #pragma omp for schedule(dynamic, 1)
     for (size_t t = 0; t < tiles; ++t) {
       const size_t r0 = t * rows, m = std::min(rows, n - r0);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), k, dim, 1.0f,
-                  x + r0 * d, dim, c, dim, 0.0f, s.data(), k);
-      for (size_t i = 0; i < m; ++i)
-        out[r0 + i] = argmax_2s_minus_c(kk, s.data() + i * kk, cn2, best_out ? best_out + r0 + i : nullptr);
+      for (size_t j0 = 0; j0 < kk; j0 += cols) {
+        const size_t nc = std::min(cols, kk - j0);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(nc), dim, 1.0f,
+                    x + r0 * d, dim, c + j0 * d, dim, 0.0f, s.data(), static_cast<int>(nc));
+        for (size_t i = 0; i < m; ++i) {
+          float b;
+          const uint32_t a = argmax_2s_minus_c(nc, s.data() + i * nc, cn2 + j0, &b);
+          if (j0 == 0 || b > best[i]) {
+            best[i] = b;
+            out[r0 + i] = static_cast<uint32_t>(j0) + a;
+          }
+        }
+      }
+      if (best_out)
+        for (size_t i = 0; i < m; ++i) best_out[r0 + i] = best[i];
     }
   }
 }
