@@ -12,6 +12,7 @@
 #include <limits>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tq/common.h"
@@ -23,6 +24,9 @@
 #include "tq/codebook.h"
 #include "tq/rotation.h"
 #include "search/index_internal.h"
+
+extern "C" int openblas_get_num_threads(void);
+extern "C" void openblas_set_num_threads(int num_threads);
 
 namespace fs = std::filesystem;
 
@@ -675,6 +679,35 @@ TEST(Ivf, NearestCentroidsEqualsSequentialScanWithTies) {
       ASSERT_EQ(best[i], b) << "k " << k << " row " << i;
     }
   }
+}
+
+// IVF build and search run OpenBLAS single-threaded while they work and then restore its
+// thread count, also when several searches overlap (the first in saves, the last out restores).
+TEST(Ivf, OpenBlasThreadCountRestoredAfterConcurrentSearches) {
+  const int d = 16;
+  auto x = make_data(800, d, 61), q = make_data(40, d, 62);
+  const int before = openblas_get_num_threads();
+  openblas_set_num_threads(2);
+  tq::Index idx(ivf_cfg(d, 4, tq::Metric::l2, 8));
+  idx.add(x.size() / d, x.data());
+  EXPECT_EQ(openblas_get_num_threads(), 2);
+  tq::SearchParams p;
+  p.nprobe = 3;
+  p.n_threads = 2;
+  const Results want = run(idx, q, 5, p);
+  std::vector<std::thread> ts;
+  std::vector<Results> got(4);
+  for (int t = 0; t < 4; ++t)
+    ts.emplace_back([&, t] {
+      for (int r = 0; r < 20; ++r) got[t] = run(idx, q, 5, p);
+    });
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(openblas_get_num_threads(), 2);
+  for (const Results& g : got) {
+    EXPECT_EQ(g.id, want.id);
+    EXPECT_EQ(g.s, want.s);
+  }
+  openblas_set_num_threads(before);
 }
 
 TEST(Ivf, DeterministicForASeedAndThreadCount) {

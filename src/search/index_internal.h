@@ -32,15 +32,13 @@ constexpr uint32_t kFileVersionIvf = 2;  // io.cpp: IVF index files
 constexpr uint32_t kFileVersionIvfRerank = 3;  // io.cpp: IVF index files with an independent second-stage code
 constexpr uint32_t kFileVersionIvfRefine = 4;  // io.cpp: IVF index files with a refining second-stage code
 
-extern "C" int openblas_get_num_threads(void);
-extern "C" void openblas_set_num_threads(int num_threads);
-
-// While alive, OpenBLAS runs single-threaded (the previous setting is restored after): for
-// GEMMs that each OpenMP thread calls on its own tile.
-struct BlasSingleThread {
-  int saved = openblas_get_num_threads();
-  BlasSingleThread() { openblas_set_num_threads(1); }
-  ~BlasSingleThread() { openblas_set_num_threads(saved); }
+// While any is alive, OpenBLAS runs single-threaded (for GEMMs that each OpenMP thread calls
+// on its own tile); the setting the first one found is restored when the last one ends. The
+// count is process-wide (kmeans.cpp), so concurrent searches leave the setting as they found it.
+class BlasSingleThread {
+ public:
+  BlasSingleThread();
+  ~BlasSingleThread();
   BlasSingleThread(const BlasSingleThread&) = delete;
   BlasSingleThread& operator=(const BlasSingleThread&) = delete;
 };

@@ -9,13 +9,35 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <vector>
 
 #include "search/index_internal.h"
 #include "tq/common.h"
 #include "tq/error.h"
 
+extern "C" int openblas_get_num_threads(void);
+extern "C" void openblas_set_num_threads(int num_threads);
+
 namespace tq {
+
+namespace {
+std::mutex g_blas_mutex;
+int g_blas_users = 0, g_blas_saved = 1;
+}  // namespace
+
+BlasSingleThread::BlasSingleThread() {
+  std::lock_guard<std::mutex> lock(g_blas_mutex);
+  if (g_blas_users++ == 0) {
+    g_blas_saved = openblas_get_num_threads();
+    openblas_set_num_threads(1);
+  }
+}
+
+BlasSingleThread::~BlasSingleThread() {
+  std::lock_guard<std::mutex> lock(g_blas_mutex);
+  if (--g_blas_users == 0) openblas_set_num_threads(g_blas_saved);
+}
 
 namespace {
 
