@@ -829,8 +829,10 @@ void build_luts(const Index::Impl& I, const float* y, float* lut, uint8_t* q8, f
     const float* t = lut + gi * 16;
     const float mn = *std::min_element(t, t + 16);
     for (int c = 0; c < 16; ++c) {
+      // A LUT of a query against extreme (finite) centroids or scales of a loaded file can
+      // hold inf or NaN: NaN maps to 0 rather than to an undefined conversion.
       const float v = std::nearbyint((t[c] - mn) * inv);
-      q8[gi * 16 + c] = static_cast<uint8_t>(std::clamp(v, 0.f, 255.f));
+      q8[gi * 16 + c] = v >= 0.f ? static_cast<uint8_t>(std::min(v, 255.f)) : uint8_t{0};
     }
   }
   *bias = bsum;
