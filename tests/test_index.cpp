@@ -1,6 +1,7 @@
 // Index.*: recall against brute force, fast scan == scalar reference, every width and scale
 // mode, ids, bad inputs. IndexIo.*: save/load round trip and corrupted-file rejection.
 #include <gtest/gtest.h>
+#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <limits>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tq/common.h"
@@ -22,6 +24,9 @@
 #include "tq/codebook.h"
 #include "tq/rotation.h"
 #include "search/index_internal.h"
+
+extern "C" int openblas_get_num_threads(void);
+extern "C" void openblas_set_num_threads(int num_threads);
 
 namespace fs = std::filesystem;
 
@@ -638,6 +643,73 @@ TEST(Ivf, FastScanWithinListsMatchesFloatLuts) {
   }
 }
 
+// nearest_centroids (the lane-wise argmax over tiles) equals one sequential strict-greater
+// scan of 2 <x, c> - ||c||^2: integer data, so every score is exact whatever the GEMM's order,
+// and repeated centroids, so ties must go to the lowest index; k below, at and above 16.
+TEST(Ivf, NearestCentroidsEqualsSequentialScanWithTies) {
+  tq::Rng rng(77);
+  const int d = 6;
+  for (int k : {1, 5, 16, 37, 300}) {
+    const size_t n = 2100;
+    std::vector<float> x(n * d), c(static_cast<size_t>(k) * d), cn2(k);
+    for (auto& v : x) v = static_cast<float>(static_cast<int>(rng.next_u64() % 7) - 3);
+    for (int j = 0; j < k; ++j)
+      for (int t = 0; t < d; ++t)
+        c[j * d + t] = j % 3 == 2 ? c[(j - 1) * d + t] : static_cast<float>(static_cast<int>(rng.next_u64() % 5) - 2);
+    for (int j = 0; j < k; ++j) {
+      cn2[j] = 0;
+      for (int t = 0; t < d; ++t) cn2[j] += c[j * d + t] * c[j * d + t];
+    }
+    std::vector<uint32_t> out(n);
+    std::vector<float> best(n);
+    tq::nearest_centroids(n, d, x.data(), k, c.data(), cn2.data(), out.data(), best.data());
+    for (size_t i = 0; i < n; ++i) {
+      float b = -std::numeric_limits<float>::infinity();
+      uint32_t a = 0;
+      for (int j = 0; j < k; ++j) {
+        float dot = 0;
+        for (int t = 0; t < d; ++t) dot += x[i * d + t] * c[j * d + t];
+        const float v = 2.f * dot - cn2[j];
+        if (v > b) {
+          b = v;
+          a = static_cast<uint32_t>(j);
+        }
+      }
+      ASSERT_EQ(out[i], a) << "k " << k << " row " << i;
+      ASSERT_EQ(best[i], b) << "k " << k << " row " << i;
+    }
+  }
+}
+
+// IVF build and search run OpenBLAS single-threaded while they work and then restore its
+// thread count, also when several searches overlap (the first in saves, the last out restores).
+TEST(Ivf, OpenBlasThreadCountRestoredAfterConcurrentSearches) {
+  const int d = 16;
+  auto x = make_data(800, d, 61), q = make_data(40, d, 62);
+  const int before = openblas_get_num_threads();
+  openblas_set_num_threads(2);
+  tq::Index idx(ivf_cfg(d, 4, tq::Metric::l2, 8));
+  idx.add(x.size() / d, x.data());
+  EXPECT_EQ(openblas_get_num_threads(), 2);
+  tq::SearchParams p;
+  p.nprobe = 3;
+  p.n_threads = 2;
+  const Results want = run(idx, q, 5, p);
+  std::vector<std::thread> ts;
+  std::vector<Results> got(4);
+  for (int t = 0; t < 4; ++t)
+    ts.emplace_back([&, t] {
+      for (int r = 0; r < 20; ++r) got[t] = run(idx, q, 5, p);
+    });
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(openblas_get_num_threads(), 2);
+  for (const Results& g : got) {
+    EXPECT_EQ(g.id, want.id);
+    EXPECT_EQ(g.s, want.s);
+  }
+  openblas_set_num_threads(before);
+}
+
 TEST(Ivf, DeterministicForASeedAndThreadCount) {
   TempDir t;
   const int d = 32;
@@ -653,6 +725,15 @@ TEST(Ivf, DeterministicForASeedAndThreadCount) {
   auto a = build(5, "a.tqi"), b = build(5, "b.tqi"), c = build(6, "c.tqi");
   EXPECT_EQ(slurp(t.path("a.tqi")), slurp(t.path("b.tqi")));
   EXPECT_NE(slurp(t.path("a.tqi")), slurp(t.path("c.tqi")));
+  // The k-means assignments are single-threaded GEMMs over fixed tiles of rows and the
+  // encoding is per vector, so the file does not depend on the thread count either.
+  const int saved = omp_get_max_threads();
+  for (int threads : {1, 3}) {
+    omp_set_num_threads(threads);
+    build(5, "t" + std::to_string(threads) + ".tqi");
+    EXPECT_EQ(slurp(t.path("a.tqi")), slurp(t.path("t" + std::to_string(threads) + ".tqi"))) << threads << " threads";
+  }
+  omp_set_num_threads(saved);
   tq::SearchParams p;
   p.nprobe = 3;
   for (int threads : {1, 2, 3}) {

@@ -73,7 +73,7 @@ struct IndexConfig {
   bool center = false;
   // IVF (inverted file): nlist > 0 clusters the first added batch with a seeded k-means
   // (kmeans_iters Lloyd iterations on at most 256 * nlist sampled vectors, BLAS GEMM
-  // assignments; deterministic for a seed and a thread count), stores each vector in the
+  // assignments; deterministic for a seed, whatever the thread count), stores each vector in the
   // list of its nearest centroid and quantizes its residual x - c (after normalisation for
   // cosine); search scans the nprobe lists whose centroids are nearest to the query.
   // Not with codec prod or center (the list centroid replaces the global mean).

@@ -104,8 +104,12 @@ void FastScanU8(size_t n_blocks, size_t m_groups, const uint8_t* HWY_RESTRICT co
   // At most 64 iterations per flush: a u16 lane then holds <= 64 * 255 and the sum over
   // G <= 4 blocks stays <= 65280.
   constexpr size_t kFlush = 64;
+  // The codes are read once, from memory: each block's rows are prefetched two blocks ahead
+  // (one line of block b + 2 per iteration of block b, when b + 2 is in the range).
+  const size_t stride = m_groups * 16;
   for (size_t b = 0; b < n_blocks; ++b) {
-    const uint8_t* HWY_RESTRICT blk = codes + b * m_groups * 16;
+    const uint8_t* HWY_RESTRICT blk = codes + b * stride;
+    const uint8_t* pf = b + 2 < n_blocks ? blk + 2 * stride : blk;
     uint32_t* HWY_RESTRICT o = out + b * 32;
     for (int v = 0; v < 32; ++v) o[v] = 0;
     size_t it = 0;
@@ -114,6 +118,7 @@ void FastScanU8(size_t n_blocks, size_t m_groups, const uint8_t* HWY_RESTRICT co
       auto acc_le = hn::Zero(d16), acc_lo = hn::Zero(d16);
       auto acc_he = hn::Zero(d16), acc_ho = hn::Zero(d16);
       for (; it < end; ++it) {
+        if (N >= 64 || it % (64 / N) == 0) __builtin_prefetch(pf + it * N);
         const auto c = hn::LoadU(d8, blk + it * N);
         const auto t = hn::LoadU(d8, lut + it * N);
         const auto c_lo = hn::And(c, mask4);

@@ -829,8 +829,10 @@ void build_luts(const Index::Impl& I, const float* y, float* lut, uint8_t* q8, f
     const float* t = lut + gi * 16;
     const float mn = *std::min_element(t, t + 16);
     for (int c = 0; c < 16; ++c) {
+      // A LUT of a query against extreme (finite) centroids or scales of a loaded file can
+      // hold inf or NaN: NaN maps to 0 rather than to an undefined conversion.
       const float v = std::nearbyint((t[c] - mn) * inv);
-      q8[gi * 16 + c] = static_cast<uint8_t>(std::clamp(v, 0.f, 255.f));
+      q8[gi * 16 + c] = v >= 0.f ? static_cast<uint8_t>(std::min(v, 255.f)) : uint8_t{0};
     }
   }
   *bias = bsum;
@@ -873,14 +875,14 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
   std::vector<uint32_t> probes(checked_mul(nq, np, "IVF probes"));
   std::vector<float> poff(nq * np);
   {
-    const size_t qb = std::max<size_t>(16, std::min<size_t>(1024, (size_t{1} << 22) / LL));
-    std::vector<float> cs(qb * LL);
-    for (size_t q0 = 0; q0 < nq; q0 += qb) {
-      const size_t m = std::min(qb, nq - q0);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), L, I.d, 1.0f, qn + q0 * d, I.d,
-                  I.centroids.data(), I.d, 0.0f, cs.data(), L);
+    // Tiles of queries, each one single-threaded GEMM against the centroids and its selection
+    // by the same OpenMP thread (no BLAS threads spinning beside OpenMP's).
+    const size_t qb = std::max<size_t>(4, std::min<size_t>(256, (size_t{1} << 18) / LL));
+    const size_t tiles = (nq + qb - 1) / qb;
+    const BlasSingleThread one_blas_thread;
 #pragma omp parallel num_threads(threads)
-      {
+    {
+      std::vector<float> cs(qb * LL);
         // The np best lists by (score desc, list asc): one pass with a min-heap of np over
         // 64-bit keys (the score's order-preserving bits, then the complemented list index, so
         // one integer compare orders by score and, among equal scores, prefers the lower
@@ -903,8 +905,12 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
         };
         const auto greater = std::greater<uint64_t>();
         std::vector<float> vb(LL);
-#pragma omp for schedule(static)
-        for (size_t i = 0; i < m; ++i) {
+#pragma omp for schedule(dynamic, 1)
+        for (size_t t = 0; t < tiles; ++t) {
+          const size_t q0 = t * qb, m = std::min(qb, nq - q0);
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), L, I.d, 1.0f, qn + q0 * d, I.d,
+                      I.centroids.data(), I.d, 0.0f, cs.data(), L);
+          for (size_t i = 0; i < m; ++i) {
           const float* si = cs.data() + i * LL;
           const float* v = si;
           if (!ip) {
@@ -939,8 +945,8 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
             // ip/cosine: <q, c_l>; l2: -||q - c_l||^2 = 2 <q, c> - ||c||^2 - ||q||^2.
             poff[(q0 + i) * np + j] = l2 ? 2.f * si[l] - I.cnorm2[l] - qsq[q0 + i] : si[l];
           }
+          }
         }
-      }
     }
   }
 
@@ -1046,6 +1052,15 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
         const size_t lb = I.list_begin[l], ls = I.list_size[l];
         if (ls == 0) continue;
         if (l2) build_luts(I, list_query(y, l), flut.data(), fast ? qlut.data() : nullptr, &bias, &delta);
+        if (fast && j + 1 < np) {
+          // The next probed list's first two blocks and their scales, while this one is scanned.
+          const size_t nl = probes[qi * np + j + 1];
+          const size_t nb0 = I.list_begin[nl] / kBlock;
+          const size_t nbl = std::min<size_t>(2, (I.list_size[nl] + kBlock - 1) / kBlock);
+          const uint8_t* pb = I.blocks.data() + nb0 * I.mp * 16;
+          for (size_t o = 0; o < nbl * I.mp * 16; o += 64) __builtin_prefetch(pb + o);
+          for (size_t o = 0; o < nbl * kBlock; o += 16) __builtin_prefetch(I.scale.data() + nb0 * kBlock + o);
+        }
         if (fast) {
           const size_t b0 = lb / kBlock, b1 = (lb + ls + kBlock - 1) / kBlock;
           for (size_t cb = b0; cb < b1; cb += kChunkBlocks) {

@@ -32,6 +32,17 @@ constexpr uint32_t kFileVersionIvf = 2;  // io.cpp: IVF index files
 constexpr uint32_t kFileVersionIvfRerank = 3;  // io.cpp: IVF index files with an independent second-stage code
 constexpr uint32_t kFileVersionIvfRefine = 4;  // io.cpp: IVF index files with a refining second-stage code
 
+// While any is alive, OpenBLAS runs single-threaded (for GEMMs that each OpenMP thread calls
+// on its own tile); the setting the first one found is restored when the last one ends. The
+// count is process-wide (kmeans.cpp), so concurrent searches leave the setting as they found it.
+class BlasSingleThread {
+ public:
+  BlasSingleThread();
+  ~BlasSingleThread();
+  BlasSingleThread(const BlasSingleThread&) = delete;
+  BlasSingleThread& operator=(const BlasSingleThread&) = delete;
+};
+
 // IVF coarse quantizer (kmeans.cpp). nearest_centroids: out[i] = argmin_j ||x_i - c_j||^2
 // (ties: lowest j) for x: n * dim, c: k * dim, cn2: k squared norms; best_out (optional):
 // 2 <x_i, c> - ||c||^2 of the winner. kmeans: k centroids (k * dim floats) of the rows of x

@@ -1,7 +1,7 @@
 // Coarse k-means of the IVF index: seeded initialisation, Lloyd iterations whose
-// assignments are one BLAS GEMM per batch of points, centroid sums accumulated in a fixed
-// order (double), so the result is a function of (data, k, iterations, seed, thread count)
-// alone. Empty clusters are re-seeded by splitting the largest one (as FAISS does).
+// assignments are single-threaded BLAS GEMMs over fixed tiles of points, centroid sums
+// accumulated in a fixed order (double), so the result is a function of (data, k,
+// iterations, seed) alone, whatever the thread count. Empty clusters are re-seeded by splitting the largest one (as FAISS does).
 #include <cblas.h>
 #include <omp.h>
 
@@ -9,41 +9,119 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <vector>
 
 #include "search/index_internal.h"
 #include "tq/common.h"
 #include "tq/error.h"
 
+extern "C" int openblas_get_num_threads(void);
+extern "C" void openblas_set_num_threads(int num_threads);
+
 namespace tq {
+
+namespace {
+std::mutex g_blas_mutex;
+int g_blas_users = 0, g_blas_saved = 1;
+}  // namespace
+
+BlasSingleThread::BlasSingleThread() {
+  std::lock_guard<std::mutex> lock(g_blas_mutex);
+  if (g_blas_users++ == 0) {
+    g_blas_saved = openblas_get_num_threads();
+    openblas_set_num_threads(1);
+  }
+}
+
+BlasSingleThread::~BlasSingleThread() {
+  std::lock_guard<std::mutex> lock(g_blas_mutex);
+  if (--g_blas_users == 0) openblas_set_num_threads(g_blas_saved);
+}
+
+namespace {
+
+// Index of the largest v_j = 2 s_j - cn2_j over j < k (ties: lowest j; best = -inf and 0 when
+// none exceeds -inf, NaN never wins), exactly as one sequential strict-greater scan, but with
+// 16 independent running maxima (one per j mod 16, each keeping its first maximum) so that the
+// compiler vectorizes it; the lanes are merged by value, then lowest index, and the tail
+// j >= k - k % 16 (all above every lane's indices) continues the sequential scan.
+uint32_t argmax_2s_minus_c(size_t k, const float* s, const float* cn2, float* best_out) {
+  constexpr size_t W = 16;
+  float bv[W];
+  uint32_t bi[W];
+  for (size_t t = 0; t < W; ++t) {
+    bv[t] = -std::numeric_limits<float>::infinity();
+    bi[t] = 0;
+  }
+  const size_t kw = k / W * W;
+  for (size_t j = 0; j < kw; j += W)
+    for (size_t t = 0; t < W; ++t) {
+      const float v = 2.f * s[j + t] - cn2[j + t];
+      const bool gt = v > bv[t];
+      bv[t] = gt ? v : bv[t];
+      bi[t] = gt ? static_cast<uint32_t>(j + t) : bi[t];
+    }
+  float best = -std::numeric_limits<float>::infinity();
+  uint32_t arg = 0;
+  bool found = false;
+  for (size_t t = 0; t < W; ++t)
+    if (bv[t] > best) best = bv[t];
+  for (size_t t = 0; t < W; ++t)
+    if (bv[t] == best && bv[t] > -std::numeric_limits<float>::infinity() && (!found || bi[t] < arg)) {
+      arg = bi[t];
+      found = true;
+    }
+  if (found)
+    for (size_t t = 0; t < W; ++t)
+      if (bi[t] == arg) best = bv[t];  // the first maximum's own value (+0 / -0 as the scan)
+  for (size_t j = kw; j < k; ++j) {
+    const float v = 2.f * s[j] - cn2[j];
+    if (v > best) {
+      best = v;
+      arg = static_cast<uint32_t>(j);
+    }
+  }
+  if (best_out) *best_out = best;
+  return arg;
+}
+
+}  // namespace
 
 void nearest_centroids(size_t n, int dim, const float* x, int k, const float* c, const float* cn2,
                        uint32_t* out, float* best_out) {
   if (n == 0) return;
   const size_t d = static_cast<size_t>(dim), kk = static_cast<size_t>(k);
-  // Blocks of rows so the score matrix stays in cache-sized pieces: rows * k floats.
-  const size_t rows = std::max<size_t>(64, std::min<size_t>(4096, (size_t{1} << 22) / kk));
-  std::vector<float> s(rows * kk);
-  for (size_t r0 = 0; r0 < n; r0 += rows) {
-    const size_t m = std::min(rows, n - r0);
-    // s = x c^T  (m x k)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), k, dim, 1.0f,
-                x + r0 * d, dim, c, dim, 0.0f, s.data(), k);
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < m; ++i) {
-      const float* si = s.data() + i * kk;
-      // nearest in l2: max 2 <x, c> - ||c||^2 (ties: lowest index)
-      float best = -std::numeric_limits<float>::infinity();
-      uint32_t arg = 0;
-      for (size_t j = 0; j < kk; ++j) {
-        const float v = 2.f * si[j] - cn2[j];
-        if (v > best) {
-          best = v;
-          arg = static_cast<uint32_t>(j);
+  // Tiles of rows at fixed offsets, each scored by single-threaded GEMMs (s = x c^T) against
+  // column chunks of at most 512 centroids (the tile's scores stay in cache) and its argmax
+  // carried across the chunks in column order, all by one OpenMP thread: no BLAS threads
+  // beside OpenMP's (which would spin waiting while BLAS runs, on the same cores), and every
+  // row's scores come from the same calls whatever the thread count, so the assignment does
+  // not depend on it. A later chunk wins only with a strictly larger score, as in one scan.
+  const size_t rows = 256, cols = std::min<size_t>(kk, 512);
+  const size_t tiles = (n + rows - 1) / rows;
+  const BlasSingleThread one_blas_thread;
+#pragma omp parallel
+  {
+    std::vector<float> s(rows * cols), best(rows);
+#pragma omp for schedule(dynamic, 1)
+    for (size_t t = 0; t < tiles; ++t) {
+      const size_t r0 = t * rows, m = std::min(rows, n - r0);
+      for (size_t j0 = 0; j0 < kk; j0 += cols) {
+        const size_t nc = std::min(cols, kk - j0);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(nc), dim, 1.0f,
+                    x + r0 * d, dim, c + j0 * d, dim, 0.0f, s.data(), static_cast<int>(nc));
+        for (size_t i = 0; i < m; ++i) {
+          float b;
+          const uint32_t a = argmax_2s_minus_c(nc, s.data() + i * nc, cn2 + j0, &b);
+          if (j0 == 0 || b > best[i]) {
+            best[i] = b;
+            out[r0 + i] = static_cast<uint32_t>(j0) + a;
+          }
         }
       }
-      out[r0 + i] = arg;
-      if (best_out) best_out[r0 + i] = best;
+      if (best_out)
+        for (size_t i = 0; i < m; ++i) best_out[r0 + i] = best[i];
     }
   }
 }
