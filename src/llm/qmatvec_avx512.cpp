@@ -15,6 +15,7 @@
 // Also the prefill GEMM (qgemm16_rows_avx512, "Prefill GEMM" below: weight tiles unpacked once
 // to 16-bit codes, then vpdpwssd / vpmaddwd with output rows in the lanes) and quantize_x16 on
 // AVX-512 (quantize_x16_avx512: the reference's bits).
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -475,10 +476,16 @@ void quantize_x16_rows(const float* x, int in, int16_t* q, float* d, float* s) {
 
 }  // namespace
 
+// F16C from CPUID leaf 1 (ECX bit 29): clang 14 does not know "f16c" in __builtin_cpu_supports.
+static bool host_has_f16c() noexcept {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+}
+
 bool qmv16_avx512_host_ok() noexcept {
   static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                         __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
+                         host_has_f16c() && __builtin_cpu_supports("fma");
   return ok;
 }
 
