@@ -532,6 +532,25 @@ TEST(CliBadInput, CalibrateSensWithLongCtxEqualsOneRun) {
   EXPECT_NE(head.find("ctx 64: 1 window"), std::string::npos) << head;
 }
 
+// perplexity --kld-buckets: the buckets cover the scored positions, and their means, weighted
+// by their sizes, give kld_mean.
+TEST(CliBadInput, PerplexityKldBuckets) {
+  Fixtures fx;
+  const auto j = fixture_perplexity(fx, {"--compare", "f16", "-ctk", "tq3", "--kld-buckets", "3"});
+  ASSERT_TRUE(j.contains("kld_by_position")) << j.dump();
+  const auto& b = j["kld_by_position"];
+  ASSERT_EQ(b.size(), 3u);
+  EXPECT_EQ(b[0]["from"], 32);
+  EXPECT_EQ(b[2]["to"], 63);  // rows 32 .. 62 predict tokens 33 .. 63
+  double sum = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    if (i > 0) EXPECT_EQ(b[i]["from"], b[i - 1]["to"]);
+    sum += b[i]["kld_mean"].get<double>() * (b[i]["to"].get<int>() - b[i]["from"].get<int>());
+  }
+  EXPECT_GT(j["kld_mean"].get<double>(), 0.0);
+  EXPECT_NEAR(sum / 31.0, j["kld_mean"].get<double>(), 1e-9 + 1e-9 * j["kld_mean"].get<double>());
+}
+
 // bench model: an entry with a space is a whole sweep label, echoed in the JSON rows.
 TEST(CliBadInput, BenchModelTakesLabels) {
   Fixtures fx;
