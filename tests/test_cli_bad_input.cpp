@@ -337,6 +337,13 @@ struct Fixtures {
     std::string t;
     for (int i = 0; i < 400; ++i) t += "the quick brown fox jumps over the lazy dog. ";
     write(text, t.data(), t.size());
+    // Saved sensitivities (tq calibrate --save-sens) for the --sens cases: the fixture model's
+    // shape at ctx 32 and 64, and ones of other candidates, another shape, another model file.
+    write_sens("sens_c32.json", 32, 2, "tq4n8", "tiny.gguf");
+    write_sens("sens_c64.json", 64, 2, "tq4n8", "tiny.gguf");
+    write_sens("sens_c32_other_types.json", 32, 2, "tq3n8", "tiny.gguf");
+    write_sens("sens_c32_3_layers.json", 32, 3, "tq4n8", "tiny.gguf");
+    write_sens("sens_c32_other_model.json", 32, 2, "tq4n8", "other.gguf");
 
     const size_t n = 64, d = 8, nq = 4;
     tq::Rng r(3);
@@ -437,6 +444,18 @@ struct Fixtures {
     nan_fvecs = dir.path("nan.fvecs");
     write(nan_fvecs, fb.data(), fb.size());
   }
+  void write_sens(const std::string& name, int ctx, int n_layers, const std::string& k_type, const std::string& model_file) {
+    const size_t n = static_cast<size_t>(n_layers) * 2;  // 2 KV heads of 16 dims, as the fixture model
+    const nlohmann::json j = {{"format", "tq-calibrate-sensitivity-1"}, {"model", model_file}, {"file", "text.txt"},
+                              {"n_layers", n_layers}, {"n_kv_heads", 2}, {"head_dim", 16}, {"ctx", ctx},
+                              {"windows", 1}, {"windows_requested", 1}, {"scored_tokens", ctx / 2 - 1},
+                              {"probe_k", "tq4n8"}, {"probe_v", "tq4n8"}, {"protect", "ks"}, {"ppl_f16", 100.0},
+                              {"seconds", 1.0}, {"sens_k", std::vector<double>(n, 0.01)},
+                              {"sens_v", std::vector<double>(n, 0.01)},
+                              {"types_k", {{{"type", k_type}, {"kld", 0.1}}}},
+                              {"types_v", {{{"type", "tq4n8"}, {"kld", 0.1}}}}};
+    write(dir.path(name), j.dump(1));
+  }
   static void write(const std::string& p, const std::string& text) { write(p, text.data(), text.size()); }
   static void write(const std::string& p, const void* data, size_t n) {
     FILE* f = std::fopen(p.c_str(), "wb");
@@ -464,6 +483,72 @@ TEST(CliBadInput, FixtureModelLoads) {
   const RunResult r = run_tq({"tokenize", "-m", fx.model, "-p", "hello", "--ids"});
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_FALSE(r.out.empty());
+}
+
+// calibrate --sens A --long-ctx L -f TEXT: measuring only L for saved sensitivities gives what
+// one run measuring -c and L gives (the same long-context sensitivities, the same allocation).
+TEST(CliBadInput, CalibrateSensWithLongCtxEqualsOneRun) {
+  Fixtures fx;
+  const std::vector<std::string> base = {"calibrate", "-m", fx.model, "-f", fx.text, "-t", "1", "--bits", "6",
+                                         "-c", "32", "--chunks", "1", "--probe-k", "tq4n8", "--probe-v", "tq4n8",
+                                         "--long-probes", "growing", "--json"};
+  auto with = [&](std::vector<std::string> extra, bool measure_c) {
+    std::vector<std::string> a = base;
+    if (!measure_c) {  // no --chunks / --probe-k / --probe-v with --sens and --long-ctx: the file's
+      a.erase(a.begin() + 11, a.begin() + 17);
+    }
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  const RunResult one = run_tq(with({"--long-ctx", "64", "--save-sens", fx.dir.path("one.json"), "-o",
+                                     fx.dir.path("one.kv")}, true));
+  ASSERT_EQ(one.status, 0) << one.err;
+  // The -c measurement alone, then the long context for it.
+  std::vector<std::string> short_only = {"calibrate", "-m", fx.model, "-f", fx.text, "-t", "1", "--bits", "6", "-c", "32",
+                                         "--chunks", "1", "--probe-k", "tq4n8", "--probe-v", "tq4n8", "--save-sens",
+                                         fx.dir.path("short.json"), "-o", fx.dir.path("short.kv")};
+  const RunResult sh = run_tq(short_only);
+  ASSERT_EQ(sh.status, 0) << sh.err;
+  const RunResult two = run_tq(with({"--sens", fx.dir.path("short.json"), "--long-ctx", "64", "--save-sens",
+                                     fx.dir.path("two.json"), "-o", fx.dir.path("two.kv")}, false));
+  ASSERT_EQ(two.status, 0) << two.err;
+  const auto j1 = nlohmann::json::parse(one.out), j2 = nlohmann::json::parse(two.out);
+  EXPECT_EQ(j1["label"], j2["label"]);
+  ASSERT_EQ(j2["contexts"].size(), 2u);
+  EXPECT_EQ(j2["contexts"][1]["ctx"], 64);
+  EXPECT_GT(j2["seconds_measure"].get<double>(), 0.0);
+  auto sens_of = [](const std::string& path) {
+    std::ifstream f(path);
+    return nlohmann::json::parse(f);
+  };
+  EXPECT_FALSE(fs::exists(fx.dir.path("two.json")));  // only what this run measured is saved: NAME.c64.json
+  const auto l1 = sens_of(fx.dir.path("one.c64.json")), l2 = sens_of(fx.dir.path("two.c64.json"));
+  for (const char* key : {"sens_k", "sens_v", "types_k", "types_v", "ppl_f16", "ctx", "scored_tokens"})
+    EXPECT_EQ(l1[key], l2[key]) << key;
+  EXPECT_EQ(l2["file"], fx.text);
+  // The two-step file's header names both steps' texts: the measured one and the loaded one.
+  std::ifstream kv(fx.dir.path("two.kv"));
+  const std::string head((std::istreambuf_iterator<char>(kv)), std::istreambuf_iterator<char>());
+  EXPECT_NE(head.find("ctx 64: 1 window"), std::string::npos) << head;
+}
+
+// perplexity --kld-buckets: the buckets cover the scored positions, and their means, weighted
+// by their sizes, give kld_mean.
+TEST(CliBadInput, PerplexityKldBuckets) {
+  Fixtures fx;
+  const auto j = fixture_perplexity(fx, {"--compare", "f16", "-ctk", "tq3", "--kld-buckets", "3"});
+  ASSERT_TRUE(j.contains("kld_by_position")) << j.dump();
+  const auto& b = j["kld_by_position"];
+  ASSERT_EQ(b.size(), 3u);
+  EXPECT_EQ(b[0]["from"], 32);
+  EXPECT_EQ(b[2]["to"], 63);  // rows 32 .. 62 predict tokens 33 .. 63
+  double sum = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    if (i > 0) EXPECT_EQ(b[i]["from"], b[i - 1]["to"]);
+    sum += b[i]["kld_mean"].get<double>() * (b[i]["to"].get<int>() - b[i]["from"].get<int>());
+  }
+  EXPECT_GT(j["kld_mean"].get<double>(), 0.0);
+  EXPECT_NEAR(sum / 31.0, j["kld_mean"].get<double>(), 1e-9 + 1e-9 * j["kld_mean"].get<double>());
 }
 
 // bench model: an entry with a space is a whole sweep label, echoed in the JSON rows.

@@ -47,6 +47,9 @@ struct PerplexityResult {
   double seconds = 0;
   std::vector<double> chunk_ppl;
   std::vector<int32_t> top1;  // argmax of every scored row, in order (for outside references)
+  // With a reference: the KLD of each scored row position (row n_ctx/2 + i at i), summed over
+  // the windows (divide by n_chunks for the mean); where in the window the loss sits.
+  std::vector<double> kld_by_row;
 };
 
 // Perplexity over non-overlapping windows of n_ctx tokens; in each window the first half is

@@ -55,6 +55,7 @@ std::vector<PerplexityResult> perplexity_multi(const LlamaModel& m, const std::v
     res[c].n_chunks = n_chunks;
     res[c].kv_bytes_per_token = caches[c]->bytes_per_token();
     res[c].bits_per_value = kv_bits_per_value(m, res[c].kv_bytes_per_token);
+    if (opt.compare) res[c].kld_by_row.assign(static_cast<size_t>(n_score), 0.0);
   }
   std::unique_ptr<KvCache> ref;
   if (opt.compare) {
@@ -125,6 +126,7 @@ std::vector<PerplexityResult> perplexity_multi(const LlamaModel& m, const std::v
           k = std::max(0.0, k);
           kld[c] += k;
           klds[c].push_back(k);
+          res[c].kld_by_row[static_cast<size_t>(j)] += k;
           agree[c] += res[c].top1.back() == ref_top[j];
         }
       });

@@ -67,7 +67,7 @@ nlohmann::json sens_json(const tq::CalibSensitivity& s, const std::string& model
           {"reused_layers", s.reused_layers}, {"reused_from_ctx", s.reused_from_ctx}};
 }
 
-tq::CalibSensitivity read_sens(const std::string& path, std::string* file) {
+tq::CalibSensitivity read_sens(const std::string& path, std::string* file, std::string* model) {
   std::error_code ec;
   TQ_CHECK(!std::filesystem::is_directory(path, ec), "--sens '%s' is a directory", path.c_str());
   std::ifstream f(path, std::ios::binary);
@@ -101,6 +101,7 @@ tq::CalibSensitivity read_sens(const std::string& path, std::string* file) {
       s.kld_v.push_back(t.at("kld"));
     }
     *file = j.value("file", "");
+    *model = j.value("model", "");
   } catch (const nlohmann::json::parse_error&) {
     TQ_CHECK(false, "--sens '%s' is not JSON (expected the file tq calibrate --save-sens writes)", path.c_str());
   } catch (const nlohmann::json::exception& e) {
@@ -170,11 +171,13 @@ void setup(CLI::App& app) {
   s->add_option("--bits", *bits, "bits per cached value, everything counted at -c tokens (e.g. 4.25)")->required();
   s->add_option("-o,--out", *out, "the --kv-config file to write")->required();
   s->add_option("-f,--file", *file, "calibration text (not your evaluation text)");
-  s->add_option("--chunks", *chunks, "windows of -c tokens of calibration text (0 = all)")->capture_default_str();
+  auto* chunks_opt = s->add_option("--chunks", *chunks, "windows of -c tokens of calibration text (0 = all)")->capture_default_str();
   s->add_option("--save-sens", *save_sens, "also write the measured sensitivities (JSON) to this file");
   s->add_option("--sens", *sens,
                 "sensitivities from --save-sens: skip the measuring (no -f needed); several files (e.g. one at -c 512 "
-                "and one at 2048) are fitted to together, as --long-ctx does");
+                "and one at 2048) are fitted to together, as --long-ctx does. With --long-ctx and -f: only the long "
+                "contexts are measured (on the text the files were measured on, with their candidates, probes and "
+                "protection), the first file's context must be -c, and --long-probes growing reuses its sensitivities");
   s->add_option("--long-ctx", *long_ctx,
                 "also measure at these longer contexts (comma-separated, e.g. 2048) and fit one allocation to all: "
                 "each context's predicted KLD relative to the cheapest types' there, summed, within --bits counted "
@@ -192,8 +195,8 @@ void setup(CLI::App& app) {
                 ", those the model's head_dim supports)");
   s->add_option("--v-types", *v_types, "candidate V types (default: " +
                 comma_list(tq::default_calib_v_types()) + ")");
-  s->add_option("--probe-k", *probe_k, "the K type each head is probed with")->capture_default_str();
-  s->add_option("--probe-v", *probe_v, "the V type each head is probed with")->capture_default_str();
+  auto* probe_k_opt = s->add_option("--probe-k", *probe_k, "the K type each head is probed with")->capture_default_str();
+  auto* probe_v_opt = s->add_option("--probe-v", *probe_v, "the V type each head is probed with")->capture_default_str();
   auto* protect_opt = s->add_option("--protect", *protect,
                 "protection tokens after the base K/V of the label (e.g. 'ks', 'plain ks', 's1 ck cs512 cr ks'); "
                 "the probes use the same, spelled out. With --sens: the measured protection, to which only "
@@ -210,8 +213,17 @@ void setup(CLI::App& app) {
     TQ_CHECK(*chunks >= 0, "--chunks must be >= 0, got %d", *chunks);
     TQ_CHECK(!sens->empty() || !file->empty(),
              "no calibration text: give -f FILE (text that is not your evaluation text), or --sens FILE");
-    TQ_CHECK(sens->empty() || (file->empty() && k_types->empty() && v_types->empty() && long_ctx->empty()),
-             "--sens reuses measured sensitivities: -f, --k-types, --v-types and --long-ctx do not apply with it");
+    TQ_CHECK(sens->empty() || (k_types->empty() && v_types->empty()),
+             "--sens reuses measured sensitivities: --k-types and --v-types do not apply with it (the files' candidates are used)");
+    TQ_CHECK(sens->empty() || long_ctx->empty() || !file->empty(),
+             "--sens with --long-ctx measures the long contexts: give -f FILE, the calibration text the --sens files "
+             "were measured on");
+    TQ_CHECK(sens->empty() || !long_ctx->empty() || file->empty(),
+             "--sens reuses measured sensitivities: -f applies with it only to measure --long-ctx");
+    TQ_CHECK(sens->empty() || long_ctx->empty() || (probe_k_opt->count() == 0 && probe_v_opt->count() == 0),
+             "--sens with --long-ctx measures with the files' probes: --probe-k and --probe-v do not apply");
+    TQ_CHECK(sens->empty() || long_ctx->empty() || chunks_opt->count() == 0,
+             "--sens with --long-ctx measures only at --long-ctx: --chunks does not apply (--long-chunks does)");
     TQ_CHECK(*long_chunks >= 1, "--long-chunks must be >= 1, got %d", *long_chunks);
     TQ_CHECK(*long_probes == "all" || *long_probes == "growing", "--long-probes '%s': all or growing",
              long_probes->c_str());
@@ -243,17 +255,57 @@ void setup(CLI::App& app) {
     std::string text_name = *file;
     std::vector<tq::CalibSensitivity> svs;  // the -c measurement first, then each --long-ctx
     std::string text;
+    std::vector<std::string> sens_texts, sens_models;
     for (const auto& p : *sens) {
-      std::string name;
-      svs.push_back(read_sens(p, &name));
+      std::string name, mod;
+      svs.push_back(read_sens(p, &name, &mod));
+      sens_texts.push_back(name);
+      sens_models.push_back(mod);
       if (svs.size() == 1) text_name = name;
       else if (name != text_name) text_name += " + " + name;
     }
-    if (sens->empty()) text = tq::read_text_file(*file);
+    const size_t n_loaded = svs.size();  // the --sens files; what is measured here follows them
+    const bool measure = sens->empty() || !longs.empty();
+    if (n_loaded > 0 && !longs.empty()) {
+      // Measuring more contexts for saved sensitivities: one model, text, candidate set, probes and
+      // protection, the first file at -c, and no context twice.
+      const tq::CalibSensitivity& s0 = svs[0];
+      for (size_t i = 0; i < n_loaded; ++i) {
+        const tq::CalibSensitivity& x = svs[i];
+        TQ_CHECK(x.n_layers == s0.n_layers && x.n_kv_heads == s0.n_kv_heads && x.head_dim == s0.head_dim &&
+                     x.k_types == s0.k_types && x.v_types == s0.v_types && x.probe_k == s0.probe_k &&
+                     x.probe_v == s0.probe_v && x.protect == s0.protect,
+                 "--sens '%s' and '%s' were measured on other models or with other candidates, probes or protection",
+                 (*sens)[0].c_str(), (*sens)[i].c_str());
+        for (int c : longs)
+          TQ_CHECK(c != x.n_ctx, "--long-ctx %d is already measured in --sens '%s'", c, (*sens)[i].c_str());
+      }
+      TQ_CHECK(s0.n_ctx == o->ctx, "-c %d: the first --sens '%s' was measured at ctx %d (give -c %d; the long contexts "
+               "are fitted against it)", o->ctx, (*sens)[0].c_str(), s0.n_ctx, s0.n_ctx);
+      const std::string fn = std::filesystem::path(*file).filename().string();
+      for (size_t i = 0; i < n_loaded; ++i)
+        TQ_CHECK(sens_texts[i].empty() || std::filesystem::path(sens_texts[i]).filename().string() == fn,
+                 "-f '%s': --sens '%s' was measured on '%s'; measure the long contexts on the same text",
+                 file->c_str(), (*sens)[i].c_str(), sens_texts[i].c_str());
+      text_name = *file;
+    }
+    if (measure) text = tq::read_text_file(*file);
     tq::calib_protection(*protect, *seed);  // a bad --protect fails before the model loads
     auto L = tq::cli::load_model(*o);
     const tq::LlamaConfig& mc = L->model.config();
     const std::string model = tq::cli::resolve_model(o->model);
+    if (n_loaded > 0 && !longs.empty()) {
+      const std::string mn = std::filesystem::path(model).filename().string();
+      for (size_t i = 0; i < n_loaded; ++i) {
+        TQ_CHECK(svs[i].n_layers == mc.n_layers && svs[i].n_kv_heads == mc.n_kv_heads && svs[i].head_dim == mc.head_dim,
+                 "--sens '%s' is of a model with %d layers x %d KV heads of %d dims, this one has %d x %d of %d",
+                 (*sens)[i].c_str(), svs[i].n_layers, svs[i].n_kv_heads, svs[i].head_dim, mc.n_layers, mc.n_kv_heads,
+                 mc.head_dim);
+        TQ_CHECK(sens_models[i].empty() || std::filesystem::path(sens_models[i]).filename().string() == mn,
+                 "--sens '%s' was measured on the model '%s', not '%s'", (*sens)[i].c_str(), sens_models[i].c_str(),
+                 model.c_str());
+      }
+    }
     auto supported = [&](const std::vector<std::string>& list, bool given, const char* side) {
       std::vector<std::string> keep;
       for (const auto& t : list) {
@@ -271,9 +323,21 @@ void setup(CLI::App& app) {
     co.probe_v = *probe_v;
     co.protect = *protect;
     co.seed = *seed;
-    if (sens->empty()) {
-      co.k_types = supported(k_types->empty() ? tq::default_calib_k_types() : split_list(*k_types), !k_types->empty(), "K");
-      co.v_types = supported(v_types->empty() ? tq::default_calib_v_types() : split_list(*v_types), !v_types->empty(), "V");
+    if (n_loaded > 0 && !longs.empty()) {  // the files' candidates, probes and protection
+      co.k_types = svs[0].k_types;
+      co.v_types = svs[0].v_types;
+      co.probe_k = svs[0].probe_k;
+      co.probe_v = svs[0].probe_v;
+      co.protect = svs[0].protect;
+    }
+    if (measure) {
+      if (n_loaded == 0) {
+        co.k_types = supported(k_types->empty() ? tq::default_calib_k_types() : split_list(*k_types), !k_types->empty(), "K");
+        co.v_types = supported(v_types->empty() ? tq::default_calib_v_types() : split_list(*v_types), !v_types->empty(), "V");
+      } else {
+        supported(co.k_types, true, "K");
+        supported(co.v_types, true, "V");
+      }
       supported({co.probe_k}, true, "--probe-k");
       supported({co.probe_v}, true, "--probe-v");
       // The budget against the cheapest candidates before the long measuring.
@@ -302,17 +366,19 @@ void setup(CLI::App& app) {
       sa.sa_handler = on_sigint;
       sigemptyset(&sa.sa_mask);
       sigaction(SIGINT, &sa, &old);
-      std::vector<int> ctxs{co.n_ctx};
+      std::vector<int> ctxs;  // with --sens the -c measurement is svs[0], loaded
+      if (n_loaded == 0) ctxs.push_back(co.n_ctx);
       ctxs.insert(ctxs.end(), longs.begin(), longs.end());
       bool stopped = false;
       std::string stop_at;  // where the interruption came: "ctx N (W of R windows)"
       for (size_t i = 0; i < ctxs.size() && !stopped; ++i) {
         tq::CalibOptions ci = co;
         ci.n_ctx = ctxs[i];
-        if (i > 0) ci.n_chunks = *long_chunks;
-        if (i > 0 && *long_probes == "growing") ci.probe_layers = tq::calib_layers_growing(mc, co.n_ctx, ctxs[i]);
+        const bool is_long = ctxs[i] != co.n_ctx;
+        if (is_long) ci.n_chunks = *long_chunks;
+        if (is_long && *long_probes == "growing") ci.probe_layers = tq::calib_layers_growing(mc, co.n_ctx, ctxs[i]);
         pb.reset();
-        pb_name = i == 0 ? "calibrate" : "calibrate c" + std::to_string(ctxs[i]);
+        pb_name = !is_long ? "calibrate" : "calibrate c" + std::to_string(ctxs[i]);
         tq::CalibSensitivity one;
         try {
           one = tq::calibrate_measure(L->model, tokens, ci);
@@ -333,7 +399,8 @@ void setup(CLI::App& app) {
         TQ_CHECK(!svs.empty(), "interrupted before the first window was measured: nothing written");
         const std::string part = *out + ".partial";
         std::string names;
-        for (size_t i = 0; i < svs.size(); ++i) {
+        for (size_t i = 0; i < n_loaded; ++i) names += (names.empty() ? "" : " --sens ") + (*sens)[i];
+        for (size_t i = n_loaded; i < svs.size(); ++i) {
           const std::string ps = *out + ".partial" + (i == 0 ? "" : ".c" + std::to_string(svs[i].n_ctx)) + ".sens.json";
           write_json_file(ps, sens_json(svs[i], model, text_name));
           names += (names.empty() ? "" : " --sens ") + ps;
@@ -348,7 +415,7 @@ void setup(CLI::App& app) {
       }
     }
     if (!save_sens->empty())
-      for (size_t i = 0; i < svs.size(); ++i)
+      for (size_t i = n_loaded; i < svs.size(); ++i)
         write_json_file(i == 0 ? *save_sens : sens_path_at(svs[i].n_ctx), sens_json(svs[i], model, text_name));
     // --protect with --sens: the measured protection, with trellis codes added at most.
     const std::string measured_protect = svs[0].protect;
@@ -427,7 +494,7 @@ void setup(CLI::App& app) {
       nlohmann::json contexts = nlohmann::json::array();
       double measure_s = 0;
       for (size_t i = 0; i < svs.size(); ++i) {
-        measure_s += svs[i].seconds;
+        if (i >= n_loaded) measure_s += svs[i].seconds;  // measured by this run
         nlohmann::json cj = {{"ctx", svs[i].n_ctx}, {"windows", svs[i].windows}, {"scored_tokens", svs[i].n_scored},
                              {"ppl_f16", svs[i].ppl_ref}, {"seconds_measure", svs[i].seconds},
                              {"reused_layers", svs[i].reused_layers}, {"reused_from_ctx", svs[i].reused_from_ctx}};
@@ -443,7 +510,7 @@ void setup(CLI::App& app) {
                            {"bits_cheapest", a.bits_cheapest}, {"windows", sv.windows}, {"scored_tokens", sv.n_scored},
                            {"ppl_f16", sv.ppl_ref}, {"predicted_kld", a.alloc.predicted_each.empty() ? a.alloc.predicted_kld : a.alloc.predicted_each[0]},
                            {"objective", a.alloc.predicted_kld}, {"label", a.alloc.label},
-                           {"seconds_measure", sens->empty() ? measure_s : 0.0}, {"seconds", wall},
+                           {"seconds_measure", measure_s}, {"seconds", wall},
                            {"cpu_seconds", cpu}, {"threads", L->model.threads()}, {"sens_from", sens->empty() ? std::string() : (*sens)[0]}, {"sens_files", *sens},
                            {"units", units}});
       return;

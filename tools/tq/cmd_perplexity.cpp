@@ -18,12 +18,16 @@ void setup(CLI::App& app) {
   auto compare = std::make_shared<std::string>();
   auto sweep = std::make_shared<std::string>();
   auto dump_top1 = std::make_shared<bool>(false);
+  auto kld_buckets = std::make_shared<int>(0);
   tq::cli::add_model_opts(s, *o, 512);
   tq::cli::add_kv_opts(s, *o);
   s->add_option("-f,--file", *file, "text file")->capture_default_str();
   s->add_option("--chunks", *chunks, "number of windows (0 = all)")->capture_default_str();
   s->add_option("--compare", *compare, "also run this cache type (e.g. f16) on the same tokens");
   s->add_flag("--top1", *dump_top1, "with --json: include the argmax token of every scored position");
+  s->add_option("--kld-buckets", *kld_buckets,
+                "with --compare and --json: also the mean KLD in N equal buckets of the scored positions "
+                "(kld_by_position: where in the window the loss sits)");
   s->add_option("--sweep", *sweep,
                 "several cache specs separated by ';', each 'k=T v=T [window=N] [sink=N] [center=k|v|kv|none[,rope][,N]] "
                 "[plain] [scale-k] [trellis] [boundary=N:T[/T]] [layers=LIST:T[/T]]...' (a bare 'T' or 'K/V' sets both types;\n"
@@ -32,6 +36,11 @@ void setup(CLI::App& app) {
                 "the short labels 'tq3 w128 s4 ckv cs512 cr ks tc plain b2:f16 L0,5-7:tq6/tq3' still parse),\n"
                 "run on the same windows sharing one --compare pass (replaces -ctk/-ctv); an entry @FILE reads a --kv-config file");
   s->callback([=] {
+    TQ_CHECK(*kld_buckets >= 0, "--kld-buckets must be >= 0, got %d", *kld_buckets);
+    TQ_CHECK(*kld_buckets == 0 || !compare->empty(), "--kld-buckets needs --compare (the KLD is against it)");
+    TQ_CHECK(*kld_buckets == 0 || o->json, "--kld-buckets is written in the JSON: give --json");
+    TQ_CHECK(*kld_buckets == 0 || *kld_buckets <= o->ctx - 1 - o->ctx / 2, "--kld-buckets %d: more than the %d scored positions of a window",
+             *kld_buckets, o->ctx - 1 - o->ctx / 2);
     auto L = tq::cli::load_model(*o);
     const std::string text = tq::read_text_file(*file);
     const std::vector<int32_t> tokens = L->tok.encode_with_bos(text);
@@ -73,6 +82,19 @@ void setup(CLI::App& app) {
         j["kld_p99"] = r.kld_p99;
         j["top1_agreement"] = r.top1_agreement;
         j["kv_bytes_per_token_f16"] = r.kv_bytes_per_token_ref;
+        if (*kld_buckets > 0) {
+          // Bucket b: scored rows [lo, hi) of every window, as positions in the window (a row
+          // at position p predicts the token at p + 1).
+          const size_t n = r.kld_by_row.size(), first = static_cast<size_t>(r.n_ctx / 2);
+          nlohmann::json bj = nlohmann::json::array();
+          for (int b = 0; b < *kld_buckets; ++b) {
+            const size_t lo = n * b / *kld_buckets, hi = n * (b + 1) / *kld_buckets;
+            double sum = 0;
+            for (size_t i = lo; i < hi; ++i) sum += r.kld_by_row[i];
+            bj.push_back({{"from", first + lo}, {"to", first + hi}, {"kld_mean", sum / ((hi - lo) * r.n_chunks)}});
+          }
+          j["kld_by_position"] = bj;
+        }
       }
       all.push_back(j);
     }
