@@ -291,9 +291,10 @@ static constexpr struct {
 
 KvType parse_kv_type(const std::string& name) {
   if (const KvTypeTraits* f = find_kv_type(name)) return kv_type(f->id);
-  for (const auto& r : kRemovedFormats) TQ_CHECK(name != r.name, "kv cache type %s: %s", r.name, r.why);
   std::string valid;
   for (int i = 0; i < kNumFormats; ++i) valid += std::string(i ? ", " : "") + kFormats[i].name;
+  for (const auto& r : kRemovedFormats)
+    TQ_CHECK(name != r.name, "kv cache type %s: %s (valid: %s)", r.name, r.why, valid.c_str());
   TQ_CHECK(false, "unknown kv cache type '%s' (valid: %s)", name.c_str(), valid.c_str());
   return {};
 }
