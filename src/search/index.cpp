@@ -883,34 +883,34 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
 #pragma omp parallel num_threads(threads)
     {
       std::vector<float> cs(qb * LL);
-        // The np best lists by (score desc, list asc): one pass with a min-heap of np over
-        // 64-bit keys (the score's order-preserving bits, then the complemented list index, so
-        // one integer compare orders by score and, among equal scores, prefers the lower
-        // list), then sorted; the same lists and order as a partial sort (of the first np,
-        // +0 ranks above -0).
-        std::vector<uint64_t> heap;
-        heap.reserve(np);
-        auto key_of = [](float f, uint32_t l) {
-          uint32_t u;
-          std::memcpy(&u, &f, 4);
-          u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-          return (static_cast<uint64_t>(u) << 32) | (0xFFFFFFFFu - l);
-        };
-        auto score_of = [](uint64_t key) {
-          uint32_t u = static_cast<uint32_t>(key >> 32);
-          u = (u & 0x80000000u) ? (u & 0x7FFFFFFFu) : ~u;
-          float f;
-          std::memcpy(&f, &u, 4);
-          return f;
-        };
-        const auto greater = std::greater<uint64_t>();
-        std::vector<float> vb(LL);
+      // The np best lists by (score desc, list asc): one pass with a min-heap of np over
+      // 64-bit keys (the score's order-preserving bits, then the complemented list index, so
+      // one integer compare orders by score and, among equal scores, prefers the lower
+      // list), then sorted; the same lists and order as a partial sort (of the first np,
+      // +0 ranks above -0).
+      std::vector<uint64_t> heap;
+      heap.reserve(np);
+      auto key_of = [](float f, uint32_t l) {
+        uint32_t u;
+        std::memcpy(&u, &f, 4);
+        u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+        return (static_cast<uint64_t>(u) << 32) | (0xFFFFFFFFu - l);
+      };
+      auto score_of = [](uint64_t key) {
+        uint32_t u = static_cast<uint32_t>(key >> 32);
+        u = (u & 0x80000000u) ? (u & 0x7FFFFFFFu) : ~u;
+        float f;
+        std::memcpy(&f, &u, 4);
+        return f;
+      };
+      const auto greater = std::greater<uint64_t>();
+      std::vector<float> vb(LL);
 #pragma omp for schedule(dynamic, 1)
-        for (size_t t = 0; t < tiles; ++t) {
-          const size_t q0 = t * qb, m = std::min(qb, nq - q0);
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), L, I.d, 1.0f, qn + q0 * d, I.d,
-                      I.centroids.data(), I.d, 0.0f, cs.data(), L);
-          for (size_t i = 0; i < m; ++i) {
+      for (size_t tile = 0; tile < tiles; ++tile) {
+        const size_t q0 = tile * qb, m = std::min(qb, nq - q0);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), L, I.d, 1.0f, qn + q0 * d, I.d,
+                    I.centroids.data(), I.d, 0.0f, cs.data(), L);
+        for (size_t i = 0; i < m; ++i) {
           const float* si = cs.data() + i * LL;
           const float* v = si;
           if (!ip) {
@@ -945,8 +945,8 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
             // ip/cosine: <q, c_l>; l2: -||q - c_l||^2 = 2 <q, c> - ||c||^2 - ||q||^2.
             poff[(q0 + i) * np + j] = l2 ? 2.f * si[l] - I.cnorm2[l] - qsq[q0 + i] : si[l];
           }
-          }
         }
+      }
     }
   }
 

@@ -1,7 +1,8 @@
 // Coarse k-means of the IVF index: seeded initialisation, Lloyd iterations whose
 // assignments are single-threaded BLAS GEMMs over fixed tiles of points, centroid sums
 // accumulated in a fixed order (double), so the result is a function of (data, k,
-// iterations, seed) alone, whatever the thread count. Empty clusters are re-seeded by splitting the largest one (as FAISS does).
+// iterations, seed) alone, whatever the thread count. Empty clusters are re-seeded by
+// splitting the largest one (as FAISS does).
 #include <cblas.h>
 #include <omp.h>
 
