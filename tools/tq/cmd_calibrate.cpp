@@ -266,7 +266,8 @@ void setup(CLI::App& app) {
     }
     const size_t n_loaded = svs.size();  // the --sens files; what is measured here follows them
     const bool measure = sens->empty() || !longs.empty();
-    if (n_loaded > 0 && !longs.empty()) {
+    const bool extending = n_loaded > 0 && !longs.empty();  // measuring more contexts for saved ones
+    if (extending) {
       // Measuring more contexts for saved sensitivities: one model, text, candidate set, probes and
       // protection, the first file at -c, and no context twice.
       const tq::CalibSensitivity& s0 = svs[0];
@@ -294,7 +295,7 @@ void setup(CLI::App& app) {
     auto L = tq::cli::load_model(*o);
     const tq::LlamaConfig& mc = L->model.config();
     const std::string model = tq::cli::resolve_model(o->model);
-    if (n_loaded > 0 && !longs.empty()) {
+    if (extending) {
       const std::string mn = std::filesystem::path(model).filename().string();
       for (size_t i = 0; i < n_loaded; ++i) {
         TQ_CHECK(svs[i].n_layers == mc.n_layers && svs[i].n_kv_heads == mc.n_kv_heads && svs[i].head_dim == mc.head_dim,
@@ -323,7 +324,7 @@ void setup(CLI::App& app) {
     co.probe_v = *probe_v;
     co.protect = *protect;
     co.seed = *seed;
-    if (n_loaded > 0 && !longs.empty()) {  // the files' candidates, probes and protection
+    if (extending) {  // the files' candidates, probes and protection
       co.k_types = svs[0].k_types;
       co.v_types = svs[0].v_types;
       co.probe_k = svs[0].probe_k;
