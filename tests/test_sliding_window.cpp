@@ -347,6 +347,13 @@ TEST(SlidingWindow, GemmaCacheHoldsWhatTheWindowImplies) {
   tq::Rng r(17);
   const size_t row = static_cast<size_t>(c.n_kv_heads) * c.head_dim;
   const std::vector<float> kv = randv(kStep * row, r);
+  // The cache's RoPE is the model's: neox pairs, base 1e4 in the windowed layers, 1e6 in the global ones.
+  {
+    const tq::KvCacheConfig k = tq::kv_config_for(c, 64);
+    EXPECT_TRUE(k.rope_neox);
+    ASSERT_EQ(k.layer_rope_base.size(), static_cast<size_t>(c.n_layers));
+    for (int l = 0; l < c.n_layers; ++l) EXPECT_FLOAT_EQ(k.layer_rope_base[l], c.layer_is_swa(l) ? 1e4f : 1e6f) << l;
+  }
   const std::vector<std::pair<int, const char*>> cases = {{4096, "f16"}, {4096, "q8_0"}, {4096, "q4_0"}, {32768, "f16"}};
   for (const auto& [n_total, type] : cases) {
     tq::KvCacheConfig cfg = tq::kv_config_for(c, n_total);
@@ -356,6 +363,8 @@ TEST(SlidingWindow, GemmaCacheHoldsWhatTheWindowImplies) {
     tq::KvCacheConfig one = cfg;
     one.n_layers = 1;
     one.layer_window.clear();
+    one.layer_rope_base.clear();
+    one.layer_rope_scale.clear();
     tq::KvCache cache(cfg), full_layer(one);
     // A prefill of n_total - 1 tokens in steps of 512, then one decode step.
     for (int t = 0; t < n_total;) {

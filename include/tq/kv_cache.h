@@ -135,15 +135,28 @@ struct KvCacheConfig {
   // With center_k: the K mean rotates with RoPE. mu is then the mean of the keys un-rotated
   // to position 0 (R(pos)^-1 k, pos = the token's index in the cache), and token pos stores
   // codes of k - R(pos) mu, so a constant pre-RoPE component of the keys (which RoPE spins
-  // at its pair's frequency, out of reach of a constant mean) is removed too. Needs rope_base.
+  // at its pair's frequency, out of reach of a constant mean) is removed too, except in the
+  // pairs that turn by more than 1 radian across a 32-token block without being among the 8
+  // fastest (their mean stays 0: the kernels turn it per block). Needs rope_base.
   bool center_rope = false;
-  // The keys' RoPE, normal mode: pair (2i, 2i + 1) of the first rope_dim dims rotated by
-  // pos * rope_base^(-2i / rope_dim). Only center_rope reads it.
+  // The keys' RoPE as the model applies it: pair i < rope_dim / 2 (normal mode: dims 2i and
+  // 2i + 1; rope_neox: i and i + rope_dim / 2) turned by pos * w_i(l) in layer l, with
+  //   w_i(l) = base(l)^(-2i / rope_dim) * scale(l) / rope_freq_factors[i],
+  // base(l) = layer_rope_base[l] (0 or empty: rope_base), scale(l) = layer_rope_scale[l]
+  // (0 or empty: 1), the factor 1 where rope_freq_factors is empty. center_rope turns each
+  // layer's K mean at that layer's w_i; scale_k gives each pair one weight. Both work on pairs
+  // at (2i, 2i + 1): with rope_neox and either of them on, the cache permutes every K row and
+  // query it is given to that order on entry (the same permutation for both: q.k and the
+  // attention output are unchanged; only the quantized domain changes).
   float rope_base = 0;
   int rope_dim = 0;
+  bool rope_neox = false;
+  std::vector<float> layer_rope_base;    // empty or n_layers (Gemma 3: 1e4 windowed, 1e6 global)
+  std::vector<float> layer_rope_scale;   // empty or n_layers: 1 / linear scaling factor
+  std::vector<float> rope_freq_factors;  // empty or rope_dim / 2 (Llama 3 rope_freqs), each > 0
   // Query-weighted K scaling (K of the tq types: tqB, tqBn8, tqBhH): each stream
   // quantizes w * (k - mu) and divides the queries by w, w one weight per RoPE channel pair
-  // (2i, 2i+1) chosen online when its first token is quantized: w^4 proportional to (query
+  // (as rope_neox above says) chosen online when its first token is quantized: w^4 proportional to (query
   // energy of the KV head's query group) / (centred K energy) over the tokens seen then
   // (position 0 left out; queries from observe_queries; the exponent shrunk by n / (n + 16)
   // for n tokens seen), clamped to 1/4..4x their geometric mean and normalized to keep the K

@@ -69,7 +69,7 @@ struct LlamaConfig {
   int n_ctx_train = 0;
   float rope_base = 10000.0f;
   float rope_freq_scale = 1.0f;   // 1 / rope.scaling.factor (linear); 1 without scaling
-  bool rope_freq_factors = false; // rope_freqs.weight present (Llama 3 scaling)
+  std::vector<float> rope_freq_factors;  // rope_freqs.weight (Llama 3 scaling): rope_dim / 2, empty: none
   float rms_eps = 1e-5f;
   float embd_scale = 1.0f;
   float attn_scale = 0;           // query scale (0: 1 / sqrt(head_dim))

@@ -472,6 +472,8 @@ AttnKernel attn_kernel_from_env(AttnKernel fallback) {
 void attention(const KvCache& cache, int layer, int n_q, const float* q, float* out,
                const AttentionParams& p) {
   if (p.kernel == AttnKernel::reference) return attention_ref(cache, layer, n_q, q, out, p);
+  std::vector<float> q_pairs;  // the cache's pair order (KvCacheConfig::rope_neox)
+  if (n_q > 0 && p.n_heads > 0) q = kv::in_pair_order(cache.impl(), q, (size_t)n_q * p.n_heads, q_pairs);
   const int W = p.sliding_window;
   TQ_CHECK(W >= 0, "attention: negative sliding window %d", W);
   if (W == 0 || n_q == 0) {
@@ -524,6 +526,8 @@ std::string attention_kernel(const KvCache& cache, int layer, const AttentionPar
 void attention_ref(const KvCache& cache, int layer, int n_q, const float* q, float* out,
                    const AttentionParams& p) {
   using namespace kv;
+  std::vector<float> q_pairs;  // the cache's pair order (KvCacheConfig::rope_neox)
+  if (n_q > 0 && p.n_heads > 0) q = in_pair_order(cache.impl(), q, (size_t)n_q * p.n_heads, q_pairs);
   Prepared P = prepare(cache, layer, n_q, q, out, p);
   if (n_q == 0) return;
   const Shape& sh = P.sh;

@@ -403,8 +403,9 @@ static inline void tq_part_values(const Codebook& cb, const TrellisCode* tc, int
 
 
 // ------------------------------------------------------------------ Stream
-Stream::Stream(const Format& f, int side_, bool sliding, const KvCacheConfig& cfg, const KvCache::Impl& I)
-    : fmt(&f), dim(cfg.head_dim), row_bytes(f.row_bytes(dim)), block_bytes(f.block_bytes(dim)), side(side_) {
+Stream::Stream(const Format& f, int side_, int layer_, bool sliding, const KvCacheConfig& cfg, const KvCache::Impl& I)
+    : fmt(&f), dim(cfg.head_dim), row_bytes(f.row_bytes(dim)), block_bytes(f.block_bytes(dim)), side(side_),
+      layer(layer_) {
   const int D = dim;
   // Sliding-window layers hold about a window of blocks: chunks of one block each, so that
   // dropping is exact to the block.
@@ -618,10 +619,24 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
            "kv cache: layer_window has %zu entries for %d layers", cfg.layer_window.size(), cfg.n_layers);
   for (int w : cfg.layer_window)
     TQ_CHECK(w >= 0, "kv cache: layer_window entry %d is negative", w);
-  TQ_CHECK(!cfg.center_rope || (cfg.center_k && std::isfinite(cfg.rope_base) && cfg.rope_base > 0 &&
-                                cfg.rope_dim >= 2 && cfg.rope_dim % 2 == 0 && cfg.rope_dim <= cfg.head_dim),
-           "kv cache: center_rope needs center_k, rope_base > 0 and an even rope_dim in [2, head_dim] "
-           "(got base %g, dim %d)", (double)cfg.rope_base, cfg.rope_dim);
+  TQ_CHECK(!cfg.center_rope || (cfg.center_k && std::isfinite(cfg.rope_base) && cfg.rope_base > 0),
+           "kv cache: center_rope needs center_k and rope_base > 0 (got base %g)", (double)cfg.rope_base);
+  TQ_CHECK(!(cfg.center_rope || cfg.rope_neox) ||
+               (cfg.rope_dim >= 2 && cfg.rope_dim % 2 == 0 && cfg.rope_dim <= cfg.head_dim),
+           "kv cache: center_rope and rope_neox need an even rope_dim in [2, head_dim] (got %d)", cfg.rope_dim);
+  for (auto [list, name] : {std::pair{&cfg.layer_rope_base, "layer_rope_base"},
+                            std::pair{&cfg.layer_rope_scale, "layer_rope_scale"}}) {
+    TQ_CHECK(list->empty() || static_cast<int>(list->size()) == cfg.n_layers,
+             "kv cache: %s has %zu entries for %d layers", name, list->size(), cfg.n_layers);
+    for (float x : *list)
+      TQ_CHECK(std::isfinite(x) && x >= 0, "kv cache: %s holds %g (must be finite and >= 0; 0: the default)",
+               name, (double)x);
+  }
+  TQ_CHECK(cfg.rope_freq_factors.empty() || (int)cfg.rope_freq_factors.size() * 2 == cfg.rope_dim,
+           "kv cache: rope_freq_factors has %zu entries for rope_dim %d (needs rope_dim / 2)",
+           cfg.rope_freq_factors.size(), cfg.rope_dim);
+  for (float x : cfg.rope_freq_factors)
+    TQ_CHECK(std::isfinite(x) && x > 0, "kv cache: rope_freq_factors holds %g (must be finite and > 0)", (double)x);
   TQ_CHECK(cfg.center_segment >= 0 && cfg.center_segment % kBlock == 0 && cfg.center_segment <= kChunkTokens,
            "kv cache: center_segment %d must be a multiple of %d in [0, %d]", cfg.center_segment, kBlock,
            kChunkTokens);
@@ -679,7 +694,7 @@ KvCache::KvCache(const KvCacheConfig& cfg) : impl_(std::make_unique<Impl>()) {
       auto& vec = side == 0 ? I.layers[l].k : I.layers[l].v;
       vec.reserve(cfg.n_kv_heads);
       for (int h = 0; h < cfg.n_kv_heads; ++h)
-        vec.emplace_back(format(types[(size_t)l * cfg.n_kv_heads + h][side]), side, sliding, cfg, I);
+        vec.emplace_back(format(types[(size_t)l * cfg.n_kv_heads + h][side]), side, l, sliding, cfg, I);
     }
   }
 }
@@ -712,10 +727,13 @@ void KvCache::observe_queries(int layer, int n_tokens, const float* q, int n_hea
   TQ_CHECK(n_heads >= H && n_heads % H == 0, "kv cache observe_queries: %d query heads for %d kv heads", n_heads, H);
   Layer& L = I.layers[layer];
   const int group = n_heads / H;
+  std::vector<float> q_pairs;  // q in the cache's pair order, made once
+  bool ordered = false;
   for (int h = 0; h < H; ++h) {
     Stream& s = L.k[h];
     if (!s.wants_queries()) continue;
     TQ_CHECK(q, "kv cache observe_queries: null q");
+    if (!ordered) q = in_pair_order(I, q, (size_t)n_tokens * n_heads, q_pairs), ordered = true;
     for (Precond* p : s.chain())
       if (p->wants_queries())
         p->observe_queries(L.n_tokens, n_tokens, q + (size_t)h * group * D, (size_t)n_heads * D, group, D);
@@ -796,7 +814,12 @@ void KvCache::append(int layer, int n_tokens, const float* k, const float* v, in
   const bool parallel = n_threads > 1 && n_tokens >= 16;
   // The angle table holds at most kRopeTurnsMax positions (1-2 MB); an append of more computes
   // the rest in place.
-  if (!I.rope_freq.empty()) I.turns.cover(I.rope_freq, cfg.sink, L.n_tokens, std::min(n_tokens, kRopeTurnsMax));
+  if (!I.layer_rope.empty()) {
+    RopeTables& T = I.rope[I.layer_rope[layer]];
+    T.turns.cover(T.freq, cfg.sink, L.n_tokens, std::min(n_tokens, kRopeTurnsMax));
+  }
+  std::vector<float> k_pairs;
+  k = in_pair_order(I, k, (size_t)n_tokens * H, k_pairs);
   std::exception_ptr err;
   auto job_fn = [&](int job) {
     try {

@@ -27,6 +27,11 @@ constexpr int kBlocksPerChunk = 64; // blocks per allocation chunk (2048 tokens)
 constexpr int kMaxHeadDim = 1024;
 constexpr int kRopeTurnsMax = 1024;  // positions RopeTurns holds (32 B per position and pair)
 constexpr int kRopeExactPairs = 8;  // RoPE-rotating K mean: pairs turned per token (the rest per block)
+// RoPE-rotating K mean: the largest angle (radians) a slow pair turns from its block's centre
+// (w_i * 15.5) for it to keep a mean (Centre::drop_unturnable). Gemma 3 270M, ctx 512, 4
+// windows, KLD of auto / tq3 / tq4: no limit 0.0184 / 0.0964 / 0.0229, 2 rad the same, 1 rad
+// 0.0179 / 0.0825 / 0.0204, 0.5 rad 0.0201 / 0.0931 / 0.0217 (docs/design.md).
+constexpr double kRopeTurnMax = 1.0;
 constexpr int kRopeSeedBlocks = 16;  // its block tables: one (cos, sin) seed per 16 blocks (Centre::rope_seed)
 // tq_n8 norm codes (see kN8Steps): offsets below the block exponent in 1/kN8Steps octave
 // units, one code per unit for the first kN8FineCodes, then one per kN8CoarseUnits units.
@@ -64,9 +69,9 @@ struct BlockQ4_0 {
 static_assert(sizeof(BlockQ4_0) == 18, "q4_0 block is 18 bytes (4.5 bits per value)");
 
 // cos / sin of the RoPE-rotating mean's angles for the positions of one append: every K
-// stream of every layer appends the same positions and turns the same angles, so KvCache::append
-// computes them once per position range (not once per stream and layer: 90 streams for the
-// default model) and the streams look them up. Entries are the doubles Centre::unrope_row /
+// stream of the layers sharing a set of frequencies (RopeTables) appends the same positions and
+// turns the same angles, so KvCache::append computes them once per position range and set (not
+// once per stream and layer: 90 streams for the default model) and the streams look them up. Entries are the doubles Centre::unrope_row /
 // mean_at would compute in place; a position outside the range is computed in place.
 struct RopeTurns {
   int P = 0;                   // pairs
@@ -89,6 +94,15 @@ struct RopeTurns {
     if (!(k >= 0 && k < nc) || k != (double)(int)k) return nullptr;
     return &centre[(size_t)k * P * 2];
   }
+};
+
+// The pair frequencies w_i of one set of layers and the kernels' tables of their RoPE-rotating
+// K mean (Centre::rope_seed ...; build_rope_tables).
+struct RopeTables {
+  std::vector<double> freq;               // w_i, rope_dim / 2 of them
+  std::vector<double> seed, lane;
+  std::vector<float> j;
+  RopeTurns turns;                        // the angles at the positions of the current append
 };
 
 struct Stream;
@@ -149,7 +163,8 @@ struct Centre final : Precond {
   // turns by p * rope_freq[i] for the kRopeExactPairs fastest pairs; the slower ones turn by
   // pc * rope_freq[i] (pc: the centre of j's 32-token block) and then on by x = (p - pc) *
   // rope_freq[i] to second order in x, so that the attention kernels add the mean's logit
-  // from per-block terms and two per-token tables (mean_at is the one definition).
+  // from per-block terms and two per-token tables (mean_at is the one definition). A slow pair
+  // with |x| up to more than kRopeTurnMax keeps a zero mean (drop_unturnable).
   bool rope = false;
   int pos0 = 0;                     // cache position of stream index 0 (the sink count)
   std::vector<double> rope_freq;    // rope_dim / 2 = P angles per position
@@ -171,6 +186,7 @@ struct Centre final : Precond {
   void mean_at(int j, float* out) const noexcept;
   // Un-rotates a row of position pos: R(pos)^-1 x (the pre-RoPE key the means are taken of).
   void unrope_row(int pos, const float* x, float* y) const;
+  void drop_unturnable(float* m) const;
 
   void configure(const Stream& s, const KvCacheConfig& cfg, const KvCache::Impl& I) override;
   void reset(int dim) override;
@@ -235,6 +251,7 @@ struct Stream {
   size_t row_bytes = 0;    // exact bytes per token (norms/scales included; tq_n8: + 2 B per block)
   size_t block_bytes = 0;  // kBlock * row_bytes (tq_n8: + 2)
   int side = 0;            // 0: K (K tile layout), 1: V (V tile layout)
+  int layer = 0;
   int n_quant = 0;         // tokens in blocks
   // Blocks live in chunks of blocks_per_chunk; a sliding-window layer (KvCacheConfig::
   // layer_window) drops its oldest blocks: chunks wholly before block n_dropped / kBlock are
@@ -274,7 +291,7 @@ struct Stream {
   std::array<const Precond*, 3> chain() const noexcept { return {&centre, &kscale, &channels}; }
 
   Stream() = default;
-  Stream(const Format& f, int side, bool sliding, const KvCacheConfig& cfg, const KvCache::Impl& I);
+  Stream(const Format& f, int side, int layer, bool sliding, const KvCacheConfig& cfg, const KvCache::Impl& I);
   void clear();
   bool split() const noexcept { return fmt->layout == KvLayout::tq_split; }
   bool wants_queries() const noexcept {
@@ -303,8 +320,13 @@ struct Stream {
   void drop_before(int j);
 };
 
-// The pair frequencies and the kernels' tables of the RoPE-rotating K mean (precond.cpp).
+// The pair frequencies and the kernels' tables of the RoPE-rotating K mean, per distinct set of
+// layer frequencies (precond.cpp).
 void build_rope_tables(KvCache::Impl& I);
+
+// Rows of head_dim values as the cache works on them: x itself, or (KvCache::Impl::neox_to_pairs)
+// a copy in buf with neox pairs (i, i + rope_dim / 2) moved to (2i, 2i + 1).
+const float* in_pair_order(const KvCache::Impl& I, const float* x, size_t rows, std::vector<float>& buf);
 
 struct Layer {
   int n_tokens = 0;
@@ -320,10 +342,12 @@ struct KvCache::Impl {
   std::unique_ptr<Rotation> rot;        // D-dim randomized Hadamard (rotated formats)
   std::unique_ptr<Rotation> rot_hi;     // split: D/4
   std::unique_ptr<Rotation> rot_lo;     // split: 3D/4
-  std::vector<double> rope_seed, rope_lane;  // tables of the RoPE-rotating K mean (Centre::rope_seed ...)
-  std::vector<float> rope_j;
-  std::vector<double> rope_freq;                  // its pair frequencies (empty: no rotating mean)
-  kv::RopeTurns turns;                            // its angles at the positions of the current append
+  // The RoPE-rotating K mean's tables: one per distinct set of layer frequencies (Gemma 3: the
+  // windowed and the global layers), rope[layer_rope[l]] for layer l; empty without center_rope.
+  std::vector<kv::RopeTables> rope;
+  std::vector<int> layer_rope;
+  // rope_neox with center_rope or scale_k: K rows and queries enter in (2i, 2i + 1) pair order.
+  bool neox_to_pairs = false;
 };
 }  // namespace tq
 

@@ -67,37 +67,81 @@ void RopeTurns::cover(const std::vector<double>& freq, int q0, int first, int co
                rope_mean_pos(pos0, (j0 / kBlock + k) * kBlock, kRopeExactPairs) * freq[i]);
 }
 
-// The pair frequencies and the kernels' tables of the RoPE-rotating K mean (Centre::rope_seed).
-void build_rope_tables(KvCache::Impl& I) {
-  const KvCacheConfig& cfg = I.cfg;
-  if (!cfg.center_rope) return;
-  const int P = cfg.rope_dim / 2, F = std::min(P, kRopeExactPairs);
+// Layer l's pair frequencies (KvCacheConfig: rope_base, layer_rope_base, layer_rope_scale,
+// rope_freq_factors).
+static std::vector<double> layer_rope_freq(const KvCacheConfig& cfg, int l) {
+  const double base = !cfg.layer_rope_base.empty() && cfg.layer_rope_base[l] > 0 ? cfg.layer_rope_base[l] : cfg.rope_base;
+  const double scale = !cfg.layer_rope_scale.empty() && cfg.layer_rope_scale[l] > 0 ? cfg.layer_rope_scale[l] : 1.0;
+  std::vector<double> w(cfg.rope_dim / 2);
+  for (size_t i = 0; i < w.size(); ++i) {
+    w[i] = std::pow(base, -2.0 * (double)i / cfg.rope_dim) * scale;
+    if (!cfg.rope_freq_factors.empty()) w[i] /= cfg.rope_freq_factors[i];
+  }
+  return w;
+}
+
+// The kernels' tables of one set of frequencies (Centre::rope_seed, rope_lane, rope_j).
+static void fill_rope_tables(const KvCacheConfig& cfg, RopeTables& T) {
+  const int P = (int)T.freq.size(), F = std::min(P, kRopeExactPairs);
   const int nb = cfg.max_tokens / kBlock + 1, ns = (nb + kRopeSeedBlocks - 1) / kRopeSeedBlocks;
-  for (int i = 0; i < P; ++i) I.rope_freq.push_back(std::pow((double)cfg.rope_base, -2.0 * i / cfg.rope_dim));
-  I.rope_seed.assign((size_t)ns * P * 2, 0.0);
-  I.rope_lane.assign((size_t)P * 4 * kRopeSeedBlocks, 0.0);
-  I.rope_j.resize((size_t)(F + 1) * 2 * kBlock);
+  T.seed.assign((size_t)ns * P * 2, 0.0);
+  T.lane.assign((size_t)P * 4 * kRopeSeedBlocks, 0.0);
+  T.j.resize((size_t)(F + 1) * 2 * kBlock);
   for (int i = 0; i < P; ++i) {
     for (int s = 0; s < ns; ++s) {  // fast pairs: the block's first token
-      const double a = rope_mean_pos(cfg.sink, s * kRopeSeedBlocks * kBlock, i) * I.rope_freq[i];
-      I.rope_seed[((size_t)s * P + i) * 2] = std::cos(a);
-      I.rope_seed[((size_t)s * P + i) * 2 + 1] = std::sin(a);
+      const double a = rope_mean_pos(cfg.sink, s * kRopeSeedBlocks * kBlock, i) * T.freq[i];
+      T.seed[((size_t)s * P + i) * 2] = std::cos(a);
+      T.seed[((size_t)s * P + i) * 2 + 1] = std::sin(a);
     }
     for (int k = 0; k < 2 * kRopeSeedBlocks; ++k) {
-      const double a = (double)k * kBlock * I.rope_freq[i];
-      I.rope_lane[(size_t)i * 4 * kRopeSeedBlocks + k] = std::cos(a);
-      I.rope_lane[(size_t)i * 4 * kRopeSeedBlocks + 2 * kRopeSeedBlocks + k] = std::sin(a);
+      const double a = (double)k * kBlock * T.freq[i];
+      T.lane[(size_t)i * 4 * kRopeSeedBlocks + k] = std::cos(a);
+      T.lane[(size_t)i * 4 * kRopeSeedBlocks + 2 * kRopeSeedBlocks + k] = std::sin(a);
     }
     if (i < F)
       for (int j = 0; j < kBlock; ++j) {
-        I.rope_j[(size_t)i * 2 * kBlock + j] = (float)std::cos(j * I.rope_freq[i]);
-        I.rope_j[(size_t)i * 2 * kBlock + kBlock + j] = (float)std::sin(j * I.rope_freq[i]);
+        T.j[(size_t)i * 2 * kBlock + j] = (float)std::cos(j * T.freq[i]);
+        T.j[(size_t)i * 2 * kBlock + kBlock + j] = (float)std::sin(j * T.freq[i]);
       }
   }
   for (int j = 0; j < kBlock; ++j) {  // the slow pairs' token offsets and their squares
-    I.rope_j[(size_t)F * 2 * kBlock + j] = (float)rope_block_offset(j);
-    I.rope_j[(size_t)F * 2 * kBlock + kBlock + j] = (float)(rope_block_offset(j) * rope_block_offset(j));
+    T.j[(size_t)F * 2 * kBlock + j] = (float)rope_block_offset(j);
+    T.j[(size_t)F * 2 * kBlock + kBlock + j] = (float)(rope_block_offset(j) * rope_block_offset(j));
   }
+}
+
+void build_rope_tables(KvCache::Impl& I) {
+  const KvCacheConfig& cfg = I.cfg;
+  I.neox_to_pairs = cfg.rope_neox && (cfg.center_rope || cfg.scale_k);
+  if (!cfg.center_rope) return;
+  I.layer_rope.resize(cfg.n_layers);
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    std::vector<double> w = layer_rope_freq(cfg, l);
+    size_t t = 0;
+    while (t < I.rope.size() && I.rope[t].freq != w) ++t;
+    if (t == I.rope.size()) {
+      I.rope.emplace_back();
+      I.rope.back().freq = std::move(w);
+      fill_rope_tables(cfg, I.rope.back());
+    }
+    I.layer_rope[l] = (int)t;
+  }
+}
+
+const float* in_pair_order(const KvCache::Impl& I, const float* x, size_t rows, std::vector<float>& buf) {
+  if (!I.neox_to_pairs || !x) return x;
+  const int D = I.cfg.head_dim, H = I.cfg.rope_dim / 2;
+  buf.resize(rows * D);
+  for (size_t r = 0; r < rows; ++r) {
+    const float* a = x + r * D;
+    float* b = buf.data() + r * D;
+    for (int i = 0; i < H; ++i) {
+      b[2 * i] = a[i];
+      b[2 * i + 1] = a[i + H];
+    }
+    std::memcpy(b + 2 * H, a + 2 * H, sizeof(float) * (D - 2 * H));
+  }
+  return buf.data();
 }
 
 // ------------------------------------------------------------------ Centre
@@ -109,11 +153,12 @@ void Centre::configure(const Stream& s, const KvCacheConfig& cfg, const KvCache:
   rope = on && s.side == 0 && cfg.center_rope;
   if (!rope) return;
   pos0 = cfg.sink;
-  rope_freq = I.rope_freq;
-  rope_seed = I.rope_seed.data();
-  rope_lane = I.rope_lane.data();
-  rope_j = I.rope_j.data();
-  turns = &I.turns;
+  const RopeTables& T = I.rope[I.layer_rope[s.layer]];
+  rope_freq = T.freq;
+  rope_seed = T.seed.data();
+  rope_lane = T.lane.data();
+  rope_j = T.j.data();
+  turns = &T.turns;
 }
 
 void Centre::reset(int dim) {
@@ -146,7 +191,17 @@ void Centre::freeze(const Stream&) {
   n_mu = 1;
   if (n > 0)
     for (int d = 0; d < D; ++d) mu[d] = fp16_to_fp32(fp32_to_fp16((float)((stat_sum[d] - stat_x0[d]) / n)));
+  drop_unturnable(mu.data());
   frozen = true;
+}
+
+// A slow pair whose angle moves by more than kRopeTurnMax between its block's centre and the
+// block's ends keeps no mean: mean_at's second-order turn would be wrong there (at 1.5 rad its
+// cosine term is -0.1 instead of 0.07), and the stored rows would carry that error.
+void Centre::drop_unturnable(float* m) const {
+  if (!rope) return;
+  for (size_t i = kRopeExactPairs; i < rope_freq.size(); ++i)
+    if (rope_freq[i] * 0.5 * (kBlock - 1) > kRopeTurnMax) m[2 * i] = m[2 * i + 1] = 0.f;
 }
 
 void Centre::unrope_row(int pos, const float* x, float* y) const {
@@ -185,6 +240,7 @@ void Centre::forward(int t, int m, float* x, int D) {
       TQ_ASSERT(t % segment == 0 && t / segment == n_mu);
       mu.resize((size_t)(n_mu + 1) * D);
       for (int d = 0; d < D; ++d) mu[(size_t)n_mu * D + d] = fp16_to_fp32(fp32_to_fp16((float)(seg_sum[d] / segment)));
+      drop_unturnable(&mu[(size_t)n_mu * D]);
       ++n_mu;
       std::fill(seg_sum.begin(), seg_sum.end(), 0.0);
     }

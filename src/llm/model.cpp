@@ -129,7 +129,6 @@ struct LlamaModel::Impl {
   LlamaConfig cfg;
   Weight tok_embd, output;  // output empty when tied
   std::vector<float> output_norm;
-  std::vector<float> rope_freqs;  // Llama 3 frequency factors (rope_dim / 2), empty: none
   std::vector<Layer> layers;
   int n_threads = 0;
   AttnKernel attn = AttnKernel::fused;
@@ -214,7 +213,15 @@ LlamaConfig LlamaModel::read_config(const GgufFile& g) {
   TQ_CHECK(factor >= 0, "%s: negative rope scaling factor", g.path().c_str());
   // type none: never scaled (llama_context does the same)
   c.rope_freq_scale = factor == 0.0 || scaling == "none" ? 1.0f : static_cast<float>(1.0 / factor);
-  c.rope_freq_factors = g.find_tensor("rope_freqs.weight") != nullptr;
+  if (const GgufTensor* t = g.find_tensor("rope_freqs.weight")) {
+    TQ_CHECK(t->ne == std::vector<uint64_t>{static_cast<uint64_t>(c.rope_dim / 2)},
+             "%s: rope_freqs.weight has %zu dims, expected one of rope_dim / 2 = %d", g.path().c_str(), t->ne.size(),
+             c.rope_dim / 2);
+    c.rope_freq_factors = g.tensor_f32(*t);
+    for (float f : c.rope_freq_factors)
+      TQ_CHECK(std::isfinite(f) && f > 0, "%s: rope_freqs.weight holds a factor that is not finite and > 0",
+               g.path().c_str());
+  }
   if (c.traits.swa_pattern > 0)
     c.sliding_window = g.has(a + "attention.sliding_window") ? geti("attention.sliding_window", 0, 1 << 24) : 0;
   if (c.traits.embd_scale_sqrt) c.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
@@ -274,10 +281,6 @@ LlamaModel LlamaModel::load(const GgufFile& g) {
   I.tok_embd = load_w("token_embd.weight", {E, V});
   I.output_norm = load("output_norm.weight", {E});
   if (!c.tied_output) I.output = load_w("output.weight", {E, V});
-  if (c.rope_freq_factors) {
-    I.rope_freqs = load("rope_freqs.weight", {static_cast<uint64_t>(c.rope_dim / 2)});
-    for (float f : I.rope_freqs) TQ_CHECK(f > 0, "%s: rope_freqs.weight holds a factor <= 0", g.path().c_str());
-  }
   I.layers.resize(c.n_layers);
   for (int l = 0; l < c.n_layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
@@ -305,7 +308,7 @@ LlamaModel LlamaModel::load(const GgufFile& g) {
 size_t LlamaModel::weight_bytes() const noexcept {
   const Impl& I = *impl_;
   size_t n = I.output_norm.size() * sizeof(float);
-  n += I.rope_freqs.size() * sizeof(float);
+  n += I.cfg.rope_freq_factors.size() * sizeof(float);
   for (auto& L : I.layers)
     n += (L.attn_norm.size() + L.ffn_norm.size() + L.bq.size() + L.bk.size() + L.bv.size() + L.q_norm.size() +
           L.k_norm.size() + L.attn_post_norm.size() + L.ffn_post_norm.size()) *
@@ -328,6 +331,12 @@ KvCacheConfig kv_config_for(const LlamaConfig& c, int max_tokens) {
   k.max_tokens = max_tokens;
   k.rope_base = c.rope_base;
   k.rope_dim = c.rope_dim;
+  k.rope_neox = c.traits.rope_neox;
+  k.rope_freq_factors = c.rope_freq_factors;
+  for (int l = 0; l < c.n_layers; ++l) {
+    k.layer_rope_base.push_back(c.layer_rope_base(l));
+    k.layer_rope_scale.push_back(c.layer_rope_scale(l));
+  }
   if (c.sliding_window > 0)  // the sliding-window layers drop what their window has left
     for (int l = 0; l < c.n_layers; ++l) k.layer_window.push_back(c.layer_is_swa(l) ? c.sliding_window : 0);
   return k;
@@ -497,7 +506,7 @@ void LlamaModel::Impl::layer_qkv(int l, const float* x, int n, const int* pos, S
   if (!L.q_norm.empty()) rmsnorm(s.q.data(), L.q_norm.data(), s.q.data(), n * c.n_heads, D, c.rms_eps, nt);
   if (!L.k_norm.empty()) rmsnorm(s.k.data(), L.k_norm.data(), s.k.data(), n * c.n_kv_heads, D, c.rms_eps, nt);
   const float base = c.layer_rope_base(l), fs = c.layer_rope_scale(l);
-  const float* ff = rope_freqs.empty() ? nullptr : rope_freqs.data();
+  const float* ff = c.rope_freq_factors.empty() ? nullptr : c.rope_freq_factors.data();
   const bool neox = c.traits.rope_neox;
   rope(s.q.data(), n, c.n_heads, D, c.rope_dim, pos, base, fs, ff, neox, nt);
   rope(s.k.data(), n, c.n_kv_heads, D, c.rope_dim, pos, base, fs, ff, neox, nt);
