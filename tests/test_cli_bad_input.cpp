@@ -306,7 +306,8 @@ struct Fixtures {
   TempDir dir;
   std::string model, truncated_model, empty, folder, text, base, queries, queries_d5, gt, gt_bad, index,
       corrupt_index, truncated_fvecs, nan_fvecs, ivf_index, ivf_truncated, ivf_corrupt, ivf_version5,
-      ivf_rerank, ivf_rerank_truncated, ivf_rerank_corrupt, ivf_rerank_width, ivf_indep_width;
+      ivf_rerank, ivf_rerank_truncated, ivf_rerank_corrupt, ivf_rerank_width, ivf_indep_width, ivf_nan_centroid,
+      ivf_huge_centroid;
   Fixtures() {
     tq_test::TinyLlama c;
     c.n_vocab = 3 + 256;
@@ -396,6 +397,19 @@ struct Fixtures {
     v5[8] = 5;
     ivf_version5 = dir.path("ivf_version5.tqi");
     write(ivf_version5, v5.data(), v5.size());
+    // Centroid 1, component 2 (bytes 144 + 4 * (d + 2)) set to NaN and to 2.88e38 (finite, but
+    // above the 2^64 a search keeps finite), checksums valid.
+    for (const uint32_t bits : {0x7fc00000u, 0x7f58a8c0u}) {
+      auto vn = vb;
+      for (int i = 0; i < 4; ++i) vn[144 + 4 * (d + 2) + i] = static_cast<uint8_t>(bits >> (8 * i));
+      const uint64_t npay = tq::checksum64(vn.data() + 128, vn.size() - 128);
+      for (int i = 0; i < 8; ++i) vn[112 + i] = static_cast<uint8_t>(npay >> (8 * i));
+      const uint64_t nhdr = tq::checksum64(vn.data(), 120);
+      for (int i = 0; i < 8; ++i) vn[120 + i] = static_cast<uint8_t>(nhdr >> (8 * i));
+      std::string& path = bits == 0x7fc00000u ? ivf_nan_centroid : ivf_huge_centroid;
+      path = dir.path(bits == 0x7fc00000u ? "ivf_nan_centroid.tqi" : "ivf_huge_centroid.tqi");
+      write(path, vn.data(), vn.size());
+    }
     // IVF with an 8-bit refining second-stage code (version 4 file): whole, cut inside the
     // last record's second-stage code, a second-stage byte flipped, and the second stage's
     // width (the IVF section's last word, byte 140) set to 9 under valid checksums; and an
