@@ -565,6 +565,47 @@ TEST(CliBadInput, PerplexityKldBuckets) {
   EXPECT_NEAR(sum / 31.0, j["kld_mean"].get<double>(), 1e-9 + 1e-9 * j["kld_mean"].get<double>());
 }
 
+// Progress when stderr is not a terminal (here a file, TQ_PROGRESS unset): plain lines with
+// elapsed time and ETA, the last one "100% ... done", for perplexity and for each calibrate
+// pass (the -c pass and the --long-ctx one); no carriage returns. TQ_PROGRESS=0: nothing;
+// TQ_PROGRESS=1: the bar (redrawn with \r).
+TEST(CliBadInput, ProgressLinesWhenStderrIsNotATerminal) {
+  Fixtures fx;
+  const std::vector<std::string> ppl = {"perplexity", "-m", fx.model, "-f", fx.text, "-t", "1", "-c", "64",
+                                        "--chunks", "1", "--json"};
+  const std::vector<std::string> cal = {"calibrate", "-m", fx.model, "-f", fx.text, "-t", "1", "--bits", "6",
+                                        "-c", "32", "--chunks", "1", "--probe-k", "tq4n8", "--probe-v", "tq4n8",
+                                        "--long-ctx", "64", "--long-probes", "growing", "-o", fx.dir.path("p.kv")};
+  const std::regex line(R"(^([a-z0-9 ]+): (\d+)% \((\d+)/(\d+)\), [0-9.hms]+ elapsed, (ETA [0-9.hms?]+|done)$)");
+  auto labels_done = [&](const std::string& err) {
+    std::vector<std::string> done;  // labels whose last line is 100%, in order
+    std::string last_label;
+    std::istringstream in(err);
+    for (std::string l; std::getline(in, l);) {
+      std::smatch m;
+      if (!std::regex_match(l, m, line)) continue;
+      const bool full = m[3] == m[4];
+      EXPECT_EQ(full, m[2] == "100") << l;
+      EXPECT_EQ(full, m[5] == "done") << l;
+      if (full) done.push_back(m[1]);
+    }
+    return done;
+  };
+  for (const auto& [args, want] : {std::pair{ppl, std::vector<std::string>{"perplexity"}},
+                                   std::pair{cal, std::vector<std::string>{"calibrate", "calibrate c64"}}}) {
+    const RunResult r = run_tq(args, "", nullptr);
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(r.err.find('\r'), std::string::npos) << r.err;
+    EXPECT_EQ(labels_done(r.err), want) << r.err;
+    const RunResult off = run_tq(args, "", "0");
+    ASSERT_EQ(off.status, 0) << off.err;
+    EXPECT_TRUE(labels_done(off.err).empty()) << off.err;
+    const RunResult bar = run_tq(args, "", "1");
+    ASSERT_EQ(bar.status, 0) << bar.err;
+    EXPECT_NE(bar.err.find('\r'), std::string::npos) << bar.err;
+  }
+}
+
 // bench model: an entry with a space is a whole sweep label, echoed in the JSON rows.
 TEST(CliBadInput, BenchModelTakesLabels) {
   Fixtures fx;

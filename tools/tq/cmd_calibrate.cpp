@@ -355,11 +355,9 @@ void setup(CLI::App& app) {
       TQ_CHECK(tokens.size() >= static_cast<size_t>(max_ctx),
                "calibration text '%s' has %zu tokens, fewer than one window of %d (%s)", file->c_str(), tokens.size(),
                max_ctx, longs.empty() ? "-c" : "--long-ctx");
-      std::unique_ptr<tq::cli::Progress> pb;
-      std::string pb_name = "calibrate";
+      std::unique_ptr<tq::cli::Progress> pb;  // one per measuring pass (ctx), made as it starts
       co.progress = [&](size_t d, size_t t) {
-        if (!pb) pb = std::make_unique<tq::cli::Progress>(pb_name.c_str(), t);
-        pb->update(d);
+        if (pb) pb->update(d, t);
       };
       co.stop = [] { return g_interrupted != 0; };
       g_interrupted = 0;
@@ -378,8 +376,7 @@ void setup(CLI::App& app) {
         const bool is_long = ctxs[i] != co.n_ctx;
         if (is_long) ci.n_chunks = *long_chunks;
         if (is_long && *long_probes == "growing") ci.probe_layers = tq::calib_layers_growing(mc, co.n_ctx, ctxs[i]);
-        pb.reset();
-        pb_name = !is_long ? "calibrate" : "calibrate c" + std::to_string(ctxs[i]);
+        pb = std::make_unique<tq::cli::Progress>(!is_long ? "calibrate" : "calibrate c" + std::to_string(ctxs[i]));
         tq::CalibSensitivity one;
         try {
           one = tq::calibrate_measure(L->model, tokens, ci);
@@ -387,7 +384,7 @@ void setup(CLI::App& app) {
           sigaction(SIGINT, &old, nullptr);
           throw;
         }
-        if (pb) pb->finish();
+        pb->finish();
         stopped = !one.complete();
         if (stopped)
           stop_at = "ctx " + std::to_string(ctxs[i]) + " (" + std::to_string(one.windows) + " of " +

@@ -59,13 +59,10 @@ void setup(CLI::App& app) {
       for (const std::string& one : tq::cli::split_configs(*sweep, ';'))
         configs.push_back(tq::cli::label_options(one, *o));
     }
-    std::unique_ptr<tq::cli::Progress> pb;
-    po.progress = [&](size_t d, size_t t) {
-      if (!pb) pb = std::make_unique<tq::cli::Progress>("perplexity", t);
-      pb->update(d);
-    };
+    tq::cli::Progress pb("perplexity");
+    po.progress = [&](size_t d, size_t t) { pb.update(d, t); };
     const auto results = tq::perplexity_multi(L->model, tokens, po, configs);
-    if (pb) pb->finish();
+    pb.finish();
     nlohmann::json all = nlohmann::json::array();
     for (size_t c = 0; c < configs.size(); ++c) {
       const tq::PerplexityResult& r = results[c];
