@@ -120,6 +120,14 @@ tq::CalibSensitivity read_sens(const std::string& path, std::string* file, std::
 }
 
 // "a,b,c": a default type list as --help shows it.
+// The allocation within `bits` from what was measured: calibrate_allocate for one context's
+// sensitivities, calibrate_allocate_multi for several (every place that allocates asks here).
+tq::CalibAllocation allocate(const tq::LlamaConfig& mc, const std::vector<tq::CalibSensitivity>& svs, double bits,
+                             int n_ctx, uint64_t seed) {
+  return svs.size() == 1 ? tq::calibrate_allocate(mc, svs[0], bits, n_ctx, seed)
+                         : tq::calibrate_allocate_multi(mc, svs, bits, n_ctx, seed);
+}
+
 std::string comma_list(const std::vector<std::string>& items) {
   std::string x;
   for (const std::string& t : items) x += (x.empty() ? "" : ",") + t;
@@ -403,8 +411,7 @@ void setup(CLI::App& app) {
           write_json_file(ps, sens_json(svs[i], model, text_name));
           names += (names.empty() ? "" : " --sens ") + ps;
         }
-        const tq::CalibAllocation a = svs.size() == 1 ? tq::calibrate_allocate(mc, svs[0], *bits, co.n_ctx, co.seed)
-                                                      : tq::calibrate_allocate_multi(mc, svs, *bits, co.n_ctx, co.seed);
+        const tq::CalibAllocation a = allocate(mc, svs, *bits, co.n_ctx, co.seed);
         tq::write_kv_config_file(part, {"PARTIAL: interrupted during the calibration at " + stop_at,
                                         "  " + command_line()},
                                  a.alloc.label);
@@ -427,8 +434,7 @@ void setup(CLI::App& app) {
       for (auto& x : svs) x.protect = *protect;
     }
     const tq::CalibSensitivity& sv = svs[0];
-    const tq::CalibAllocation a = svs.size() == 1 ? tq::calibrate_allocate(mc, sv, *bits, o->ctx, co.seed)
-                                                  : tq::calibrate_allocate_multi(mc, svs, *bits, o->ctx, co.seed);
+    const tq::CalibAllocation a = allocate(mc, svs, *bits, o->ctx, co.seed);
     char line[512];
     std::vector<std::string> comments;
     std::snprintf(line, sizeof line, "%s: %d layers x %d KV heads of %d dims; per-KV-head cache types at <= %g bits",
