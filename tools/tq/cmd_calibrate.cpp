@@ -119,7 +119,6 @@ tq::CalibSensitivity read_sens(const std::string& path, std::string* file, std::
   return s;
 }
 
-// "a,b,c": a default type list as --help shows it.
 // The allocation within `bits` from what was measured: calibrate_allocate for one context's
 // sensitivities, calibrate_allocate_multi for several (every place that allocates asks here).
 tq::CalibAllocation allocate(const tq::LlamaConfig& mc, const std::vector<tq::CalibSensitivity>& svs, double bits,
@@ -128,6 +127,7 @@ tq::CalibAllocation allocate(const tq::LlamaConfig& mc, const std::vector<tq::Ca
                          : tq::calibrate_allocate_multi(mc, svs, bits, n_ctx, seed);
 }
 
+// "a,b,c": a default type list as --help shows it.
 std::string comma_list(const std::vector<std::string>& items) {
   std::string x;
   for (const std::string& t : items) x += (x.empty() ? "" : ",") + t;
