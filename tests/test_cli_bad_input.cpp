@@ -675,6 +675,29 @@ TEST(CliBadInput, BenchModelTakesLabels) {
   EXPECT_NE(r.out.find("\"kv\": \"k=f16 v=f16 window=8\""), std::string::npos) << r.out;
 }
 
+// bench model's prompt starts with the BOS exactly when the model asks for one (add_bos), as
+// the prompts of perplexity and generate do: "prompt_bos" in the JSON, and the tokenizer's
+// first id agrees.
+TEST(CliBadInput, BenchModelPromptHasTheModelsBos) {
+  Fixtures fx;
+  tq::GgufWriter w = Fixtures::tiny_model(7);
+  w.set_bool("tokenizer.ggml.add_bos_token", true);
+  const std::string with_bos = fx.dir.path("bos.gguf");
+  w.write(with_bos);
+  for (const std::string& model : {fx.model, with_bos}) {
+    const RunResult tk = run_tq({"tokenize", "-m", model, "-p", "hello", "--ids", "--json"});
+    ASSERT_EQ(tk.status, 0) << tk.err;
+    const auto tj = nlohmann::json::parse(tk.out);
+    const bool wants = model == with_bos;
+    ASSERT_TRUE(tj.contains("ids")) << tk.out;
+    EXPECT_EQ(tj["ids"][0] == 1, wants) << tk.out;  // BOS id 1 in the fixture
+    const RunResult r = run_tq({"bench", "model", "-m", model, "-f", fx.text, "-t", "1", "--contexts", "32",
+                                "--decode", "1", "--caches", "f16", "--json"});
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(nlohmann::json::parse(r.out)["prompt_bos"], wants) << r.out;
+  }
+}
+
 
 // Every model command's JSON names OpenBLAS's kernel set (float summation, so a result's last
 // digits, and prefill speed depend on it): a user's OPENBLAS_CORETYPE is kept as given. The

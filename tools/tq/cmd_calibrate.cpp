@@ -428,7 +428,7 @@ void setup(CLI::App& app) {
         TQ_CHECK(lb <= *bits, "--bits %g is below the cheapest candidates: %.4f bits per value, everything counted "
                  "at ctx %d", *bits, lb, c);
       }
-      const std::vector<int32_t> tokens = L->tok.encode_with_bos(text);
+      const std::vector<int32_t> tokens = tq::cli::model_tokens(*L, text);
       const int max_ctx = longs.empty() ? co.n_ctx : *std::max_element(longs.begin(), longs.end());
       TQ_CHECK(tokens.size() >= static_cast<size_t>(max_ctx),
                "calibration text '%s' has %zu tokens, fewer than one window of %d (%s)", file->c_str(), tokens.size(),

@@ -43,7 +43,7 @@ void setup(CLI::App& app) {
              *kld_buckets, o->ctx - 1 - o->ctx / 2);
     auto L = tq::cli::load_model(*o);
     const std::string text = tq::read_text_file(*file);
-    const std::vector<int32_t> tokens = L->tok.encode_with_bos(text);
+    const std::vector<int32_t> tokens = tq::cli::model_tokens(*L, text);
     tq::PerplexityOptions po;
     po.n_ctx = o->ctx;
     po.n_chunks = *chunks;
