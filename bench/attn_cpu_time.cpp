@@ -3,9 +3,10 @@
 // whatever else runs (at 1 thread; at 2, spinning waits count too). Gemma 3 270M's shape: head
 // dim 256, 4 query heads over 1 KV head; synthetic keys (Gaussian, every 37th channel x8) and
 // values, appended in batches of 1024; the queries at the last positions.
-// Build against a library (any build tree's libturboquant.so), e.g.
-//   g++ -std=c++20 -O2 -fopenmp -Iinclude bench/attn_cpu_time.cpp -o /tmp/attn_cpu_time \
-//       -Lbuild -lturboquant -Wl,-rpath,$PWD/build
+// Built by CMake (TQ_BUILD_BENCH) as build/attn_cpu_time, linked to that build tree's
+// libturboquant.so; bench/attn_cpu_ab.sh compiles this same source against two trees' libraries
+// (so both sides run one harness) with g++ -std=c++20 -O2 -fopenmp -Iinclude, -L and -rpath to
+// each tree, -lturboquant.
 // Usage: attn_cpu_time SPEC CONTEXT QUERIES STEPS KERNEL THREADS SLIDING_WINDOW [FLUSH_MB]
 //   e.g. attn_cpu_time "k=tq4h6n8 v=tq3h6n8 sink=1 center=k,rope,512 scale-k" 16384 128 7 lut8 1 512
 // FLUSH_MB > 0: before every timed call, read a buffer of that many MB (untimed), so the

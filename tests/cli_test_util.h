@@ -27,8 +27,10 @@ struct RunResult {
 };
 
 // Runs `tq args...` (no shell: arguments passed verbatim) in cwd (or the current directory),
-// stdin from /dev/null, progress bars off, stdout and stderr captured through temp files.
-inline RunResult run_tq(const std::vector<std::string>& args, const std::string& cwd = "") {
+// stdin from /dev/null, TQ_PROGRESS=progress (default "0": no progress output; nullptr: unset,
+// so tq picks by stderr, here a file), stdout and stderr captured through temp files.
+inline RunResult run_tq(const std::vector<std::string>& args, const std::string& cwd = "",
+                        const char* progress = "0") {
   static int counter = 0;
   const std::string base = (std::filesystem::temp_directory_path() /
                             ("tq_cli_run_" + std::to_string(::getpid()) + "_" + std::to_string(counter++)))
@@ -49,7 +51,8 @@ inline RunResult run_tq(const std::vector<std::string>& args, const std::string&
     const int in = ::open("/dev/null", O_RDONLY);
     if (in >= 0) ::dup2(in, 0);
     if (!cwd.empty() && ::chdir(cwd.c_str()) != 0) ::_exit(127);
-    ::setenv("TQ_PROGRESS", "0", 1);
+    if (progress) ::setenv("TQ_PROGRESS", progress, 1);
+    else ::unsetenv("TQ_PROGRESS");
     ::execv(argv[0], argv.data());
     ::_exit(127);
   }

@@ -306,11 +306,13 @@ struct Fixtures {
   TempDir dir;
   std::string model, truncated_model, empty, folder, text, base, queries, queries_d5, gt, gt_bad, index,
       corrupt_index, truncated_fvecs, nan_fvecs, ivf_index, ivf_truncated, ivf_corrupt, ivf_version5,
-      ivf_rerank, ivf_rerank_truncated, ivf_rerank_corrupt, ivf_rerank_width, ivf_indep_width;
-  Fixtures() {
+      ivf_rerank, ivf_rerank_truncated, ivf_rerank_corrupt, ivf_rerank_width, ivf_indep_width, ivf_nan_centroid,
+      ivf_huge_centroid;
+  // The fixture model (weights from `seed`): a tiny llama with a byte-level tokenizer.
+  static tq::GgufWriter tiny_model(uint64_t seed) {
     tq_test::TinyLlama c;
     c.n_vocab = 3 + 256;
-    tq::GgufWriter w = tq_test::tiny_llama_gguf(c, tq::GgmlType::F16, 7);
+    tq::GgufWriter w = tq_test::tiny_llama_gguf(c, tq::GgmlType::F16, seed);
     std::vector<std::string> toks = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
     std::vector<int32_t> types = {3, 3, 3};
     for (int b = 0; b < 256; ++b) {
@@ -324,6 +326,10 @@ struct Fixtures {
     w.set_str_array("tokenizer.ggml.merges", {});
     w.set_u32("tokenizer.ggml.bos_token_id", 1);
     w.set_u32("tokenizer.ggml.eos_token_id", 2);
+    return w;
+  }
+  Fixtures() {
+    tq::GgufWriter w = tiny_model(7);
     model = dir.path("tiny.gguf");
     w.write(model);
     const auto bytes = w.bytes();
@@ -344,6 +350,10 @@ struct Fixtures {
     write_sens("sens_c32_other_types.json", 32, 2, "tq3n8", "tiny.gguf");
     write_sens("sens_c32_3_layers.json", 32, 3, "tq4n8", "tiny.gguf");
     write_sens("sens_c32_other_model.json", 32, 2, "tq4n8", "other.gguf");
+    // Of a model with the fixture's name and shape but other weights (its model_id says so).
+    write_sens("sens_c32_other_id.json", 32, 2, "tq4n8", "tiny.gguf",
+               {{"arch", "llama"}, {"n_layers", 2}, {"n_kv_heads", 2}, {"head_dim", 16}, {"file_bytes", 54321},
+                {"tensors_xxh3", "0123456789abcdef"}});
 
     const size_t n = 64, d = 8, nq = 4;
     tq::Rng r(3);
@@ -396,6 +406,19 @@ struct Fixtures {
     v5[8] = 5;
     ivf_version5 = dir.path("ivf_version5.tqi");
     write(ivf_version5, v5.data(), v5.size());
+    // Centroid 1, component 2 (bytes 144 + 4 * (d + 2)) set to NaN and to 2.88e38 (finite, but
+    // above the 2^64 a search keeps finite), checksums valid.
+    for (const uint32_t bits : {0x7fc00000u, 0x7f58a8c0u}) {
+      auto vn = vb;
+      for (int i = 0; i < 4; ++i) vn[144 + 4 * (d + 2) + i] = static_cast<uint8_t>(bits >> (8 * i));
+      const uint64_t npay = tq::checksum64(vn.data() + 128, vn.size() - 128);
+      for (int i = 0; i < 8; ++i) vn[112 + i] = static_cast<uint8_t>(npay >> (8 * i));
+      const uint64_t nhdr = tq::checksum64(vn.data(), 120);
+      for (int i = 0; i < 8; ++i) vn[120 + i] = static_cast<uint8_t>(nhdr >> (8 * i));
+      std::string& path = bits == 0x7fc00000u ? ivf_nan_centroid : ivf_huge_centroid;
+      path = dir.path(bits == 0x7fc00000u ? "ivf_nan_centroid.tqi" : "ivf_huge_centroid.tqi");
+      write(path, vn.data(), vn.size());
+    }
     // IVF with an 8-bit refining second-stage code (version 4 file): whole, cut inside the
     // last record's second-stage code, a second-stage byte flipped, and the second stage's
     // width (the IVF section's last word, byte 140) set to 9 under valid checksums; and an
@@ -444,9 +467,11 @@ struct Fixtures {
     nan_fvecs = dir.path("nan.fvecs");
     write(nan_fvecs, fb.data(), fb.size());
   }
-  void write_sens(const std::string& name, int ctx, int n_layers, const std::string& k_type, const std::string& model_file) {
+  // Without model_id unless one is given (as files of earlier builds).
+  void write_sens(const std::string& name, int ctx, int n_layers, const std::string& k_type, const std::string& model_file,
+                  const nlohmann::json& model_id = nullptr) {
     const size_t n = static_cast<size_t>(n_layers) * 2;  // 2 KV heads of 16 dims, as the fixture model
-    const nlohmann::json j = {{"format", "tq-calibrate-sensitivity-1"}, {"model", model_file}, {"file", "text.txt"},
+    nlohmann::json j = {{"format", "tq-calibrate-sensitivity-1"}, {"model", model_file}, {"file", "text.txt"},
                               {"n_layers", n_layers}, {"n_kv_heads", 2}, {"head_dim", 16}, {"ctx", ctx},
                               {"windows", 1}, {"windows_requested", 1}, {"scored_tokens", ctx / 2 - 1},
                               {"probe_k", "tq4n8"}, {"probe_v", "tq4n8"}, {"protect", "ks"}, {"ppl_f16", 100.0},
@@ -454,6 +479,7 @@ struct Fixtures {
                               {"sens_v", std::vector<double>(n, 0.01)},
                               {"types_k", {{{"type", k_type}, {"kld", 0.1}}}},
                               {"types_v", {{{"type", "tq4n8"}, {"kld", 0.1}}}}};
+    if (!model_id.is_null()) j["model_id"] = model_id;
     write(dir.path(name), j.dump(1));
   }
   static void write(const std::string& p, const std::string& text) { write(p, text.data(), text.size()); }
@@ -534,6 +560,53 @@ TEST(CliBadInput, CalibrateSensWithLongCtxEqualsOneRun) {
 
 // perplexity --kld-buckets: the buckets cover the scored positions, and their means, weighted
 // by their sizes, give kld_mean.
+
+// --save-sens records the model's identity (model_id: architecture, shape, file size, a hash of
+// the tensors); --sens checks it against -m whenever given: the same model loads, also renamed;
+// a model of the same name and shape with other weights is refused, naming both. Files without
+// model_id (earlier builds) load as before: no check when only allocating.
+TEST(CliBadInput, CalibrateSensChecksTheModelId) {
+  Fixtures fx;
+  const std::string saved = fx.dir.path("saved.json");
+  const RunResult m = run_tq({"calibrate", "-m", fx.model, "-f", fx.text, "-t", "1", "--bits", "6", "-c", "32",
+                              "--chunks", "1", "--probe-k", "tq4n8", "--probe-v", "tq4n8", "--save-sens", saved, "-o",
+                              fx.dir.path("m.kv")});
+  ASSERT_EQ(m.status, 0) << m.err;
+  nlohmann::json j = nlohmann::json::parse(tq_test::slurp_text(saved));
+  ASSERT_TRUE(j.contains("model_id")) << j.dump();
+  EXPECT_EQ(j["model_id"]["arch"], "llama");
+  EXPECT_EQ(j["model_id"]["n_layers"], 2);
+  EXPECT_EQ(j["model_id"]["file_bytes"], std::filesystem::file_size(fx.model));
+  EXPECT_EQ(j["model_id"]["tensors_xxh3"].get<std::string>().size(), 16u);
+  // Renamed: the same model.
+  const std::string renamed = fx.dir.path("renamed.gguf");
+  std::filesystem::copy_file(fx.model, renamed);
+  // Same name, shape and tokenizer, other weights.
+  const std::string other_dir = fx.dir.path("other");
+  std::filesystem::create_directory(other_dir);
+  const std::string other = other_dir + "/tiny.gguf";
+  Fixtures::tiny_model(8).write(other);
+  ASSERT_EQ(std::filesystem::file_size(other), std::filesystem::file_size(fx.model));
+  auto alloc = [&](const std::string& model, const std::string& sens) {
+    return run_tq({"calibrate", "-m", model, "--bits", "6", "--sens", sens, "-o", fx.dir.path("a.kv")});
+  };
+  for (const std::string& model : {fx.model, renamed}) {
+    const RunResult r = alloc(model, saved);
+    EXPECT_EQ(r.status, 0) << model << ": " << r.err;
+  }
+  const RunResult bad = alloc(other, saved);
+  EXPECT_TRUE(tq_test::failed_cleanly(bad)) << bad.err;
+  EXPECT_NE(bad.err.find("was measured on another model: '" + fx.model + "'"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("not '" + other + "'"), std::string::npos) << bad.err;
+  // The same file without model_id, as earlier builds wrote it: loads, with any model of the shape.
+  j.erase("model_id");
+  const std::string legacy = fx.dir.path("legacy.json");
+  Fixtures::write(legacy, j.dump(1));
+  for (const std::string& model : {fx.model, other}) {
+    const RunResult r = alloc(model, legacy);
+    EXPECT_EQ(r.status, 0) << model << ": " << r.err;
+  }
+}
 TEST(CliBadInput, PerplexityKldBuckets) {
   Fixtures fx;
   const auto j = fixture_perplexity(fx, {"--compare", "f16", "-ctk", "tq3", "--kld-buckets", "3"});
@@ -551,6 +624,47 @@ TEST(CliBadInput, PerplexityKldBuckets) {
   EXPECT_NEAR(sum / 31.0, j["kld_mean"].get<double>(), 1e-9 + 1e-9 * j["kld_mean"].get<double>());
 }
 
+// Progress when stderr is not a terminal (here a file, TQ_PROGRESS unset): plain lines with
+// elapsed time and ETA, the last one "100% ... done", for perplexity and for each calibrate
+// pass (the -c pass and the --long-ctx one); no carriage returns. TQ_PROGRESS=0: nothing;
+// TQ_PROGRESS=1: the bar (redrawn with \r).
+TEST(CliBadInput, ProgressLinesWhenStderrIsNotATerminal) {
+  Fixtures fx;
+  const std::vector<std::string> ppl = {"perplexity", "-m", fx.model, "-f", fx.text, "-t", "1", "-c", "64",
+                                        "--chunks", "1", "--json"};
+  const std::vector<std::string> cal = {"calibrate", "-m", fx.model, "-f", fx.text, "-t", "1", "--bits", "6",
+                                        "-c", "32", "--chunks", "1", "--probe-k", "tq4n8", "--probe-v", "tq4n8",
+                                        "--long-ctx", "64", "--long-probes", "growing", "-o", fx.dir.path("p.kv")};
+  const std::regex line(R"(^([a-z0-9 ]+): (\d+)% \((\d+)/(\d+)\), [0-9.hms]+ elapsed, (ETA [0-9.hms?]+|done)$)");
+  auto labels_done = [&](const std::string& err) {
+    std::vector<std::string> done;  // labels whose last line is 100%, in order
+    std::string last_label;
+    std::istringstream in(err);
+    for (std::string l; std::getline(in, l);) {
+      std::smatch m;
+      if (!std::regex_match(l, m, line)) continue;
+      const bool full = m[3] == m[4];
+      EXPECT_EQ(full, m[2] == "100") << l;
+      EXPECT_EQ(full, m[5] == "done") << l;
+      if (full) done.push_back(m[1]);
+    }
+    return done;
+  };
+  for (const auto& [args, want] : {std::pair{ppl, std::vector<std::string>{"perplexity"}},
+                                   std::pair{cal, std::vector<std::string>{"calibrate", "calibrate c64"}}}) {
+    const RunResult r = run_tq(args, "", nullptr);
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(r.err.find('\r'), std::string::npos) << r.err;
+    EXPECT_EQ(labels_done(r.err), want) << r.err;
+    const RunResult off = run_tq(args, "", "0");
+    ASSERT_EQ(off.status, 0) << off.err;
+    EXPECT_TRUE(labels_done(off.err).empty()) << off.err;
+    const RunResult bar = run_tq(args, "", "1");
+    ASSERT_EQ(bar.status, 0) << bar.err;
+    EXPECT_NE(bar.err.find('\r'), std::string::npos) << bar.err;
+  }
+}
+
 // bench model: an entry with a space is a whole sweep label, echoed in the JSON rows.
 TEST(CliBadInput, BenchModelTakesLabels) {
   Fixtures fx;
@@ -559,6 +673,29 @@ TEST(CliBadInput, BenchModelTakesLabels) {
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("\"kv\": \"k=tq3 v=tq4 sink=1 center=k scale-k\""), std::string::npos) << r.out;  // no w8: label's own flags
   EXPECT_NE(r.out.find("\"kv\": \"k=f16 v=f16 window=8\""), std::string::npos) << r.out;
+}
+
+// bench model's prompt starts with the BOS exactly when the model asks for one (add_bos), as
+// the prompts of perplexity and generate do: "prompt_bos" in the JSON, and the tokenizer's
+// first id agrees.
+TEST(CliBadInput, BenchModelPromptHasTheModelsBos) {
+  Fixtures fx;
+  tq::GgufWriter w = Fixtures::tiny_model(7);
+  w.set_bool("tokenizer.ggml.add_bos_token", true);
+  const std::string with_bos = fx.dir.path("bos.gguf");
+  w.write(with_bos);
+  for (const std::string& model : {fx.model, with_bos}) {
+    const RunResult tk = run_tq({"tokenize", "-m", model, "-p", "hello", "--ids", "--json"});
+    ASSERT_EQ(tk.status, 0) << tk.err;
+    const auto tj = nlohmann::json::parse(tk.out);
+    const bool wants = model == with_bos;
+    ASSERT_TRUE(tj.contains("ids")) << tk.out;
+    EXPECT_EQ(tj["ids"][0] == 1, wants) << tk.out;  // BOS id 1 in the fixture
+    const RunResult r = run_tq({"bench", "model", "-m", model, "-f", fx.text, "-t", "1", "--contexts", "32",
+                                "--decode", "1", "--caches", "f16", "--json"});
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(nlohmann::json::parse(r.out)["prompt_bos"], wants) << r.out;
+  }
 }
 
 

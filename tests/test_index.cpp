@@ -970,6 +970,104 @@ TEST(Ivf, TruncatedAndCorruptedFilesRejected) {
   expect_msg(f, "second-stage code width 0");
 }
 
+// Stored floats a search would turn into garbage fail at load, naming the field: non-finite
+// ones, and finite ones above 2^64 (sqrt(FLT_MAX); for centroids, the center and kept vectors
+// their norm), which made a query's lookup table inf - inf = NaN (the fuzz seed
+// fuzz/corpus/fuzz_index/regress_nan_lut, a centroid component of 2.9e38). Values just below
+// the bound load.
+TEST(IndexFile, NonFiniteOrExtremeStoredFloatsRejectedNamingTheField) {
+  TempDir t;
+  const int d = 12;
+  const size_t L = 5;
+  auto x = make_data(100, d, 83);
+  auto c = ivf_cfg(d, 2, tq::Metric::l2, static_cast<int>(L));
+  c.keep_vectors = true;
+  c.norm = tq::NormFormat::f32;
+  tq::Index idx(c);
+  idx.add(100, x.data());
+  idx.save(t.path("v.tqi"));
+  const auto b = slurp(t.path("v.tqi"));
+  auto f32bits = [](float v) { uint32_t u; std::memcpy(&u, &v, 4); return u; };
+  auto expect_msg = [](std::vector<uint8_t> f, const std::string& needle) {
+    fix_payload_checksum(f);
+    try {
+      tq::Index::from_bytes(f.data(), f.size(), "x.tqi");
+      ADD_FAILURE() << "accepted; expected " << needle;
+    } catch (const tq::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
+    }
+  };
+  auto expect_loads = [](std::vector<uint8_t> f) {
+    fix_payload_checksum(f);
+    EXPECT_NO_THROW(tq::Index::from_bytes(f.data(), f.size(), "x.tqi"));
+  };
+  const size_t cent = 128 + 16;                         // centroid 0, component 0
+  const size_t rec0 = cent + L * d * 4 + L * 8;         // record 0: [scale f32][norm f32][codes]
+  uint64_t vec0 = 0;                                    // kept vector 0 (header bytes 88..95)
+  for (int i = 0; i < 8; ++i) vec0 |= static_cast<uint64_t>(b[88 + i]) << (8 * i);
+  const float inf = std::numeric_limits<float>::infinity();
+  struct Case {
+    size_t at;
+    float v;
+    const char* needle;
+  };
+  const Case bad[] = {
+      {cent + 4 * (2 * d + 3), inf, "IVF centroid 2, component 3 is not finite"},
+      {cent + 4 * (2 * d + 3), 2.88e38f, "IVF centroid 2 has norm 2.88e+38, above the 2^64"},
+      {rec0, std::nanf(""), "vector 0 has a non-finite scale"},
+      {rec0, 3e38f, "vector 0 has scale 3e+38, above the 2^64"},
+      {rec0 + 4, -inf, "vector 0 has a bad norm"},
+      {rec0 + 4, 1e20f, "vector 0 has norm 1e+20, above the 2^64"},
+      {vec0 + 4 * 5, std::nanf(""), "kept vector 0 is not finite"},
+      {vec0 + 4 * 5, 1e25f, "kept vector 0 has norm 1e+25, above the 2^64"},
+  };
+  for (const Case& k : bad) {
+    auto f = b;
+    st32(f.data() + k.at, f32bits(k.v));
+    expect_msg(f, k.needle);
+  }
+  // Just below the bound: loads (a search on such values is the caller's range).
+  for (size_t at : {cent + 4 * (2 * d + 3), rec0, rec0 + 4, vec0 + 4 * 5}) {
+    auto f = b;
+    st32(f.data() + at, f32bits(1e19f));
+    expect_loads(f);
+  }
+  // The center of a flat index with the center option.
+  auto fc = cfg_of(d, 4, tq::Metric::ip);
+  fc.center = true;
+  tq::Index flat(fc);
+  flat.add(100, x.data());
+  flat.save(t.path("c.tqi"));
+  const auto cb = slurp(t.path("c.tqi"));
+  auto f = cb;
+  st32(f.data() + 128 + 4 * 7, f32bits(inf));
+  expect_msg(f, "center component 7 is not finite");
+  f = cb;
+  st32(f.data() + 128 + 4 * 7, f32bits(-1e30f));
+  expect_msg(f, "center has norm 1e+30, above the 2^64");
+  // The fuzz seed: byte 0 is the target's mode (bit 0: the checksums are recomputed).
+  const auto seed = slurp(std::string(TQ_SOURCE_DIR) + "/fuzz/corpus/fuzz_index/regress_nan_lut");
+  ASSERT_GT(seed.size(), 129u);
+  ASSERT_EQ(seed[0] & 1, 1);
+  expect_msg(std::vector<uint8_t>(seed.begin() + 1, seed.end()), "IVF centroid");
+  // Vectors of norm 1e18 (below the bound) round-trip and search with finite scores.
+  auto big = x;
+  for (float& v : big) v *= 1e17f;
+  tq::Index bi(c);
+  bi.add(100, big.data());
+  bi.save(t.path("big.tqi"));
+  const tq::Index back = tq::Index::load(t.path("big.tqi"));
+  tq::SearchParams p;
+  p.k = 5;
+  p.nprobe = static_cast<int>(L);
+  std::vector<float> s(5);
+  std::vector<int64_t> ids(5);
+  back.search(1, big.data(), p, s.data(), ids.data());
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(std::isfinite(s[i])) << s[i];
+  EXPECT_EQ(ids[0], 0);
+}
+
 // ---------------------------------------------------------------------------------------
 // IVF second-stage re-rank code (IndexConfig::rerank_bits)
 

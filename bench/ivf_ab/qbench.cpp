@@ -1,8 +1,7 @@
-// A/B helper for IVF search changes (not built by CMake): loads an index file, searches all
-// queries `reps` times, prints R10@10 and the best run's queries/s. Linked against one build's
-// shared library, so two copies of the library can be compared alternately:
-//   g++ -O2 -std=c++20 -Iinclude bench/ivf_ab/qbench.cpp -o /tmp/qbench \
-//       -Wl,-rpath,$PWD/build build/libturboquant.so -fopenmp
+// A/B helper for IVF search changes: loads an index file, searches all queries `reps` times,
+// prints R10@10 and the best run's queries/s. Built by CMake (TQ_BUILD_BENCH) as build/qbench,
+// linked to that build tree's shared library, so the qbench of two build trees compare their
+// libraries alternately (tests/test_bench_helpers.py runs it).
 // Usage: qbench INDEX QUERIES GT NPROBE RERANK THREADS REPS
 #include <chrono>
 #include <cstdio>
@@ -12,6 +11,10 @@
 #include "tq/index.h"
 #include "tq/vecs.h"
 int main(int argc, char** argv) {
+  if (argc != 8) {
+    std::fprintf(stderr, "usage: %s INDEX QUERIES GT NPROBE RERANK THREADS REPS\n", argv[0]);
+    return 2;
+  }
   auto ix = tq::Index::load(argv[1]);
   auto q = tq::read_vectors(argv[2]);
   auto gt = tq::read_ivecs(argv[3]);

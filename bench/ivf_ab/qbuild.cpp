@@ -1,8 +1,7 @@
-// A/B helper for IVF build changes (not built by CMake): times one add() of the first N
-// vectors into a cosine 4-bit IVF index with a 4-bit refining second stage (as the 1M bench),
-// optionally saving it (to compare files across builds and thread counts):
-//   g++ -O2 -std=c++20 -Iinclude bench/ivf_ab/qbuild.cpp -o /tmp/qbuild \
-//       -Wl,-rpath,$PWD/build build/libturboquant.so -fopenmp
+// A/B helper for IVF build changes: times one add() of the first N vectors into a cosine 4-bit
+// IVF index with a 4-bit refining second stage (as the 1M bench), optionally saving it (to
+// compare files across builds and thread counts). Built by CMake (TQ_BUILD_BENCH) as
+// build/qbuild, linked to that build tree's shared library (tests/test_bench_helpers.py runs it).
 // Usage: qbuild BASE N NLIST KMEANS_ITERS THREADS [OUT.tqi]
 #include <chrono>
 #include <cstdio>
@@ -11,6 +10,10 @@
 #include "tq/index.h"
 #include "tq/vecs.h"
 int main(int argc, char** argv) {
+  if (argc != 6 && argc != 7) {
+    std::fprintf(stderr, "usage: %s BASE N NLIST KMEANS_ITERS THREADS [OUT.tqi]\n", argv[0]);
+    return 2;
+  }
   auto x = tq::read_vectors(argv[1], atol(argv[2]));
   tq::IndexConfig c; c.dim = x.d; c.bits = 4; c.metric = tq::Metric::cosine; c.nlist = atoi(argv[3]);
   c.rerank_bits = 4; c.rerank_refine = true; c.kmeans_iters = atoi(argv[4]);

@@ -175,7 +175,9 @@ class Index {
   std::string describe_search(const SearchParams& p) const;
 
   // Persistence (see docs/design.md "File format"): atomic save; load validates
-  // every field and the xxHash checksum before building anything.
+  // every field and the xxHash checksum before building anything, then every stored float
+  // (finite; scales and norms, and the norms of centroids, center and kept vectors, <= 2^64):
+  // tq::Error naming the field otherwise.
   void save(const std::string& path) const;
   static Index load(const std::string& path);
   static Index from_bytes(const uint8_t* data, size_t size, const std::string& name);

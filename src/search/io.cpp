@@ -25,7 +25,13 @@
 // Load checks, in order, before allocating or building anything: size >= 128, magic,
 // version, header size, header checksum, every enum/parameter, count <= 2^32 - 1, each
 // section's offset and size recomputed from the parameters with overflow checks, total
-// size == file size, payload checksum; then every stored float is checked to be finite.
+// size == file size, payload checksum; then every stored float is checked to be finite and
+// within the magnitude a search keeps finite (kMaxStored below): the IVF centroids and the
+// center row by row (their norms), each record's scale, norm and second-stage scale, and each
+// kept vector (its norm). These are checked as they are decoded: a compare per scale or norm,
+// a vectorized sum of squares per centroid, center or kept vector (a 1M x 100 file with kept
+// vectors loaded in about the time it took before these norm checks); the packed codes and ids
+// are not floats and are not checked.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -50,6 +56,34 @@ namespace tq {
 namespace {
 
 constexpr char kMagic[8] = {'T', 'Q', 'I', 'N', 'D', 'E', 'X', '\0'};
+
+// The largest stored magnitude a load accepts: 2^64 = sqrt(FLT_MAX). A search multiplies a
+// stored value (a centroid's or the center's norm, a scale, a norm) by a query-side value of
+// the same order as a vector norm, so both below 2^64 keep the product, and the lookup tables
+// built from it, finite. A file holding a larger but finite centroid made a query's lookup
+// table inf - inf = NaN (fuzz seed fuzz/corpus/fuzz_index/regress_nan_lut); such a file is
+// rejected at load instead, naming the field. Norms are compared squared, in double.
+constexpr double kMaxStored = 18446744073709551616.0;  // 2^64
+constexpr double kMaxStoredSq = kMaxStored * kMaxStored;
+
+// Squared norm of a row: 8 float partial sums (vectorizes), added in double. A NaN or Inf
+// component, or a partial sum past FLT_MAX (a norm past 2^64), makes it non-finite.
+double row_sqnorm(const float* x, size_t d) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  size_t j = 0;
+  for (; j + 8 <= d; j += 8)
+    for (int t = 0; t < 8; ++t) acc[t] += x[j + t] * x[j + t];
+  double s = 0;
+  for (; j < d; ++j) s += static_cast<double>(x[j]) * x[j];
+  for (float a : acc) s += a;
+  return s;
+}
+// The norm in double, for error messages (no overflow for finite floats).
+double exact_norm(const float* x, size_t d) {
+  double s = 0;
+  for (size_t j = 0; j < d; ++j) s += static_cast<double>(x[j]) * x[j];
+  return std::sqrt(s);
+}
 
 // The header as a documented struct; it is (de)serialized field by field in explicit
 // little-endian order, so the in-memory struct layout never reaches the disk.
@@ -432,6 +466,10 @@ Index Index::from_bytes(const uint8_t* data, size_t size, const std::string& nam
     for (size_t l = 0; l < L; ++l)
       I.list_begin[l + 1] = I.list_begin[l] + (I.list_size[l] + kBlock - 1) / kBlock * kBlock;
     TQ_CHECK(I.list_begin[L] < (size_t{1} << 32), "%s: IVF lists need too many slots", nm);
+    for (size_t l = 0; l < L; ++l)
+      TQ_CHECK(row_sqnorm(cent.data() + l * d, d) <= kMaxStoredSq,
+               "%s: IVF centroid %zu has norm %.3g, above the 2^64 a search keeps finite", nm, l,
+               exact_norm(cent.data() + l * d, d));
     I.set_centroids(std::move(cent));
     size_t r = 0;
     for (size_t l = 0; l < L; ++l)
@@ -448,6 +486,9 @@ Index Index::from_bytes(const uint8_t* data, size_t size, const std::string& nam
       I.center[j] = u2f(ld32(data + 128 + 4 * j));
       TQ_CHECK(std::isfinite(I.center[j]), "%s: center component %zu is not finite", nm, j);
     }
+    TQ_CHECK(row_sqnorm(I.center.data(), d) <= kMaxStoredSq,
+             "%s: center has norm %.3g, above the 2^64 a search keeps finite", nm,
+             exact_norm(I.center.data(), d));
   }
   std::vector<uint8_t> idx(d);
   for (size_t ri = 0; ri < n; ++ri) {
@@ -473,22 +514,37 @@ Index Index::from_bytes(const uint8_t* data, size_t size, const std::string& nam
       if (I.rbytes > 0) {
         I.rscale[i] = get_norm(r, cfg.norm);
         std::memcpy(I.rcodes.data() + i * I.rbytes, r + I.norm_bytes, I.rbytes);
-        TQ_CHECK(std::isfinite(I.rscale[i]), "%s: vector %zu has a non-finite second-stage scale", nm, i);
+        TQ_CHECK(std::isfinite(I.rscale[i]), "%s: vector %zu has a non-finite second-stage scale", nm, ri);
+        TQ_CHECK(std::fabs(I.rscale[i]) <= kMaxStored,
+                 "%s: vector %zu has second-stage scale %.3g, above the 2^64 a search keeps finite", nm, ri,
+                 static_cast<double>(I.rscale[i]));
       }
     }
-    TQ_CHECK(std::isfinite(I.scale[i]), "%s: vector %zu has a non-finite scale", nm, i);
-    if (I.has_norm) TQ_CHECK(std::isfinite(I.norm[i]) && I.norm[i] >= 0, "%s: vector %zu has a bad norm", nm, i);
+    TQ_CHECK(std::isfinite(I.scale[i]), "%s: vector %zu has a non-finite scale", nm, ri);
+    TQ_CHECK(std::fabs(I.scale[i]) <= kMaxStored, "%s: vector %zu has scale %.3g, above the 2^64 a search keeps finite",
+             nm, ri, static_cast<double>(I.scale[i]));
+    if (I.has_norm) {
+      TQ_CHECK(std::isfinite(I.norm[i]) && I.norm[i] >= 0, "%s: vector %zu has a bad norm", nm, ri);
+      TQ_CHECK(I.norm[i] <= kMaxStored, "%s: vector %zu has norm %.3g, above the 2^64 a search keeps finite", nm, ri,
+               static_cast<double>(I.norm[i]));
+    }
   }
   const uint8_t* idp = data + h.ids_offset;
   for (size_t r = 0; r < n; ++r) I.ids[order[r]] = static_cast<int64_t>(ld64(idp + 8 * r));
   if (cfg.keep_vectors) {
     const uint8_t* vp = data + h.vectors_offset;
-    for (size_t r = 0; r < n; ++r)
-      for (size_t j = 0; j < d; ++j) {
-        float& v = I.vectors[order[r] * d + j];
-        v = u2f(ld32(vp + 4 * (r * d + j)));
-        TQ_CHECK(std::isfinite(v), "%s: kept vector %zu is not finite", nm, r);
+    for (size_t r = 0; r < n; ++r) {
+      float* row = I.vectors.data() + order[r] * d;
+      for (size_t j = 0; j < d; ++j) row[j] = u2f(ld32(vp + 4 * (r * d + j)));
+      // One vectorized pass: a non-finite component or a norm past 2^64 fails it; then the
+      // error says which.
+      const double s2 = row_sqnorm(row, d);
+      if (!(s2 <= kMaxStoredSq)) {
+        for (size_t j = 0; j < d; ++j) TQ_CHECK(std::isfinite(row[j]), "%s: kept vector %zu is not finite", nm, r);
+        TQ_CHECK(false, "%s: kept vector %zu has norm %.3g, above the 2^64 a search keeps finite", nm, r,
+                 exact_norm(row, d));
       }
+    }
   }
   I.n = n;
   return index;

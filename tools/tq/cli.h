@@ -40,19 +40,35 @@ CLI::App* subcommand(CLI::App& parent, const std::string& name, const std::strin
 // instead of failing the whole output.
 void print_json(const nlohmann::json& j);
 
-// Progress on stderr for long runs: "label [=====>    ] 42% (done/total)"; silent when
-// stderr is not a terminal unless TQ_PROGRESS=1.
+// Progress on stderr for long runs (every tq command that reports progress uses this).
+// On a terminal, a bar redrawn in place: "label [=====>    ] 42% (done/total)". When stderr
+// is not a terminal (nohup, CI, a pipe, a file), plain lines instead:
+// "label: 40% (400/1000), 2m10s elapsed, ETA 3m15s", one at the first step, at each further
+// 10% and at least every 30 s while it advances, and at 100%. TQ_PROGRESS overrides the
+// choice: 0 = nothing, 1 = the bar, lines = the lines.
 class Progress {
  public:
-  Progress(std::string label, size_t total);
+  enum class Mode { off, bar, lines };
+  // The clock starts here: construct it when the work starts; total may come with the first
+  // update (the library's callbacks pass it).
+  explicit Progress(std::string label, size_t total = 0);
   void update(size_t done);
+  void update(size_t done, size_t total) {
+    total_ = total;
+    update(done);
+  }
   void finish();
   ~Progress();
+  // The mode TQ_PROGRESS and stderr select.
+  static Mode mode_from_env();
  private:
   std::string label_;
   size_t total_;
-  bool enabled_;
+  Mode mode_;
+  double t0_;
   int last_pct_ = -1;
+  double last_line_ = 0;  // wall time of the last plain line
+  size_t last_done_ = 0;
   bool finished_ = false;
 };
 

@@ -213,6 +213,7 @@ void setup(CLI::App& app) {
       // centring (plain: the synthetic keys have no RoPE), the --window / --trellis flags on top.
       std::string spec = t, tokens;
       int segment = 512;
+      bool segment_given = false;  // @autoN
       for (auto at = spec.rfind('@'); at != std::string::npos; at = spec.rfind('@')) {
         const std::string suffix = spec.substr(at + 1);
         // @autoN: the automatic protection with one K mean per N tokens instead of 512.
@@ -223,7 +224,10 @@ void setup(CLI::App& app) {
         if (suffix == "lut8") r.lut8 = true;
         else if (is_auto) {
           r.protect = true;
-          if (suffix.size() > 4) segment = std::stoi(suffix.substr(4));
+          if (suffix.size() > 4) {
+            segment = std::stoi(suffix.substr(4));
+            segment_given = true;
+          }
         } else tokens += " trellis";
         spec = spec.substr(0, at);
       }
@@ -232,19 +236,27 @@ void setup(CLI::App& app) {
       tokens = "k=" + spec.substr(0, colon) + " v=" + (colon == std::string::npos ? spec : spec.substr(colon + 1)) +
                (r.protect ? " sink=1 center=k,rope," + std::to_string(segment) + " scale-k" : std::string(" plain")) + tokens + (o->trellis ? " trellis" : "") +
                " window=" + std::to_string(o->window);
-      const tq::KvSpec ks = tq::KvSpec::parse(tokens);
+      // The row's spec and cache: an error names the --kv entry (and what @autoN sets).
+      tq::KvSpec ks;
+      tq::KvCacheConfig cfg;
+      try {
+        ks = tq::KvSpec::parse(tokens);
+        tq::KvCacheConfig shape;
+        shape.n_layers = 1;
+        shape.n_kv_heads = KVH;
+        shape.head_dim = D;
+        shape.max_tokens = N + kAppend1;
+        shape.rope_base = 1e6f;  // Gemma 3's global layers; read by the RoPE-rotating K mean only
+        shape.rope_dim = D;
+        cfg = ks.resolve(shape);
+        r.cache = std::make_unique<tq::KvCache>(cfg);
+      } catch (const tq::Error& e) {
+        TQ_CHECK(false, "--kv '%s': %s%s", t.c_str(), e.what(),
+                 segment_given ? " (@autoN: one K mean per N tokens)" : "");
+      }
       r.type_k = tq::kv_format_name(ks.k);
       r.type_v = tq::kv_format_name(ks.v);
       r.trellis = ks.trellis;
-      tq::KvCacheConfig shape;
-      shape.n_layers = 1;
-      shape.n_kv_heads = KVH;
-      shape.head_dim = D;
-      shape.max_tokens = N + kAppend1;
-      shape.rope_base = 1e6f;  // Gemma 3's global layers; read by the RoPE-rotating K mean only
-      shape.rope_dim = D;
-      const tq::KvCacheConfig cfg = ks.resolve(shape);
-      r.cache = std::make_unique<tq::KvCache>(cfg);
       for (int t0 = 0; t0 < N; t0 += kBatch) {
         const int n = std::min(kBatch, N - t0);
         gen.batch(t0, n, kb, vb);

@@ -37,7 +37,7 @@ void setup(CLI::App& app) {
         tq::cli::split_configs(*caches_arg, caches_arg->find(';') != std::string::npos ? ';' : ',');
     TQ_CHECK(!caches.empty(), "--caches: no cache config given");
     auto L = tq::cli::load_model(*o);
-    const auto tokens = L->tok.encode(tq::read_text_file(*file));
+    const auto tokens = tq::cli::model_tokens(*L, tq::read_text_file(*file));  // BOS first, as perplexity
     nlohmann::json rows = nlohmann::json::array();
     const size_t total = contexts->size() * caches.size() * std::max(1, *reps);
     std::vector<tq::KvSpec> kvs;  // parsed before the first run: a bad label fails at once
@@ -86,7 +86,8 @@ void setup(CLI::App& app) {
     pb.finish();
     if (o->json) {
       tq::cli::print_json({{"threads", L->model.threads()}, {"blas_core", tq::cli::blas_core()}, {"prefill_matmul", tq::cli::prefill_matmul()},
-                            {"attention", tq::attn_kernel_name(L->model.attention_kernel())}, {"rows", rows}});
+                            {"attention", tq::attn_kernel_name(L->model.attention_kernel())},
+                            {"prompt_bos", !tokens.empty() && L->tok.add_bos() && tokens[0] == L->tok.bos()}, {"rows", rows}});
       return;
     }
     // The resolved label: what ran, automatic sink and K means included (shortened).

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <optional>
 
 #include "llm_cli.h"
 #include "tq/common.h"
@@ -54,11 +55,54 @@ std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 
-nlohmann::json sens_json(const tq::CalibSensitivity& s, const std::string& model, const std::string& file) {
+// What identifies the model a sensitivity file was measured on, saved in it as "model_id" (files
+// of earlier builds have none): the architecture, the attention shape, the GGUF file's size and
+// an XXH3 of every tensor's name, type, shape, size and first 4 KiB of data (about 4 KiB read per
+// tensor, of a model loaded anyway). A renamed or moved file matches; a re-quantized, fine-tuned
+// or other model does not.
+struct ModelId {
+  std::string arch;
+  int n_layers = 0, n_kv_heads = 0, head_dim = 0;
+  uint64_t file_bytes = 0;
+  std::string tensors_xxh3;
+  bool operator==(const ModelId&) const = default;
+  std::string describe() const {
+    return tq::strprintf("%s, %d layers x %d KV heads of %d dims, %llu bytes, tensors xxh3 %s", arch.c_str(), n_layers,
+                         n_kv_heads, head_dim, static_cast<unsigned long long>(file_bytes), tensors_xxh3.c_str());
+  }
+  nlohmann::json json() const {
+    return {{"arch", arch}, {"n_layers", n_layers}, {"n_kv_heads", n_kv_heads}, {"head_dim", head_dim},
+            {"file_bytes", file_bytes}, {"tensors_xxh3", tensors_xxh3}};
+  }
+};
+
+ModelId model_id(const tq::GgufFile& g, const tq::LlamaConfig& mc) {
+  std::string buf;
+  for (const tq::GgufTensor& t : g.tensors()) {
+    buf += t.name;
+    buf += tq::strprintf("|%d|", static_cast<int>(t.type));
+    for (uint64_t n : t.ne) buf += std::to_string(n) + ",";
+    buf += "|" + std::to_string(t.n_bytes) + "|";
+    if (t.data) buf.append(reinterpret_cast<const char*>(t.data), std::min<size_t>(t.n_bytes, 4096));
+  }
+  ModelId id;
+  id.arch = mc.arch;
+  id.n_layers = mc.n_layers;
+  id.n_kv_heads = mc.n_kv_heads;
+  id.head_dim = mc.head_dim;
+  std::error_code ec;
+  id.file_bytes = std::filesystem::file_size(g.path(), ec);
+  TQ_CHECK(!ec, "cannot stat the model '%s': %s", g.path().c_str(), ec.message().c_str());
+  id.tensors_xxh3 = tq::strprintf("%016llx", static_cast<unsigned long long>(tq::checksum64(buf.data(), buf.size())));
+  return id;
+}
+
+nlohmann::json sens_json(const tq::CalibSensitivity& s, const std::string& model, const ModelId& id,
+                         const std::string& file) {
   nlohmann::json tk = nlohmann::json::array(), tv = nlohmann::json::array();
   for (size_t t = 0; t < s.k_types.size(); ++t) tk.push_back({{"type", s.k_types[t]}, {"kld", s.kld_k[t]}});
   for (size_t t = 0; t < s.v_types.size(); ++t) tv.push_back({{"type", s.v_types[t]}, {"kld", s.kld_v[t]}});
-  return {{"format", "tq-calibrate-sensitivity-1"}, {"model", model}, {"file", file},
+  return {{"format", "tq-calibrate-sensitivity-1"}, {"model", model}, {"model_id", id.json()}, {"file", file},
           {"n_layers", s.n_layers}, {"n_kv_heads", s.n_kv_heads}, {"head_dim", s.head_dim},
           {"ctx", s.n_ctx}, {"windows", s.windows}, {"windows_requested", s.windows_requested},
           {"scored_tokens", s.n_scored}, {"probe_k", s.probe_k}, {"probe_v", s.probe_v},
@@ -67,7 +111,9 @@ nlohmann::json sens_json(const tq::CalibSensitivity& s, const std::string& model
           {"reused_layers", s.reused_layers}, {"reused_from_ctx", s.reused_from_ctx}};
 }
 
-tq::CalibSensitivity read_sens(const std::string& path, std::string* file, std::string* model) {
+// *id: the file's model_id, or none (std::nullopt) in files of earlier builds.
+tq::CalibSensitivity read_sens(const std::string& path, std::string* file, std::string* model,
+                               std::optional<ModelId>* id) {
   std::error_code ec;
   TQ_CHECK(!std::filesystem::is_directory(path, ec), "--sens '%s' is a directory", path.c_str());
   std::ifstream f(path, std::ios::binary);
@@ -102,6 +148,18 @@ tq::CalibSensitivity read_sens(const std::string& path, std::string* file, std::
     }
     *file = j.value("file", "");
     *model = j.value("model", "");
+    id->reset();
+    if (j.contains("model_id")) {  // absent in files of earlier builds
+      const nlohmann::json& m = j.at("model_id");
+      ModelId x;
+      x.arch = m.at("arch");
+      x.n_layers = m.at("n_layers");
+      x.n_kv_heads = m.at("n_kv_heads");
+      x.head_dim = m.at("head_dim");
+      x.file_bytes = m.at("file_bytes");
+      x.tensors_xxh3 = m.at("tensors_xxh3");
+      *id = x;
+    }
   } catch (const nlohmann::json::parse_error&) {
     TQ_CHECK(false, "--sens '%s' is not JSON (expected the file tq calibrate --save-sens writes)", path.c_str());
   } catch (const nlohmann::json::exception& e) {
@@ -117,6 +175,14 @@ tq::CalibSensitivity read_sens(const std::string& path, std::string* file, std::
   for (const auto* v : {&s.sens_k, &s.sens_v, &s.kld_k, &s.kld_v})
     for (double x : *v) TQ_CHECK(std::isfinite(x) && x >= 0, "--sens '%s': a KLD that is not a number >= 0", path.c_str());
   return s;
+}
+
+// The allocation within `bits` from what was measured: calibrate_allocate for one context's
+// sensitivities, calibrate_allocate_multi for several (every place that allocates asks here).
+tq::CalibAllocation allocate(const tq::LlamaConfig& mc, const std::vector<tq::CalibSensitivity>& svs, double bits,
+                             int n_ctx, uint64_t seed) {
+  return svs.size() == 1 ? tq::calibrate_allocate(mc, svs[0], bits, n_ctx, seed)
+                         : tq::calibrate_allocate_multi(mc, svs, bits, n_ctx, seed);
 }
 
 // "a,b,c": a default type list as --help shows it.
@@ -175,7 +241,8 @@ void setup(CLI::App& app) {
   s->add_option("--save-sens", *save_sens, "also write the measured sensitivities (JSON) to this file");
   s->add_option("--sens", *sens,
                 "sensitivities from --save-sens: skip the measuring (no -f needed); several files (e.g. one at -c 512 "
-                "and one at 2048) are fitted to together, as --long-ctx does. With --long-ctx and -f: only the long "
+                "and one at 2048) are fitted to together, as --long-ctx does. They must be of the -m model (checked by "
+                "the model_id --save-sens records: architecture, shape, file size, tensor hash). With --long-ctx and -f: only the long "
                 "contexts are measured (on the text the files were measured on, with their candidates, probes and "
                 "protection), the first file's context must be -c, and --long-probes growing reuses its sensitivities");
   s->add_option("--long-ctx", *long_ctx,
@@ -256,11 +323,14 @@ void setup(CLI::App& app) {
     std::vector<tq::CalibSensitivity> svs;  // the -c measurement first, then each --long-ctx
     std::string text;
     std::vector<std::string> sens_texts, sens_models;
+    std::vector<std::optional<ModelId>> sens_ids;
     for (const auto& p : *sens) {
       std::string name, mod;
-      svs.push_back(read_sens(p, &name, &mod));
+      std::optional<ModelId> id;
+      svs.push_back(read_sens(p, &name, &mod, &id));
       sens_texts.push_back(name);
       sens_models.push_back(mod);
+      sens_ids.push_back(id);
       if (svs.size() == 1) text_name = name;
       else if (name != text_name) text_name += " + " + name;
     }
@@ -295,17 +365,25 @@ void setup(CLI::App& app) {
     auto L = tq::cli::load_model(*o);
     const tq::LlamaConfig& mc = L->model.config();
     const std::string model = tq::cli::resolve_model(o->model);
-    if (extending) {
-      const std::string mn = std::filesystem::path(model).filename().string();
-      for (size_t i = 0; i < n_loaded; ++i) {
+    const ModelId this_id = model_id(L->gguf, mc);
+    // Saved sensitivities are of this model: by their model_id when they have one (always, also
+    // when only allocating); files of earlier builds have none and keep the checks they had
+    // (only when measuring more contexts for them: shape and model file name).
+    const std::string mn = std::filesystem::path(model).filename().string();
+    for (size_t i = 0; i < n_loaded; ++i) {
+      if (extending)
         TQ_CHECK(svs[i].n_layers == mc.n_layers && svs[i].n_kv_heads == mc.n_kv_heads && svs[i].head_dim == mc.head_dim,
                  "--sens '%s' is of a model with %d layers x %d KV heads of %d dims, this one has %d x %d of %d",
                  (*sens)[i].c_str(), svs[i].n_layers, svs[i].n_kv_heads, svs[i].head_dim, mc.n_layers, mc.n_kv_heads,
                  mc.head_dim);
+      if (sens_ids[i])
+        TQ_CHECK(*sens_ids[i] == this_id, "--sens '%s' was measured on another model: '%s' (%s), not '%s' (%s)",
+                 (*sens)[i].c_str(), sens_models[i].c_str(), sens_ids[i]->describe().c_str(), model.c_str(),
+                 this_id.describe().c_str());
+      else if (extending)
         TQ_CHECK(sens_models[i].empty() || std::filesystem::path(sens_models[i]).filename().string() == mn,
                  "--sens '%s' was measured on the model '%s', not '%s'", (*sens)[i].c_str(), sens_models[i].c_str(),
                  model.c_str());
-      }
     }
     auto supported = [&](const std::vector<std::string>& list, bool given, const char* side) {
       std::vector<std::string> keep;
@@ -350,16 +428,14 @@ void setup(CLI::App& app) {
         TQ_CHECK(lb <= *bits, "--bits %g is below the cheapest candidates: %.4f bits per value, everything counted "
                  "at ctx %d", *bits, lb, c);
       }
-      const std::vector<int32_t> tokens = L->tok.encode_with_bos(text);
+      const std::vector<int32_t> tokens = tq::cli::model_tokens(*L, text);
       const int max_ctx = longs.empty() ? co.n_ctx : *std::max_element(longs.begin(), longs.end());
       TQ_CHECK(tokens.size() >= static_cast<size_t>(max_ctx),
                "calibration text '%s' has %zu tokens, fewer than one window of %d (%s)", file->c_str(), tokens.size(),
                max_ctx, longs.empty() ? "-c" : "--long-ctx");
-      std::unique_ptr<tq::cli::Progress> pb;
-      std::string pb_name = "calibrate";
+      std::unique_ptr<tq::cli::Progress> pb;  // one per measuring pass (ctx), made as it starts
       co.progress = [&](size_t d, size_t t) {
-        if (!pb) pb = std::make_unique<tq::cli::Progress>(pb_name.c_str(), t);
-        pb->update(d);
+        if (pb) pb->update(d, t);
       };
       co.stop = [] { return g_interrupted != 0; };
       g_interrupted = 0;
@@ -378,8 +454,7 @@ void setup(CLI::App& app) {
         const bool is_long = ctxs[i] != co.n_ctx;
         if (is_long) ci.n_chunks = *long_chunks;
         if (is_long && *long_probes == "growing") ci.probe_layers = tq::calib_layers_growing(mc, co.n_ctx, ctxs[i]);
-        pb.reset();
-        pb_name = !is_long ? "calibrate" : "calibrate c" + std::to_string(ctxs[i]);
+        pb = std::make_unique<tq::cli::Progress>(!is_long ? "calibrate" : "calibrate c" + std::to_string(ctxs[i]));
         tq::CalibSensitivity one;
         try {
           one = tq::calibrate_measure(L->model, tokens, ci);
@@ -387,7 +462,7 @@ void setup(CLI::App& app) {
           sigaction(SIGINT, &old, nullptr);
           throw;
         }
-        if (pb) pb->finish();
+        pb->finish();
         stopped = !one.complete();
         if (stopped)
           stop_at = "ctx " + std::to_string(ctxs[i]) + " (" + std::to_string(one.windows) + " of " +
@@ -403,11 +478,10 @@ void setup(CLI::App& app) {
         for (size_t i = 0; i < n_loaded; ++i) names += (names.empty() ? "" : " --sens ") + (*sens)[i];
         for (size_t i = n_loaded; i < svs.size(); ++i) {
           const std::string ps = *out + ".partial" + (i == 0 ? "" : ".c" + std::to_string(svs[i].n_ctx)) + ".sens.json";
-          write_json_file(ps, sens_json(svs[i], model, text_name));
+          write_json_file(ps, sens_json(svs[i], model, this_id, text_name));
           names += (names.empty() ? "" : " --sens ") + ps;
         }
-        const tq::CalibAllocation a = svs.size() == 1 ? tq::calibrate_allocate(mc, svs[0], *bits, co.n_ctx, co.seed)
-                                                      : tq::calibrate_allocate_multi(mc, svs, *bits, co.n_ctx, co.seed);
+        const tq::CalibAllocation a = allocate(mc, svs, *bits, co.n_ctx, co.seed);
         tq::write_kv_config_file(part, {"PARTIAL: interrupted during the calibration at " + stop_at,
                                         "  " + command_line()},
                                  a.alloc.label);
@@ -417,7 +491,7 @@ void setup(CLI::App& app) {
     }
     if (!save_sens->empty())
       for (size_t i = n_loaded; i < svs.size(); ++i)
-        write_json_file(i == 0 ? *save_sens : sens_path_at(svs[i].n_ctx), sens_json(svs[i], model, text_name));
+        write_json_file(i == 0 ? *save_sens : sens_path_at(svs[i].n_ctx), sens_json(svs[i], model, this_id, text_name));
     // --protect with --sens: the measured protection, with trellis codes added at most.
     const std::string measured_protect = svs[0].protect;
     if (!sens->empty() && protect_opt->count() > 0 && *protect != measured_protect) {
@@ -430,8 +504,7 @@ void setup(CLI::App& app) {
       for (auto& x : svs) x.protect = *protect;
     }
     const tq::CalibSensitivity& sv = svs[0];
-    const tq::CalibAllocation a = svs.size() == 1 ? tq::calibrate_allocate(mc, sv, *bits, o->ctx, co.seed)
-                                                  : tq::calibrate_allocate_multi(mc, svs, *bits, o->ctx, co.seed);
+    const tq::CalibAllocation a = allocate(mc, svs, *bits, o->ctx, co.seed);
     char line[512];
     std::vector<std::string> comments;
     std::snprintf(line, sizeof line, "%s: %d layers x %d KV heads of %d dims; per-KV-head cache types at <= %g bits",

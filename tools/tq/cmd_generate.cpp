@@ -31,7 +31,7 @@ void setup(CLI::App& app) {
     auto L = tq::cli::load_model(*o);
     std::string text = *prompt;
     if (*chat) text = L->tok.apply_chat_template({{"user", *prompt}}, true);
-    std::vector<int32_t> ids = L->tok.encode_with_bos(text, /*parse_special=*/*chat);
+    std::vector<int32_t> ids = tq::cli::model_tokens(*L, text, /*parse_special=*/*chat);
     TQ_CHECK(!ids.empty(), "empty prompt");
     TQ_CHECK(*n_predict >= 0, "-n must be >= 0");
     const int cap = static_cast<int>(ids.size()) + *n_predict;

@@ -42,7 +42,7 @@ void setup(CLI::App& app) {
   s->callback([=] {
     auto L = tq::cli::load_model(*o);
     TQ_CHECK(ids_s->empty() != prompt->empty(), "give exactly one of --ids and -p");
-    const std::vector<int32_t> ids = ids_s->empty() ? L->tok.encode_with_bos(*prompt, false) : parse_ids(*ids_s);
+    const std::vector<int32_t> ids = ids_s->empty() ? tq::cli::model_tokens(*L, *prompt) : parse_ids(*ids_s);
     TQ_CHECK(!ids.empty(), "no tokens");
     const int n = static_cast<int>(ids.size());
     const int ctx = o->ctx > 0 ? o->ctx : n;

@@ -30,13 +30,10 @@ void setup(CLI::App& app) {
     no->context = o->ctx;
     no->depths = *depths;
     no->kv = o->kv;
-    std::unique_ptr<tq::cli::Progress> pb;
-    no->progress = [&](size_t d, size_t t) {
-      if (!pb) pb = std::make_unique<tq::cli::Progress>("niah " + tq::short_label(o->kv.resolved(L->model.config()).to_string(), 32), t);
-      pb->update(d);
-    };
+    tq::cli::Progress pb("niah " + tq::short_label(o->kv.resolved(L->model.config()).to_string(), 32));
+    no->progress = [&](size_t d, size_t t) { pb.update(d, t); };
     const tq::NiahResult r = tq::niah(L->model, L->tok, text, *no);
-    if (pb) pb->finish();
+    pb.finish();
     nlohmann::json per = nlohmann::json::array();
     for (double d : *depths) {
       int tr = 0, ok = 0;

@@ -43,7 +43,7 @@ void setup(CLI::App& app) {
              *kld_buckets, o->ctx - 1 - o->ctx / 2);
     auto L = tq::cli::load_model(*o);
     const std::string text = tq::read_text_file(*file);
-    const std::vector<int32_t> tokens = L->tok.encode_with_bos(text);
+    const std::vector<int32_t> tokens = tq::cli::model_tokens(*L, text);
     tq::PerplexityOptions po;
     po.n_ctx = o->ctx;
     po.n_chunks = *chunks;
@@ -59,13 +59,10 @@ void setup(CLI::App& app) {
       for (const std::string& one : tq::cli::split_configs(*sweep, ';'))
         configs.push_back(tq::cli::label_options(one, *o));
     }
-    std::unique_ptr<tq::cli::Progress> pb;
-    po.progress = [&](size_t d, size_t t) {
-      if (!pb) pb = std::make_unique<tq::cli::Progress>("perplexity", t);
-      pb->update(d);
-    };
+    tq::cli::Progress pb("perplexity");
+    po.progress = [&](size_t d, size_t t) { pb.update(d, t); };
     const auto results = tq::perplexity_multi(L->model, tokens, po, configs);
-    if (pb) pb->finish();
+    pb.finish();
     nlohmann::json all = nlohmann::json::array();
     for (size_t c = 0; c < configs.size(); ++c) {
       const tq::PerplexityResult& r = results[c];

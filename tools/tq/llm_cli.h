@@ -247,6 +247,13 @@ inline std::unique_ptr<Loaded> load_model(ModelOpts& o) {
   return std::unique_ptr<Loaded>(new Loaded{std::move(g), std::move(tok), std::move(m)});
 }
 
+// A text as the model's tokens the way every model command reads its text (prompt or corpus):
+// with the BOS the model asks for first (tokenizer add_bos) and its EOS last when add_eos;
+// parse_special: control-token strings in the text are those tokens (chat prompts).
+inline std::vector<int32_t> model_tokens(const Loaded& L, const std::string& text, bool parse_special = false) {
+  return L.tok.encode_with_bos(text, parse_special);
+}
+
 // One entry of --sweep / --caches: a whole label, with the command's --kv-seed and --kv-plain;
 // "@FILE" reads the label from a cache config file (see --kv-config), whose path prefixes errors.
 inline KvSpec label_options(const std::string& entry, const ModelOpts& o) {
