@@ -230,6 +230,8 @@ TEST(Model, PrefillEqualsDecodeAndMicroBatches) {
     EXPECT_THROW(m.forward_last(cache, toks), tq::Error);
     auto wrong = kc;
     wrong.n_layers = 3;
+    wrong.layer_rope_base.clear();  // per-layer lists of the model's 2 layers
+    wrong.layer_rope_scale.clear();
     tq::KvCache c3(wrong);
     EXPECT_THROW(m.forward_last(c3, toks), tq::Error);
     tq::KvCache ok(kc);
