@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <functional>
 #include <cmath>
 #include <cstring>
@@ -720,16 +721,28 @@ void Index::add(size_t n, const float* x, const int64_t* ids) {
 // Search
 
 namespace {
+std::atomic<int> g_ivf_scan_order{0};
+}  // namespace
 
-// Best-R selection (higher score is better) over vector indices.
+void set_ivf_scan_order(IvfScanOrder o) noexcept { g_ivf_scan_order.store(static_cast<int>(o)); }
+IvfScanOrder ivf_scan_order() noexcept { return static_cast<IvfScanOrder>(g_ivf_scan_order.load()); }
+
+namespace {
+
+// Best-R selection over vector indices in one total order: higher score first, then the
+// lower index. The kept set is the best R of everything pushed whatever the order of the
+// pushes (a push equal in score to the worst kept one enters when its index is lower), so
+// the IVF scan may visit a query's lists in any order and return the same candidates.
 struct TopR {
   size_t cap = 0;
   std::vector<std::pair<float, uint32_t>> h;  // min-heap on score
   float threshold = -std::numeric_limits<float>::infinity();
+  uint32_t threshold_id = 0;  // index of the worst kept entry once full
   void reset(size_t c) {
     cap = c;
     h.clear();
     threshold = -std::numeric_limits<float>::infinity();
+    threshold_id = 0;
   }
   struct Better {
     bool operator()(const std::pair<float, uint32_t>& a, const std::pair<float, uint32_t>& b) const noexcept {
@@ -741,12 +754,16 @@ struct TopR {
     if (h.size() < cap) {
       h.emplace_back(s, i);
       std::push_heap(h.begin(), h.end(), cmp);
-      if (h.size() == cap) threshold = h.front().first;
-    } else if (s > threshold) {
+      if (h.size() == cap) {
+        threshold = h.front().first;
+        threshold_id = h.front().second;
+      }
+    } else if (s > threshold || (s == threshold && i < threshold_id)) {
       std::pop_heap(h.begin(), h.end(), cmp);
       h.back() = {s, i};
       std::push_heap(h.begin(), h.end(), cmp);
       threshold = h.front().first;
+      threshold_id = h.front().second;
     }
   }
   // Sorted best first.
@@ -839,6 +856,9 @@ void build_luts(const Index::Impl& I, const float* y, float* lut, uint8_t* q8, f
   *delta = step;
 }
 
+
+// Queries per list-major chunk at most (per thread: chunk * (nprobe + mp * 16 + r1 * 8) bytes).
+constexpr size_t kIvfMaxChunk = 1024;
 
 // IVF search: coarse GEMM against the centroids, the nprobe best lists per query, fast scan
 // (or float LUTs) within each list, a per-list additive offset making scores comparable
@@ -951,6 +971,14 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
   }
 
   const size_t kChunkBlocks = 64;
+  // Scan order (IvfScanOrder): list-major in chunks of queries, one chunk per thread at a
+  // time, when a chunk probes each list about once or more (chunk * nprobe >= nlist);
+  // otherwise per query.
+  const size_t chunk = std::max<size_t>(1, std::min<size_t>(kIvfMaxChunk, (nq + threads - 1) / threads));
+  const size_t n_chunks = (nq + chunk - 1) / chunk;
+  const IvfScanOrder order = ivf_scan_order();
+  const bool list_major = fast && (order == IvfScanOrder::list_major ||
+                                   (order == IvfScanOrder::automatic && chunk * np >= LL));
 #pragma omp parallel num_threads(threads)
   {
     std::vector<float> flut(I.m * I.lut_stride), yl(d), sc(kChunkBlocks * kBlock), bmax(kChunkBlocks);
@@ -1040,50 +1068,35 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
       return stage2_of(s, (d0 + d1) + (d2 + d3), off);
     };
 
-#pragma omp for schedule(dynamic, 4)
-    for (size_t qi = 0; qi < nq; ++qi) {
-      const float* y = qr + qi * d;
-      top.reset(r1);
-      for (size_t j = 0; j < np; ++j) list_off[probes[qi * np + j]] = poff[qi * np + j];
-      if (!l2) build_luts(I, y, flut.data(), fast ? qlut.data() : nullptr, &bias, &delta);
-      for (size_t j = 0; j < np; ++j) {
-        const size_t l = probes[qi * np + j];
-        const float off = poff[qi * np + j];
-        const size_t lb = I.list_begin[l], ls = I.list_size[l];
-        if (ls == 0) continue;
-        if (l2) build_luts(I, list_query(y, l), flut.data(), fast ? qlut.data() : nullptr, &bias, &delta);
-        if (fast && j + 1 < np) {
-          // The next probed list's first two blocks and their scales, while this one is scanned.
-          const size_t nl = probes[qi * np + j + 1];
-          const size_t nb0 = I.list_begin[nl] / kBlock;
-          const size_t nbl = std::min<size_t>(2, (I.list_size[nl] + kBlock - 1) / kBlock);
-          const uint8_t* pb = I.blocks.data() + nb0 * I.mp * 16;
-          for (size_t o = 0; o < nbl * I.mp * 16; o += 64) __builtin_prefetch(pb + o);
-          for (size_t o = 0; o < nbl * kBlock; o += 16) __builtin_prefetch(I.scale.data() + nb0 * kBlock + o);
-        }
-        if (fast) {
-          const size_t b0 = lb / kBlock, b1 = (lb + ls + kBlock - 1) / kBlock;
-          for (size_t cb = b0; cb < b1; cb += kChunkBlocks) {
-            const size_t nb = std::min(kChunkBlocks, b1 - cb);
-            const size_t v0 = cb * kBlock, v1 = std::min(lb + ls, (cb + nb) * kBlock);
-            fast_scan_u8(nb, I.mp, I.blocks.data() + cb * I.mp * 16, qlut.data(), acc.data());
-            fast_scan_scores(nb * kBlock, acc.data(), I.scale.data() + v0, l2 ? I.norm.data() + v0 : nullptr,
-                             bias, delta, sc.data(), bmax.data());
-            const size_t cnt = v1 - v0;
-            for (size_t bi = 0; bi < nb; ++bi) {
-              if (bmax[bi] + off <= top.threshold && top.h.size() >= top.cap) continue;
-              const size_t e0 = bi * kBlock, e1 = std::min(cnt, e0 + kBlock);
-              for (size_t r = e0; r < e1; ++r) {
-                const float v = sc[r] + off;
-                if (v > top.threshold || top.h.size() < top.cap) top.push(v, static_cast<uint32_t>(v0 + r));
-              }
-            }
+    // Fast scan of list l (offset off) for one query's uint8 LUTs into its candidates t. Blocks
+    // whose best score is below t's worst kept score are skipped (an equal one may still
+    // enter with a lower slot, so equality is scanned).
+    auto scan_list = [&](TopR& t, const uint8_t* q8, float qbias, float qdelta, size_t l, float off) {
+      const size_t lb = I.list_begin[l], ls = I.list_size[l];
+      const size_t b0 = lb / kBlock, b1 = (lb + ls + kBlock - 1) / kBlock;
+      for (size_t cb = b0; cb < b1; cb += kChunkBlocks) {
+        const size_t nb = std::min(kChunkBlocks, b1 - cb);
+        const size_t v0 = cb * kBlock, v1 = std::min(lb + ls, (cb + nb) * kBlock);
+        fast_scan_u8(nb, I.mp, I.blocks.data() + cb * I.mp * 16, q8, acc.data());
+        fast_scan_scores(nb * kBlock, acc.data(), I.scale.data() + v0, l2 ? I.norm.data() + v0 : nullptr,
+                         qbias, qdelta, sc.data(), bmax.data());
+        const size_t cnt = v1 - v0;
+        for (size_t bi = 0; bi < nb; ++bi) {
+          if (bmax[bi] + off < t.threshold && t.h.size() >= t.cap) continue;
+          const size_t e0 = bi * kBlock, e1 = std::min(cnt, e0 + kBlock);
+          for (size_t r = e0; r < e1; ++r) {
+            const float v = sc[r] + off;
+            if (v >= t.threshold || t.h.size() < t.cap) t.push(v, static_cast<uint32_t>(v0 + r));
           }
-        } else {
-          for (size_t s = lb; s < lb + ls; ++s) top.push(internal(s, exact_lut_dot(flut.data(), s)) + off, static_cast<uint32_t>(s));
         }
       }
-      auto cand = top.sorted();
+    };
+
+    // Re-rank stages and output of query qi from its scan candidates (best first). flut_ready:
+    // flut already holds qi's float LUTs (ip, cosine).
+    auto finish = [&](size_t qi, std::vector<std::pair<float, uint32_t>>& cand, bool flut_ready) {
+      const float* y = qr + qi * d;
+      for (size_t j = 0; j < np; ++j) list_off[probes[qi * np + j]] = poff[qi * np + j];
       if (stage2) {
         // The candidates' codes are scattered: prefetch the one four ahead (its fast-layout
         // block rows when the first code is read too, and its second-stage bytes).
@@ -1103,6 +1116,7 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
         std::sort(cand.begin(), cand.end(), TopR::cmp);
         if (cand.size() > r2) cand.resize(r2);
       } else if (fast && rerank > 0) {
+        if (!l2 && !flut_ready) build_luts(I, y, flut.data(), nullptr, nullptr, nullptr);
         for (auto& c : cand) {
           const size_t l = I.list_of(c.second);
           const float off = list_off[l];
@@ -1136,6 +1150,79 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
         } else {
           so[r] = worst;
           io[r] = -1;
+        }
+      }
+    };
+
+    if (!list_major) {
+#pragma omp for schedule(dynamic, 4)
+      for (size_t qi = 0; qi < nq; ++qi) {
+        const float* y = qr + qi * d;
+        top.reset(r1);
+        if (!l2) build_luts(I, y, flut.data(), fast ? qlut.data() : nullptr, &bias, &delta);
+        for (size_t j = 0; j < np; ++j) {
+          const size_t l = probes[qi * np + j];
+          const float off = poff[qi * np + j];
+          if (I.list_size[l] == 0) continue;
+          if (l2) build_luts(I, list_query(y, l), flut.data(), fast ? qlut.data() : nullptr, &bias, &delta);
+          if (fast && j + 1 < np) {
+            // The next probed list's first two blocks and their scales, while this one is scanned.
+            const size_t nl = probes[qi * np + j + 1];
+            const size_t nb0 = I.list_begin[nl] / kBlock;
+            const size_t nbl = std::min<size_t>(2, (I.list_size[nl] + kBlock - 1) / kBlock);
+            const uint8_t* pb = I.blocks.data() + nb0 * I.mp * 16;
+            for (size_t o = 0; o < nbl * I.mp * 16; o += 64) __builtin_prefetch(pb + o);
+            for (size_t o = 0; o < nbl * kBlock; o += 16) __builtin_prefetch(I.scale.data() + nb0 * kBlock + o);
+          }
+          if (fast) {
+            scan_list(top, qlut.data(), bias, delta, l, off);
+          } else {
+            const size_t lb = I.list_begin[l], ls = I.list_size[l];
+            for (size_t s = lb; s < lb + ls; ++s)
+              top.push(internal(s, exact_lut_dot(flut.data(), s)) + off, static_cast<uint32_t>(s));
+          }
+        }
+        auto cand = top.sorted();
+        finish(qi, cand, true);
+      }
+    } else {
+      // List-major (fast scan only): the chunk's (query, probe) pairs grouped by list, each
+      // probed list scanned once for all of them in list order (codes read from memory once,
+      // then from cache), every query keeping its own candidates; then each query re-ranked.
+      const size_t m16 = I.mp * 16;
+      std::vector<uint8_t> cq8(chunk * m16);
+      std::vector<float> cbias(chunk), cdelta(chunk);
+      std::vector<TopR> tops(chunk);
+      std::vector<uint32_t> head(LL + 1), fill(LL), pairs(chunk * np);
+#pragma omp for schedule(dynamic, 1)
+      for (size_t c = 0; c < n_chunks; ++c) {
+        const size_t q0 = c * chunk, nc = std::min(chunk, nq - q0);
+        const uint32_t* pr = probes.data() + q0 * np;
+        if (!l2)
+          for (size_t i = 0; i < nc; ++i)
+            build_luts(I, qr + (q0 + i) * d, flut.data(), cq8.data() + i * m16, &cbias[i], &cdelta[i]);
+        for (size_t i = 0; i < nc; ++i) tops[i].reset(r1);
+        std::fill(head.begin(), head.end(), 0u);
+        for (size_t e = 0; e < nc * np; ++e) ++head[pr[e] + 1];
+        for (size_t l = 0; l < LL; ++l) head[l + 1] += head[l];
+        std::copy(head.begin(), head.end() - 1, fill.begin());
+        for (size_t e = 0; e < nc * np; ++e) pairs[fill[pr[e]]++] = static_cast<uint32_t>(e);
+        for (size_t l = 0; l < LL; ++l) {
+          if (head[l] == head[l + 1] || I.list_size[l] == 0) continue;
+          for (size_t e = head[l]; e < head[l + 1]; ++e) {
+            const size_t i = pairs[e] / np;
+            const float off = poff[q0 * np + pairs[e]];
+            if (l2) {
+              build_luts(I, list_query(qr + (q0 + i) * d, l), flut.data(), qlut.data(), &bias, &delta);
+              scan_list(tops[i], qlut.data(), bias, delta, l, off);
+            } else {
+              scan_list(tops[i], cq8.data() + i * m16, cbias[i], cdelta[i], l, off);
+            }
+          }
+        }
+        for (size_t i = 0; i < nc; ++i) {
+          auto cand = tops[i].sorted();
+          finish(q0 + i, cand, false);
         }
       }
     }
