@@ -163,6 +163,39 @@ TEST(Index, FastScanKernelEqualsScalarReference) {
   }
 }
 
+// The multi-table kernel (one pass over the codes for several LUTs, 4 at a time) gives each
+// table exactly the single-table reference's sums: 1 to 9 tables (groups of 4 and a rest),
+// every SIMD level, group counts with and without flushes, extreme codes and entries.
+TEST(Index, FastScanMultiKernelEqualsScalarReference) {
+  tq::Rng rng(8);
+  for (size_t mg : {4u, 8u, 100u, 1100u})
+    for (size_t nq : {1u, 2u, 3u, 4u, 5u, 9u}) {
+      const size_t nb = 3;
+      std::vector<uint8_t> codes(nb * mg * 16), luts(nq * mg * 16);
+      for (auto& c : codes) c = static_cast<uint8_t>(rng.below(256));
+      for (auto& t : luts) t = static_cast<uint8_t>(rng.below(256));
+      std::fill(codes.begin(), codes.begin() + mg * 16, 0xFF);
+      std::fill(luts.begin(), luts.begin() + mg * 16, 255);
+      std::vector<std::vector<uint32_t>> ref(nq, std::vector<uint32_t>(nb * 32)), got = ref;
+      std::vector<const uint8_t*> lp(nq);
+      std::vector<uint32_t*> op(nq);
+      for (size_t i = 0; i < nq; ++i) {
+        lp[i] = luts.data() + i * mg * 16;
+        tq::fast_scan_u8_ref(nb, mg, codes.data(), lp[i], ref[i].data());
+      }
+      for (const auto& level : tq::simd::available_levels()) {
+        tq::simd::ScopedLevel sl(level);
+        for (size_t i = 0; i < nq; ++i) {
+          std::fill(got[i].begin(), got[i].end(), 0xDEADBEEF);
+          op[i] = got[i].data();
+        }
+        tq::fast_scan_u8_multi(nb, mg, codes.data(), nq, lp.data(), op.data());
+        for (size_t i = 0; i < nq; ++i)
+          EXPECT_EQ(got[i], ref[i]) << "level " << level << " groups " << mg << " tables " << nq << " table " << i;
+      }
+    }
+}
+
 TEST(Index, FastScanSearchEqualsFloatLutSearch) {
   // With every vector re-ranked, the fast path's final scores are the exact float-LUT scores.
   const int d = 100;

@@ -902,14 +902,13 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
     const BlasSingleThread one_blas_thread;
 #pragma omp parallel num_threads(threads)
     {
-      std::vector<float> cs(qb * LL);
-      // The np best lists by (score desc, list asc): one pass with a min-heap of np over
-      // 64-bit keys (the score's order-preserving bits, then the complemented list index, so
-      // one integer compare orders by score and, among equal scores, prefers the lower
-      // list), then sorted; the same lists and order as a partial sort (of the first np,
-      // +0 ranks above -0).
-      std::vector<uint64_t> heap;
-      heap.reserve(np);
+      const std::unique_ptr<float[]> cs(new float[qb * LL]);  // every entry written by the GEMM before it is read
+      // The np best lists by (score desc, list asc): one pass over 64-bit keys (the score's
+      // order-preserving bits, then the complemented list index, so one integer compare
+      // orders by score and, among equal scores, prefers the lower list) kept in a buffer
+      // (below), then sorted; the same lists and order as a partial sort (+0 ranks above -0).
+      std::vector<uint64_t> best;
+      best.reserve(2 * np);
       auto key_of = [](float f, uint32_t l) {
         uint32_t u;
         std::memcpy(&u, &f, 4);
@@ -929,38 +928,43 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
       for (size_t tile = 0; tile < tiles; ++tile) {
         const size_t q0 = tile * qb, m = std::min(qb, nq - q0);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), L, I.d, 1.0f, qn + q0 * d, I.d,
-                    I.centroids.data(), I.d, 0.0f, cs.data(), L);
+                    I.centroids.data(), I.d, 0.0f, cs.get(), L);
         for (size_t i = 0; i < m; ++i) {
-          const float* si = cs.data() + i * LL;
+          const float* si = cs.get() + i * LL;
           const float* v = si;
           if (!ip) {
             for (size_t l = 0; l < LL; ++l) vb[l] = 2.f * si[l] - I.cnorm2[l];
             v = vb.data();
           }
-          heap.clear();
-          for (size_t l = 0; l < np; ++l) heap.push_back(key_of(v[l], static_cast<uint32_t>(l)));
-          std::make_heap(heap.begin(), heap.end(), greater);
-          // A later list can enter only with a score strictly above the worst kept one (on an
-          // equal score the kept list has the lower index): 16 scores at a time against it.
-          float thr = score_of(heap.front());
+          // Candidates at or above the np-th best score seen so far go to a buffer of 2 np
+          // keys; a full buffer is cut to its np best keys (nth_element), which raises the
+          // bar. The result is the np best keys whatever the cuts: 16 scores at a time are
+          // tested against the bar, and a whole group below it is skipped.
+          best.clear();
+          for (size_t l = 0; l < np; ++l) best.push_back(key_of(v[l], static_cast<uint32_t>(l)));
+          float thr = score_of(*std::min_element(best.begin(), best.end()));
+          auto cut = [&] {
+            std::nth_element(best.begin(), best.begin() + (np - 1), best.end(), greater);
+            best.resize(np);
+            thr = score_of(best[np - 1]);
+          };
           auto offer = [&](size_t l) {
-            if (!(v[l] > thr)) return;
-            std::pop_heap(heap.begin(), heap.end(), greater);
-            heap.back() = key_of(v[l], static_cast<uint32_t>(l));
-            std::push_heap(heap.begin(), heap.end(), greater);
-            thr = score_of(heap.front());
+            if (!(v[l] >= thr)) return;
+            best.push_back(key_of(v[l], static_cast<uint32_t>(l)));
+            if (best.size() == 2 * np) cut();
           };
           size_t l = np;
           for (; l + 16 <= LL; l += 16) {
             bool any = false;
-            for (size_t t = 0; t < 16; ++t) any |= v[l + t] > thr;
+            for (size_t t = 0; t < 16; ++t) any |= v[l + t] >= thr;
             if (any)
               for (size_t t = 0; t < 16; ++t) offer(l + t);
           }
           for (; l < LL; ++l) offer(l);
-          std::sort(heap.begin(), heap.end(), greater);
+          if (best.size() > np) cut();
+          std::sort(best.begin(), best.end(), greater);
           for (size_t j = 0; j < np; ++j) {
-            const uint32_t l = 0xFFFFFFFFu - static_cast<uint32_t>(heap[j]);
+            const uint32_t l = 0xFFFFFFFFu - static_cast<uint32_t>(best[j]);
             probes[(q0 + i) * np + j] = l;
             // ip/cosine: <q, c_l>; l2: -||q - c_l||^2 = 2 <q, c> - ||c||^2 - ||q||^2.
             poff[(q0 + i) * np + j] = l2 ? 2.f * si[l] - I.cnorm2[l] - qsq[q0 + i] : si[l];
@@ -982,10 +986,10 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
 #pragma omp parallel num_threads(threads)
   {
     std::vector<float> flut(I.m * I.lut_stride), yl(d), sc(kChunkBlocks * kBlock), bmax(kChunkBlocks);
-    std::vector<uint8_t> qlut(I.mp * 16), idx(d), idx1(d);
+    std::vector<uint8_t> qlut(4 * I.mp * 16), idx(d), idx1(d);
     const bool refine = I.rbytes > 0 && I.cfg.rerank_refine;
     const bool refine4 = refine && I.fast_ok && I.segs.size() == 1 && I.segs[0].bits == 4 && I.cfg.rerank_bits == 4;
-    std::vector<uint32_t> acc(kChunkBlocks * kBlock);
+    std::vector<uint32_t> acc(4 * kChunkBlocks * kBlock);
     std::vector<float> list_off(LL, 0.f);  // offset of each probed list of the current query
     TopR top;
     float bias = 0, delta = 1;
@@ -1068,25 +1072,47 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
       return stage2_of(s, (d0 + d1) + (d2 + d3), off);
     };
 
-    // Fast scan of list l (offset off) for one query's uint8 LUTs into its candidates t. Blocks
-    // whose best score is below t's worst kept score are skipped (an equal one may still
-    // enter with a lower slot, so equality is scanned).
-    auto scan_list = [&](TopR& t, const uint8_t* q8, float qbias, float qdelta, size_t l, float off) {
+    // Fast scan of list l for g <= 4 queries at once (one pass over the codes): query u's
+    // uint8 LUTs q8s[u] (bias qb[u], step qd[u]) and list offset offs[u], into its candidates
+    // *ts[u]. Blocks whose best score is below a query's worst kept score are skipped for it
+    // (an equal one may still enter with a lower slot, so equality is scanned).
+    auto scan_list = [&](size_t g, TopR* const* ts, const uint8_t* const* q8s, const float* qb, const float* qd,
+                         size_t l, const float* offs) {
       const size_t lb = I.list_begin[l], ls = I.list_size[l];
       const size_t b0 = lb / kBlock, b1 = (lb + ls + kBlock - 1) / kBlock;
+      uint32_t* accs[4];
+      for (size_t u = 0; u < 4; ++u) accs[u] = acc.data() + u * kChunkBlocks * kBlock;
       for (size_t cb = b0; cb < b1; cb += kChunkBlocks) {
         const size_t nb = std::min(kChunkBlocks, b1 - cb);
         const size_t v0 = cb * kBlock, v1 = std::min(lb + ls, (cb + nb) * kBlock);
-        fast_scan_u8(nb, I.mp, I.blocks.data() + cb * I.mp * 16, q8, acc.data());
-        fast_scan_scores(nb * kBlock, acc.data(), I.scale.data() + v0, l2 ? I.norm.data() + v0 : nullptr,
-                         qbias, qdelta, sc.data(), bmax.data());
+        const uint8_t* codes = I.blocks.data() + cb * I.mp * 16;
+        if (g == 1) fast_scan_u8(nb, I.mp, codes, q8s[0], accs[0]);
+        else fast_scan_u8_multi(nb, I.mp, codes, g, q8s, accs);
         const size_t cnt = v1 - v0;
-        for (size_t bi = 0; bi < nb; ++bi) {
-          if (bmax[bi] + off < t.threshold && t.h.size() >= t.cap) continue;
-          const size_t e0 = bi * kBlock, e1 = std::min(cnt, e0 + kBlock);
-          for (size_t r = e0; r < e1; ++r) {
-            const float v = sc[r] + off;
-            if (v >= t.threshold || t.h.size() < t.cap) t.push(v, static_cast<uint32_t>(v0 + r));
+        for (size_t u = 0; u < g; ++u) {
+          TopR& t = *ts[u];
+          const float off = offs[u];
+          fast_scan_scores(nb * kBlock, accs[u], I.scale.data() + v0, l2 ? I.norm.data() + v0 : nullptr, qb[u], qd[u],
+                           sc.data(), bmax.data());
+          for (size_t bi = 0; bi < nb; ++bi) {
+            const size_t e0 = bi * kBlock, e1 = std::min(cnt, e0 + kBlock);
+            if (t.h.size() < t.cap) {
+              for (size_t r = e0; r < e1; ++r) t.push(sc[r] + off, static_cast<uint32_t>(v0 + r));
+              continue;
+            }
+            if (bmax[bi] + off < t.threshold) continue;
+            // The block's slots at or above the threshold as a bit mask, then only those, each
+            // checked again against the threshold it has risen to.
+            const float thr = t.threshold;
+            uint32_t mask = 0;
+            for (size_t r = 0; r < kBlock; ++r) mask |= static_cast<uint32_t>(sc[e0 + r] + off >= thr) << r;
+            if (e1 - e0 < kBlock) mask &= (1u << (e1 - e0)) - 1u;
+            while (mask != 0) {
+              const size_t r = e0 + static_cast<size_t>(__builtin_ctz(mask));
+              mask &= mask - 1;
+              const float v = sc[r] + off;
+              if (v >= t.threshold) t.push(v, static_cast<uint32_t>(v0 + r));
+            }
           }
         }
       }
@@ -1175,7 +1201,9 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
             for (size_t o = 0; o < nbl * kBlock; o += 16) __builtin_prefetch(I.scale.data() + nb0 * kBlock + o);
           }
           if (fast) {
-            scan_list(top, qlut.data(), bias, delta, l, off);
+            TopR* tp = &top;
+            const uint8_t* q8 = qlut.data();
+            scan_list(1, &tp, &q8, &bias, &delta, l, &off);
           } else {
             const size_t lb = I.list_begin[l], ls = I.list_size[l];
             for (size_t s = lb; s < lb + ls; ++s)
@@ -1193,7 +1221,8 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
       std::vector<uint8_t> cq8(chunk * m16);
       std::vector<float> cbias(chunk), cdelta(chunk);
       std::vector<TopR> tops(chunk);
-      std::vector<uint32_t> head(LL + 1), fill(LL), pairs(chunk * np);
+      std::vector<uint32_t> head(LL + 1), fill(LL);
+      std::vector<std::pair<uint32_t, float>> pairs(chunk * np);  // (query in the chunk, list offset)
 #pragma omp for schedule(dynamic, 1)
       for (size_t c = 0; c < n_chunks; ++c) {
         const size_t q0 = c * chunk, nc = std::min(chunk, nq - q0);
@@ -1206,18 +1235,29 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
         for (size_t e = 0; e < nc * np; ++e) ++head[pr[e] + 1];
         for (size_t l = 0; l < LL; ++l) head[l + 1] += head[l];
         std::copy(head.begin(), head.end() - 1, fill.begin());
-        for (size_t e = 0; e < nc * np; ++e) pairs[fill[pr[e]]++] = static_cast<uint32_t>(e);
+        for (size_t e = 0; e < nc * np; ++e) pairs[fill[pr[e]]++] = {static_cast<uint32_t>(e / np), poff[q0 * np + e]};
         for (size_t l = 0; l < LL; ++l) {
           if (head[l] == head[l + 1] || I.list_size[l] == 0) continue;
-          for (size_t e = head[l]; e < head[l + 1]; ++e) {
-            const size_t i = pairs[e] / np;
-            const float off = poff[q0 * np + pairs[e]];
-            if (l2) {
-              build_luts(I, list_query(qr + (q0 + i) * d, l), flut.data(), qlut.data(), &bias, &delta);
-              scan_list(tops[i], qlut.data(), bias, delta, l, off);
-            } else {
-              scan_list(tops[i], cq8.data() + i * m16, cbias[i], cdelta[i], l, off);
+          // The list's queries four at a time (l2: their LUTs of this list built first).
+          for (size_t e = head[l]; e < head[l + 1]; e += 4) {
+            const size_t g = std::min<size_t>(4, head[l + 1] - e);
+            TopR* ts[4];
+            const uint8_t* q8s[4];
+            float qb[4], qd[4], offs[4];
+            for (size_t u = 0; u < g; ++u) {
+              const size_t i = pairs[e + u].first;
+              ts[u] = &tops[i];
+              offs[u] = pairs[e + u].second;
+              if (l2) {
+                build_luts(I, list_query(qr + (q0 + i) * d, l), flut.data(), qlut.data() + u * m16, &qb[u], &qd[u]);
+                q8s[u] = qlut.data() + u * m16;
+              } else {
+                q8s[u] = cq8.data() + i * m16;
+                qb[u] = cbias[i];
+                qd[u] = cdelta[i];
+              }
             }
+            scan_list(g, ts, q8s, qb, qd, l, offs);
           }
         }
         for (size_t i = 0; i < nc; ++i) {
