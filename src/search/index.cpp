@@ -857,8 +857,10 @@ void build_luts(const Index::Impl& I, const float* y, float* lut, uint8_t* q8, f
 }
 
 
-// Queries per list-major chunk at most (per thread: chunk * (nprobe + mp * 16 + r1 * 8) bytes).
+// List-major chunks: at most this many queries, and at most kIvfMaxChunkPairs (query, probe)
+// pairs (per thread: 8 bytes a pair, mp * 16 bytes of LUTs and r1 * 8 of candidates a query).
 constexpr size_t kIvfMaxChunk = 1024;
+constexpr size_t kIvfMaxChunkPairs = size_t{1} << 20;
 
 // IVF search: coarse GEMM against the centroids, the nprobe best lists per query, fast scan
 // (or float LUTs) within each list, a per-list additive offset making scores comparable
@@ -976,11 +978,12 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
 
   const size_t kChunkBlocks = 64;
   // Scan order (IvfScanOrder): list-major in chunks of queries (nq / threads, at most
-  // kIvfMaxChunk), one chunk per thread at a time, when a chunk's probes cover half the lists
-  // or more (2 chunk nprobe >= nlist); otherwise per query. Measured at 1M, nlist 4096,
+  // kIvfMaxChunk and kIvfMaxChunkPairs / nprobe), one chunk per thread at a time, when a
+  // chunk's probes cover half the lists or more (2 chunk nprobe >= nlist); otherwise per query. Measured at 1M, nlist 4096,
   // nprobe 48, 1 thread (docs/design.md): per-query / list-major CPU time 0.99 at 16
   // queries a call, 1.03 at 32, 1.11 at 64, 1.31 at 128 and 256.
-  const size_t chunk = std::max<size_t>(1, std::min<size_t>(kIvfMaxChunk, (nq + threads - 1) / threads));
+  const size_t chunk = std::max<size_t>(
+      1, std::min({kIvfMaxChunk, kIvfMaxChunkPairs / np, (nq + threads - 1) / threads}));
   const size_t n_chunks = (nq + chunk - 1) / chunk;
   const IvfScanOrder order = ivf_scan_order();
   const bool list_major = fast && (order == IvfScanOrder::list_major ||
