@@ -163,6 +163,39 @@ TEST(Index, FastScanKernelEqualsScalarReference) {
   }
 }
 
+// The multi-table kernel (one pass over the codes for several LUTs, 4 at a time) gives each
+// table exactly the single-table reference's sums: 1 to 9 tables (groups of 4 and a rest),
+// every SIMD level, group counts with and without flushes, extreme codes and entries.
+TEST(Index, FastScanMultiKernelEqualsScalarReference) {
+  tq::Rng rng(8);
+  for (size_t mg : {4u, 8u, 100u, 1100u})
+    for (size_t nq : {1u, 2u, 3u, 4u, 5u, 9u}) {
+      const size_t nb = 3;
+      std::vector<uint8_t> codes(nb * mg * 16), luts(nq * mg * 16);
+      for (auto& c : codes) c = static_cast<uint8_t>(rng.below(256));
+      for (auto& t : luts) t = static_cast<uint8_t>(rng.below(256));
+      std::fill(codes.begin(), codes.begin() + mg * 16, 0xFF);
+      std::fill(luts.begin(), luts.begin() + mg * 16, 255);
+      std::vector<std::vector<uint32_t>> ref(nq, std::vector<uint32_t>(nb * 32)), got = ref;
+      std::vector<const uint8_t*> lp(nq);
+      std::vector<uint32_t*> op(nq);
+      for (size_t i = 0; i < nq; ++i) {
+        lp[i] = luts.data() + i * mg * 16;
+        tq::fast_scan_u8_ref(nb, mg, codes.data(), lp[i], ref[i].data());
+      }
+      for (const auto& level : tq::simd::available_levels()) {
+        tq::simd::ScopedLevel sl(level);
+        for (size_t i = 0; i < nq; ++i) {
+          std::fill(got[i].begin(), got[i].end(), 0xDEADBEEF);
+          op[i] = got[i].data();
+        }
+        tq::fast_scan_u8_multi(nb, mg, codes.data(), nq, lp.data(), op.data());
+        for (size_t i = 0; i < nq; ++i)
+          EXPECT_EQ(got[i], ref[i]) << "level " << level << " groups " << mg << " tables " << nq << " table " << i;
+      }
+    }
+}
+
 TEST(Index, FastScanSearchEqualsFloatLutSearch) {
   // With every vector re-ranked, the fast path's final scores are the exact float-LUT scores.
   const int d = 100;
@@ -572,6 +605,14 @@ void fix_payload_checksum(std::vector<uint8_t>& b) {
   st64(b.data() + 112, tq::checksum64(b.data() + 128, b.size() - 128));
   fix_header_checksum(b);
 }
+// Forces the IVF scan order (src/search/index_internal.h) for a scope.
+struct ScopedScanOrder {
+  explicit ScopedScanOrder(tq::IvfScanOrder o) { tq::set_ivf_scan_order(o); }
+  ~ScopedScanOrder() { tq::set_ivf_scan_order(tq::IvfScanOrder::automatic); }
+  ScopedScanOrder(const ScopedScanOrder&) = delete;
+  ScopedScanOrder& operator=(const ScopedScanOrder&) = delete;
+};
+constexpr tq::IvfScanOrder kScanOrders[] = {tq::IvfScanOrder::per_query, tq::IvfScanOrder::list_major};
 size_t overlap(const Results& a, const Results& b, size_t nq, int k) {
   size_t same = 0;
   for (size_t i = 0; i < nq; ++i) {
@@ -610,9 +651,13 @@ TEST(Ivf, AllListsProbedEqualsExhaustiveScanOfTheSameCodes) {
       a.rerank = static_cast<int>(n);
       b.fast_scan = false;
       const int k = 10;
-      auto ra = run(idx, q, k, a), rb = run(idx, q, k, b);
       const std::string what = idx.describe();
-      expect_same_up_to_ties(ra, rb, nq, k, what);
+      auto rb = run(idx, q, k, b);
+      // Either fast-scan order (per query, list-major) against the exhaustive float-LUT scan.
+      for (tq::IvfScanOrder o : kScanOrders) {
+        ScopedScanOrder so(o);
+        expect_same_up_to_ties(run(idx, q, k, a), rb, nq, k, what + " order " + std::to_string(static_cast<int>(o)));
+      }
       // And recall against exact search is that of the codes, at every nprobe it can only
       // lose candidates: recall(nprobe = 4) <= recall(all) + noise, recall(4) high at 4 bits.
       if (bits == 4.0) {
@@ -641,6 +686,60 @@ TEST(Ivf, FastScanWithinListsMatchesFloatLuts) {
     auto ra = run(idx, q, 10, a), rb = run(idx, q, 10, b);
     EXPECT_GE(overlap(ra, rb, nq, 10), static_cast<size_t>(0.95 * nq * 10)) << idx.describe();
   }
+}
+
+// The list-major scan (each probed list scanned once for all the queries of a chunk probing
+// it, src/search/index.cpp) returns exactly what the per-query scan returns: the same ids and
+// the same score bits, for every metric, fast-scan width and second stage, with nprobe from 1
+// to nlist, re-ranking off, default and deep, k = 1 and 10, 1 to 3 threads (chunks of a
+// third of the queries), and duplicated vectors (equal scores, ties between candidates).
+TEST(Ivf, ListMajorScanEqualsPerQueryScanExactly) {
+  const int d = 40;
+  const size_t half = small() ? 400 : 1000, nq = 64;
+  auto x = make_data(half, d, 51);
+  x.insert(x.end(), x.begin(), x.end());  // every vector twice
+  const size_t n = 2 * half;
+  auto q = make_data(nq, d, 52);
+  struct Width {
+    double bits;
+    int rerank_bits;
+    bool refine;
+  };
+  const Width widths[] = {{4, 0, false}, {4, 4, true}, {4, 8, false}, {3, 0, false},
+                          {2.5, 0, false}, {2, 2, true}, {1, 0, false}};
+  size_t compared = 0, ties = 0;
+  for (tq::Metric m : {tq::Metric::cosine, tq::Metric::ip, tq::Metric::l2})
+    for (const Width& w : widths) {
+      const int nlist = 16;
+      auto c = ivf_cfg(d, w.bits, m, nlist);
+      c.rerank_bits = w.rerank_bits;
+      c.rerank_refine = w.refine;
+      tq::Index idx(c);
+      idx.add(n, x.data());
+      const std::string what = idx.describe();
+      for (int nprobe : {1, 5, nlist})
+        for (int rerank : {0, -1, 40})
+          for (int threads : {1, 2, 3})
+            for (int k : {1, 10}) {
+              tq::SearchParams p;
+              p.nprobe = nprobe;
+              p.rerank = rerank;
+              p.n_threads = threads;
+              Results r[2];
+              for (int o = 0; o < 2; ++o) {
+                ScopedScanOrder so(kScanOrders[o]);
+                r[o] = run(idx, q, k, p);
+              }
+              const std::string at = what + " nprobe " + std::to_string(nprobe) + " rerank " + std::to_string(rerank) +
+                                     " threads " + std::to_string(threads) + " k " + std::to_string(k);
+              ASSERT_EQ(r[0].id, r[1].id) << at;
+              ASSERT_EQ(0, std::memcmp(r[0].s.data(), r[1].s.data(), r[0].s.size() * sizeof(float))) << at;
+              ++compared;
+              for (size_t i = 0; i + 1 < nq * k; ++i) ties += (i + 1) % k != 0 && r[0].s[i] == r[0].s[i + 1];
+            }
+    }
+  EXPECT_EQ(compared, 3u * 7 * 3 * 3 * 3 * 2);
+  EXPECT_GT(ties, 0u);  // the duplicates do put equal scores side by side in the results
 }
 
 // nearest_centroids (the lane-wise argmax over tiles) equals one sequential strict-greater
@@ -1216,7 +1315,10 @@ TEST(IvfRerank, RefiningSecondStageDecodesInsideTheCellsAndEqualsBruteForce) {
         tq::SearchParams p;
         p.nprobe = nlist;
         p.rerank = static_cast<int>(n);
-        expect_same_up_to_ties(run(a, q, k, p), bf, nq, k, what);
+        for (tq::IvfScanOrder o : kScanOrders) {
+          ScopedScanOrder so(o);
+          expect_same_up_to_ties(run(a, q, k, p), bf, nq, k, what + " order " + std::to_string(static_cast<int>(o)));
+        }
       }
 }
 

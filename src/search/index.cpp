@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <functional>
 #include <cmath>
 #include <cstring>
@@ -720,16 +721,28 @@ void Index::add(size_t n, const float* x, const int64_t* ids) {
 // Search
 
 namespace {
+std::atomic<int> g_ivf_scan_order{0};
+}  // namespace
 
-// Best-R selection (higher score is better) over vector indices.
+void set_ivf_scan_order(IvfScanOrder o) noexcept { g_ivf_scan_order.store(static_cast<int>(o)); }
+IvfScanOrder ivf_scan_order() noexcept { return static_cast<IvfScanOrder>(g_ivf_scan_order.load()); }
+
+namespace {
+
+// Best-R selection over vector indices in one total order: higher score first, then the
+// lower index. The kept set is the best R of everything pushed whatever the order of the
+// pushes (a push equal in score to the worst kept one enters when its index is lower), so
+// the IVF scan may visit a query's lists in any order and return the same candidates.
 struct TopR {
   size_t cap = 0;
   std::vector<std::pair<float, uint32_t>> h;  // min-heap on score
   float threshold = -std::numeric_limits<float>::infinity();
+  uint32_t threshold_id = 0;  // index of the worst kept entry once full
   void reset(size_t c) {
     cap = c;
     h.clear();
     threshold = -std::numeric_limits<float>::infinity();
+    threshold_id = 0;
   }
   struct Better {
     bool operator()(const std::pair<float, uint32_t>& a, const std::pair<float, uint32_t>& b) const noexcept {
@@ -741,12 +754,16 @@ struct TopR {
     if (h.size() < cap) {
       h.emplace_back(s, i);
       std::push_heap(h.begin(), h.end(), cmp);
-      if (h.size() == cap) threshold = h.front().first;
-    } else if (s > threshold) {
+      if (h.size() == cap) {
+        threshold = h.front().first;
+        threshold_id = h.front().second;
+      }
+    } else if (s > threshold || (s == threshold && i < threshold_id)) {
       std::pop_heap(h.begin(), h.end(), cmp);
       h.back() = {s, i};
       std::push_heap(h.begin(), h.end(), cmp);
       threshold = h.front().first;
+      threshold_id = h.front().second;
     }
   }
   // Sorted best first.
@@ -840,6 +857,11 @@ void build_luts(const Index::Impl& I, const float* y, float* lut, uint8_t* q8, f
 }
 
 
+// List-major chunks: at most this many queries, and at most kIvfMaxChunkPairs (query, probe)
+// pairs (per thread: 8 bytes a pair, mp * 16 bytes of LUTs and r1 * 8 of candidates a query).
+constexpr size_t kIvfMaxChunk = 1024;
+constexpr size_t kIvfMaxChunkPairs = size_t{1} << 20;
+
 // IVF search: coarse GEMM against the centroids, the nprobe best lists per query, fast scan
 // (or float LUTs) within each list, a per-list additive offset making scores comparable
 // across lists, then the same re-ranking stages as the flat index.
@@ -882,14 +904,13 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
     const BlasSingleThread one_blas_thread;
 #pragma omp parallel num_threads(threads)
     {
-      std::vector<float> cs(qb * LL);
-      // The np best lists by (score desc, list asc): one pass with a min-heap of np over
-      // 64-bit keys (the score's order-preserving bits, then the complemented list index, so
-      // one integer compare orders by score and, among equal scores, prefers the lower
-      // list), then sorted; the same lists and order as a partial sort (of the first np,
-      // +0 ranks above -0).
-      std::vector<uint64_t> heap;
-      heap.reserve(np);
+      const std::unique_ptr<float[]> cs(new float[qb * LL]);  // every entry written by the GEMM before it is read
+      // The np best lists by (score desc, list asc): one pass over 64-bit keys (the score's
+      // order-preserving bits, then the complemented list index, so one integer compare
+      // orders by score and, among equal scores, prefers the lower list) kept in a buffer
+      // (below), then sorted; the same lists and order as a partial sort (+0 ranks above -0).
+      std::vector<uint64_t> best;
+      best.reserve(2 * np);
       auto key_of = [](float f, uint32_t l) {
         uint32_t u;
         std::memcpy(&u, &f, 4);
@@ -909,38 +930,43 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
       for (size_t tile = 0; tile < tiles; ++tile) {
         const size_t q0 = tile * qb, m = std::min(qb, nq - q0);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), L, I.d, 1.0f, qn + q0 * d, I.d,
-                    I.centroids.data(), I.d, 0.0f, cs.data(), L);
+                    I.centroids.data(), I.d, 0.0f, cs.get(), L);
         for (size_t i = 0; i < m; ++i) {
-          const float* si = cs.data() + i * LL;
+          const float* si = cs.get() + i * LL;
           const float* v = si;
           if (!ip) {
             for (size_t l = 0; l < LL; ++l) vb[l] = 2.f * si[l] - I.cnorm2[l];
             v = vb.data();
           }
-          heap.clear();
-          for (size_t l = 0; l < np; ++l) heap.push_back(key_of(v[l], static_cast<uint32_t>(l)));
-          std::make_heap(heap.begin(), heap.end(), greater);
-          // A later list can enter only with a score strictly above the worst kept one (on an
-          // equal score the kept list has the lower index): 16 scores at a time against it.
-          float thr = score_of(heap.front());
+          // Candidates at or above the np-th best score seen so far go to a buffer of 2 np
+          // keys; a full buffer is cut to its np best keys (nth_element), which raises the
+          // bar. The result is the np best keys whatever the cuts: 16 scores at a time are
+          // tested against the bar, and a whole group below it is skipped.
+          best.clear();
+          for (size_t l = 0; l < np; ++l) best.push_back(key_of(v[l], static_cast<uint32_t>(l)));
+          float thr = score_of(*std::min_element(best.begin(), best.end()));
+          auto cut = [&] {
+            std::nth_element(best.begin(), best.begin() + (np - 1), best.end(), greater);
+            best.resize(np);
+            thr = score_of(best[np - 1]);
+          };
           auto offer = [&](size_t l) {
-            if (!(v[l] > thr)) return;
-            std::pop_heap(heap.begin(), heap.end(), greater);
-            heap.back() = key_of(v[l], static_cast<uint32_t>(l));
-            std::push_heap(heap.begin(), heap.end(), greater);
-            thr = score_of(heap.front());
+            if (!(v[l] >= thr)) return;
+            best.push_back(key_of(v[l], static_cast<uint32_t>(l)));
+            if (best.size() == 2 * np) cut();
           };
           size_t l = np;
           for (; l + 16 <= LL; l += 16) {
             bool any = false;
-            for (size_t t = 0; t < 16; ++t) any |= v[l + t] > thr;
+            for (size_t t = 0; t < 16; ++t) any |= v[l + t] >= thr;
             if (any)
               for (size_t t = 0; t < 16; ++t) offer(l + t);
           }
           for (; l < LL; ++l) offer(l);
-          std::sort(heap.begin(), heap.end(), greater);
+          if (best.size() > np) cut();
+          std::sort(best.begin(), best.end(), greater);
           for (size_t j = 0; j < np; ++j) {
-            const uint32_t l = 0xFFFFFFFFu - static_cast<uint32_t>(heap[j]);
+            const uint32_t l = 0xFFFFFFFFu - static_cast<uint32_t>(best[j]);
             probes[(q0 + i) * np + j] = l;
             // ip/cosine: <q, c_l>; l2: -||q - c_l||^2 = 2 <q, c> - ||c||^2 - ||q||^2.
             poff[(q0 + i) * np + j] = l2 ? 2.f * si[l] - I.cnorm2[l] - qsq[q0 + i] : si[l];
@@ -951,13 +977,24 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
   }
 
   const size_t kChunkBlocks = 64;
+  // Scan order (IvfScanOrder): list-major in chunks of queries (nq / threads, at most
+  // kIvfMaxChunk and kIvfMaxChunkPairs / nprobe), one chunk per thread at a time, when a
+  // chunk's probes cover half the lists or more (2 chunk nprobe >= nlist); otherwise per query. Measured at 1M, nlist 4096,
+  // nprobe 48, 1 thread (docs/design.md): per-query / list-major CPU time 0.99 at 16
+  // queries a call, 1.03 at 32, 1.11 at 64, 1.31 at 128 and 256.
+  const size_t chunk = std::max<size_t>(
+      1, std::min({kIvfMaxChunk, kIvfMaxChunkPairs / np, (nq + threads - 1) / threads}));
+  const size_t n_chunks = (nq + chunk - 1) / chunk;
+  const IvfScanOrder order = ivf_scan_order();
+  const bool list_major = fast && (order == IvfScanOrder::list_major ||
+                                   (order == IvfScanOrder::automatic && 2 * chunk * np >= LL));
 #pragma omp parallel num_threads(threads)
   {
     std::vector<float> flut(I.m * I.lut_stride), yl(d), sc(kChunkBlocks * kBlock), bmax(kChunkBlocks);
-    std::vector<uint8_t> qlut(I.mp * 16), idx(d), idx1(d);
+    std::vector<uint8_t> qlut(4 * I.mp * 16), idx(d), idx1(d);
     const bool refine = I.rbytes > 0 && I.cfg.rerank_refine;
     const bool refine4 = refine && I.fast_ok && I.segs.size() == 1 && I.segs[0].bits == 4 && I.cfg.rerank_bits == 4;
-    std::vector<uint32_t> acc(kChunkBlocks * kBlock);
+    std::vector<uint32_t> acc(4 * kChunkBlocks * kBlock);
     std::vector<float> list_off(LL, 0.f);  // offset of each probed list of the current query
     TopR top;
     float bias = 0, delta = 1;
@@ -1040,50 +1077,57 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
       return stage2_of(s, (d0 + d1) + (d2 + d3), off);
     };
 
-#pragma omp for schedule(dynamic, 4)
-    for (size_t qi = 0; qi < nq; ++qi) {
-      const float* y = qr + qi * d;
-      top.reset(r1);
-      for (size_t j = 0; j < np; ++j) list_off[probes[qi * np + j]] = poff[qi * np + j];
-      if (!l2) build_luts(I, y, flut.data(), fast ? qlut.data() : nullptr, &bias, &delta);
-      for (size_t j = 0; j < np; ++j) {
-        const size_t l = probes[qi * np + j];
-        const float off = poff[qi * np + j];
-        const size_t lb = I.list_begin[l], ls = I.list_size[l];
-        if (ls == 0) continue;
-        if (l2) build_luts(I, list_query(y, l), flut.data(), fast ? qlut.data() : nullptr, &bias, &delta);
-        if (fast && j + 1 < np) {
-          // The next probed list's first two blocks and their scales, while this one is scanned.
-          const size_t nl = probes[qi * np + j + 1];
-          const size_t nb0 = I.list_begin[nl] / kBlock;
-          const size_t nbl = std::min<size_t>(2, (I.list_size[nl] + kBlock - 1) / kBlock);
-          const uint8_t* pb = I.blocks.data() + nb0 * I.mp * 16;
-          for (size_t o = 0; o < nbl * I.mp * 16; o += 64) __builtin_prefetch(pb + o);
-          for (size_t o = 0; o < nbl * kBlock; o += 16) __builtin_prefetch(I.scale.data() + nb0 * kBlock + o);
-        }
-        if (fast) {
-          const size_t b0 = lb / kBlock, b1 = (lb + ls + kBlock - 1) / kBlock;
-          for (size_t cb = b0; cb < b1; cb += kChunkBlocks) {
-            const size_t nb = std::min(kChunkBlocks, b1 - cb);
-            const size_t v0 = cb * kBlock, v1 = std::min(lb + ls, (cb + nb) * kBlock);
-            fast_scan_u8(nb, I.mp, I.blocks.data() + cb * I.mp * 16, qlut.data(), acc.data());
-            fast_scan_scores(nb * kBlock, acc.data(), I.scale.data() + v0, l2 ? I.norm.data() + v0 : nullptr,
-                             bias, delta, sc.data(), bmax.data());
-            const size_t cnt = v1 - v0;
-            for (size_t bi = 0; bi < nb; ++bi) {
-              if (bmax[bi] + off <= top.threshold && top.h.size() >= top.cap) continue;
-              const size_t e0 = bi * kBlock, e1 = std::min(cnt, e0 + kBlock);
-              for (size_t r = e0; r < e1; ++r) {
-                const float v = sc[r] + off;
-                if (v > top.threshold || top.h.size() < top.cap) top.push(v, static_cast<uint32_t>(v0 + r));
-              }
+    // Fast scan of list l for g <= 4 queries at once (one pass over the codes): query u's
+    // uint8 LUTs q8s[u] (bias qb[u], step qd[u]) and list offset offs[u], into its candidates
+    // *ts[u]. Blocks whose best score is below a query's worst kept score are skipped for it
+    // (an equal one may still enter with a lower slot, so equality is scanned).
+    auto scan_list = [&](size_t g, TopR* const* ts, const uint8_t* const* q8s, const float* qb, const float* qd,
+                         size_t l, const float* offs) {
+      const size_t lb = I.list_begin[l], ls = I.list_size[l];
+      const size_t b0 = lb / kBlock, b1 = (lb + ls + kBlock - 1) / kBlock;
+      uint32_t* accs[4];
+      for (size_t u = 0; u < 4; ++u) accs[u] = acc.data() + u * kChunkBlocks * kBlock;
+      for (size_t cb = b0; cb < b1; cb += kChunkBlocks) {
+        const size_t nb = std::min(kChunkBlocks, b1 - cb);
+        const size_t v0 = cb * kBlock, v1 = std::min(lb + ls, (cb + nb) * kBlock);
+        const uint8_t* codes = I.blocks.data() + cb * I.mp * 16;
+        if (g == 1) fast_scan_u8(nb, I.mp, codes, q8s[0], accs[0]);
+        else fast_scan_u8_multi(nb, I.mp, codes, g, q8s, accs);
+        const size_t cnt = v1 - v0;
+        for (size_t u = 0; u < g; ++u) {
+          TopR& t = *ts[u];
+          const float off = offs[u];
+          fast_scan_scores(nb * kBlock, accs[u], I.scale.data() + v0, l2 ? I.norm.data() + v0 : nullptr, qb[u], qd[u],
+                           sc.data(), bmax.data());
+          for (size_t bi = 0; bi < nb; ++bi) {
+            const size_t e0 = bi * kBlock, e1 = std::min(cnt, e0 + kBlock);
+            if (t.h.size() < t.cap) {
+              for (size_t r = e0; r < e1; ++r) t.push(sc[r] + off, static_cast<uint32_t>(v0 + r));
+              continue;
+            }
+            if (bmax[bi] + off < t.threshold) continue;
+            // The block's slots at or above the threshold as a bit mask, then only those, each
+            // checked again against the threshold it has risen to.
+            const float thr = t.threshold;
+            uint32_t mask = 0;
+            for (size_t r = 0; r < kBlock; ++r) mask |= static_cast<uint32_t>(sc[e0 + r] + off >= thr) << r;
+            if (e1 - e0 < kBlock) mask &= (1u << (e1 - e0)) - 1u;
+            while (mask != 0) {
+              const size_t r = e0 + static_cast<size_t>(__builtin_ctz(mask));
+              mask &= mask - 1;
+              const float v = sc[r] + off;
+              if (v >= t.threshold) t.push(v, static_cast<uint32_t>(v0 + r));
             }
           }
-        } else {
-          for (size_t s = lb; s < lb + ls; ++s) top.push(internal(s, exact_lut_dot(flut.data(), s)) + off, static_cast<uint32_t>(s));
         }
       }
-      auto cand = top.sorted();
+    };
+
+    // Re-rank stages and output of query qi from its scan candidates (best first). flut_ready:
+    // flut already holds qi's float LUTs (ip, cosine).
+    auto finish = [&](size_t qi, std::vector<std::pair<float, uint32_t>>& cand, bool flut_ready) {
+      const float* y = qr + qi * d;
+      for (size_t j = 0; j < np; ++j) list_off[probes[qi * np + j]] = poff[qi * np + j];
       if (stage2) {
         // The candidates' codes are scattered: prefetch the one four ahead (its fast-layout
         // block rows when the first code is read too, and its second-stage bytes).
@@ -1103,6 +1147,7 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
         std::sort(cand.begin(), cand.end(), TopR::cmp);
         if (cand.size() > r2) cand.resize(r2);
       } else if (fast && rerank > 0) {
+        if (!l2 && !flut_ready) build_luts(I, y, flut.data(), nullptr, nullptr, nullptr);
         for (auto& c : cand) {
           const size_t l = I.list_of(c.second);
           const float off = list_off[l];
@@ -1136,6 +1181,93 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
         } else {
           so[r] = worst;
           io[r] = -1;
+        }
+      }
+    };
+
+    if (!list_major) {
+#pragma omp for schedule(dynamic, 4)
+      for (size_t qi = 0; qi < nq; ++qi) {
+        const float* y = qr + qi * d;
+        top.reset(r1);
+        if (!l2) build_luts(I, y, flut.data(), fast ? qlut.data() : nullptr, &bias, &delta);
+        for (size_t j = 0; j < np; ++j) {
+          const size_t l = probes[qi * np + j];
+          const float off = poff[qi * np + j];
+          if (I.list_size[l] == 0) continue;
+          if (l2) build_luts(I, list_query(y, l), flut.data(), fast ? qlut.data() : nullptr, &bias, &delta);
+          if (fast && j + 1 < np) {
+            // The next probed list's first two blocks and their scales, while this one is scanned.
+            const size_t nl = probes[qi * np + j + 1];
+            const size_t nb0 = I.list_begin[nl] / kBlock;
+            const size_t nbl = std::min<size_t>(2, (I.list_size[nl] + kBlock - 1) / kBlock);
+            const uint8_t* pb = I.blocks.data() + nb0 * I.mp * 16;
+            for (size_t o = 0; o < nbl * I.mp * 16; o += 64) __builtin_prefetch(pb + o);
+            for (size_t o = 0; o < nbl * kBlock; o += 16) __builtin_prefetch(I.scale.data() + nb0 * kBlock + o);
+          }
+          if (fast) {
+            TopR* tp = &top;
+            const uint8_t* q8 = qlut.data();
+            scan_list(1, &tp, &q8, &bias, &delta, l, &off);
+          } else {
+            const size_t lb = I.list_begin[l], ls = I.list_size[l];
+            for (size_t s = lb; s < lb + ls; ++s)
+              top.push(internal(s, exact_lut_dot(flut.data(), s)) + off, static_cast<uint32_t>(s));
+          }
+        }
+        auto cand = top.sorted();
+        finish(qi, cand, true);
+      }
+    } else {
+      // List-major (fast scan only): the chunk's (query, probe) pairs grouped by list, each
+      // probed list scanned once for all of them in list order (codes read from memory once,
+      // then from cache), every query keeping its own candidates; then each query re-ranked.
+      const size_t m16 = I.mp * 16;
+      std::vector<uint8_t> cq8(chunk * m16);
+      std::vector<float> cbias(chunk), cdelta(chunk);
+      std::vector<TopR> tops(chunk);
+      std::vector<uint32_t> head(LL + 1), fill(LL);
+      std::vector<std::pair<uint32_t, float>> pairs(chunk * np);  // (query in the chunk, list offset)
+#pragma omp for schedule(dynamic, 1)
+      for (size_t c = 0; c < n_chunks; ++c) {
+        const size_t q0 = c * chunk, nc = std::min(chunk, nq - q0);
+        const uint32_t* pr = probes.data() + q0 * np;
+        if (!l2)
+          for (size_t i = 0; i < nc; ++i)
+            build_luts(I, qr + (q0 + i) * d, flut.data(), cq8.data() + i * m16, &cbias[i], &cdelta[i]);
+        for (size_t i = 0; i < nc; ++i) tops[i].reset(r1);
+        std::fill(head.begin(), head.end(), 0u);
+        for (size_t e = 0; e < nc * np; ++e) ++head[pr[e] + 1];
+        for (size_t l = 0; l < LL; ++l) head[l + 1] += head[l];
+        std::copy(head.begin(), head.end() - 1, fill.begin());
+        for (size_t e = 0; e < nc * np; ++e) pairs[fill[pr[e]]++] = {static_cast<uint32_t>(e / np), poff[q0 * np + e]};
+        for (size_t l = 0; l < LL; ++l) {
+          if (head[l] == head[l + 1] || I.list_size[l] == 0) continue;
+          // The list's queries four at a time (l2: their LUTs of this list built first).
+          for (size_t e = head[l]; e < head[l + 1]; e += 4) {
+            const size_t g = std::min<size_t>(4, head[l + 1] - e);
+            TopR* ts[4];
+            const uint8_t* q8s[4];
+            float qb[4], qd[4], offs[4];
+            for (size_t u = 0; u < g; ++u) {
+              const size_t i = pairs[e + u].first;
+              ts[u] = &tops[i];
+              offs[u] = pairs[e + u].second;
+              if (l2) {
+                build_luts(I, list_query(qr + (q0 + i) * d, l), flut.data(), qlut.data() + u * m16, &qb[u], &qd[u]);
+                q8s[u] = qlut.data() + u * m16;
+              } else {
+                q8s[u] = cq8.data() + i * m16;
+                qb[u] = cbias[i];
+                qd[u] = cdelta[i];
+              }
+            }
+            scan_list(g, ts, q8s, qb, qd, l, offs);
+          }
+        }
+        for (size_t i = 0; i < nc; ++i) {
+          auto cand = tops[i].sorted();
+          finish(q0 + i, cand, false);
         }
       }
     }

@@ -43,6 +43,15 @@ class BlasSingleThread {
   BlasSingleThread& operator=(const BlasSingleThread&) = delete;
 };
 
+// IVF fast-scan order (index.cpp): per query (each query scans its probed lists, best
+// first) or list-major (a chunk of queries is inverted to list -> queries and each probed
+// list is scanned once for all the queries of the chunk probing it). Both return the same
+// results; `automatic` picks by batch size. Tests and benchmarks force one with this
+// process-wide override (default automatic).
+enum class IvfScanOrder : int { automatic = 0, per_query = 1, list_major = 2 };
+void set_ivf_scan_order(IvfScanOrder o) noexcept;
+IvfScanOrder ivf_scan_order() noexcept;
+
 // IVF coarse quantizer (kmeans.cpp). nearest_centroids: out[i] = argmin_j ||x_i - c_j||^2
 // (ties: lowest j) for x: n * dim, c: k * dim, cn2: k squared norms; best_out (optional):
 // 2 <x_i, c> - ||c||^2 of the winner. kmeans: k centroids (k * dim floats) of the rows of x
