@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The A/B helper programs CMake builds from bench/ (attn_cpu_time, qbuild, qbench) run: a small
+"""The A/B helper programs CMake builds from bench/ (attn_cpu_time, qbuild, qbench, qorder) run: a small
 attention call prints its JSON line; qbuild builds and saves an IVF index of 600 random vectors,
 which qbench loads and searches with every list probed (recall against brute force); each
 without its arguments prints its usage and exits 2.
@@ -28,8 +28,8 @@ def run(*args):
 
 
 def main():
-    attn, qbuild, qbench = sys.argv[1:4]
-    for exe in (attn, qbuild, qbench):
+    attn, qbuild, qbench, qorder = sys.argv[1:5]
+    for exe in (attn, qbuild, qbench, qorder):
         r = run(exe)
         check(r.returncode == 2 and "usage:" in r.stderr and r.stdout == "",
               f"{os.path.basename(exe)} without arguments: {r.returncode} {r.stderr!r}")
@@ -72,6 +72,10 @@ def main():
             # Every list probed, 100 re-ranked by the 8-bit (4 + 4 refining) code: the top 10
             # of 600 is found nearly exactly.
             check(float(m.group(1)) >= 0.9, f"qbench recall {m.group(1)} < 0.9")
+        # Both scan orders on the same index and queries, in calls of 8: the same answers.
+        r = run(qorder, idx, qf, gtf, 8, 100, 1, 2, 8)
+        check(r.returncode == 0 and "same ids: yes, same scores: yes" in r.stdout,
+              f"qorder: {r.returncode} {r.stdout!r} {r.stderr!r}")
     print("ok" if not failures else f"{len(failures)} failure(s)")
     return 1 if failures else 0
 

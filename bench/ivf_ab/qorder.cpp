@@ -1,10 +1,8 @@
-// A/B helper for the IVF scan order (not built by CMake): loads an index file and searches
+// A/B helper for the IVF scan order (CMake builds it with TQ_BUILD_BENCH): loads an index file and searches
 // the queries in calls of BATCH queries each, per query and list-major alternately (the
 // internal override of src/search/index_internal.h), REPS rounds; prints R10@10, each
 // order's median and best queries/s and median process CPU microseconds per query (steadier
 // than wall time on a shared host), and whether both orders returned the same ids and scores.
-//   g++ -O2 -std=c++20 -Iinclude -Isrc bench/ivf_ab/qorder.cpp -o /tmp/qorder \
-//       -Wl,-rpath,$PWD/build build/libturboquant.so -fopenmp
 // Usage: qorder INDEX QUERIES GT NPROBE RERANK THREADS REPS BATCH [ORDERS: 12 | 1 | 2]
 #include <algorithm>
 #include <chrono>
