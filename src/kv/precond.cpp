@@ -197,7 +197,7 @@ void Centre::freeze(const Stream&) {
 
 // A slow pair whose angle moves by more than kRopeTurnMax between its block's centre and the
 // block's ends keeps no mean: mean_at's second-order turn would be wrong there (at 1.5 rad its
-// cosine term is -0.1 instead of 0.07), and the stored rows would carry that error.
+// cosine term is -0.125 instead of 0.07), and the stored rows would carry that error.
 void Centre::drop_unturnable(float* m) const {
   if (!rope) return;
   for (size_t i = kRopeExactPairs; i < rope_freq.size(); ++i)
