@@ -71,19 +71,18 @@ namespace tq {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-void FastScanU8(size_t n_blocks, size_t m_groups, const uint8_t* HWY_RESTRICT codes,
-                const uint8_t* HWY_RESTRICT lut, uint32_t* HWY_RESTRICT out) {
-#if HWY_TARGET == HWY_SCALAR
-  fast_scan_u8_ref(n_blocks, m_groups, codes, lut, out);
-#else
+#if HWY_TARGET != HWY_SCALAR
+// The fast scan for Q lookup tables at once (Q = 1: FastScanU8): each 64-byte row of codes is
+// loaded and split into nibbles once, then looked up in the Q tables, with Q sets of
+// accumulators (4 Q + 4 vector registers). The sums are exact integers.
+template <size_t Q>
+void FastScanU8Q(size_t n_blocks, size_t m_groups, const uint8_t* HWY_RESTRICT codes, const uint8_t* const* luts,
+                 uint32_t* const* outs) {
   const hn::CappedTag<uint8_t, 64> d8;
   const hn::Repartition<uint16_t, decltype(d8)> d16;
+  using V16 = hn::Vec<decltype(d16)>;
   const size_t N = hn::Lanes(d8);
-  const size_t G = N / 16;  // groups per register
-  if (G == 0 || m_groups % G != 0) {
-    fast_scan_u8_ref(n_blocks, m_groups, codes, lut, out);
-    return;
-  }
+  const size_t G = N / 16;  // groups per register (the caller checked G > 0, m_groups % G == 0)
   const size_t iters = m_groups / G;
   const auto mask4 = hn::Set(d8, 0x0F);
   // 128-bit views for the flush: the G blocks of a register hold the same 16 vectors.
@@ -115,78 +114,6 @@ void FastScanU8(size_t n_blocks, size_t m_groups, const uint8_t* HWY_RESTRICT co
   for (size_t b = 0; b < n_blocks; ++b) {
     const uint8_t* HWY_RESTRICT blk = codes + b * stride;
     const uint8_t* pf = b + 2 < n_blocks ? blk + 2 * stride : blk;
-    uint32_t* HWY_RESTRICT o = out + b * 32;
-    for (int v = 0; v < 32; ++v) o[v] = 0;
-    size_t it = 0;
-    while (it < iters) {
-      const size_t end = iters - it > kFlush ? it + kFlush : iters;
-      auto acc_le = hn::Zero(d16), acc_lo = hn::Zero(d16);
-      auto acc_he = hn::Zero(d16), acc_ho = hn::Zero(d16);
-      for (; it < end; ++it) {
-        if (N >= 64 || it % (64 / N) == 0) __builtin_prefetch(pf + it * N);
-        const auto c = hn::LoadU(d8, blk + it * N);
-        const auto t = hn::LoadU(d8, lut + it * N);
-        const auto c_lo = hn::And(c, mask4);
-        const auto c_hi = hn::And(hn::BitCast(d8, hn::ShiftRight<4>(hn::BitCast(d16, c))), mask4);
-        const auto r_lo = hn::BitCast(d16, hn::TableLookupBytes(t, c_lo));
-        const auto r_hi = hn::BitCast(d16, hn::TableLookupBytes(t, c_hi));
-        // Whole uint16 lanes (even byte + 256 * odd byte, mod 2^16) and the odd bytes alone;
-        // the even-byte sums are recovered below as all - (odd << 8).
-        acc_le = hn::Add(acc_le, r_lo);
-        acc_lo = hn::Add(acc_lo, hn::ShiftRight<8>(r_lo));
-        acc_he = hn::Add(acc_he, r_hi);
-        acc_ho = hn::Add(acc_ho, hn::ShiftRight<8>(r_hi));
-      }
-      acc_le = hn::Sub(acc_le, hn::ShiftLeft<8>(acc_lo));
-      acc_he = hn::Sub(acc_he, hn::ShiftLeft<8>(acc_ho));
-      hn::Store(acc_le, d16, le);
-      hn::Store(acc_lo, d16, lo);
-      hn::Store(acc_he, d16, he);
-      hn::Store(acc_ho, d16, ho);
-      flush16(o, le, lo);
-      flush16(o + 16, he, ho);
-    }
-  }
-#endif
-}
-
-#if HWY_TARGET != HWY_SCALAR
-// FastScanU8 for Q lookup tables at once: each 64-byte row of codes is loaded and split into
-// nibbles once, then looked up in the Q tables, with Q sets of accumulators (4 Q + 4 vector
-// registers). The sums are exact integers, those of FastScanU8 for each table.
-template <size_t Q>
-void FastScanU8Q(size_t n_blocks, size_t m_groups, const uint8_t* HWY_RESTRICT codes, const uint8_t* const* luts,
-                 uint32_t* const* outs) {
-  const hn::CappedTag<uint8_t, 64> d8;
-  const hn::Repartition<uint16_t, decltype(d8)> d16;
-  using V16 = hn::Vec<decltype(d16)>;
-  const size_t N = hn::Lanes(d8);
-  const size_t G = N / 16;
-  const size_t iters = m_groups / G;
-  const auto mask4 = hn::Set(d8, 0x0F);
-  const hn::FixedTag<uint16_t, 8> h16;
-  const hn::FixedTag<uint32_t, 4> h32;
-  HWY_ALIGN uint16_t le[32], lo[32], he[32], ho[32];
-  auto sum_blocks = [&](const uint16_t* a) {
-    auto s = hn::Load(h16, a);
-    for (size_t k = 1; k < G; ++k) s = hn::Add(s, hn::Load(h16, a + 8 * k));
-    return s;
-  };
-  auto flush16 = [&](uint32_t* HWY_RESTRICT o, const uint16_t* e, const uint16_t* od) {
-    const auto se = sum_blocks(e), so = sum_blocks(od);
-    const auto v0 = hn::InterleaveLower(h16, se, so);
-    const auto v1 = hn::InterleaveUpper(h16, se, so);
-    const hn::FixedTag<uint16_t, 4> q16;
-    hn::StoreU(hn::Add(hn::LoadU(h32, o + 0), hn::PromoteTo(h32, hn::LowerHalf(q16, v0))), h32, o + 0);
-    hn::StoreU(hn::Add(hn::LoadU(h32, o + 4), hn::PromoteTo(h32, hn::UpperHalf(q16, v0))), h32, o + 4);
-    hn::StoreU(hn::Add(hn::LoadU(h32, o + 8), hn::PromoteTo(h32, hn::LowerHalf(q16, v1))), h32, o + 8);
-    hn::StoreU(hn::Add(hn::LoadU(h32, o + 12), hn::PromoteTo(h32, hn::UpperHalf(q16, v1))), h32, o + 12);
-  };
-  constexpr size_t kFlush = 64;
-  const size_t stride = m_groups * 16;
-  for (size_t b = 0; b < n_blocks; ++b) {
-    const uint8_t* HWY_RESTRICT blk = codes + b * stride;
-    const uint8_t* pf = b + 2 < n_blocks ? blk + 2 * stride : blk;
     for (size_t q = 0; q < Q; ++q)
       for (int v = 0; v < 32; ++v) outs[q][b * 32 + v] = 0;
     size_t it = 0;
@@ -203,6 +130,8 @@ void FastScanU8Q(size_t n_blocks, size_t m_groups, const uint8_t* HWY_RESTRICT c
           const auto t = hn::LoadU(d8, luts[q] + it * N);
           const auto r_lo = hn::BitCast(d16, hn::TableLookupBytes(t, c_lo));
           const auto r_hi = hn::BitCast(d16, hn::TableLookupBytes(t, c_hi));
+          // Whole uint16 lanes (even byte + 256 * odd byte, mod 2^16) and the odd bytes alone;
+          // the even-byte sums are recovered below as all - (odd << 8).
           a_le[q] = hn::Add(a_le[q], r_lo);
           a_lo[q] = hn::Add(a_lo[q], hn::ShiftRight<8>(r_lo));
           a_he[q] = hn::Add(a_he[q], r_hi);
@@ -221,6 +150,23 @@ void FastScanU8Q(size_t n_blocks, size_t m_groups, const uint8_t* HWY_RESTRICT c
   }
 }
 #endif
+
+void FastScanU8(size_t n_blocks, size_t m_groups, const uint8_t* HWY_RESTRICT codes,
+                const uint8_t* HWY_RESTRICT lut, uint32_t* HWY_RESTRICT out) {
+#if HWY_TARGET == HWY_SCALAR
+  fast_scan_u8_ref(n_blocks, m_groups, codes, lut, out);
+#else
+  const hn::CappedTag<uint8_t, 64> d8;
+  const size_t G = hn::Lanes(d8) / 16;  // groups per register
+  if (G == 0 || m_groups % G != 0) {
+    fast_scan_u8_ref(n_blocks, m_groups, codes, lut, out);
+    return;
+  }
+  const uint8_t* luts[1] = {lut};
+  uint32_t* outs[1] = {out};
+  FastScanU8Q<1>(n_blocks, m_groups, codes, luts, outs);
+#endif
+}
 
 void FastScanU8Multi(size_t n_blocks, size_t m_groups, const uint8_t* HWY_RESTRICT codes, size_t nq,
                      const uint8_t* const* luts, uint32_t* const* outs) {

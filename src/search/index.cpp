@@ -386,7 +386,8 @@ void check_rows_finite(size_t n, int d, const float* x, const char* what) {
   }
 }
 
-// Sum of squares with 8 independent float partial sums (vectorizes; no serial dependency).
+}  // namespace
+
 double sqnorm(int d, const float* x) {
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int j = 0;
@@ -397,8 +398,6 @@ double sqnorm(int d, const float* x) {
   for (int t = 0; t < 8; ++t) s += acc[t];
   return s;
 }
-
-}  // namespace
 
 namespace {
 

@@ -153,4 +153,9 @@ struct Index::Impl {
   float round_norm(float v) const noexcept;
 };
 
+// Sum of squares of x[0..d) with 8 independent float partial sums (vectorizes; no serial
+// dependency), added in double: a NaN or Inf component, or a partial sum past FLT_MAX (a norm
+// past 2^64), makes it non-finite.
+double sqnorm(int d, const float* x);
+
 }  // namespace tq

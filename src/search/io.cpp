@@ -66,18 +66,6 @@ constexpr char kMagic[8] = {'T', 'Q', 'I', 'N', 'D', 'E', 'X', '\0'};
 constexpr double kMaxStored = 18446744073709551616.0;  // 2^64
 constexpr double kMaxStoredSq = kMaxStored * kMaxStored;
 
-// Squared norm of a row: 8 float partial sums (vectorizes), added in double. A NaN or Inf
-// component, or a partial sum past FLT_MAX (a norm past 2^64), makes it non-finite.
-double row_sqnorm(const float* x, size_t d) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  size_t j = 0;
-  for (; j + 8 <= d; j += 8)
-    for (int t = 0; t < 8; ++t) acc[t] += x[j + t] * x[j + t];
-  double s = 0;
-  for (; j < d; ++j) s += static_cast<double>(x[j]) * x[j];
-  for (float a : acc) s += a;
-  return s;
-}
 // The norm in double, for error messages (no overflow for finite floats).
 double exact_norm(const float* x, size_t d) {
   double s = 0;
@@ -467,7 +455,7 @@ Index Index::from_bytes(const uint8_t* data, size_t size, const std::string& nam
       I.list_begin[l + 1] = I.list_begin[l] + (I.list_size[l] + kBlock - 1) / kBlock * kBlock;
     TQ_CHECK(I.list_begin[L] < (size_t{1} << 32), "%s: IVF lists need too many slots", nm);
     for (size_t l = 0; l < L; ++l)
-      TQ_CHECK(row_sqnorm(cent.data() + l * d, d) <= kMaxStoredSq,
+      TQ_CHECK(sqnorm((int)d, cent.data() + l * d) <= kMaxStoredSq,
                "%s: IVF centroid %zu has norm %.3g, above the 2^64 a search keeps finite", nm, l,
                exact_norm(cent.data() + l * d, d));
     I.set_centroids(std::move(cent));
@@ -486,7 +474,7 @@ Index Index::from_bytes(const uint8_t* data, size_t size, const std::string& nam
       I.center[j] = u2f(ld32(data + 128 + 4 * j));
       TQ_CHECK(std::isfinite(I.center[j]), "%s: center component %zu is not finite", nm, j);
     }
-    TQ_CHECK(row_sqnorm(I.center.data(), d) <= kMaxStoredSq,
+    TQ_CHECK(sqnorm((int)d, I.center.data()) <= kMaxStoredSq,
              "%s: center has norm %.3g, above the 2^64 a search keeps finite", nm,
              exact_norm(I.center.data(), d));
   }
@@ -538,7 +526,7 @@ Index Index::from_bytes(const uint8_t* data, size_t size, const std::string& nam
       for (size_t j = 0; j < d; ++j) row[j] = u2f(ld32(vp + 4 * (r * d + j)));
       // One vectorized pass: a non-finite component or a norm past 2^64 fails it; then the
       // error says which.
-      const double s2 = row_sqnorm(row, d);
+      const double s2 = sqnorm((int)d, row);
       if (!(s2 <= kMaxStoredSq)) {
         for (size_t j = 0; j < d; ++j) TQ_CHECK(std::isfinite(row[j]), "%s: kept vector %zu is not finite", nm, r);
         TQ_CHECK(false, "%s: kept vector %zu has norm %.3g, above the 2^64 a search keeps finite", nm, r,
