@@ -250,6 +250,27 @@ TEST(Model, RejectsMissingOrMisshapedTensors) {
   auto b2 = w2.bytes();
   auto g2 = tq::GgufFile::from_bytes(b2.data(), b2.size());
   EXPECT_THROW(tq::LlamaModel::load(g2), tq::Error);
+  // rope_freqs.weight (Llama 3 frequency factors): read with the config and given to the cache;
+  // the wrong length or a factor <= 0 is an error.
+  auto with_factors = [&](const std::vector<float>& ff) {
+    tq::GgufWriter wf = tq_test::tiny_llama_gguf(c, tq::GgmlType::F32, 1);
+    wf.add_tensor_raw("rope_freqs.weight", {ff.size()}, tq::GgmlType::F32,
+                      reinterpret_cast<const uint8_t*>(ff.data()), ff.size() * sizeof(float));
+    return wf.bytes();
+  };
+  {
+    std::vector<float> ff(c.rope_dim / 2);
+    for (size_t i = 0; i < ff.size(); ++i) ff[i] = 1.0f + static_cast<float>(i);
+    const auto bf = with_factors(ff);
+    const tq::LlamaConfig cf = tq::LlamaModel::read_config(tq::GgufFile::from_bytes(bf.data(), bf.size()));
+    EXPECT_EQ(cf.rope_freq_factors, ff);
+    EXPECT_EQ(tq::kv_config_for(cf, 64).rope_freq_factors, ff);
+  }
+  for (const std::vector<float>& ff :
+       {std::vector<float>(c.rope_dim / 2 + 1, 1.f), std::vector<float>(c.rope_dim / 2, 0.f)}) {
+    const auto bf = with_factors(ff);
+    EXPECT_THROW(tq::LlamaModel::read_config(tq::GgufFile::from_bytes(bf.data(), bf.size())), tq::Error);
+  }
   // Heads not dividing the embedding.
   TinyLlama bad = c;
   bad.n_heads = 5;

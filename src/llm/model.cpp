@@ -215,7 +215,8 @@ LlamaConfig LlamaModel::read_config(const GgufFile& g) {
   c.rope_freq_scale = factor == 0.0 || scaling == "none" ? 1.0f : static_cast<float>(1.0 / factor);
   if (const GgufTensor* t = g.find_tensor("rope_freqs.weight")) {
     TQ_CHECK(t->ne == std::vector<uint64_t>{static_cast<uint64_t>(c.rope_dim / 2)},
-             "%s: rope_freqs.weight has %zu dims, expected one of rope_dim / 2 = %d", g.path().c_str(), t->ne.size(),
+             "%s: rope_freqs.weight has %zu dims (first %llu), expected one dim of rope_dim / 2 = %d",
+             g.path().c_str(), t->ne.size(), t->ne.empty() ? 0ULL : static_cast<unsigned long long>(t->ne[0]),
              c.rope_dim / 2);
     c.rope_freq_factors = g.tensor_f32(*t);
     for (float f : c.rope_freq_factors)
