@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -130,4 +132,62 @@ TEST(ModelE2E, RealModelChatAndPerplexity) {
     EXPECT_LT(rr.kld_mean, r.kld_mean) << "query-weighted cache no better than bare tq4";
     EXPECT_LT(rr.kv_bytes_per_token, r.kv_bytes_per_token);
   }
+}
+
+// tq niah's per-trial margin: along the answer's tokens, the answer token's logit minus the
+// best other, its smallest value; recomputed here by teacher forcing on the same prompt (the
+// niah seed's first passphrase and offset), so it is the figure it claims, and its sign
+// agrees with the pass / miss of every trial.
+TEST(ModelE2E, NiahMarginIsTheAnswersLogitLead) {
+  if (!tq_test::file_exists(tq_test::real_model_path()))
+    GTEST_SKIP() << tq_test::real_model_path() << " missing: run scripts/fetch-model.sh (make test does)";
+  if (!tq_test::file_exists(tq_test::corpus_path()))
+    GTEST_SKIP() << tq_test::corpus_path() << " missing: run scripts/fetch-corpus.sh (make test does)";
+  Real& R = *real();
+  const std::string corpus = tq::read_text_file(tq_test::corpus_path());
+  tq::NiahOptions opt;
+  opt.context = 384;
+  opt.depths = {0.5};
+  opt.trials = 3;
+  opt.seed = 7;
+  // f16 passes these trials; bare 2-bit codes (measured: 0 of 3) miss them.
+  opt.kv = tq::KvSpec::parse("k=tq2 v=tq2 plain");
+  const tq::NiahResult lossy = tq::niah(R.m, R.tok, corpus, opt);
+  opt.kv = tq::KvSpec{};
+  const tq::NiahResult r = tq::niah(R.m, R.tok, corpus, opt);
+  ASSERT_EQ(r.details.size(), 3u);
+  int misses = 0;
+  for (const tq::NiahResult* res : {&r, &lossy})
+    for (const auto& t : res->details) {
+      misses += !t.passed;
+      if (std::isnan(t.margin)) {
+        EXPECT_TRUE(t.passed);  // NaN only for a pass on another tokenization
+        continue;
+      }
+      if (t.passed) EXPECT_GT(t.margin, 0) << t.passphrase << " -> " << t.answer;
+      else EXPECT_LE(t.margin, 0) << t.passphrase << " -> " << t.answer;
+    }
+  EXPECT_GT(misses, 0);  // both signs are exercised
+  // Trial 0 again, by hand.
+  const std::vector<int32_t> hay = R.tok.encode(corpus);
+  tq::Rng rng(opt.seed);
+  char digits[16];
+  std::snprintf(digits, sizeof digits, "%06u", rng.below(1000000));
+  ASSERT_EQ(r.details[0].passphrase, digits);
+  const auto prompt = tq::niah_prompt(R.tok, hay, opt.context, 0.5, digits, [&](size_t n) {
+    return static_cast<size_t>(rng.below(static_cast<uint32_t>(n)));
+  });
+  const std::vector<int32_t> want = R.tok.encode(std::string(" ") + digits + ".");
+  tq::KvCache cache(R.m.kv_config(opt.context + 16));
+  auto lg = R.m.forward_last(cache, prompt);
+  double margin = 1e30;
+  for (size_t i = 0; i < want.size(); ++i) {
+    float other = -1e30f;
+    for (size_t j = 0; j < lg.size(); ++j)
+      if (static_cast<int32_t>(j) != want[i]) other = std::max(other, lg[j]);
+    margin = std::min(margin, static_cast<double>(lg[static_cast<size_t>(want[i])]) - other);
+    if (tq::argmax(lg.data(), static_cast<int>(lg.size())) != want[i]) break;  // greedy leaves the answer
+    if (i + 1 < want.size()) lg = R.m.forward_last(cache, {want[i]});
+  }
+  if (!std::isnan(r.details[0].margin)) EXPECT_DOUBLE_EQ(r.details[0].margin, margin);
 }

@@ -75,6 +75,11 @@ struct NiahTrial {
   int trial = 0;
   std::string passphrase, answer;
   bool passed = false;
+  // How sure the pass or miss was: the smallest, over the answer's tokens (" NNNNNN.") up to
+  // the first one greedy decoding did not pick, of that token's logit minus the best other
+  // logit. Negative for a miss; near 0 a coin flip. NaN when the digits came out on another
+  // tokenization.
+  double margin = 0;
 };
 struct NiahResult {
   int trials = 0, passed = 0;

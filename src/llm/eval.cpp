@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <sstream>
 
@@ -207,8 +208,20 @@ NiahResult niah(const LlamaModel& m, const Tokenizer& tok, const std::string& co
       cache.clear();
       std::vector<float> lg = m.forward_last(cache, prompt);
       std::vector<int32_t> out;
+      // The answer's tokens, for the margin: followed while greedy decoding agrees with them.
+      const std::vector<int32_t> want = tok.encode(" " + tr.passphrase + ".");
+      bool on_path = true;
+      double margin = std::numeric_limits<double>::infinity();
       for (int i = 0; i < answer_budget; ++i) {
         const int32_t id = argmax(lg.data(), static_cast<int>(lg.size()));
+        if (on_path && static_cast<size_t>(i) < want.size()) {
+          const int32_t w = want[static_cast<size_t>(i)];
+          float other = -std::numeric_limits<float>::infinity();
+          for (size_t j = 0; j < lg.size(); ++j)
+            if (static_cast<int32_t>(j) != w) other = std::max(other, lg[j]);
+          margin = std::min(margin, static_cast<double>(lg[static_cast<size_t>(w)]) - other);
+          on_path = id == w;
+        }
         if (tok.is_end_of_generation(id)) break;
         out.push_back(id);
         tr.answer = tok.decode(out);
@@ -219,6 +232,8 @@ NiahResult niah(const LlamaModel& m, const Tokenizer& tok, const std::string& co
       for (char ch : tr.answer)
         if (ch >= '0' && ch <= '9') got += ch;
       tr.passed = got == tr.passphrase;
+      // Passed on another tokenization of the same digits: no margin along the answer's tokens.
+      tr.margin = tr.passed && !on_path ? std::numeric_limits<double>::quiet_NaN() : margin;
       res.trials++;
       res.passed += tr.passed;
       res.details.push_back(tr);

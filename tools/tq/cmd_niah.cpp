@@ -1,4 +1,5 @@
 // `tq niah`: needle in a haystack on the corpus with a chosen KV cache.
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 
@@ -11,7 +12,9 @@ void setup(CLI::App& app) {
       app, "niah",
       "Needle in a haystack: corpus text of --context tokens (the model's BOS first, if it asks\n"
       "for one) with 'The secret number of the blue dragon is NNNNNN.' inserted at each depth;\n"
-      "greedy decoding must return the 6 digits. Example:\n"
+      "greedy decoding must return the 6 digits. Each trial reports its margin: the smallest\n"
+      "logit lead of the answer's next token over the best other, along the answer (negative:\n"
+      "a miss; near 0: a coin flip that any change to the cache can turn). Example:\n"
       "  tq niah --context 4096 --depths 0.1,0.5,0.9 --trials 2 -ctk tq4 -ctv tq4");
   auto o = std::make_shared<tq::cli::ModelOpts>();
   auto no = std::make_shared<tq::NiahOptions>();
@@ -44,7 +47,8 @@ void setup(CLI::App& app) {
     nlohmann::json det = nlohmann::json::array();
     for (auto& t : r.details)
       det.push_back({{"depth", t.depth}, {"trial", t.trial}, {"passphrase", t.passphrase},
-                     {"answer", t.answer}, {"passed", t.passed}});
+                     {"answer", t.answer}, {"passed", t.passed},
+                      {"margin", std::isfinite(t.margin) ? nlohmann::json(t.margin) : nlohmann::json()}});
     if (o->json) {
       tq::cli::print_json({{"context", o->ctx}, {"kv", tq::cli::kv_json(o->kv, L->model.config())}, {"trials", r.trials},
                            {"passed", r.passed}, {"per_depth", per}, {"details", det},
@@ -55,8 +59,8 @@ void setup(CLI::App& app) {
     std::printf("niah context %d, kv %s: %d / %d passed (%.1f s)\n", o->ctx, tq::cli::kv_label(o->kv, L->model.config()).c_str(), r.passed,
                 r.trials, r.seconds);
     for (auto& t : r.details)
-      std::printf("  depth %.2f trial %d: %s -> '%s' %s\n", t.depth, t.trial, t.passphrase.c_str(),
-                  t.answer.c_str(), t.passed ? "ok" : "MISS");
+      std::printf("  depth %.2f trial %d: %s -> '%s' %s (margin %.3f)\n", t.depth, t.trial, t.passphrase.c_str(),
+                  t.answer.c_str(), t.passed ? "ok" : "MISS", t.margin);
   });
 }
 
