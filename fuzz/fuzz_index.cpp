@@ -9,6 +9,7 @@
 //   - a k-NN search (fast scan or float LUTs, with and without re-ranking; k from the mode
 //     byte) runs on two seeded queries, and every returned id is -1 or an id of the file;
 //   - the index reports the dimension and size of its header;
+//   - flat files of trellis codes (version 5) search like any flat file (float LUTs);
 //   - IVF files (version 2, and 3 with a second-stage code): the search probes
 //     1 + (mode >> 4) % nlist lists; mode & 4 turns the re-rank stage (float LUT or second
 //     stage) off.
@@ -79,6 +80,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     int nlist;
     int rerank_bits;
     bool refine;  // second stage: refining (version 4) or independent (version 3)
+    bool trellis;  // flat index of trellis codes (version 5)
   };
   const Cfg cfgs[] = {
       {8, "cosine", 4, tq::QuantizerKind::mse, "corrected", tq::NormFormat::f16, "hadamard", false, false, 5},
@@ -103,6 +105,10 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
       {17, "l2", 2.5, tq::QuantizerKind::mse, "plain", tq::NormFormat::f32, "block32", true, false, 20, 4, 8, true},
       {8, "ip", 2, tq::QuantizerKind::mse, "eden", tq::NormFormat::f16, "haar", false, false, 9, 2, 1, true},
       {16, "l2", 1.5, tq::QuantizerKind::mse, "lsq", tq::NormFormat::f32, "givens", false, false, 33, 5, 6, true},
+      // Flat indexes of trellis codes (version 5 files).
+      {16, "cosine", 4, tq::QuantizerKind::mse, "corrected", tq::NormFormat::f16, "hadamard", false, true, 6, 0, 0, false, true},
+      {9, "l2", 2, tq::QuantizerKind::mse, "lsq", tq::NormFormat::f32, "haar", true, false, 3, 0, 0, false, true},
+      {8, "ip", 1, tq::QuantizerKind::mse, "eden", tq::NormFormat::f16, "identity", false, false, 4, 0, 0, false, true},
   };
   int k = 0;
   for (const Cfg& c : cfgs) {
@@ -119,6 +125,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     ic.nlist = c.nlist;
     ic.rerank_bits = c.rerank_bits;
     ic.rerank_refine = c.refine;
+    ic.trellis = c.trellis;
     tq::Index index(ic);
     std::vector<float> x(c.n * c.dim);
     tq::random_unit_vectors(c.n, c.dim, 10 + k, x.data());
@@ -133,11 +140,28 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
       tq_fuzz::write_seed(dir, "index_" + std::to_string(k) + "_m" + std::to_string(mode), b);
       b.erase(b.begin());
     }
+    if (c.trellis && b.size() > 128) {
+      // Trellis files with their checksums recomputed: read as version 1 (scalar codes of the
+      // same layout: loads), and at 5 and 0 bits (refused).
+      const std::string stem = "index_" + std::to_string(k) + "_trellis_";
+      auto put = [&](const std::string& name, std::vector<uint8_t> f) {
+        f.insert(f.begin(), uint8_t{1});
+        tq_fuzz::write_seed(dir, stem + name, f);
+      };
+      auto f = b;
+      f[8] = 1;
+      put("version1", f);
+      for (uint8_t bx2 : {uint8_t{10}, uint8_t{0}}) {
+        f = b;
+        f[26] = bx2;
+        put("bits_x2_" + std::to_string(bx2), f);
+      }
+    }
     if (c.nlist > 0 && b.size() > 128) {
       // Damaged IVF files, each with its checksums recomputed (mode 1) so that the loader's
       // field checks, not the checksum, meet them: cut in the IVF section, cut in the codes,
       // version 1 (an IVF file read as flat), version 2, 3 or 4 (the other IVF versions: without
-      // a second stage, with an independent or a refining one), version 5 (unknown), one list
+      // a second stage, with an independent or a refining one), version 5 (flat trellis), one list
       // size inflated; for versions 3 and 4, second-stage widths 0 and 9 in the IVF section.
       const std::string stem = "index_" + std::to_string(k) + "_ivf_";
       auto put = [&](const std::string& name, std::vector<uint8_t> f) {

@@ -305,7 +305,7 @@ std::string byte_token(int b) {
 struct Fixtures {
   TempDir dir;
   std::string model, truncated_model, empty, folder, text, base, queries, queries_d5, gt, gt_bad, index,
-      corrupt_index, truncated_fvecs, nan_fvecs, ivf_index, ivf_truncated, ivf_corrupt, ivf_version5,
+      corrupt_index, truncated_fvecs, nan_fvecs, ivf_index, ivf_truncated, ivf_corrupt, ivf_version6,
       ivf_rerank, ivf_rerank_truncated, ivf_rerank_corrupt, ivf_rerank_width, ivf_indep_width, ivf_nan_centroid,
       ivf_huge_centroid;
   // The fixture model (weights from `seed`): a tiny llama with a byte-level tokenizer.
@@ -402,10 +402,10 @@ struct Fixtures {
     vc[vc.size() - 20] ^= 0x10;
     ivf_corrupt = dir.path("ivf_corrupt.tqi");
     write(ivf_corrupt, vc.data(), vc.size());
-    auto v5 = vb;
-    v5[8] = 5;
-    ivf_version5 = dir.path("ivf_version5.tqi");
-    write(ivf_version5, v5.data(), v5.size());
+    auto v6 = vb;
+    v6[8] = 6;
+    ivf_version6 = dir.path("ivf_version6.tqi");
+    write(ivf_version6, v6.data(), v6.size());
     // Centroid 1, component 2 (bytes 144 + 4 * (d + 2)) set to NaN and to 2.88e38 (finite, but
     // above the 2^64 a search keeps finite), checksums valid.
     for (const uint32_t bits : {0x7fc00000u, 0x7f58a8c0u}) {

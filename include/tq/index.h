@@ -23,7 +23,7 @@
 // candidates are then re-scored with the exact float LUT (still from codes), or, for an IVF
 // index with a second-stage code (rerank_bits), with the first code refined by the second;
 // optionally followed by an exact re-rank with full vectors when they are kept (keep_vectors).
-// Widths above 4 bits per channel use float LUTs (no fast scan).
+// Widths above 4 bits per channel, and trellis codes, use float LUTs (no fast scan).
 //
 // Scores returned: inner product (ip), cosine similarity (cosine) — higher is nearer — or
 // squared L2 distance (l2) — lower is nearer. Missing results (k > size) get id -1.
@@ -71,6 +71,14 @@ struct IndexConfig {
   // x - mean. Scores add <q, mean> back (ip/cosine); l2 is translation invariant.
   // Costs dim floats per index, nothing per vector.
   bool center = false;
+  // Trellis-coded channels (codec mse, integer bits 1..4, flat index; docs/design.md
+  // "Trellis codes in the index"): the same bits per channel, but the codes of a vector are
+  // chosen together by a Viterbi search (tq/trellis.h, the KV cache's trellis) and channel j
+  // reconstructs to a 256-entry table value indexed by the last 8 bits of the code stream up
+  // to code j: about 0.68x the scalar code's squared error at 4 bits. No fast scan: search
+  // scores every vector with float tables of 256 entries per channel, and memory holds one
+  // byte per channel (the file the packed codes). Files are written as version 5.
+  bool trellis = false;
   // IVF (inverted file): nlist > 0 clusters the first added batch with a seeded k-means
   // (kmeans_iters Lloyd iterations on at most 256 * nlist sampled vectors, BLAS GEMM
   // assignments; deterministic for a seed, whatever the thread count), stores each vector in the

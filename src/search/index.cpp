@@ -18,6 +18,7 @@
 #include "tq/bitpack.h"
 #include "tq/common.h"
 #include "tq/error.h"
+#include "tq/trellis.h"
 
 namespace tq {
 
@@ -85,6 +86,7 @@ Index::Impl::Impl(const IndexConfig& c) : cfg(c) {
   TQ_CHECK(cfg.rerank_bits == 0 || cfg.nlist > 0, "index: a second-stage re-rank code (rerank_bits) needs IVF (nlist > 0)");
   if (cfg.codec == QuantizerKind::prod) {
     TQ_CHECK(!cfg.center && !cfg.fit_scale, "index: center and fit_scale apply to codec mse only");
+    TQ_CHECK(!cfg.trellis, "index: trellis codes apply to codec mse only");
     TQ_CHECK(bits_x2 % 2 == 0 && bits_x2 >= 4,
              "index: codec prod needs an integer width of at least 2 bits (got %g)", cfg.bits);
     QuantizerConfig qc;
@@ -100,6 +102,23 @@ Index::Impl::Impl(const IndexConfig& c) : cfg(c) {
     return;
   }
   rot = make_rotation(cfg.rotation, d, cfg.seed);
+  if (cfg.trellis) {
+    TQ_CHECK(bits_x2 % 2 == 0 && bits_x2 >= 2 && bits_x2 <= 8,
+             "index: trellis codes take an integer width of 1 to 4 bits (got %g)", cfg.bits);
+    TQ_CHECK(cfg.nlist == 0, "index: trellis codes are for a flat index (not IVF)");
+    TQ_CHECK(d * (bits_x2 / 2) >= 8, "index: trellis codes need dim * bits >= 8 (got %d * %d)", d, bits_x2 / 2);
+    tc = &get_trellis(d, bits_x2 / 2);
+    // The file holds the B-bit codes (one segment); memory holds each channel's table index
+    // (the last 8 bits of the code stream up to it): one 256-entry group per channel.
+    segs.push_back({0, d, bits_x2 / 2, &get_codebook(d, bits_x2 / 2, cfg.law)});
+    seg_bytes = packed_bytes(static_cast<size_t>(d), bits_x2 / 2);
+    for (int j = 0; j < d; ++j) groups.push_back({j, 1, tc->window_bits()});
+    m = mp = groups.size();
+    fast_ok = false;
+    lut_stride = size_t{1} << tc->window_bits();
+    code_bytes = norm_bytes * (has_norm ? 2 : 1) + seg_bytes;
+    return;
+  }
   if (bits_x2 % 2 == 0) {
     segs.push_back({0, d, bits_x2 / 2, nullptr});
   } else {
@@ -162,6 +181,12 @@ uint8_t Index::Impl::refine_index(size_t sg, uint8_t c, float z) const noexcept 
 }
 
 void Index::Impl::get_indices(size_t i, uint8_t* idx) const noexcept {
+  if (tc) {  // the code is the low bits of its table index
+    const uint8_t mask = static_cast<uint8_t>((1u << tc->bits) - 1);
+    const uint8_t* w = gcodes.data() + i * m;
+    for (size_t j = 0; j < m; ++j) idx[j] = w[j] & mask;
+    return;
+  }
   if (fast_ok) {
     const uint8_t* base = fast_row(i);
     const int sh = fast_shift(i);
@@ -186,6 +211,11 @@ void Index::Impl::get_indices(size_t i, uint8_t* idx) const noexcept {
 }
 
 void Index::Impl::set_indices(size_t i, const uint8_t* idx) noexcept {
+  if (tc) {
+    uint8_t* w = gcodes.data() + i * m;
+    for (size_t j = 0; j < m; ++j) w[j] = static_cast<uint8_t>(tc->window(idx, static_cast<int>(j)));
+    return;
+  }
   for (size_t g = 0; g < m; ++g) {
     const Group& gr = groups[g];
     unsigned c = 0;
@@ -355,11 +385,11 @@ std::string Index::describe() const {
                          : I.rbytes > 0 ? strprintf(I.cfg.rerank_refine ? "ivf%d+refine%db " : "ivf%d+rerank%db ",
                                                     I.cfg.nlist, I.cfg.rerank_bits)
                                         : strprintf("ivf%d ", I.cfg.nlist);
-  return strprintf("%s%s %g bits %s %s%s%s %s %s%s", ivf.c_str(),
+  return strprintf("%s%s %g bits %s %s%s%s%s %s %s%s", ivf.c_str(),
                    quantizer_kind_name(I.cfg.codec), I.bits_x2 / 2.0,
                    rotation_name(I.cfg.rotation).c_str(),
                    I.quant ? "-" : scale_mode_name(I.cfg.scale), I.cfg.fit_scale ? "+fit" : "",
-                   I.cfg.center ? "+center" : "",
+                   I.cfg.center ? "+center" : "", I.tc ? " trellis" : "",
                    I.cfg.norm == NormFormat::f16 ? "f16" : "f32", metric_name(I.cfg.metric),
                    I.fast_ok ? " fast-scan" : "");
 }
@@ -572,14 +602,24 @@ void Index::add(size_t n, const float* x, const int64_t* ids) {
         continue;
       }
       I.rot->forward(cnt, u.data(), y.data());
+      // Codes of the rotated values v (d) and their reconstruction: nearest centroids per
+      // segment, or the trellis path (Viterbi) and its table values.
+      auto code_of = [&](const float* v, uint8_t* codes, float* vals) {
+        if (I.tc) {
+          trellis_encode(*I.tc, v, codes);
+          trellis_decode(*I.tc, codes, vals);
+          return;
+        }
+        for (const Segment& s : I.segs) {
+          quantize_rotated(*s.cb, static_cast<size_t>(s.len), v + s.begin, codes + s.begin);
+          const float* cent = s.cb->centroids.data();
+          for (int j = s.begin; j < s.begin + s.len; ++j) vals[j] = cent[codes[j]];
+        }
+      };
       for (size_t r = 0; r < cnt; ++r) {
         const float* yr = y.data() + r * d;
         uint8_t* ir = cidx.data() + r * d;
-        for (const Segment& s : I.segs) {
-          quantize_rotated(*s.cb, static_cast<size_t>(s.len), yr + s.begin, ir + s.begin);
-          const float* cent = s.cb->centroids.data();
-          for (int j = s.begin; j < s.begin + s.len; ++j) cvals[j] = cent[ir[j]];
-        }
+        code_of(yr, ir, cvals.data());
         float tbest = 1.f;  // the grid scale the first code was chosen at (fit_scale)
         if (I.cfg.fit_scale) {
           // Best cosine(y, c) over grid scales t (t = 1 is the plain nearest-centroid code).
@@ -596,11 +636,7 @@ void Index::add(size_t n, const float* x, const int64_t* ids) {
             const float t = 0.80f + 0.05f * ti;
             if (ti == 4) continue;  // t = 1 done above
             for (size_t j = 0; j < d; ++j) ty[j] = t * yr[j];
-            for (const Segment& s : I.segs) {
-              quantize_rotated(*s.cb, static_cast<size_t>(s.len), ty.data() + s.begin, tidx.data() + s.begin);
-              const float* cent = s.cb->centroids.data();
-              for (int j = s.begin; j < s.begin + s.len; ++j) tc[j] = cent[tidx[j]];
-            }
+            code_of(ty.data(), tidx.data(), tc.data());
             const float cs = cosine_of(tc.data());
             if (cs > best) {
               best = cs;
@@ -812,6 +848,13 @@ float exact_lut_score(const Index::Impl& I, const float* lut, size_t i) {
 // (m * lut_stride floats). q8 != nullptr (fast layout): also the uint8 LUTs (mp * 16 bytes),
 // per-group minimum as bias, one step for all groups: dot ~= *bias + *delta * sum q8.
 void build_luts(const Index::Impl& I, const float* y, float* lut, uint8_t* q8, float* bias, float* delta) {
+  if (I.tc) {  // trellis: channel j's table index w reconstructs tc->lut[w]
+    const size_t st = I.lut_stride;
+    const float* tl = I.tc->lut.data();
+    for (size_t j = 0; j < I.m; ++j)
+      for (size_t w = 0; w < st; ++w) lut[j * st + w] = y[j] * tl[w];
+    return;  // no fast layout
+  }
   size_t g = 0;
   for (const Segment& s : I.segs) {
     const auto& cent = s.cb->centroids;

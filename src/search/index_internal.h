@@ -10,6 +10,7 @@
 #include "tq/index.h"
 #include "tq/quantizer.h"
 #include "tq/rotation.h"
+#include "tq/trellis.h"
 
 namespace tq {
 
@@ -31,6 +32,7 @@ constexpr uint32_t kFileVersion = 1;     // io.cpp: flat index files
 constexpr uint32_t kFileVersionIvf = 2;  // io.cpp: IVF index files
 constexpr uint32_t kFileVersionIvfRerank = 3;  // io.cpp: IVF index files with an independent second-stage code
 constexpr uint32_t kFileVersionIvfRefine = 4;  // io.cpp: IVF index files with a refining second-stage code
+constexpr uint32_t kFileVersionTrellis = 5;    // io.cpp: flat index files of trellis codes
 
 // While any is alive, OpenBLAS runs single-threaded (for GEMMs that each OpenMP thread calls
 // on its own tile); the setting the first one found is restored when the last one ends. The
@@ -110,6 +112,9 @@ struct Index::Impl {
   std::vector<std::vector<float>> rlo, rwid;  // per segment: each first-stage cell's low end and width
   // Refinement index of value z (codebook units) in the cell of first index c of segment sg.
   uint8_t refine_index(size_t sg, uint8_t c, float z) const noexcept;
+  // Trellis codes (cfg.trellis): the cached code for (d, bits); gcodes then holds, per slot
+  // and channel, the channel's table index (window) rather than a group code.
+  const TrellisCode* tc = nullptr;
   // codec prod
   std::unique_ptr<Quantizer> quant;
   std::vector<uint8_t> pcodes;  // n * quant->code_bytes()

@@ -14,6 +14,8 @@
 //   [codes: count * code_bytes]   per vector, see record layout below
 //   [ids:   count * 8]            int64
 //   [vectors: count * dim * 4]    float32, only when flags & 1 (keep_vectors)
+//   version 5: flat index of trellis codes (IndexConfig::trellis; the layout of version 1,
+//   each record's packed codes being the trellis code stream, bitpack.h order)
 // (flags bit 1 records fit_scale, which only changes how later add() calls encode;
 // flags bit 2 records center; bit 3 IVF; bit 4 ivf_list_mean, informational like fit_scale)
 // Flat indexes are still written as version 1, so files of earlier builds and of this one
@@ -176,7 +178,8 @@ void Index::save(const std::string& path) const {
   const size_t n = I.n, d = static_cast<size_t>(I.d);
   IndexFileHeader h{};
   std::memcpy(h.magic, kMagic, 8);
-  h.version = !I.ivf()       ? kFileVersion
+  h.version = I.tc            ? kFileVersionTrellis
+              : !I.ivf()      ? kFileVersion
               : I.rbytes == 0 ? kFileVersionIvf
               : I.cfg.rerank_refine ? kFileVersionIvfRefine
                                     : kFileVersionIvfRerank;
@@ -315,10 +318,12 @@ Index Index::from_bytes(const uint8_t* data, size_t size, const std::string& nam
   const IndexFileHeader h = parse_header(data);
   TQ_CHECK(std::memcmp(h.magic, kMagic, 8) == 0, "%s: bad magic, not a tq index file", nm);
   TQ_CHECK(h.version == kFileVersion || h.version == kFileVersionIvf || h.version == kFileVersionIvfRerank ||
-               h.version == kFileVersionIvfRefine,
+               h.version == kFileVersionIvfRefine || h.version == kFileVersionTrellis,
            "%s: tq index file version %u, this build reads versions %u (flat), %u (IVF), %u (IVF with an "
-           "independent second-stage code) and %u (IVF with a refining second-stage code)",
-           nm, h.version, kFileVersion, kFileVersionIvf, kFileVersionIvfRerank, kFileVersionIvfRefine);
+           "independent second-stage code), %u (IVF with a refining second-stage code) and %u (flat, "
+           "trellis codes)",
+           nm, h.version, kFileVersion, kFileVersionIvf, kFileVersionIvfRerank, kFileVersionIvfRefine,
+           kFileVersionTrellis);
   TQ_CHECK(h.header_bytes == 128, "%s: header size %u, expected 128", nm, h.header_bytes);
   TQ_CHECK(checksum64(data, 120) == h.header_xxh3, "%s: header checksum mismatch (corrupted header)", nm);
   TQ_CHECK(h.dim >= 2 && h.dim <= 65536, "%s: dim %u outside [2, 65536]", nm, h.dim);
@@ -334,7 +339,7 @@ Index Index::from_bytes(const uint8_t* data, size_t size, const std::string& nam
   if (ivf)
     TQ_CHECK(h.flags <= 31 && (h.flags & 8) != 0, "%s: flags 0x%x invalid for a version %u (IVF) file", nm, h.flags,
              h.version);
-  else TQ_CHECK(h.flags <= 7, "%s: unknown flags 0x%x", nm, h.flags);
+  else TQ_CHECK(h.flags <= 7, "%s: flags 0x%x invalid for a version %u (flat) file", nm, h.flags, h.version);
   const auto rk = static_cast<RotationKind>(h.rotation_kind);
   if (rk == RotationKind::block)
     TQ_CHECK(h.rotation_block == 32 || h.rotation_block == 64 || h.rotation_block == 128,
@@ -359,6 +364,12 @@ Index Index::from_bytes(const uint8_t* data, size_t size, const std::string& nam
   cfg.fit_scale = (h.flags & 2) != 0;
   cfg.center = (h.flags & 4) != 0;
   cfg.ivf_list_mean = (h.flags & 16) != 0;
+  cfg.trellis = h.version == kFileVersionTrellis;
+  if (cfg.trellis)
+    TQ_CHECK(h.codec == static_cast<uint8_t>(QuantizerKind::mse) && h.bits_x2 % 2 == 0 && h.bits_x2 <= 8 &&
+                 h.dim * (h.bits_x2 / 2) >= 8,
+             "%s: trellis codes with codec %u, bits %g, dim %u (they need codec mse, 1 to 4 bits, dim * bits >= 8)",
+             nm, h.codec, cfg.bits, h.dim);
   const size_t n = static_cast<size_t>(h.count), d = h.dim;
   // Record size implied by the parameters (before anything is built from them).
   const size_t nb = cfg.norm == NormFormat::f16 ? 2 : 4;
