@@ -164,6 +164,30 @@ TEST(Index, FastScanKernelEqualsScalarReference) {
   }
 }
 
+// The trellis scan (256-entry byte tables, blocks of 64 vectors) equals its reference at every
+// SIMD level: channel counts with and without a uint16 flush (> 256 channels), extreme
+// indices and entries.
+TEST(Index, TrellisScanKernelEqualsScalarReference) {
+  tq::Rng rng(8);
+  for (size_t d : {1u, 7u, 100u, 256u, 300u, 784u}) {
+    const size_t nb = 3;
+    std::vector<uint8_t> codes(nb * d * 64), lut(d * 256);
+    for (auto& c : codes) c = static_cast<uint8_t>(rng.below(256));
+    for (auto& t : lut) t = static_cast<uint8_t>(rng.below(256));
+    std::fill(codes.begin(), codes.begin() + d * 64, 0xFF);  // block 0: index 255 everywhere
+    for (size_t j = 0; j < d; ++j) lut[j * 256 + 255] = 255;
+    std::vector<uint32_t> ref(nb * 64), got(nb * 64);
+    tq::trellis_scan_u8_ref(nb, d, codes.data(), lut.data(), ref.data());
+    EXPECT_EQ(ref[0], 255u * d);
+    for (const auto& level : tq::simd::available_levels()) {
+      tq::simd::ScopedLevel sl(level);
+      std::fill(got.begin(), got.end(), 0xDEADBEEF);
+      tq::trellis_scan_u8(nb, d, codes.data(), lut.data(), got.data());
+      EXPECT_EQ(got, ref) << "level " << level << " channels " << d;
+    }
+  }
+}
+
 // The multi-table kernel (one pass over the codes for several LUTs, 4 at a time) gives each
 // table exactly the single-table reference's sums: 1 to 9 tables (groups of 4 and a rest),
 // every SIMD level, group counts with and without flushes, extreme codes and entries.
@@ -1787,8 +1811,14 @@ TEST(IndexTrellis, ScoresAreTheDecodedTrellisCodes) {
       }
     }
     tq::SearchParams p;
+    p.fast_scan = false;  // float tables over every vector
     p.rerank = 0;
     auto r = run(idx, q, static_cast<int>(n), p);
+    // The uint8 scan with every vector re-ranked returns the same (trellis_scan_u8 is only a
+    // shortlist), and so does the default search for the first 10.
+    tq::SearchParams pf;
+    pf.rerank = static_cast<int>(n);
+    expect_same_up_to_ties(run(idx, q, static_cast<int>(n), pf), r, nq, static_cast<int>(n), "trellis fast scan");
     for (size_t b = 0; b < nq; ++b)
       for (size_t j = 0; j < n; ++j) {
         const int64_t id = r.id[b * n + j];
@@ -1798,6 +1828,7 @@ TEST(IndexTrellis, ScoresAreTheDecodedTrellisCodes) {
       }
     EXPECT_NE(idx.describe().find("trellis"), std::string::npos);
     EXPECT_NE(idx.describe_search(p).find("float-lut"), std::string::npos);
+    EXPECT_NE(idx.describe_search(pf).find("trellis-scan"), std::string::npos);
   }
 }
 

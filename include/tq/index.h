@@ -23,7 +23,8 @@
 // candidates are then re-scored with the exact float LUT (still from codes), or, for an IVF
 // index with a second-stage code (rerank_bits), with the first code refined by the second;
 // optionally followed by an exact re-rank with full vectors when they are kept (keep_vectors).
-// Widths above 4 bits per channel, and trellis codes, use float LUTs (no fast scan).
+// Widths above 4 bits per channel use float LUTs (no fast scan); trellis codes their own
+// uint8 scan (256-entry tables, trellis_scan_u8).
 //
 // Scores returned: inner product (ip), cosine similarity (cosine) — higher is nearer — or
 // squared L2 distance (l2) — lower is nearer. Missing results (k > size) get id -1.
@@ -75,9 +76,10 @@ struct IndexConfig {
   // "Trellis codes in the index"): the same bits per channel, but the codes of a vector are
   // chosen together by a Viterbi search (tq/trellis.h, the KV cache's trellis) and channel j
   // reconstructs to a 256-entry table value indexed by the last 8 bits of the code stream up
-  // to code j: about 0.68x the scalar code's squared error at 4 bits. No fast scan: search
-  // scores every vector with float tables of 256 entries per channel, and memory holds one
-  // byte per channel (the file the packed codes). Files are written as version 5.
+  // to code j: about 0.68x the scalar code's squared error at 4 bits. Memory holds that index,
+  // one byte per channel, in blocks of 64 vectors (the file the packed codes); search scans
+  // them with uint8 tables of 256 entries per channel (trellis_scan_u8) and re-ranks the
+  // shortlist with the float tables, as the fast scan does. Files are written as version 5.
   bool trellis = false;
   // IVF (inverted file): nlist > 0 clusters the first added batch with a seeded k-means
   // (kmeans_iters Lloyd iterations on at most 256 * nlist sampled vectors, BLAS GEMM
@@ -214,6 +216,13 @@ void fast_scan_u8_multi(size_t n_blocks, size_t m_groups, const uint8_t* codes, 
                         const uint8_t* const* luts, uint32_t* const* outs) noexcept;
 void fast_scan_u8_multi_ref(size_t n_blocks, size_t m_groups, const uint8_t* codes, size_t nq,
                             const uint8_t* const* luts, uint32_t* const* outs) noexcept;
+
+// Trellis scan over blocks of 64 vectors (an index with trellis codes): codes: n_blocks * d * 64
+// bytes, for channel j the 64 vectors' table indices (windows); lut: d * 256 uint8; out:
+// n_blocks * 64 exact sums of lut[j * 256 + window]. SIMD on AVX-512 VBMI, else the reference.
+void trellis_scan_u8(size_t n_blocks, size_t d, const uint8_t* codes, const uint8_t* lut, uint32_t* out) noexcept;
+void trellis_scan_u8_ref(size_t n_blocks, size_t d, const uint8_t* codes, const uint8_t* lut,
+                         uint32_t* out) noexcept;
 
 // Scores of n fast-scan sums (n a multiple of 32 for the SIMD path): dot = bias + step * acc,
 // out = scale * dot (norm == nullptr) or 2 scale dot - norm^2 (l2); block_max[b] = the best

@@ -63,6 +63,17 @@ void fast_scan_scores_ref(size_t n, const uint32_t* acc, const float* scale, con
     block_max[b] = mx;
   }
 }
+
+void trellis_scan_u8_ref(size_t n_blocks, size_t d, const uint8_t* codes, const uint8_t* lut,
+                         uint32_t* out) noexcept {
+  for (size_t b = 0; b < n_blocks; ++b) {
+    const uint8_t* blk = codes + b * d * 64;
+    uint32_t* o = out + b * 64;
+    for (int v = 0; v < 64; ++v) o[v] = 0;
+    for (size_t j = 0; j < d; ++j)
+      for (int v = 0; v < 64; ++v) o[v] += lut[j * 256 + blk[j * 64 + v]];
+  }
+}
 }  // namespace tq
 #endif
 
@@ -219,6 +230,43 @@ void FastScanScores(size_t n, const uint32_t* HWY_RESTRICT acc, const float* HWY
   }
 }
 
+// Trellis scan (trellis_scan_u8, tq/index.h): per channel, the 64 table indices of a block
+// looked up in the channel's 256-byte table by two two-table byte permutes (vpermi2b, 128
+// entries each, index bits 0-6) and a blend on bit 7, widened to uint16 sums, flushed to
+// uint32 every 256 channels (256 * 255 < 2^16): exact, equal to the reference. The permute
+// needs AVX-512 VBMI (the AVX3_DL target); other targets run the reference.
+void TrellisScanU8(size_t n_blocks, size_t d, const uint8_t* HWY_RESTRICT codes, const uint8_t* HWY_RESTRICT lut,
+                   uint32_t* HWY_RESTRICT out) {
+#if HWY_TARGET == HWY_AVX3_DL
+  for (size_t b = 0; b < n_blocks; ++b) {
+    const uint8_t* blk = codes + b * d * 64;
+    __m512i t[4];
+    for (int q = 0; q < 4; ++q) t[q] = _mm512_setzero_si512();  // uint32 totals, 16 vectors each
+    for (size_t j0 = 0; j0 < d; j0 += 256) {
+      const size_t j1 = std::min(d, j0 + 256);
+      __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();  // uint16: vectors 0-31, 32-63
+      for (size_t j = j0; j < j1; ++j) {
+        const __m512i idx = _mm512_loadu_si512(blk + j * 64);
+        const uint8_t* tb = lut + j * 256;
+        const __m512i lo = _mm512_permutex2var_epi8(_mm512_loadu_si512(tb), idx, _mm512_loadu_si512(tb + 64));
+        const __m512i hi =
+            _mm512_permutex2var_epi8(_mm512_loadu_si512(tb + 128), idx, _mm512_loadu_si512(tb + 192));
+        const __m512i v = _mm512_mask_blend_epi8(_mm512_movepi8_mask(idx), lo, hi);
+        a0 = _mm512_add_epi16(a0, _mm512_cvtepu8_epi16(_mm512_castsi512_si256(v)));
+        a1 = _mm512_add_epi16(a1, _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(v, 1)));
+      }
+      t[0] = _mm512_add_epi32(t[0], _mm512_cvtepu16_epi32(_mm512_castsi512_si256(a0)));
+      t[1] = _mm512_add_epi32(t[1], _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(a0, 1)));
+      t[2] = _mm512_add_epi32(t[2], _mm512_cvtepu16_epi32(_mm512_castsi512_si256(a1)));
+      t[3] = _mm512_add_epi32(t[3], _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(a1, 1)));
+    }
+    for (int q = 0; q < 4; ++q) _mm512_storeu_si512(out + b * 64 + 16 * q, t[q]);
+  }
+#else
+  trellis_scan_u8_ref(n_blocks, d, codes, lut, out);
+#endif
+}
+
 // NOLINTNEXTLINE(google-readability-namespace-comments)
 }  // namespace HWY_NAMESPACE
 }  // namespace tq
@@ -229,6 +277,15 @@ namespace tq {
 HWY_EXPORT(FastScanU8);
 HWY_EXPORT(FastScanScores);
 HWY_EXPORT(FastScanU8Multi);
+HWY_EXPORT(TrellisScanU8);
+
+void trellis_scan_u8(size_t n_blocks, size_t d, const uint8_t* codes, const uint8_t* lut, uint32_t* out) noexcept {
+  if (simd::use_scalar()) {
+    trellis_scan_u8_ref(n_blocks, d, codes, lut, out);
+    return;
+  }
+  HWY_DYNAMIC_DISPATCH(TrellisScanU8)(n_blocks, d, codes, lut, out);
+}
 
 void fast_scan_u8_multi(size_t n_blocks, size_t m_groups, const uint8_t* codes, size_t nq,
                         const uint8_t* const* luts, uint32_t* const* outs) noexcept {

@@ -183,8 +183,8 @@ uint8_t Index::Impl::refine_index(size_t sg, uint8_t c, float z) const noexcept 
 void Index::Impl::get_indices(size_t i, uint8_t* idx) const noexcept {
   if (tc) {  // the code is the low bits of its table index
     const uint8_t mask = static_cast<uint8_t>((1u << tc->bits) - 1);
-    const uint8_t* w = gcodes.data() + i * m;
-    for (size_t j = 0; j < m; ++j) idx[j] = w[j] & mask;
+    const uint8_t* w = trellis_row(i);
+    for (size_t j = 0; j < m; ++j) idx[j] = w[j * kTrellisBlock] & mask;
     return;
   }
   if (fast_ok) {
@@ -212,8 +212,8 @@ void Index::Impl::get_indices(size_t i, uint8_t* idx) const noexcept {
 
 void Index::Impl::set_indices(size_t i, const uint8_t* idx) noexcept {
   if (tc) {
-    uint8_t* w = gcodes.data() + i * m;
-    for (size_t j = 0; j < m; ++j) w[j] = static_cast<uint8_t>(tc->window(idx, static_cast<int>(j)));
+    uint8_t* w = trellis_row(i);
+    for (size_t j = 0; j < m; ++j) w[j * kTrellisBlock] = static_cast<uint8_t>(tc->window(idx, static_cast<int>(j)));
     return;
   }
   for (size_t g = 0; g < m; ++g) {
@@ -230,11 +230,14 @@ void Index::Impl::resize(size_t n_new) {
   } else if (fast_ok) {
     const size_t nb = (n_new + kBlock - 1) / kBlock;
     blocks.resize(checked_mul(checked_mul(nb, mp, "index blocks"), 16, "index blocks"), 0);
+  } else if (tc) {
+    const size_t nb = (n_new + kTrellisBlock - 1) / kTrellisBlock;
+    gcodes.resize(checked_mul(checked_mul(nb, m, "index codes"), kTrellisBlock, "index codes"), 0);
   } else {
     gcodes.resize(checked_mul(n_new, m, "index codes"), 0);
   }
-  // scale / norm are padded to whole 32-vector blocks (zeros) for the block-wise scorer.
-  const size_t padded = (n_new + kBlock - 1) / kBlock * kBlock;
+  // scale / norm are padded to whole blocks (zeros) for the block-wise scorer.
+  const size_t padded = (n_new + pad_block() - 1) / pad_block() * pad_block();
   scale.resize(std::min(scale.size(), n_new));
   scale.resize(padded, 0.f);
   if (has_norm) {
@@ -400,7 +403,9 @@ std::string Index::describe_search(const SearchParams& p) const {
   const std::string fs = " fast-scan";
   if (I.fast_ok && s.size() >= fs.size() && s.compare(s.size() - fs.size(), fs.size(), fs) == 0)
     s.resize(s.size() - fs.size());
-  s += I.fast_ok && p.fast_scan && !I.quant ? fs : std::string(I.quant ? "" : " float-lut");
+  s += I.fast_ok && p.fast_scan && !I.quant ? fs
+       : I.tc && p.fast_scan                 ? std::string(" trellis-scan")
+                                             : std::string(I.quant ? "" : " float-lut");
   if (I.ivf()) s += strprintf(" nprobe %d", p.nprobe);
   return s;
 }
@@ -821,7 +826,17 @@ float exact_lut_score(const Index::Impl& I, const float* lut, size_t i) {
   float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
   const size_t m = I.m, st = I.lut_stride;
   size_t g = 0;
-  if (I.fast_ok) {
+  if (I.tc) {
+    const uint8_t* w = I.trellis_row(i);
+    constexpr size_t B = Index::Impl::kTrellisBlock;
+    for (; g + 4 <= m; g += 4) {
+      s0 += lut[g * 256 + w[g * B]];
+      s1 += lut[(g + 1) * 256 + w[(g + 1) * B]];
+      s2 += lut[(g + 2) * 256 + w[(g + 2) * B]];
+      s3 += lut[(g + 3) * 256 + w[(g + 3) * B]];
+    }
+    for (; g < m; ++g) s0 += lut[g * 256 + w[g * B]];
+  } else if (I.fast_ok) {
     const uint8_t* p = I.fast_row(i);
     const int sh = I.fast_shift(i);
     for (; g + 4 <= m; g += 4) {
@@ -853,7 +868,28 @@ void build_luts(const Index::Impl& I, const float* y, float* lut, uint8_t* q8, f
     const float* tl = I.tc->lut.data();
     for (size_t j = 0; j < I.m; ++j)
       for (size_t w = 0; w < st; ++w) lut[j * st + w] = y[j] * tl[w];
-    return;  // no fast layout
+    if (q8 == nullptr) return;
+    // uint8 tables for trellis_scan_u8: per channel its minimum as bias, one step for all.
+    float maxrange = 0, bsum = 0;
+    for (size_t j = 0; j < I.m; ++j) {
+      const float* t = lut + j * st;
+      const auto [mn, mx] = std::minmax_element(t, t + st);
+      maxrange = std::max(maxrange, *mx - *mn);
+      bsum += *mn;
+    }
+    const float step = maxrange > 0 ? maxrange / 255.f : 1.f;
+    const float inv = 1.f / step;
+    for (size_t j = 0; j < I.m; ++j) {
+      const float* t = lut + j * st;
+      const float mn = *std::min_element(t, t + st);
+      for (size_t w = 0; w < st; ++w) {
+        const float v = std::nearbyint((t[w] - mn) * inv);  // NaN (extreme loaded scales) maps to 0
+        q8[j * st + w] = v >= 0.f ? static_cast<uint8_t>(std::min(v, 255.f)) : uint8_t{0};
+      }
+    }
+    *bias = bsum;
+    *delta = step;
+    return;
   }
   size_t g = 0;
   for (const Segment& s : I.segs) {
@@ -1343,7 +1379,9 @@ void search_impl(const Index::Impl& I, size_t nq, const float* q, const SearchPa
   const size_t k = static_cast<size_t>(p.k);
   const bool l2 = I.cfg.metric == Metric::l2;
   const bool cosine = I.cfg.metric == Metric::cosine;
-  const bool fast = I.fast_ok && p.fast_scan && !I.quant;
+  // fast: a uint8 scan (group nibbles, or trellis table indices) then the float-LUT re-rank.
+  const bool tfast = I.tc != nullptr && p.fast_scan;
+  const bool fast = (I.fast_ok && p.fast_scan && !I.quant) || tfast;
   const size_t rerank = p.rerank < 0 ? k + 16 : static_cast<size_t>(p.rerank);
   // Stage sizes: scan keeps r1 candidates, float-LUT re-rank keeps r2, full re-rank keeps k.
   const size_t r2 = std::max(k, static_cast<size_t>(p.rerank_full));
@@ -1397,7 +1435,7 @@ void search_impl(const Index::Impl& I, size_t nq, const float* q, const SearchPa
 #pragma omp parallel num_threads(threads)
   {
     std::vector<float> flut(kQueryBatch * I.m * I.lut_stride);
-    std::vector<uint8_t> qlut(kQueryBatch * I.mp * 16);
+    std::vector<uint8_t> qlut(kQueryBatch * (tfast ? I.m * I.lut_stride : I.mp * 16));
     std::vector<float> bias(kQueryBatch), delta(kQueryBatch);
     std::vector<TopR> top(kQueryBatch);
     std::vector<uint32_t> acc(kChunkBlocks * kBlock);
@@ -1414,10 +1452,31 @@ void search_impl(const Index::Impl& I, size_t nq, const float* q, const SearchPa
       if (!I.quant)
         for (size_t b = 0; b < bq; ++b)
           build_luts(I, qr.data() + (q0 + b) * d, flut.data() + b * I.m * I.lut_stride,
-                     fast ? qlut.data() + b * I.mp * 16 : nullptr, &bias[b], &delta[b]);
+                     fast ? qlut.data() + b * (tfast ? I.m * I.lut_stride : I.mp * 16) : nullptr, &bias[b],
+                     &delta[b]);
       for (size_t b = 0; b < bq; ++b) top[b].reset(r1);
 
-      if (fast) {
+      if (tfast) {
+        // Trellis: chunks of 32 blocks of 64 vectors (2048, as below), scores per 32-vector half.
+        constexpr size_t TB = Index::Impl::kTrellisBlock;
+        const size_t ntb = (n + TB - 1) / TB, chunk = kChunkBlocks * kBlock / TB;
+        for (size_t cb = 0; cb < ntb; cb += chunk) {
+          const size_t nb = std::min(chunk, ntb - cb);
+          const size_t v0 = cb * TB, cnt = std::min(n, (cb + nb) * TB) - v0;
+          for (size_t b = 0; b < bq; ++b) {
+            trellis_scan_u8(nb, d, I.gcodes.data() + cb * d * TB, qlut.data() + b * I.m * I.lut_stride, acc.data());
+            fast_scan_scores(nb * TB, acc.data(), I.scale.data() + v0, l2 ? I.norm.data() + v0 : nullptr, bias[b],
+                             delta[b], sc.data(), bmax.data());
+            TopR& t = top[b];
+            for (size_t bi = 0; bi * kBlock < cnt; ++bi) {
+              if (bmax[bi] <= t.threshold && t.h.size() >= t.cap) continue;
+              const size_t r0 = bi * kBlock, r1e = std::min(cnt, r0 + kBlock);
+              for (size_t r = r0; r < r1e; ++r)
+                if (sc[r] > t.threshold || t.h.size() < t.cap) t.push(sc[r], static_cast<uint32_t>(v0 + r));
+            }
+          }
+        }
+      } else if (fast) {
         for (size_t cb = 0; cb < nblocks; cb += kChunkBlocks) {
           const size_t nb = std::min(kChunkBlocks, nblocks - cb);
           const size_t v0 = cb * kBlock, v1 = std::min(n, (cb + nb) * kBlock);

@@ -115,6 +115,17 @@ struct Index::Impl {
   // Trellis codes (cfg.trellis): the cached code for (d, bits); gcodes then holds, per slot
   // and channel, the channel's table index (window) rather than a group code.
   const TrellisCode* tc = nullptr;
+  // gcodes layout of trellis codes: blocks of 64 slots, within a block channel by channel
+  // (64 bytes: the slots' table indices), the layout trellis_scan_u8 reads.
+  static constexpr size_t kTrellisBlock = 64;
+  uint8_t* trellis_row(size_t i) noexcept {
+    return gcodes.data() + (i / kTrellisBlock) * m * kTrellisBlock + i % kTrellisBlock;
+  }
+  const uint8_t* trellis_row(size_t i) const noexcept {
+    return gcodes.data() + (i / kTrellisBlock) * m * kTrellisBlock + i % kTrellisBlock;
+  }
+  // Slots per storage block: scale and norm are padded to whole blocks.
+  size_t pad_block() const noexcept { return tc ? kTrellisBlock : kBlock; }
   // codec prod
   std::unique_ptr<Quantizer> quant;
   std::vector<uint8_t> pcodes;  // n * quant->code_bytes()

@@ -61,8 +61,9 @@ void add_build_options(CLI::App* sub, BuildOpts& o) {
   sub->add_flag("--no-center", o.no_center, "flat index: do not subtract the mean");
   sub->add_flag("--trellis", o.trellis,
                 "flat index, 1-4 bits: trellis-coded channels (each vector's codes chosen together by a\n"
-                "Viterbi search; ~0.68x the squared error at the same bits, higher recall) scored with\n"
-                "256-entry float tables: no fast scan (slower search, 1 byte per channel in memory)");
+                "Viterbi search; ~0.68x the squared error at the same bits, higher recall; same bytes on\n"
+                "disk, 1 byte per channel in memory), scanned with 256-entry byte tables (AVX-512 VBMI,\n"
+                "else a plain loop); slower build and search than the default codes");
   sub->add_option("--threads,-t", o.threads, "threads (0: OpenMP default)")->capture_default_str()
       ->check(CLI::Range(0, 1024));
   sub->add_option("--ivf", o.ivf,
