@@ -400,7 +400,8 @@ NB_MODULE(_turboquant, m) {
       .def("__init__",
            [](tq::Index* self, int dim, double bits, const std::string& metric, const std::string& codec,
               const std::string& scale, const std::string& norm, const std::string& rotation, const std::string& law,
-              uint64_t seed, bool keep_vectors, std::optional<bool> fit_scale, std::optional<bool> center) {
+              uint64_t seed, bool keep_vectors, std::optional<bool> fit_scale, std::optional<bool> center,
+              bool trellis) {
              tq::IndexConfig c;
              c.dim = dim;
              c.bits = bits;
@@ -417,14 +418,16 @@ NB_MODULE(_turboquant, m) {
              const bool mse = c.codec == tq::QuantizerKind::mse;
              c.fit_scale = fit_scale.value_or(mse);
              c.center = center.value_or(mse);
+             c.trellis = trellis;
              new (self) tq::Index(c);
            },
            "dim"_a, "bits"_a = 4.0, "metric"_a = "cosine", nb::kw_only(), "codec"_a = "mse", "scale"_a = "corrected",
            "norm"_a = "f16", "rotation"_a = "hadamard", "law"_a = "beta", "seed"_a = 0x5eed,
-           "keep_vectors"_a = false, "fit_scale"_a = nb::none(), "center"_a = nb::none(),
+           "keep_vectors"_a = false, "fit_scale"_a = nb::none(), "center"_a = nb::none(), "trellis"_a = false,
            "The options of `tq index build` (same names and defaults): bits 1..8 or a half-integer 1.5..7.5; "
            "metric 'cosine' | 'ip' | 'l2'; fit_scale / center None: on for the mse codec (the CLI's "
-           "--fit-scale --center defaults), off for prod.")
+           "--fit-scale --center defaults), off for prod; trellis: trellis-coded channels (1-4 bits, "
+           "higher recall at the same bytes, slower build and search; the CLI's --trellis).")
       .def_prop_ro("dim", &tq::Index::dim)
       .def_prop_ro("d", &tq::Index::dim, "FAISS's name for dim.")
       .def_prop_ro("ntotal", &tq::Index::size, "Number of vectors (FAISS's name; also len()).")

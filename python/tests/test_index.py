@@ -14,18 +14,19 @@ def clustered(rng, n, d, centres=20):
     return (c[rng.integers(0, centres, n)] + 0.3 * rng.normal(size=(n, d))).astype(np.float32)
 
 
-@pytest.mark.parametrize("metric,bits", [("cosine", 4), ("ip", 2), ("l2", 3.5), ("cosine", 8)])
-def test_index_equals_cli(tq_cli, tmp_path, rng, metric, bits):
+@pytest.mark.parametrize("metric,bits,trellis", [("cosine", 4, False), ("ip", 2, False), ("l2", 3.5, False),
+                                                 ("cosine", 8, False), ("cosine", 4, True), ("l2", 2, True)])
+def test_index_equals_cli(tq_cli, tmp_path, rng, metric, bits, trellis):
     d = 48
     x = clustered(rng, 3000, d)
     q = clustered(rng, 40, d)
     np.save(tmp_path / "base.npy", x)
     np.save(tmp_path / "q.npy", q)
     run_cli(tq_cli, "index", "build", "--input", tmp_path / "base.npy", "-o", tmp_path / "cli.tqi",
-            "--bits", bits, "--metric", metric, "--threads", 1)
+            "--bits", bits, "--metric", metric, "--threads", 1, *(["--trellis"] if trellis else []))
     cli = run_cli(tq_cli, "index", "search", "--index", tmp_path / "cli.tqi", "--queries",
                   tmp_path / "q.npy", "-k", 10, "--threads", 1)
-    idx = tq.Index(d, bits=bits, metric=metric)
+    idx = tq.Index(d, bits=bits, metric=metric, trellis=trellis)
     idx.add(x)
     assert len(idx) == 3000 and idx.ntotal == 3000 and idx.d == d
     assert idx.describe_search() == cli["index"]

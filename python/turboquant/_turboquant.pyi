@@ -136,9 +136,9 @@ class Index:
     Flat nearest-neighbour index of TurboQuant codes, scored on the codes (SIMD fast scan). Scores: similarity for 'ip' / 'cosine' (higher is nearer), squared distance for 'l2'.
     """
 
-    def __init__(self, dim: int, bits: float = 4.0, metric: str = 'cosine', *, codec: str = 'mse', scale: str = 'corrected', norm: str = 'f16', rotation: str = 'hadamard', law: str = 'beta', seed: int = 24301, keep_vectors: bool = False, fit_scale: bool | None = None, center: bool | None = None) -> None:
+    def __init__(self, dim: int, bits: float = 4.0, metric: str = 'cosine', *, codec: str = 'mse', scale: str = 'corrected', norm: str = 'f16', rotation: str = 'hadamard', law: str = 'beta', seed: int = 24301, keep_vectors: bool = False, fit_scale: bool | None = None, center: bool | None = None, trellis: bool = False) -> None:
         """
-        The options of `tq index build` (same names and defaults): bits 1..8 or a half-integer 1.5..7.5; metric 'cosine' | 'ip' | 'l2'; fit_scale / center None: on for the mse codec (the CLI's --fit-scale --center defaults), off for prod.
+        The options of `tq index build` (same names and defaults): bits 1..8 or a half-integer 1.5..7.5; metric 'cosine' | 'ip' | 'l2'; fit_scale / center None: on for the mse codec (the CLI's --fit-scale --center defaults), off for prod; trellis: trellis-coded channels (1-4 bits, higher recall at the same bytes, slower build and search; the CLI's --trellis).
         """
 
     @property
