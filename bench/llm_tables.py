@@ -3,6 +3,8 @@
 --json`, `tq niah --json` and `tq bench model --json` (files under bench/results/)."""
 import glob
 import json
+import os
+import re
 import sys
 
 
@@ -49,16 +51,25 @@ def ppl_table(path):
 
 
 def niah_table(paths):
-    out = ["| context | cache | passed / trials | answers | seconds |", "|---:|---|---:|---|---:|"]
+    """One row per `tq niah --json` file: its run tag (the file name between niah_c<ctx>_ and
+    _s<seed>.json), the cache, passes, answers, the smallest per-trial margin (logit lead of the
+    answer's token over the best other; runs before tq niah reported it: "-") and seconds."""
+    out = ["| context | run | cache | passed / trials | answers | least margin | seconds |",
+           "|---:|---|---|---:|---|---:|---:|"]
     rows = []
     for p in paths:
         try:
-            rows.append(json.load(open(p)))
+            j = json.load(open(p))
         except Exception:  # run not finished
-            pass
-    for j in sorted(rows, key=lambda j: (j["context"], j["kv"]["label"])):
+            continue
+        m = re.match(r"niah_c\d+_(.*)_s\d+\.json$", os.path.basename(p))
+        rows.append((m.group(1) if m else os.path.basename(p), j))
+    for tag, j in sorted(rows, key=lambda r: (r[1]["context"], r[0])):
         ans = "; ".join(f"d{d['depth']}: {d['answer'].strip()!r}" for d in j["details"])
-        out.append(f"| {j['context']} | {j['kv']['label']} | {j['passed']} / {j['trials']} | {ans} | {j['seconds']:.0f} |")
+        margins = [(d["margin"], d["depth"]) for d in j["details"] if d.get("margin") is not None]
+        least = "-" if not margins else "{:.3f} (d{})".format(*min(margins))
+        out.append(f"| {j['context']} | {tag} | {j['kv']['label']} | {j['passed']} / {j['trials']} | {ans} | {least} | "
+                   f"{j['seconds']:.0f} |")
     return "\n".join(out)
 
 
