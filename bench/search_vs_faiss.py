@@ -159,6 +159,8 @@ def run_tq(args, ds, bits, extra=(), label=None):
     cmd = [args.tq, "index", "eval", "--base", ds["base_path"], "--queries", ds["query_path"],
            "--gt", ds["gt_path"], "--bits", str(bits), "--metric", ds["metric"],
            "--threads", str(args.threads), "--reps", str(args.reps), "--json"] + list(extra)
+    if args.build_reps > 0:
+        cmd += ["--build-reps", str(args.build_reps)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     j = json.loads(out)
     return dict(method=label or f"tq mse {bits}b", family="tq", bits=bits,
@@ -342,6 +344,8 @@ def main():
     ap.add_argument("--dataset", default="glove", choices=["glove", "fashion", "glove1m"])
     ap.add_argument("--glove-dir", default=os.path.join(os.path.dirname(REPO), "shared", "data", "glove100"))
     ap.add_argument("--tq", default=os.path.join(REPO, "build", "tq"))
+    ap.add_argument("--build-reps", type=int, default=0,
+                    help="tq builds timed per configuration (0: as --reps)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--bits", type=int, nargs="+", default=[2, 4])
