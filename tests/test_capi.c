@@ -210,6 +210,45 @@ static void test_kv(void) {
     kv = NULL;
   }
   CHECK(kv == NULL);
+  /* NeoX RoPE: a neox cache given rows in the model's order (pairs i, i + HD/2) answers exactly
+   * as a normal cache given the same rows interleaved (pairs 2i, 2i + 1), queries likewise. */
+  {
+    static float ki[T * KVH * HD], qi[H * HD], on[H * HD], oi[H * HD];
+    for (int r = 0; r < T * KVH; ++r)
+      for (int i = 0; i < HD / 2; ++i) {
+        ki[r * HD + 2 * i] = k[r * HD + i];
+        ki[r * HD + 2 * i + 1] = k[r * HD + i + HD / 2];
+      }
+    for (int r = 0; r < H; ++r)
+      for (int i = 0; i < HD / 2; ++i) {
+        qi[r * HD + 2 * i] = q[r * HD + i];
+        qi[r * HD + 2 * i + 1] = q[r * HD + i + HD / 2];
+      }
+    tq_kv_cache *neox = NULL, *normal = NULL;
+    CHECK(tq_kv_cache_create_rope("tq4/tq3", L, KVH, HD, 64, 10000.0f, HD, 1, &neox) == TQ_OK);
+    CHECK(tq_kv_cache_create_rope("tq4/tq3", L, KVH, HD, 64, 10000.0f, HD, 0, &normal) == TQ_OK);
+    CHECK(tq_kv_cache_create_rope("tq4/tq3", L, KVH, HD, 64, 10000.0f, HD, 2, &kv) == TQ_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(tq_last_error(), "rope_neox") != NULL);
+    if (neox && normal) {
+      CHECK(tq_kv_cache_append(neox, 0, T, k, v) == TQ_OK);
+      CHECK(tq_kv_cache_append(normal, 0, T, ki, v) == TQ_OK);
+      CHECK(tq_kv_cache_attention(neox, 0, 1, H, q, 0.0f, 1, on) == TQ_OK);
+      CHECK(tq_kv_cache_attention(normal, 0, 1, H, qi, 0.0f, 1, oi) == TQ_OK);
+      CHECK(memcmp(on, oi, sizeof on) == 0);
+      /* and the flag matters: the same neox rows in a normal cache (the wrong pairing for its
+       * RoPE-rotating K mean) answer differently */
+      tq_kv_cache* wrong = NULL;
+      CHECK(tq_kv_cache_create_rope("tq4/tq3", L, KVH, HD, 64, 10000.0f, HD, 0, &wrong) == TQ_OK);
+      if (wrong) {
+        CHECK(tq_kv_cache_append(wrong, 0, T, k, v) == TQ_OK);
+        CHECK(tq_kv_cache_attention(wrong, 0, 1, H, q, 0.0f, 1, oi) == TQ_OK);
+        CHECK(memcmp(on, oi, sizeof on) != 0);
+      }
+      tq_kv_cache_free(wrong);
+    }
+    tq_kv_cache_free(neox);
+    tq_kv_cache_free(normal);
+  }
 }
 
 /* A cache for a GGUF model: the model's properties choose what "auto" and the automatic

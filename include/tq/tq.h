@@ -104,11 +104,19 @@ typedef struct tq_kv_cache tq_kv_cache;
 /* label: a cache label as `tq perplexity --kv-config` takes it, e.g. "f16", "tq4/tq3 plain",
  * "tq4/tq3 w128 s4 ck" (K type / V type, window, sinks, centring, ...). Shape: n_layers x
  * n_kv_heads x head_dim, at most max_tokens tokens per layer. rope_base, rope_dim: the keys'
- * RoPE (normal mode), needed when the K mean rotates with RoPE ("cr", which a tq K type's
+ * RoPE (normal mode; neox: tq_kv_cache_create_rope), needed when the K mean rotates with RoPE ("cr", which a tq K type's
  * automatic protection includes unless the label says "plain" or gives a centring); 0, 0:
  * none, and such a label is an error. */
 tq_status tq_kv_cache_create(const char* label, int n_layers, int n_kv_heads, int head_dim,
                              int max_tokens, float rope_base, int rope_dim, tq_kv_cache** out);
+/* The same for a model whose RoPE rotates the pairs (i, i + rope_dim / 2) (rope_neox = 1:
+ * GPT-NeoX style, as Qwen 2/3 and Gemma) rather than (2i, 2i + 1) (rope_neox = 0, as
+ * tq_kv_cache_create): give K rows and queries as the model holds them; the cache pairs them
+ * for its RoPE-aware protections itself. One base for every layer (a model with per-layer bases,
+ * e.g. Gemma 3: tq_kv_cache_create_for_model). */
+tq_status tq_kv_cache_create_rope(const char* label, int n_layers, int n_kv_heads, int head_dim,
+                                  int max_tokens, float rope_base, int rope_dim, int rope_neox,
+                                  tq_kv_cache** out);
 /* The cache for one GGUF model: shape, RoPE, sliding windows and the model's properties read from
  * the file's metadata (the weights are not loaded), so "auto" and a tq K type's automatic
  * protection resolve as the tq commands resolve them on that model (e.g. scale-k on QK-norm

@@ -611,14 +611,16 @@ NB_MODULE(_turboquant, m) {
                         "a cache config file.")
       .def("__init__",
            [](PyKVCache* self, const std::string& label, int n_layers, int n_kv_heads, int head_dim, int max_tokens,
-              float rope_base, int rope_dim) {
+              float rope_base, int rope_dim, bool rope_neox) {
              new (self) PyKVCache(label, tq::capi::kv_cache_config(label, n_layers, n_kv_heads, head_dim, max_tokens,
-                                                                   rope_base, rope_dim));
+                                                                   rope_base, rope_dim, rope_neox));
            },
            "label"_a = "f16", "n_layers"_a = 1, "n_kv_heads"_a = 1, "head_dim"_a = 128, "max_tokens"_a = 4096,
-           "rope_base"_a = 0.0f, "rope_dim"_a = 0,
-           "rope_base, rope_dim: the keys' RoPE (normal mode), needed when the K mean rotates with RoPE ('cr', "
-           "part of a tq K type's automatic protection unless the label says 'plain' or gives a centring).")
+           "rope_base"_a = 0.0f, "rope_dim"_a = 0, "rope_neox"_a = false,
+           "rope_base, rope_dim: the keys' RoPE, needed when the K mean rotates with RoPE ('cr', part of a tq K "
+           "type's automatic protection unless the label says 'plain' or gives a centring); rope_neox: the model "
+           "rotates the pairs (i, i + rope_dim / 2) (GPT-NeoX style: Qwen 2/3, Gemma) rather than (2i, 2i + 1); "
+           "give K and queries as the model holds them.")
       .def_prop_ro("label", [](const PyKVCache& c) { return c.label; })
       .def_prop_ro("n_layers", [](const PyKVCache& c) { return c.cache.config().n_layers; })
       .def_prop_ro("n_kv_heads", [](const PyKVCache& c) { return c.cache.config().n_kv_heads; })

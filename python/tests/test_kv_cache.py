@@ -57,6 +57,26 @@ def test_tq_cache_fused_equals_reference(label, rng):
     assert c.bytes_per_token < 2 * KVH * D * 2  # below f16
 
 
+def test_neox_cache_equals_normal_cache_on_interleaved_rows(rng):
+    """rope_neox=True on rows in the model's order (pairs i, i + D/2) answers exactly as a normal
+    cache on the same rows interleaved (pairs 2i, 2i + 1), queries likewise."""
+    KVH, H, D, T = 2, 4, 64, 100
+    k = rng.normal(size=(T, KVH, D)).astype(np.float32)
+    v = rng.normal(size=(T, KVH, D)).astype(np.float32)
+    q = rng.normal(size=(1, H, D)).astype(np.float32)
+
+    def interleave(x):
+        return np.ascontiguousarray(np.stack([x[..., :D // 2], x[..., D // 2:]], axis=-1).reshape(x.shape))
+
+    neox = tq.KVCache("tq4/tq3", n_layers=1, n_kv_heads=KVH, head_dim=D, max_tokens=128, rope_base=1e4,
+                      rope_dim=D, rope_neox=True)
+    normal = tq.KVCache("tq4/tq3", n_layers=1, n_kv_heads=KVH, head_dim=D, max_tokens=128, rope_base=1e4,
+                        rope_dim=D)
+    neox.append(0, k, v)
+    normal.append(0, interleave(k), v)
+    np.testing.assert_array_equal(neox.attention(0, q, threads=1), normal.attention(0, interleave(q), threads=1))
+
+
 def test_kv_cache_bad_input(rng):
     with pytest.raises(tq.Error, match="RoPE"):
         tq.KVCache("tq4/tq4", n_layers=1, n_kv_heads=2, head_dim=32, max_tokens=8)

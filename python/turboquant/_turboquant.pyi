@@ -240,9 +240,9 @@ class KVCache:
     Quantized KV cache of n_layers x n_kv_heads x head_dim with fused attention. The cache choice is a label as `tq perplexity --kv-config` takes it: 'f16', 'tq4/tq3' (K/V types), 'k=tq3h6 v=tq4n8 sink=1 center=k,rope,512 scale-k', 'tq4/tq3 w128 plain', ..., or '@path' for a cache config file.
     """
 
-    def __init__(self, label: str = 'f16', n_layers: int = 1, n_kv_heads: int = 1, head_dim: int = 128, max_tokens: int = 4096, rope_base: float = 0.0, rope_dim: int = 0) -> None:
+    def __init__(self, label: str = 'f16', n_layers: int = 1, n_kv_heads: int = 1, head_dim: int = 128, max_tokens: int = 4096, rope_base: float = 0.0, rope_dim: int = 0, rope_neox: bool = False) -> None:
         """
-        rope_base, rope_dim: the keys' RoPE (normal mode), needed when the K mean rotates with RoPE ('cr', part of a tq K type's automatic protection unless the label says 'plain' or gives a centring).
+        rope_base, rope_dim: the keys' RoPE, needed when the K mean rotates with RoPE ('cr', part of a tq K type's automatic protection unless the label says 'plain' or gives a centring); rope_neox: the model rotates the pairs (i, i + rope_dim / 2) (GPT-NeoX style: Qwen 2/3, Gemma) rather than (2i, 2i + 1); give K and queries as the model holds them.
         """
 
     @property

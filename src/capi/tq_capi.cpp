@@ -221,16 +221,22 @@ tq_status tq_index_load(const char* path, tq_index** out) {
 
 // ---- KV cache
 
-tq_status tq_kv_cache_create(const char* label, int n_layers, int n_kv_heads, int head_dim, int max_tokens,
-                             float rope_base, int rope_dim, tq_kv_cache** out) {
+tq_status tq_kv_cache_create_rope(const char* label, int n_layers, int n_kv_heads, int head_dim, int max_tokens,
+                                  float rope_base, int rope_dim, int rope_neox, tq_kv_cache** out) {
   TQ_CAPI_NONNULL(label, "tq_kv_cache_create");
   TQ_CAPI_NONNULL(out, "tq_kv_cache_create");
   return guard([&] {
+    TQ_CHECK(rope_neox == 0 || rope_neox == 1, "kv cache: rope_neox must be 0 or 1, got %d", rope_neox);
     const tq::KvSpec kv = tq::capi::kv_options(label);  // parsed (an @file read) once
-    *out = new tq_kv_cache(
-        tq::capi::kv_cache_config(kv, label, n_layers, n_kv_heads, head_dim, max_tokens, rope_base, rope_dim),
-        kv.resolved().to_string());
+    *out = new tq_kv_cache(tq::capi::kv_cache_config(kv, label, n_layers, n_kv_heads, head_dim, max_tokens,
+                                                     rope_base, rope_dim, rope_neox != 0),
+                           kv.resolved().to_string());
   });
+}
+
+tq_status tq_kv_cache_create(const char* label, int n_layers, int n_kv_heads, int head_dim, int max_tokens,
+                             float rope_base, int rope_dim, tq_kv_cache** out) {
+  return tq_kv_cache_create_rope(label, n_layers, n_kv_heads, head_dim, max_tokens, rope_base, rope_dim, 0, out);
 }
 
 tq_status tq_kv_cache_create_for_model(const char* label, const char* gguf_path, int max_tokens, tq_kv_cache** out) {
