@@ -181,7 +181,8 @@ class Index {
   // Human-readable description, e.g. "mse 4 bits hadamard corrected f16 cosine".
   std::string describe() const;
   // The description of a search with p: "fast-scan" only when p uses the uint8 SIMD scan
-  // (the layout allows it and p.fast_scan), "float-lut" otherwise; IVF adds "nprobe N".
+  // (the layout allows it and p.fast_scan), "trellis-scan" for trellis codes with p.fast_scan
+  // (trellis_scan_u8), "float-lut" otherwise; IVF adds "nprobe N".
   std::string describe_search(const SearchParams& p) const;
 
   // Persistence (see docs/design.md "File format"): atomic save; load validates
