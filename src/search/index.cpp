@@ -860,74 +860,57 @@ float exact_lut_score(const Index::Impl& I, const float* lut, size_t i) {
 }
 
 // Float LUTs of a rotated query y: lut[g][code] = sum_t y[dim0 + t] * cent[(code >> t bpd) & mask]
-// (m * lut_stride floats). q8 != nullptr (fast layout): also the uint8 LUTs (mp * 16 bytes),
-// per-group minimum as bias, one step for all groups: dot ~= *bias + *delta * sum q8.
+// (m * lut_stride floats; trellis codes: lut[j][w] = y[j] * tc->lut[w]). q8 != nullptr (fast
+// layout or trellis scan): also the uint8 LUTs (mp * lut_stride bytes), per-group minimum as
+// bias, one step for all groups: dot ~= *bias + *delta * sum q8.
 void build_luts(const Index::Impl& I, const float* y, float* lut, uint8_t* q8, float* bias, float* delta) {
   if (I.tc) {  // trellis: channel j's table index w reconstructs tc->lut[w]
     const size_t st = I.lut_stride;
     const float* tl = I.tc->lut.data();
     for (size_t j = 0; j < I.m; ++j)
       for (size_t w = 0; w < st; ++w) lut[j * st + w] = y[j] * tl[w];
-    if (q8 == nullptr) return;
-    // uint8 tables for trellis_scan_u8: per channel its minimum as bias, one step for all.
-    float maxrange = 0, bsum = 0;
-    for (size_t j = 0; j < I.m; ++j) {
-      const float* t = lut + j * st;
-      const auto [mn, mx] = std::minmax_element(t, t + st);
-      maxrange = std::max(maxrange, *mx - *mn);
-      bsum += *mn;
-    }
-    const float step = maxrange > 0 ? maxrange / 255.f : 1.f;
-    const float inv = 1.f / step;
-    for (size_t j = 0; j < I.m; ++j) {
-      const float* t = lut + j * st;
-      const float mn = *std::min_element(t, t + st);
-      for (size_t w = 0; w < st; ++w) {
-        const float v = std::nearbyint((t[w] - mn) * inv);  // NaN (extreme loaded scales) maps to 0
-        q8[j * st + w] = v >= 0.f ? static_cast<uint8_t>(std::min(v, 255.f)) : uint8_t{0};
+  } else {
+    size_t g = 0;
+    for (const Segment& s : I.segs) {
+      const auto& cent = s.cb->centroids;
+      for (; g < I.m && I.groups[g].dim0 < s.begin + s.len; ++g) {
+        const Group& gr = I.groups[g];
+        const size_t entries = size_t{1} << gr.gbits();
+        const unsigned mask = (1u << gr.bpd) - 1;
+        float* t = lut + g * I.lut_stride;
+        for (size_t c = 0; c < I.lut_stride; ++c) t[c] = 0.f;
+        for (size_t c = 0; c < entries; ++c) {
+          float v = 0;
+          for (int j = 0; j < gr.ndims; ++j) v += y[gr.dim0 + j] * cent[(c >> (j * gr.bpd)) & mask];
+          t[c] = v;
+        }
+        // Unused entries (3-bit channels, short last group) repeat entry 0: never read.
+        for (size_t c = entries; c < I.lut_stride; ++c) t[c] = t[0];
       }
-    }
-    *bias = bsum;
-    *delta = step;
-    return;
-  }
-  size_t g = 0;
-  for (const Segment& s : I.segs) {
-    const auto& cent = s.cb->centroids;
-    for (; g < I.m && I.groups[g].dim0 < s.begin + s.len; ++g) {
-      const Group& gr = I.groups[g];
-      const size_t entries = size_t{1} << gr.gbits();
-      const unsigned mask = (1u << gr.bpd) - 1;
-      float* t = lut + g * I.lut_stride;
-      for (size_t c = 0; c < I.lut_stride; ++c) t[c] = 0.f;
-      for (size_t c = 0; c < entries; ++c) {
-        float v = 0;
-        for (int j = 0; j < gr.ndims; ++j) v += y[gr.dim0 + j] * cent[(c >> (j * gr.bpd)) & mask];
-        t[c] = v;
-      }
-      // Unused entries (3-bit channels, short last group) repeat entry 0: never read.
-      for (size_t c = entries; c < I.lut_stride; ++c) t[c] = t[0];
     }
   }
   if (q8 == nullptr) return;
+  // The uint8 copy (fast layout: 16 entries a group, padding groups up to mp zero; trellis:
+  // 256 a channel, mp == m).
+  const size_t st = I.lut_stride;
   float maxrange = 0, bsum = 0;
   for (size_t gi = 0; gi < I.m; ++gi) {
-    const float* t = lut + gi * 16;
-    const float mn = *std::min_element(t, t + 16), mx = *std::max_element(t, t + 16);
+    const float* t = lut + gi * st;
+    const float mn = *std::min_element(t, t + st), mx = *std::max_element(t, t + st);
     maxrange = std::max(maxrange, mx - mn);
     bsum += mn;
   }
   const float step = maxrange > 0 ? maxrange / 255.f : 1.f;
   const float inv = 1.f / step;
-  std::memset(q8, 0, I.mp * 16);
+  std::memset(q8 + I.m * st, 0, (I.mp - I.m) * st);
   for (size_t gi = 0; gi < I.m; ++gi) {
-    const float* t = lut + gi * 16;
-    const float mn = *std::min_element(t, t + 16);
-    for (int c = 0; c < 16; ++c) {
+    const float* t = lut + gi * st;
+    const float mn = *std::min_element(t, t + st);
+    for (size_t c = 0; c < st; ++c) {
       // A LUT of a query against extreme (finite) centroids or scales of a loaded file can
       // hold inf or NaN: NaN maps to 0 rather than to an undefined conversion.
       const float v = std::nearbyint((t[c] - mn) * inv);
-      q8[gi * 16 + c] = v >= 0.f ? static_cast<uint8_t>(std::min(v, 255.f)) : uint8_t{0};
+      q8[gi * st + c] = v >= 0.f ? static_cast<uint8_t>(std::min(v, 255.f)) : uint8_t{0};
     }
   }
   *bias = bsum;
@@ -1426,7 +1409,6 @@ void search_impl(const Index::Impl& I, size_t nq, const float* q, const SearchPa
     return;
   }
   const size_t n = I.n;
-  const size_t nblocks = (n + kBlock - 1) / kBlock;
   const size_t kQueryBatch = 8;
   const size_t kChunkBlocks = 64;  // 2048 vectors per pass over the codes
   const size_t n_qb = (nq + kQueryBatch - 1) / kQueryBatch;
@@ -1435,7 +1417,7 @@ void search_impl(const Index::Impl& I, size_t nq, const float* q, const SearchPa
 #pragma omp parallel num_threads(threads)
   {
     std::vector<float> flut(kQueryBatch * I.m * I.lut_stride);
-    std::vector<uint8_t> qlut(kQueryBatch * (tfast ? I.m * I.lut_stride : I.mp * 16));
+    std::vector<uint8_t> qlut(fast ? kQueryBatch * I.mp * I.lut_stride : 0);
     std::vector<float> bias(kQueryBatch), delta(kQueryBatch);
     std::vector<TopR> top(kQueryBatch);
     std::vector<uint32_t> acc(kChunkBlocks * kBlock);
@@ -1452,44 +1434,26 @@ void search_impl(const Index::Impl& I, size_t nq, const float* q, const SearchPa
       if (!I.quant)
         for (size_t b = 0; b < bq; ++b)
           build_luts(I, qr.data() + (q0 + b) * d, flut.data() + b * I.m * I.lut_stride,
-                     fast ? qlut.data() + b * (tfast ? I.m * I.lut_stride : I.mp * 16) : nullptr, &bias[b],
-                     &delta[b]);
+                     fast ? qlut.data() + b * I.mp * I.lut_stride : nullptr, &bias[b], &delta[b]);
       for (size_t b = 0; b < bq; ++b) top[b].reset(r1);
 
-      if (tfast) {
-        // Trellis: chunks of 32 blocks of 64 vectors (2048, as below), scores per 32-vector half.
-        constexpr size_t TB = Index::Impl::kTrellisBlock;
-        const size_t ntb = (n + TB - 1) / TB, chunk = kChunkBlocks * kBlock / TB;
-        for (size_t cb = 0; cb < ntb; cb += chunk) {
-          const size_t nb = std::min(chunk, ntb - cb);
-          const size_t v0 = cb * TB, cnt = std::min(n, (cb + nb) * TB) - v0;
+      if (fast) {
+        // Chunks of kChunkBlocks * kBlock (2048) vectors: 64 blocks of 32 in the fast layout,
+        // 32 of 64 for trellis codes; scores per 32 vectors either way.
+        const size_t vb = tfast ? Index::Impl::kTrellisBlock : kBlock;  // vectors per storage block
+        const size_t nsb = (n + vb - 1) / vb, chunk = kChunkBlocks * kBlock / vb;
+        for (size_t cb = 0; cb < nsb; cb += chunk) {
+          const size_t nb = std::min(chunk, nsb - cb);
+          const size_t v0 = cb * vb, cnt = std::min(n, (cb + nb) * vb) - v0;
           for (size_t b = 0; b < bq; ++b) {
-            trellis_scan_u8(nb, d, I.gcodes.data() + cb * d * TB, qlut.data() + b * I.m * I.lut_stride, acc.data());
-            fast_scan_scores(nb * TB, acc.data(), I.scale.data() + v0, l2 ? I.norm.data() + v0 : nullptr, bias[b],
+            const uint8_t* q8 = qlut.data() + b * I.mp * I.lut_stride;
+            if (tfast) trellis_scan_u8(nb, d, I.gcodes.data() + cb * d * vb, q8, acc.data());
+            else fast_scan_u8(nb, I.mp, I.blocks.data() + cb * I.mp * 16, q8, acc.data());
+            // Scores for whole blocks (padding vectors score garbage and are skipped below).
+            fast_scan_scores(nb * vb, acc.data(), I.scale.data() + v0, l2 ? I.norm.data() + v0 : nullptr, bias[b],
                              delta[b], sc.data(), bmax.data());
             TopR& t = top[b];
             for (size_t bi = 0; bi * kBlock < cnt; ++bi) {
-              if (bmax[bi] <= t.threshold && t.h.size() >= t.cap) continue;
-              const size_t r0 = bi * kBlock, r1e = std::min(cnt, r0 + kBlock);
-              for (size_t r = r0; r < r1e; ++r)
-                if (sc[r] > t.threshold || t.h.size() < t.cap) t.push(sc[r], static_cast<uint32_t>(v0 + r));
-            }
-          }
-        }
-      } else if (fast) {
-        for (size_t cb = 0; cb < nblocks; cb += kChunkBlocks) {
-          const size_t nb = std::min(kChunkBlocks, nblocks - cb);
-          const size_t v0 = cb * kBlock, v1 = std::min(n, (cb + nb) * kBlock);
-          for (size_t b = 0; b < bq; ++b) {
-            fast_scan_u8(nb, I.mp, I.blocks.data() + cb * I.mp * 16, qlut.data() + b * I.mp * 16,
-                         acc.data());
-            const size_t cnt = v1 - v0;
-            // Scores for whole blocks (padding vectors score garbage and are skipped below).
-            fast_scan_scores(nb * kBlock, acc.data(), I.scale.data() + v0,
-                             l2 ? I.norm.data() + v0 : nullptr, bias[b], delta[b], sc.data(),
-                             bmax.data());
-            TopR& t = top[b];
-            for (size_t bi = 0; bi < nb; ++bi) {
               if (bmax[bi] <= t.threshold && t.h.size() >= t.cap) continue;
               const size_t r0 = bi * kBlock, r1e = std::min(cnt, r0 + kBlock);
               for (size_t r = r0; r < r1e; ++r)
