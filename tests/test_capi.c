@@ -229,6 +229,11 @@ static void test_kv(void) {
     CHECK(tq_kv_cache_create_rope("tq4/tq3", L, KVH, HD, 64, 10000.0f, HD, 0, &normal) == TQ_OK);
     CHECK(tq_kv_cache_create_rope("tq4/tq3", L, KVH, HD, 64, 10000.0f, HD, 2, &kv) == TQ_ERR_INVALID_ARGUMENT);
     CHECK(strstr(tq_last_error(), "rope_neox") != NULL);
+    /* a null pointer is reported under the name of the function that was called */
+    CHECK(tq_kv_cache_create_rope("tq4/tq3", L, KVH, HD, 64, 10000.0f, HD, 1, NULL) == TQ_ERR_NULL_POINTER);
+    CHECK(strstr(tq_last_error(), "tq_kv_cache_create_rope") != NULL);
+    CHECK(tq_kv_cache_create(NULL, L, KVH, HD, 64, 10000.0f, HD, &kv) == TQ_ERR_NULL_POINTER);
+    CHECK(strstr(tq_last_error(), "tq_kv_cache_create:") != NULL);
     if (neox && normal) {
       CHECK(tq_kv_cache_append(neox, 0, T, k, v) == TQ_OK);
       CHECK(tq_kv_cache_append(normal, 0, T, ki, v) == TQ_OK);
@@ -303,12 +308,132 @@ static void test_kv_for_model(void) {
   }
 }
 
+/* Exact top-1 by inner product over x (n rows of D floats), the reference for recall. */
+static int exact_top1_ip(const float* x, int n, int d, const float* q) {
+  int best = 0;
+  double bs = -1e300;
+  for (int i = 0; i < n; ++i) {
+    double s = 0;
+    for (int j = 0; j < d; ++j) s += (double)x[i * d + j] * q[j];
+    if (s > bs) bs = s, best = i;
+  }
+  return best;
+}
+
+/* IVF and trellis indexes, and every search option, through the C API. */
+static void test_index_ivf_trellis(void) {
+  enum { D = 32, N = 2000, NQ = 40, K = 10, NLIST = 8 };
+  static float x[N * D], qv[NQ * D], s1[NQ * K], s2[NQ * K];
+  static int64_t i1[NQ * K], i2[NQ * K];
+  /* 16 clusters, so that IVF lists are meaningful */
+  static float c[16 * D];
+  for (int i = 0; i < 16 * D; ++i) c[i] = frand();
+  for (int i = 0; i < N; ++i)
+    for (int j = 0; j < D; ++j) x[i * D + j] = c[(i % 16) * D + j] + 0.3f * frand();
+  for (int i = 0; i < NQ * D; ++i) qv[i] = c[(i / D) % 16 * D + i % D] + 0.3f * frand();
+
+  tq_index_options o = tq_index_options_default();
+  CHECK(o.trellis == 0 && o.nlist == 0 && o.kmeans_iters == 10 && o.rerank_bits == 0);
+  o.metric = "ip";
+  o.nlist = NLIST;
+  o.rerank_bits = 4;
+  tq_index* ivf = NULL;
+  CHECK(tq_index_create(D, &o, &ivf) == TQ_OK);
+  if (ivf) {
+    CHECK(tq_index_add(ivf, N, x, NULL) == TQ_OK);
+    CHECK(tq_index_nlist(ivf) == NLIST);
+    tq_search_params p = tq_search_params_default();
+    CHECK(p.k == 10 && p.nprobe == 1 && p.rerank == -1 && p.rerank_full == 0 && p.fast_scan == 1);
+    p.k = K;
+    p.n_threads = 1;
+    /* recall@10 of the exact top-1: all lists against one list (one can only lose neighbours) */
+    int hit_all = 0, hit_one = 0;
+    p.nprobe = NLIST;
+    CHECK(tq_index_search_with(ivf, NQ, qv, &p, s1, i1) == TQ_OK);
+    p.nprobe = 1;
+    CHECK(tq_index_search_with(ivf, NQ, qv, &p, s2, i2) == TQ_OK);
+    for (int i = 0; i < NQ; ++i) {
+      const int want = exact_top1_ip(x, N, D, qv + i * D);
+      for (int j = 0; j < K; ++j) {
+        hit_all += i1[i * K + j] == want;
+        hit_one += i2[i * K + j] == want;
+      }
+      CHECK(s1[i * K] >= s1[i * K + K - 1]); /* ip: descending scores */
+    }
+    CHECK(hit_all >= NQ * 9 / 10);
+    CHECK(hit_all >= hit_one);
+    /* tq_index_search is tq_index_search_with at nprobe 1 */
+    CHECK(tq_index_search(ivf, NQ, qv, K, 1, s1, i1) == TQ_OK);
+    CHECK(memcmp(i1, i2, sizeof i1) == 0 && memcmp(s1, s2, sizeof s1) == 0);
+    /* the file keeps the lists: same results after a round trip */
+    CHECK(tq_index_save(ivf, g_index_path) == TQ_OK);
+    tq_index* back = NULL;
+    CHECK(tq_index_load(g_index_path, &back) == TQ_OK);
+    remove(g_index_path);
+    if (back) {
+      CHECK(tq_index_nlist(back) == NLIST);
+      CHECK(tq_index_search_with(back, NQ, qv, &p, s1, i1) == TQ_OK);
+      CHECK(memcmp(i1, i2, sizeof i1) == 0 && memcmp(s1, s2, sizeof s1) == 0);
+      tq_index_free(back);
+    }
+    p.nprobe = NLIST + 1;
+    CHECK(tq_index_search_with(ivf, NQ, qv, &p, s1, i1) == TQ_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(tq_last_error(), "nprobe") != NULL);
+    p.nprobe = 0;
+    CHECK(tq_index_search_with(ivf, NQ, qv, &p, s1, i1) == TQ_ERR_INVALID_ARGUMENT);
+    tq_index_free(ivf);
+  }
+  CHECK(tq_index_search_with(NULL, NQ, qv, NULL, s1, i1) == TQ_ERR_NULL_POINTER);
+  CHECK(tq_index_nlist(NULL) == 0);
+
+  /* trellis: flat, its own scan; the exact re-rank of every candidate equals the float path */
+  o = tq_index_options_default();
+  o.metric = "ip";
+  o.trellis = 1;
+  tq_index* tr = NULL;
+  CHECK(tq_index_create(D, &o, &tr) == TQ_OK);
+  if (tr) {
+    CHECK(tq_index_add(tr, N, x, NULL) == TQ_OK);
+    CHECK(tq_index_nlist(tr) == 0);
+    tq_search_params p = tq_search_params_default();
+    p.k = K;
+    p.n_threads = 1;
+    p.rerank = N;
+    CHECK(tq_index_search_with(tr, NQ, qv, &p, s1, i1) == TQ_OK);
+    p.fast_scan = 0;
+    CHECK(tq_index_search_with(tr, NQ, qv, &p, s2, i2) == TQ_OK);
+    CHECK(memcmp(i1, i2, sizeof i1) == 0);
+    int hit = 0;
+    for (int i = 0; i < NQ; ++i) {
+      const int want = exact_top1_ip(x, N, D, qv + i * D);
+      for (int j = 0; j < K; ++j) hit += i1[i * K + j] == want;
+    }
+    CHECK(hit >= NQ * 9 / 10);
+    p.nprobe = 2; /* a flat index has no lists to probe */
+    CHECK(tq_index_search_with(tr, NQ, qv, &p, s1, i1) == TQ_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(tq_last_error(), "IVF") != NULL);
+    tq_index_free(tr);
+  }
+  o.bits = 5; /* trellis codes are 1-4 bits */
+  tr = NULL;
+  CHECK(tq_index_create(D, &o, &tr) == TQ_ERR_INVALID_ARGUMENT && tr == NULL);
+  CHECK(strstr(tq_last_error(), "trellis") != NULL);
+  o.bits = 4;
+  o.nlist = NLIST; /* and flat only */
+  CHECK(tq_index_create(D, &o, &tr) == TQ_ERR_INVALID_ARGUMENT && tr == NULL);
+  o = tq_index_options_default();
+  o.rerank_bits = 4; /* a second-stage code needs IVF */
+  CHECK(tq_index_create(D, &o, &tr) == TQ_ERR_INVALID_ARGUMENT && tr == NULL);
+  CHECK(strstr(tq_last_error(), "rerank_bits") != NULL);
+}
+
 int main(int argc, char** argv) {
   if (argc > 1) g_index_path = argv[1];
   if (argc > 2) g_models_dir = argv[2];
   test_errors();
   test_codec();
   test_index();
+  test_index_ivf_trellis();
   test_kv();
   test_kv_for_model();
   printf("%d passed, %d failed\n", g_passed, g_failed);

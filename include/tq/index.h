@@ -118,7 +118,7 @@ struct SearchParams {
                         // second-stage code when the index has one (IndexConfig::rerank_bits);
                         // -1: auto (k + 16); 0: return the scan scores
   int rerank_full = 0;  // candidates re-scored with the kept float vectors (0: off)
-  int nprobe = 1;       // IVF: lists scanned per query, 1..nlist (ignored by a flat index)
+  int nprobe = 1;       // IVF: lists scanned per query, 1..nlist (a flat index: 1, other values an error)
 };
 
 class Index {

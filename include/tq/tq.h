@@ -38,7 +38,7 @@ typedef enum tq_status {
 const char* tq_last_error(void);
 /* A static name for a status code, e.g. "TQ_ERR_INVALID_ARGUMENT". */
 const char* tq_status_name(tq_status s);
-/* The library version, e.g. "0.1.0". */
+/* The library version, e.g. "0.2.0". */
 const char* tq_version(void);
 
 /* ---- codec: TurboQuant quantizers (tq/quantizer.h) ------------------------------------- */
@@ -61,7 +61,7 @@ tq_status tq_quantizer_decode(const tq_quantizer* q, size_t n, const uint8_t* co
 tq_status tq_quantizer_score(const tq_quantizer* q, const float* query, size_t n,
                              const uint8_t* codes, float* out);
 
-/* ---- search: the compressed flat index (tq/index.h) ------------------------------------ */
+/* ---- search: the compressed index, flat or IVF (tq/index.h) ---------------------------- */
 
 typedef struct tq_index tq_index;
 
@@ -79,7 +79,13 @@ typedef struct tq_index_options {
   int keep_vectors;     /* also keep the float vectors (for rerank_full); default 0 */
   int fit_scale;        /* per-vector grid fit at build time; default 0 */
   int center;           /* subtract the first batch's mean; default 0 */
+  int trellis;          /* trellis-coded channels (codec mse, integer bits 1..4, flat); default 0 */
+  int nlist;            /* IVF lists (k-means on the first added batch); 0: flat (default) */
+  int kmeans_iters;     /* IVF: Lloyd iterations of the coarse k-means (default 10) */
+  int rerank_bits;      /* IVF: bits per channel of the second-stage re-rank code, 0: none (default) */
 } tq_index_options;
+/* The struct grows between 0.x versions (the soname carries the minor version): fill it with
+ * tq_index_options_default() and then set fields, never with a positional initializer. */
 
 tq_index_options tq_index_options_default(void);
 /* opts: NULL for the defaults. */
@@ -93,6 +99,22 @@ tq_status tq_index_add(tq_index* idx, size_t n, const float* x, const int64_t* i
  * n_threads 0: OpenMP default. Scores: similarity for ip / cosine, squared distance for l2. */
 tq_status tq_index_search(const tq_index* idx, size_t nq, const float* q, int k, int n_threads,
                           float* scores, int64_t* ids);
+/* Search options (tq_search_params_default() fills the defaults; `tq index search` flags). */
+typedef struct tq_search_params {
+  int k;           /* results per query (default 10) */
+  int n_threads;   /* 0: OpenMP default */
+  int nprobe;      /* IVF: lists scanned per query, 1..nlist; a flat index: 1 (default 1) */
+  int rerank;      /* scan candidates re-scored exactly (or with the second-stage code);
+                      -1: k + 16 (default), 0: the scan scores */
+  int rerank_full; /* candidates re-scored with the kept float vectors (keep_vectors); 0: off */
+  int fast_scan;   /* 1: the uint8 SIMD scan where the codes allow it (default); 0: float tables */
+} tq_search_params;
+tq_search_params tq_search_params_default(void);
+/* tq_index_search with every option; scores, ids: nq * p->k each. p NULL: the defaults. */
+tq_status tq_index_search_with(const tq_index* idx, size_t nq, const float* q, const tq_search_params* p,
+                               float* scores, int64_t* ids);
+/* IVF lists (0 for a flat index or a NULL handle). */
+int tq_index_nlist(const tq_index* idx);
 /* Atomic save; load validates every field and the checksum. */
 tq_status tq_index_save(const tq_index* idx, const char* path);
 tq_status tq_index_load(const char* path, tq_index** out);

@@ -131,9 +131,10 @@ nb::ndarray<nb::numpy, T> matrix_array(tq::Matrix<T>&& m) {
 }
 
 // Index.search / search_candidates arguments as the library's SearchParams.
-tq::SearchParams search_params(int k, int threads, int rerank, int rerank_full, bool fast_scan) {
+tq::SearchParams search_params(int k, int threads, int rerank, int rerank_full, bool fast_scan, int nprobe = 1) {
   TQ_CHECK(k >= 1 && k <= (1 << 20), "index search: k = %d outside [1, 2^20]", k);
   tq::SearchParams p;
+  p.nprobe = nprobe;
   p.k = k;
   p.n_threads = threads;
   p.rerank = rerank;
@@ -395,13 +396,13 @@ NB_MODULE(_turboquant, m) {
 
   // ---- Index
   nb::class_<tq::Index>(m, "Index",
-                        "Flat nearest-neighbour index of TurboQuant codes, scored on the codes (SIMD fast scan). "
+                        "Nearest-neighbour index of TurboQuant codes, flat or IVF, scored on the codes (SIMD fast scan). "
                         "Scores: similarity for 'ip' / 'cosine' (higher is nearer), squared distance for 'l2'.")
       .def("__init__",
            [](tq::Index* self, int dim, double bits, const std::string& metric, const std::string& codec,
               const std::string& scale, const std::string& norm, const std::string& rotation, const std::string& law,
               uint64_t seed, bool keep_vectors, std::optional<bool> fit_scale, std::optional<bool> center,
-              bool trellis) {
+              bool trellis, int nlist, int kmeans_iters, int rerank_bits) {
              tq::IndexConfig c;
              c.dim = dim;
              c.bits = bits;
@@ -414,20 +415,28 @@ NB_MODULE(_turboquant, m) {
              c.law = tq::parse_law(law);
              c.seed = seed;
              c.keep_vectors = keep_vectors;
-             // None: the CLI's default (`tq index build`): an mse index fits scales and is centred.
-             const bool mse = c.codec == tq::QuantizerKind::mse;
-             c.fit_scale = fit_scale.value_or(mse);
-             c.center = center.value_or(mse);
+             // None: the CLI's default (`tq index build`): a flat mse index fits scales and is centred.
+             const bool flat_mse = c.codec == tq::QuantizerKind::mse && nlist == 0;
+             c.fit_scale = fit_scale.value_or(flat_mse);
+             c.center = center.value_or(flat_mse);
              c.trellis = trellis;
+             c.nlist = nlist;
+             c.kmeans_iters = kmeans_iters;
+             c.rerank_bits = rerank_bits;
              new (self) tq::Index(c);
            },
            "dim"_a, "bits"_a = 4.0, "metric"_a = "cosine", nb::kw_only(), "codec"_a = "mse", "scale"_a = "corrected",
            "norm"_a = "f16", "rotation"_a = "hadamard", "law"_a = "beta", "seed"_a = 0x5eed,
            "keep_vectors"_a = false, "fit_scale"_a = nb::none(), "center"_a = nb::none(), "trellis"_a = false,
+           "nlist"_a = 0, "kmeans_iters"_a = 10, "rerank_bits"_a = 0,
            "The options of `tq index build` (same names and defaults): bits 1..8 or a half-integer 1.5..7.5; "
-           "metric 'cosine' | 'ip' | 'l2'; fit_scale / center None: on for the mse codec (the CLI's "
-           "--fit-scale --center defaults), off for prod; trellis: trellis-coded channels (1-4 bits, "
-           "higher recall at the same bytes, slower build and search; the CLI's --trellis).")
+           "metric 'cosine' | 'ip' | 'l2'; fit_scale / center None: on for a flat mse index (the CLI's "
+           "--fit-scale --center defaults), off for prod and IVF; trellis: trellis-coded channels (1-4 bits, "
+           "flat, higher recall at the same bytes, slower build and search; the CLI's --trellis); nlist > 0: "
+           "IVF with nlist lists (the CLI's --ivf; the k-means runs on the first add(), so add the whole "
+           "set at once), kmeans_iters its Lloyd iterations, rerank_bits > 0 a second-stage re-rank code "
+           "(the CLI's --rerank-bits).")
+      .def_prop_ro("nlist", &tq::Index::nlist, "IVF lists (0 for a flat index).")
       .def_prop_ro("dim", &tq::Index::dim)
       .def_prop_ro("d", &tq::Index::dim, "FAISS's name for dim.")
       .def_prop_ro("ntotal", &tq::Index::size, "Number of vectors (FAISS's name; also len()).")
@@ -438,12 +447,13 @@ NB_MODULE(_turboquant, m) {
       .def("describe", &tq::Index::describe)
       .def(
           "describe_search",
-          [](const tq::Index& i, bool fast_scan) {
+          [](const tq::Index& i, bool fast_scan, int nprobe) {
             tq::SearchParams p;
             p.fast_scan = fast_scan;
+            p.nprobe = nprobe;
             return i.describe_search(p);
           },
-          "fast_scan"_a = true,
+          "fast_scan"_a = true, "nprobe"_a = 1,
           "describe() with the scoring a search would use (what `tq index search --json` reports as 'index').")
       .def("__len__", &tq::Index::size)
       .def("add",
@@ -464,10 +474,10 @@ NB_MODULE(_turboquant, m) {
            "ntotal + 1, ...).")
       .def("search",
            [](const tq::Index& idx, const InArray& q, int k, int threads, int rerank, int rerank_full,
-              bool fast_scan) {
+              bool fast_scan, int nprobe) {
              size_t nq = 0;
              const float* qp = view<float>(q, "q", 2, 2, idx.dim(), &nq);
-             const tq::SearchParams p = search_params(k, threads, rerank, rerank_full, fast_scan);
+             const tq::SearchParams p = search_params(k, threads, rerank, rerank_full, fast_scan, nprobe);
              float* sp = nullptr;
              int64_t* ip = nullptr;
              auto scores = new_array<float>({nq, static_cast<size_t>(k)}, &sp);
@@ -479,9 +489,10 @@ NB_MODULE(_turboquant, m) {
              return nb::make_tuple(scores, ids);
            },
            "q"_a, "k"_a = 10, nb::kw_only(), "threads"_a = 0, "rerank"_a = -1, "rerank_full"_a = 0,
-           "fast_scan"_a = true,
+           "fast_scan"_a = true, "nprobe"_a = 1,
            "Top-k of each row of q ((nq, dim) float32): (scores (nq, k) float32, ids (nq, k) int64), best first; "
-           "missing results get id -1. threads 0: OpenMP default.")
+           "missing results get id -1. threads 0: OpenMP default. nprobe: IVF lists scanned per query "
+           "(1..nlist; 1 for a flat index).")
       .def("train",
            [](tq::Index& idx, const InArray& x) {
              size_t n = 0;

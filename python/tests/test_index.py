@@ -65,6 +65,51 @@ def test_index_equals_cli_past_one_add_batch(tq_cli, tmp_path, rng):
     np.testing.assert_allclose(scores, np.array(cli["scores"], dtype=np.float64), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("metric,rerank_bits", [("cosine", 0), ("l2", 4)])
+def test_ivf_index_equals_cli(tq_cli, tmp_path, rng, metric, rerank_bits):
+    """nlist / rerank_bits / nprobe are the CLI's --ivf / --rerank-bits / --nprobe: the same lists,
+    the same results, files shared both ways; nprobe outside [1, nlist] is an error."""
+    d = 32
+    x = clustered(rng, 4000, d)
+    q = clustered(rng, 40, d)
+    np.save(tmp_path / "base.npy", x)
+    np.save(tmp_path / "q.npy", q)
+    run_cli(tq_cli, "index", "build", "--input", tmp_path / "base.npy", "-o", tmp_path / "cli.tqi",
+            "--metric", metric, "--ivf", 16, "--rerank-bits", rerank_bits, "--threads", 2)
+    cli = run_cli(tq_cli, "index", "search", "--index", tmp_path / "cli.tqi", "--queries",
+                  tmp_path / "q.npy", "-k", 10, "--nprobe", 4, "--threads", 1)
+    idx = tq.Index(d, metric=metric, nlist=16, rerank_bits=rerank_bits)
+    idx.add(x)
+    assert idx.nlist == 16 and tq.Index(d).nlist == 0
+    assert idx.describe_search(nprobe=4) == cli["index"] and "nprobe 4" in cli["index"]
+    scores, ids = idx.search(q, 10, threads=1, nprobe=4)
+    np.testing.assert_array_equal(ids, np.array(cli["ids"]))
+    np.testing.assert_allclose(scores, np.array(cli["scores"], dtype=np.float64), rtol=1e-6, atol=1e-6)
+    s2, i2 = tq.Index.load(str(tmp_path / "cli.tqi")).search(q, 10, nprobe=4)
+    np.testing.assert_array_equal(i2, ids)
+    np.testing.assert_array_equal(s2, scores)
+    idx.save(str(tmp_path / "py.tqi"))
+    cli2 = run_cli(tq_cli, "index", "search", "--index", tmp_path / "py.tqi", "--queries",
+                   tmp_path / "q.npy", "-k", 10, "--nprobe", 4)
+    np.testing.assert_array_equal(np.array(cli2["ids"]), ids)
+    # more lists probed can only find more of the exact neighbours (all 16: every code scored)
+    _, gt = tq.exact_search(x, q, 10, metric=metric)
+    recall = [np.mean([len(set(gt[i]) & set(r[i])) / 10 for i in range(len(q))])
+              for r in (idx.search(q, 10, nprobe=1)[1], ids, idx.search(q, 10, nprobe=16)[1])]
+    assert recall[0] <= recall[1] + 0.02 and recall[1] <= recall[2] + 0.02 and recall[2] >= 0.8, recall
+    for bad in (0, 17):
+        with pytest.raises(tq.Error, match="nprobe"):
+            idx.search(q, 10, nprobe=bad)
+    with pytest.raises(tq.Error, match="IVF"):
+        tq.Index(d).search(q, 10, nprobe=2)
+    with pytest.raises(tq.Error, match="flat"):
+        idx.search_candidates(q, 10)
+    with pytest.raises(tq.Error, match="trellis"):
+        tq.Index(d, trellis=True, nlist=16)
+    with pytest.raises(tq.Error, match="rerank_bits"):
+        tq.Index(d, rerank_bits=4)
+
+
 def test_index_recall_against_exact(rng):
     d = 64
     x = clustered(rng, 5000, d)

@@ -131,6 +131,8 @@ def test_bad_input(ray_cluster, data):
         tq.ShardedIndex(100, 0)
     with pytest.raises(tq.Error):
         tq.ShardedIndex(100, 2, bits=11)
+    with pytest.raises(tq.Error, match="flat"):
+        tq.ShardedIndex(100, 2, nlist=8)
     s = tq.ShardedIndex(100, 2)
     with pytest.raises(tq.Error, match="no rows"):
         s.add(np.zeros((0, 100), np.float32))

@@ -133,13 +133,17 @@ class Quantizer:
 
 class Index:
     """
-    Flat nearest-neighbour index of TurboQuant codes, scored on the codes (SIMD fast scan). Scores: similarity for 'ip' / 'cosine' (higher is nearer), squared distance for 'l2'.
+    Nearest-neighbour index of TurboQuant codes, flat or IVF, scored on the codes (SIMD fast scan). Scores: similarity for 'ip' / 'cosine' (higher is nearer), squared distance for 'l2'.
     """
 
-    def __init__(self, dim: int, bits: float = 4.0, metric: str = 'cosine', *, codec: str = 'mse', scale: str = 'corrected', norm: str = 'f16', rotation: str = 'hadamard', law: str = 'beta', seed: int = 24301, keep_vectors: bool = False, fit_scale: bool | None = None, center: bool | None = None, trellis: bool = False) -> None:
+    def __init__(self, dim: int, bits: float = 4.0, metric: str = 'cosine', *, codec: str = 'mse', scale: str = 'corrected', norm: str = 'f16', rotation: str = 'hadamard', law: str = 'beta', seed: int = 24301, keep_vectors: bool = False, fit_scale: bool | None = None, center: bool | None = None, trellis: bool = False, nlist: int = 0, kmeans_iters: int = 10, rerank_bits: int = 0) -> None:
         """
-        The options of `tq index build` (same names and defaults): bits 1..8 or a half-integer 1.5..7.5; metric 'cosine' | 'ip' | 'l2'; fit_scale / center None: on for the mse codec (the CLI's --fit-scale --center defaults), off for prod; trellis: trellis-coded channels (1-4 bits, higher recall at the same bytes, slower build and search; the CLI's --trellis).
+        The options of `tq index build` (same names and defaults): bits 1..8 or a half-integer 1.5..7.5; metric 'cosine' | 'ip' | 'l2'; fit_scale / center None: on for a flat mse index (the CLI's --fit-scale --center defaults), off for prod and IVF; trellis: trellis-coded channels (1-4 bits, flat, higher recall at the same bytes, slower build and search; the CLI's --trellis); nlist > 0: IVF with nlist lists (the CLI's --ivf; the k-means runs on the first add(), so add the whole set at once), kmeans_iters its Lloyd iterations, rerank_bits > 0 a second-stage re-rank code (the CLI's --rerank-bits).
         """
+
+    @property
+    def nlist(self) -> int:
+        """IVF lists (0 for a flat index)."""
 
     @property
     def dim(self) -> int: ...
@@ -167,7 +171,7 @@ class Index:
 
     def describe(self) -> str: ...
 
-    def describe_search(self, fast_scan: bool = True) -> str:
+    def describe_search(self, fast_scan: bool = True, nprobe: int = 1) -> str:
         """
         describe() with the scoring a search would use (what `tq index search --json` reports as 'index').
         """
@@ -179,9 +183,9 @@ class Index:
         Add the rows of x ((n, dim) float32, C-contiguous, finite); ids: (n,) int64 or None (ntotal, ntotal + 1, ...).
         """
 
-    def search(self, q: Annotated[NDArray, dict(device='cpu', writable=False)], k: int = 10, *, threads: int = 0, rerank: int = -1, rerank_full: int = 0, fast_scan: bool = True) -> tuple:
+    def search(self, q: Annotated[NDArray, dict(device='cpu', writable=False)], k: int = 10, *, threads: int = 0, rerank: int = -1, rerank_full: int = 0, fast_scan: bool = True, nprobe: int = 1) -> tuple:
         """
-        Top-k of each row of q ((nq, dim) float32): (scores (nq, k) float32, ids (nq, k) int64), best first; missing results get id -1. threads 0: OpenMP default.
+        Top-k of each row of q ((nq, dim) float32): (scores (nq, k) float32, ids (nq, k) int64), best first; missing results get id -1. threads 0: OpenMP default. nprobe: IVF lists scanned per query (1..nlist; 1 for a flat index).
         """
 
     def train(self, x: Annotated[NDArray, dict(device='cpu', writable=False)]) -> None:

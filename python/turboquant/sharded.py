@@ -92,6 +92,8 @@ class ShardedIndex:
             raise Error(f"ShardedIndex: n_shards must be an integer >= 1, got {n_shards!r}")
         # The template: checks every option here, then fits the center (train) on the first batch.
         self._template = Index(dim, bits, metric, **options)
+        if self._template.nlist > 0:
+            raise Error("ShardedIndex: shards are flat indexes (nlist 0); an IVF index is one process's")
         self._init(int(n_shards), dim, bits, metric, options, actor_options)
         self._actors = [self._new_actor() for _ in range(self.n_shards)]
 

@@ -160,6 +160,10 @@ tq_index_options tq_index_options_default(void) {
   o.keep_vectors = 0;
   o.fit_scale = 0;
   o.center = 0;
+  o.trellis = 0;
+  o.nlist = 0;
+  o.kmeans_iters = 10;
+  o.rerank_bits = 0;
   return o;
 }
 
@@ -181,6 +185,10 @@ tq_status tq_index_create(int dim, const tq_index_options* opts, tq_index** out)
     c.keep_vectors = o.keep_vectors != 0;
     c.fit_scale = o.fit_scale != 0;
     c.center = o.center != 0;
+    c.trellis = o.trellis != 0;
+    c.nlist = o.nlist;
+    c.kmeans_iters = o.kmeans_iters;
+    c.rerank_bits = o.rerank_bits;
     *out = new tq_index{tq::Index(c)};
   });
 }
@@ -196,16 +204,44 @@ tq_status tq_index_add(tq_index* idx, size_t n, const float* x, const int64_t* i
   return guard([&] { idx->idx.add(n, x, ids); });
 }
 
-tq_status tq_index_search(const tq_index* idx, size_t nq, const float* q, int k, int n_threads,
-                          float* scores, int64_t* ids) {
-  TQ_CAPI_NONNULL(idx, "tq_index_search");
+tq_search_params tq_search_params_default(void) {
+  const tq::SearchParams d;
+  tq_search_params p;
+  p.k = d.k;
+  p.n_threads = d.n_threads;
+  p.nprobe = d.nprobe;
+  p.rerank = d.rerank;
+  p.rerank_full = d.rerank_full;
+  p.fast_scan = d.fast_scan ? 1 : 0;
+  return p;
+}
+
+tq_status tq_index_search_with(const tq_index* idx, size_t nq, const float* q, const tq_search_params* params,
+                               float* scores, int64_t* ids) {
+  TQ_CAPI_NONNULL(idx, "tq_index_search_with");
+  const tq_search_params o = params ? *params : tq_search_params_default();
   return guard([&] {
     tq::SearchParams p;
-    p.k = k;
-    p.n_threads = n_threads;
+    p.k = o.k;
+    p.n_threads = o.n_threads;
+    p.nprobe = o.nprobe;
+    p.rerank = o.rerank;
+    p.rerank_full = o.rerank_full;
+    p.fast_scan = o.fast_scan != 0;
     idx->idx.search(nq, q, p, scores, ids);
   });
 }
+
+tq_status tq_index_search(const tq_index* idx, size_t nq, const float* q, int k, int n_threads,
+                          float* scores, int64_t* ids) {
+  TQ_CAPI_NONNULL(idx, "tq_index_search");
+  tq_search_params p = tq_search_params_default();
+  p.k = k;
+  p.n_threads = n_threads;
+  return tq_index_search_with(idx, nq, q, &p, scores, ids);
+}
+
+int tq_index_nlist(const tq_index* idx) { return idx ? idx->idx.nlist() : 0; }
 
 tq_status tq_index_save(const tq_index* idx, const char* path) {
   TQ_CAPI_NONNULL(idx, "tq_index_save");
@@ -221,10 +257,10 @@ tq_status tq_index_load(const char* path, tq_index** out) {
 
 // ---- KV cache
 
-tq_status tq_kv_cache_create_rope(const char* label, int n_layers, int n_kv_heads, int head_dim, int max_tokens,
-                                  float rope_base, int rope_dim, int rope_neox, tq_kv_cache** out) {
-  TQ_CAPI_NONNULL(label, "tq_kv_cache_create");
-  TQ_CAPI_NONNULL(out, "tq_kv_cache_create");
+namespace {
+// Both creators, after each has checked its pointers under its own name.
+tq_status kv_cache_create(const char* label, int n_layers, int n_kv_heads, int head_dim, int max_tokens,
+                          float rope_base, int rope_dim, int rope_neox, tq_kv_cache** out) {
   return guard([&] {
     TQ_CHECK(rope_neox == 0 || rope_neox == 1, "kv cache: rope_neox must be 0 or 1, got %d", rope_neox);
     const tq::KvSpec kv = tq::capi::kv_options(label);  // parsed (an @file read) once
@@ -233,10 +269,20 @@ tq_status tq_kv_cache_create_rope(const char* label, int n_layers, int n_kv_head
                            kv.resolved().to_string());
   });
 }
+}  // namespace
+
+tq_status tq_kv_cache_create_rope(const char* label, int n_layers, int n_kv_heads, int head_dim, int max_tokens,
+                                  float rope_base, int rope_dim, int rope_neox, tq_kv_cache** out) {
+  TQ_CAPI_NONNULL(label, "tq_kv_cache_create_rope");
+  TQ_CAPI_NONNULL(out, "tq_kv_cache_create_rope");
+  return kv_cache_create(label, n_layers, n_kv_heads, head_dim, max_tokens, rope_base, rope_dim, rope_neox, out);
+}
 
 tq_status tq_kv_cache_create(const char* label, int n_layers, int n_kv_heads, int head_dim, int max_tokens,
                              float rope_base, int rope_dim, tq_kv_cache** out) {
-  return tq_kv_cache_create_rope(label, n_layers, n_kv_heads, head_dim, max_tokens, rope_base, rope_dim, 0, out);
+  TQ_CAPI_NONNULL(label, "tq_kv_cache_create");
+  TQ_CAPI_NONNULL(out, "tq_kv_cache_create");
+  return kv_cache_create(label, n_layers, n_kv_heads, head_dim, max_tokens, rope_base, rope_dim, 0, out);
 }
 
 tq_status tq_kv_cache_create_for_model(const char* label, const char* gguf_path, int max_tokens, tq_kv_cache** out) {

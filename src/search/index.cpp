@@ -1355,6 +1355,7 @@ void search_impl(const Index::Impl& I, size_t nq, const float* q, const SearchPa
   TQ_CHECK(p.rerank_full == 0 || I.cfg.keep_vectors,
            "index search: rerank_full needs an index built with keep_vectors");
   TQ_CHECK(p.n_threads >= 0, "index search: n_threads must be >= 0");
+  TQ_CHECK(I.ivf() || p.nprobe == 1, "index search: nprobe %d needs an IVF index (nlist > 0)", p.nprobe);
   if (nq == 0) return;
   TQ_CHECK(q != nullptr && (co != nullptr || (scores != nullptr && out_ids != nullptr)), "index search: null pointer");
   check_rows_finite(nq, I.d, q, "index search: query");

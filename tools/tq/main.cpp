@@ -11,6 +11,7 @@
 #include "cli.h"
 #include "tq/error.h"
 #include "tq/simd.h"
+#include "tq/tq.h"
 
 
 
@@ -24,7 +25,7 @@ extern "C" __attribute__((visibility("default"))) int tq_cli_main(int argc, char
       "tq: TurboQuant vector quantization, quantized KV cache and compressed vector search.\n"
       "Run `tq <command> --help` for the options of each command."};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "turboquant 0.1.0");
+  app.set_version_flag("--version", std::string("turboquant ") + tq_version());
   std::string simd_level;
   app.add_option("--simd", simd_level,
                  "SIMD level: auto (default), scalar, or one the host supports (also env TQ_SIMD)");
