@@ -20,6 +20,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -305,7 +306,7 @@ std::string byte_token(int b) {
 struct Fixtures {
   TempDir dir;
   std::string model, truncated_model, empty, folder, text, base, queries, queries_d5, gt, gt_bad, index,
-      corrupt_index, truncated_fvecs, nan_fvecs, ivf_index, ivf_truncated, ivf_corrupt, ivf_version6,
+      corrupt_index, truncated_fvecs, nan_fvecs, huge_fvecs, ivf_index, ivf_truncated, ivf_corrupt, ivf_version6,
       ivf_rerank, ivf_rerank_truncated, ivf_rerank_corrupt, ivf_rerank_width, ivf_indep_width, ivf_nan_centroid,
       ivf_huge_centroid;
   // The fixture model (weights from `seed`): a tiny llama with a byte-level tokenizer.
@@ -466,6 +467,10 @@ struct Fixtures {
     fb[4 + 3 * 4 + 3] = 0x7f;
     nan_fvecs = dir.path("nan.fvecs");
     write(nan_fvecs, fb.data(), fb.size());
+    const float huge = 1e30f;  // component 3 of vector 0 := 1e30: finite, but no score of it is
+    std::memcpy(fb.data() + 4 + 3 * 4, &huge, 4);
+    huge_fvecs = dir.path("huge.fvecs");
+    write(huge_fvecs, fb.data(), fb.size());
   }
   // Without model_id unless one is given (as files of earlier builds).
   void write_sens(const std::string& name, int ctx, int n_layers, const std::string& k_type, const std::string& model_file,

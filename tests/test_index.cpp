@@ -437,6 +437,86 @@ TEST(Index, BadInputsRejected) {
   EXPECT_NO_THROW(ip32.add(1, big.data()));
 }
 
+// Vectors of every scale an index takes (norm 0 or in [2^-100, 2^62]) give the results of the
+// same vectors at unit scale (cosine: bit for bit the same ids; ip and l2: the same ids, the
+// scores scaled), and a norm outside is a clear error naming the vector, never inf/NaN scores
+// or a ranking of garbage (a query of norm 3e37 once gave NaN scores, a cosine query of norm
+// 1e-29 the same ids for every query: its float sum of squares underflowed to 0).
+TEST(Index, NormsFrom2PowMinus100To2Pow62AndClearErrorsOutside) {
+  const int d = 32;
+  const size_t n = 400, nq = 20;
+  auto x = make_data(n, d, 15), q = make_data(nq, d, 16);
+  auto scaled = [](std::vector<float> v, float f) {
+    for (auto& e : v) e *= f;
+    return v;
+  };
+  for (tq::Metric m : {tq::Metric::cosine, tq::Metric::ip, tq::Metric::l2})
+    for (bool trellis : {false, true})
+      for (int nlist : {0, 4}) {
+        if (trellis && nlist) continue;
+        auto c = cfg_of(d, 4, m);
+        c.norm = tq::NormFormat::f32;
+        c.trellis = trellis;
+        c.nlist = nlist;
+        tq::SearchParams p;
+        p.nprobe = nlist ? nlist : 1;
+        tq::Index ref(c);
+        ref.add(n, x.data());
+        const Results want = run(ref, q, 5, p);
+        const std::string what = ref.describe();
+        // Data and queries scaled by a power of two: the codes, ids and (scaled) scores of unit scale.
+        for (float f : {0x1p-40f, 0x1p55f}) {
+          if (m != tq::Metric::cosine && f < 1) continue;  // ip / l2: f32 norms keep any scale; see below
+          tq::Index idx(c);
+          auto xs = scaled(x, f), qs = scaled(q, f);
+          idx.add(n, xs.data());
+          const Results got = run(idx, qs, 5, p);
+          EXPECT_EQ(got.id, want.id) << what << " scale " << f;
+          const double unit = m == tq::Metric::cosine ? 1.0 : double(f) * f;  // ip, l2: scores of x f, q f
+          for (size_t i = 0; i < got.s.size(); ++i) {
+            ASSERT_TRUE(std::isfinite(got.s[i])) << what;
+            EXPECT_NEAR(got.s[i] / unit, want.s[i], 1e-3 * (1 + std::fabs(want.s[i]))) << what << " scale " << f;
+          }
+        }
+        // Cosine queries of any scale in range: the same results as the unit query.
+        if (m == tq::Metric::cosine) {
+          auto qs = scaled(q, 0x1p-90f);  // float squares underflow: the sum is taken in double
+          EXPECT_EQ(run(ref, qs, 5, p).id, want.id) << what;
+        }
+        // Outside the range: errors naming the vector and the bound, the index unchanged.
+        for (float f : {0x1p64f, 0x1p-110f}) {
+          auto xs = x;
+          for (int j = 0; j < d; ++j) xs[7 * d + j] *= f;
+          tq::Index idx(c);
+          try {
+            idx.add(n, xs.data());
+            ADD_FAILURE() << what << ": add of a vector of norm x " << f << " did not throw";
+          } catch (const tq::Error& e) {
+            EXPECT_NE(std::string(e.what()).find("vector 7 has norm"), std::string::npos) << e.what();
+            EXPECT_NE(std::string(e.what()).find(f > 1 ? "above the 2^62" : "below the 2^-100"), std::string::npos)
+                << e.what();
+          }
+          EXPECT_EQ(idx.size(), 0u);
+          auto qs = q;
+          for (int j = 0; j < d; ++j) qs[3 * d + j] *= f;
+          std::vector<float> sc(nq * 5);
+          std::vector<int64_t> ids(nq * 5);
+          p.k = 5;
+          EXPECT_THROW(ref.search(nq, qs.data(), p, sc.data(), ids.data()), tq::Error) << what << " x " << f;
+        }
+      }
+  // Zero vectors stay allowed (cosine: score 0 against everything).
+  tq::Index z(cfg_of(d, 4, tq::Metric::cosine));
+  std::vector<float> zero(2 * d, 0.f);
+  EXPECT_NO_THROW(z.add(2, zero.data()));
+  EXPECT_NO_THROW(run(z, zero, 1));
+  // exact_search: the same range.
+  std::vector<float> sc(5);
+  std::vector<int64_t> ids(5);
+  auto qb = scaled(q, 0x1p70f);
+  EXPECT_THROW(tq::exact_search(tq::Metric::ip, n, d, x.data(), 1, qb.data(), 5, sc.data(), ids.data(), 1), tq::Error);
+}
+
 // ---------------------------------------------------------------------------------------
 
 namespace {

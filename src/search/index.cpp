@@ -410,19 +410,6 @@ std::string Index::describe_search(const SearchParams& p) const {
   return s;
 }
 
-namespace {
-
-void check_rows_finite(size_t n, int d, const float* x, const char* what) {
-  for (size_t i = 0; i < n; ++i) {
-    const float* r = x + i * static_cast<size_t>(d);
-    for (int j = 0; j < d; ++j)
-      TQ_CHECK(std::isfinite(r[j]), "%s: vector %zu, component %d is %s", what, i, j,
-               std::isnan(r[j]) ? "NaN" : "Inf");
-  }
-}
-
-}  // namespace
-
 double sqnorm(int d, const float* x) {
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int j = 0;
@@ -431,23 +418,52 @@ double sqnorm(int d, const float* x) {
   double s = 0;
   for (; j < d; ++j) s += static_cast<double>(x[j]) * x[j];
   for (int t = 0; t < 8; ++t) s += acc[t];
+  if (s < 0x1p-100) {  // squares may have underflowed in float: again in double
+    s = 0;
+    for (j = 0; j < d; ++j) s += static_cast<double>(x[j]) * x[j];
+  }
   return s;
 }
 
 namespace {
+constexpr double kMaxInputSq = kMaxInputNorm * kMaxInputNorm;
+constexpr double kMinInputSq = kMinInputNorm * kMinInputNorm;
+// A row's sum of squares an index takes: 0, or a norm in [2^-100, 2^62] (false for NaN).
+bool input_sq_ok(double s2) { return s2 == 0 || (s2 >= kMinInputSq && s2 <= kMaxInputSq); }
+}  // namespace
 
-// Norms of the n rows of x (in parallel); a non-finite sum of squares means a NaN/Inf
-// component: throws naming the vector (what: the caller, e.g. "index add").
+void check_rows(size_t n, int d, const float* x, const char* what) {
+  for (size_t i = 0; i < n; ++i) {
+    const float* r = x + i * static_cast<size_t>(d);
+    if (input_sq_ok(sqnorm(d, r))) continue;
+    for (int j = 0; j < d; ++j)
+      TQ_CHECK(std::isfinite(r[j]), "%s: vector %zu, component %d is %s", what, i, j, std::isnan(r[j]) ? "NaN" : "Inf");
+    double e = 0;  // the norm in double (the float partial sums of sqnorm may have overflowed)
+    for (int j = 0; j < d; ++j) e += static_cast<double>(r[j]) * r[j];
+    TQ_CHECK(e <= kMaxInputSq,
+             "%s: vector %zu has norm %.3g, above the 2^62 (%.3g) an index takes (scores would overflow float)", what,
+             i, std::sqrt(e), kMaxInputNorm);
+    TQ_CHECK(false,
+             "%s: vector %zu has norm %.3g, below the 2^-100 (%.3g) an index takes for a nonzero vector (its unit "
+             "vector would overflow float)",
+             what, i, std::sqrt(e), kMinInputNorm);
+  }
+}
+
+namespace {
+
+// Norms of the n rows of x (in parallel); throws naming the vector (what: the caller, e.g.
+// "index add") for a NaN/Inf component or a nonzero norm outside [2^-100, 2^62].
 std::vector<float> row_norms(int d, size_t n, const float* x, const char* what) {
   std::vector<float> norms(n);
   bool bad = false;
 #pragma omp parallel for schedule(static) reduction(|| : bad)
   for (size_t i = 0; i < n; ++i) {
     const double s2 = sqnorm(d, x + i * static_cast<size_t>(d));
-    bad |= !std::isfinite(s2);
+    bad |= !input_sq_ok(s2);
     norms[i] = static_cast<float>(std::sqrt(s2));
   }
-  if (bad) check_rows_finite(n, d, x, what);  // throws
+  if (bad) check_rows(n, d, x, what);  // throws
   return norms;
 }
 
@@ -484,7 +500,7 @@ void Index::set_center(const float* mean) {
   TQ_CHECK(I.cfg.center, "index set_center: the index was built without the center option");
   TQ_CHECK(I.n == 0, "index set_center: the index already holds %zu vectors", I.n);
   TQ_CHECK(mean != nullptr, "index set_center: null data");
-  check_rows_finite(1, I.d, mean, "index set_center");
+  check_rows(1, I.d, mean, "index set_center");
   I.center.assign(mean, mean + I.d);
 }
 
@@ -1358,7 +1374,7 @@ void search_impl(const Index::Impl& I, size_t nq, const float* q, const SearchPa
   TQ_CHECK(I.ivf() || p.nprobe == 1, "index search: nprobe %d needs an IVF index (nlist > 0)", p.nprobe);
   if (nq == 0) return;
   TQ_CHECK(q != nullptr && (co != nullptr || (scores != nullptr && out_ids != nullptr)), "index search: null pointer");
-  check_rows_finite(nq, I.d, q, "index search: query");
+  check_rows(nq, I.d, q, "index search: query");
   const size_t d = static_cast<size_t>(I.d);
   const size_t k = static_cast<size_t>(p.k);
   const bool l2 = I.cfg.metric == Metric::l2;
@@ -1604,7 +1620,8 @@ void Index::search(size_t nq, size_t query_dim, const float* q, const SearchPara
 void exact_search(Metric metric, size_t n, int dim, const float* x, size_t nq, const float* q,
                   int k, float* scores, int64_t* ids, int n_threads) {
   TQ_CHECK(dim >= 1 && k >= 1, "exact_search: bad dim or k");
-  check_rows_finite(nq, dim, q, "exact_search: query");
+  check_rows(nq, dim, q, "exact_search: query");
+  check_rows(n, dim, x, "exact_search: base");
   const size_t d = static_cast<size_t>(dim);
   const bool l2 = metric == Metric::l2, cosine = metric == Metric::cosine;
   std::vector<float> xinv(n, 1.f);

@@ -171,7 +171,20 @@ struct Index::Impl {
 
 // Sum of squares of x[0..d) with 8 independent float partial sums (vectorizes; no serial
 // dependency), added in double: a NaN or Inf component, or a partial sum past FLT_MAX (a norm
-// past 2^64), makes it non-finite.
+// past 2^64), makes it non-finite. A sum below 2^-100 (squares that may have underflowed in
+// float) is computed again in double.
 double sqnorm(int d, const float* x);
+
+// The largest norm of a vector an index takes (add, train, set_center, search queries): 2^62.
+// A search adds and multiplies values of the order of two norms (||q||^2 + ||x||^2 - 2<q, x>
+// for l2, <q, x> and the lookup tables for ip), which stay below FLT_MAX only when both are
+// well below sqrt(FLT_MAX) = 2^64; past it a score is inf or NaN and the ranking garbage.
+// The smallest nonzero norm is 2^-100: a unit vector x / ||x|| (cosine, and the direction
+// every vector is coded by) multiplies by 1 / ||x||, which overflows float near 2^-127.
+constexpr double kMaxInputNorm = 0x1p62;
+constexpr double kMinInputNorm = 0x1p-100;
+// Throws unless every component of the n rows of x is finite and every row's norm is 0 or in
+// [kMinInputNorm, kMaxInputNorm]. what: the caller, e.g. "index add".
+void check_rows(size_t n, int d, const float* x, const char* what);
 
 }  // namespace tq
