@@ -14,18 +14,24 @@ def clustered(rng, n, d, centres=20):
     return (c[rng.integers(0, centres, n)] + 0.3 * rng.normal(size=(n, d))).astype(np.float32)
 
 
+def cli_build_search(tq_cli, tmp_path, x, q, build_args, search_args):
+    """`tq index build` of x into tmp_path/cli.tqi, then its `tq index search` of q at k = 10 and
+    1 thread (JSON). x and q are saved as base.npy and q.npy."""
+    np.save(tmp_path / "base.npy", x)
+    np.save(tmp_path / "q.npy", q)
+    run_cli(tq_cli, "index", "build", "--input", tmp_path / "base.npy", "-o", tmp_path / "cli.tqi", *build_args)
+    return run_cli(tq_cli, "index", "search", "--index", tmp_path / "cli.tqi", "--queries", tmp_path / "q.npy",
+                   "-k", 10, "--threads", 1, *search_args)
+
+
 @pytest.mark.parametrize("metric,bits,trellis", [("cosine", 4, False), ("ip", 2, False), ("l2", 3.5, False),
                                                  ("cosine", 8, False), ("cosine", 4, True), ("l2", 2, True)])
 def test_index_equals_cli(tq_cli, tmp_path, rng, metric, bits, trellis):
     d = 48
     x = clustered(rng, 3000, d)
     q = clustered(rng, 40, d)
-    np.save(tmp_path / "base.npy", x)
-    np.save(tmp_path / "q.npy", q)
-    run_cli(tq_cli, "index", "build", "--input", tmp_path / "base.npy", "-o", tmp_path / "cli.tqi",
-            "--bits", bits, "--metric", metric, "--threads", 1, *(["--trellis"] if trellis else []))
-    cli = run_cli(tq_cli, "index", "search", "--index", tmp_path / "cli.tqi", "--queries",
-                  tmp_path / "q.npy", "-k", 10, "--threads", 1)
+    cli = cli_build_search(tq_cli, tmp_path, x, q, ["--bits", bits, "--metric", metric, "--threads", 1,
+                                                    *(["--trellis"] if trellis else [])], [])
     idx = tq.Index(d, bits=bits, metric=metric, trellis=trellis)
     idx.add(x)
     assert len(idx) == 3000 and idx.ntotal == 3000 and idx.d == d
@@ -51,12 +57,7 @@ def test_index_equals_cli_past_one_add_batch(tq_cli, tmp_path, rng):
     x = clustered(rng, 70000, d)
     x[65536:] += 0.5  # the rows past the first batch move the mean
     q = clustered(rng, 40, d)
-    np.save(tmp_path / "base.npy", x)
-    np.save(tmp_path / "q.npy", q)
-    run_cli(tq_cli, "index", "build", "--input", tmp_path / "base.npy", "-o", tmp_path / "cli.tqi",
-            "--threads", 2)
-    cli = run_cli(tq_cli, "index", "search", "--index", tmp_path / "cli.tqi", "--queries",
-                  tmp_path / "q.npy", "-k", 10, "--threads", 1)
+    cli = cli_build_search(tq_cli, tmp_path, x, q, ["--threads", 2], [])
     idx = tq.Index(d)
     idx.add(x)
     np.testing.assert_array_equal(tq.Index.load(str(tmp_path / "cli.tqi")).center, idx.center)
@@ -72,12 +73,8 @@ def test_ivf_index_equals_cli(tq_cli, tmp_path, rng, metric, rerank_bits):
     d = 32
     x = clustered(rng, 4000, d)
     q = clustered(rng, 40, d)
-    np.save(tmp_path / "base.npy", x)
-    np.save(tmp_path / "q.npy", q)
-    run_cli(tq_cli, "index", "build", "--input", tmp_path / "base.npy", "-o", tmp_path / "cli.tqi",
-            "--metric", metric, "--ivf", 16, "--rerank-bits", rerank_bits, "--threads", 2)
-    cli = run_cli(tq_cli, "index", "search", "--index", tmp_path / "cli.tqi", "--queries",
-                  tmp_path / "q.npy", "-k", 10, "--nprobe", 4, "--threads", 1)
+    cli = cli_build_search(tq_cli, tmp_path, x, q, ["--metric", metric, "--ivf", 16, "--rerank-bits", rerank_bits,
+                                                    "--threads", 2], ["--nprobe", 4])
     idx = tq.Index(d, metric=metric, nlist=16, rerank_bits=rerank_bits)
     idx.add(x)
     assert idx.nlist == 16 and tq.Index(d).nlist == 0
