@@ -640,7 +640,9 @@ TEST(CliBadInput, ProgressLinesWhenStderrIsNotATerminal) {
   const std::vector<std::string> cal = {"calibrate", "-m", fx.model, "-f", fx.text, "-t", "1", "--bits", "6",
                                         "-c", "32", "--chunks", "1", "--probe-k", "tq4n8", "--probe-v", "tq4n8",
                                         "--long-ctx", "64", "--long-probes", "growing", "-o", fx.dir.path("p.kv")};
-  const std::regex line(R"(^([a-z0-9 ]+): (\d+)% \((\d+)/(\d+)\), [0-9.hms]+ elapsed, (ETA [0-9.hms?]+|done)$)");
+  const std::vector<std::string> ivf = {"index", "build", "-i", fx.base, "-o", fx.dir.path("ivf_progress.tqi"),
+                                        "--ivf", "4", "-t", "2"};
+  const std::regex line(R"(^([a-z0-9 -]+): (\d+)% \((\d+)/(\d+)\), [0-9.hms]+ elapsed, (ETA [0-9.hms?]+|done)$)");
   auto labels_done = [&](const std::string& err) {
     std::vector<std::string> done;  // labels whose last line is 100%, in order
     std::string last_label;
@@ -655,8 +657,10 @@ TEST(CliBadInput, ProgressLinesWhenStderrIsNotATerminal) {
     }
     return done;
   };
-  for (const auto& [args, want] : {std::pair{ppl, std::vector<std::string>{"perplexity"}},
-                                   std::pair{cal, std::vector<std::string>{"calibrate", "calibrate c64"}}}) {
+  for (const auto& [args, want] :
+       {std::pair{ppl, std::vector<std::string>{"perplexity"}},
+        std::pair{cal, std::vector<std::string>{"calibrate", "calibrate c64"}},
+        std::pair{ivf, std::vector<std::string>{"index k-means", "index assign", "index encode"}}}) {
     const RunResult r = run_tq(args, "", nullptr);
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_EQ(r.err.find('\r'), std::string::npos) << r.err;

@@ -887,6 +887,58 @@ TEST(Ivf, NearestCentroidsEqualsSequentialScanWithTies) {
 
 // IVF build and search run OpenBLAS single-threaded while they work and then restore its
 // thread count, also when several searches overlap (the first in saves, the last out restores).
+// add() with a progress callback: an IVF index's first add reports k-means, assign and encode
+// in that order, each from 0 (or more) up to its total, every call on the calling thread (2
+// OpenMP threads), and the index equals one added without a callback; a flat add reports
+// encode only.
+TEST(Ivf, AddReportsProgressByStage) {
+  const int d = 16, nlist = 8;
+  const size_t n = 3000;
+  auto x = make_data(n, d, 63), q = make_data(20, d, 64);
+  for (int nl : {nlist, 0}) {
+    const auto cfg = nl ? ivf_cfg(d, 4, tq::Metric::cosine, nl) : cfg_of(d, 4, tq::Metric::cosine);
+    struct Call {
+      std::string stage;
+      size_t done, total;
+      std::thread::id tid;
+    };
+    std::vector<Call> calls;
+    tq::Index with(cfg), without(cfg);
+    const int before = omp_get_max_threads();
+    omp_set_num_threads(2);
+    with.add(n, x.data(), nullptr, [&](const char* s, size_t done, size_t total) {
+      calls.push_back({s, done, total, std::this_thread::get_id()});
+    });
+    omp_set_num_threads(before);
+    without.add(n, x.data());
+    const std::vector<std::string> want_stages =
+        nl ? std::vector<std::string>{"k-means", "assign", "encode"} : std::vector<std::string>{"encode"};
+    std::vector<std::string> stages;
+    for (size_t i = 0; i < calls.size(); ++i) {
+      const Call& c = calls[i];
+      EXPECT_EQ(c.tid, std::this_thread::get_id()) << c.stage;
+      EXPECT_LE(c.done, c.total) << c.stage;
+      if (stages.empty() || stages.back() != c.stage) {
+        stages.push_back(c.stage);
+      } else {
+        EXPECT_GE(c.done, calls[i - 1].done) << c.stage << " went back";
+        EXPECT_EQ(c.total, calls[i - 1].total) << c.stage;
+      }
+      const bool last_of_stage = i + 1 == calls.size() || calls[i + 1].stage != c.stage;
+      if (last_of_stage) EXPECT_EQ(c.done, c.total) << c.stage << " did not finish";
+      if (c.stage == "k-means")  // 10 iterations over the sample, at most 256 rows per list
+        EXPECT_EQ(c.total, 10 * std::min(n, size_t{256} * nlist));
+      if (c.stage == "assign" || c.stage == "encode") EXPECT_EQ(c.total, n);
+    }
+    EXPECT_EQ(stages, want_stages);
+    tq::SearchParams p;
+    p.nprobe = nl ? 3 : 1;
+    const Results a = run(with, q, 5, p), b = run(without, q, 5, p);
+    EXPECT_EQ(a.id, b.id);
+    EXPECT_EQ(a.s, b.s);
+  }
+}
+
 TEST(Ivf, OpenBlasThreadCountRestoredAfterConcurrentSearches) {
   const int d = 16;
   auto x = make_data(800, d, 61), q = make_data(40, d, 62);

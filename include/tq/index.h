@@ -33,6 +33,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -134,6 +135,11 @@ class Index {
 
   // x: n * dim floats (row-major), finite. ids: n int64 (nullptr: size(), size()+1, ...).
   void add(size_t n, const float* x, const int64_t* ids = nullptr);
+  // The same, reporting its progress: progress(stage, done, total) on the calling thread, done
+  // rising to total within each stage: "k-means" (an IVF index's first add: rows assigned over
+  // all Lloyd iterations), "assign" (IVF: vectors given their list), "encode" (vectors coded).
+  using AddProgress = std::function<void(const char* stage, size_t done, size_t total)>;
+  void add(size_t n, const float* x, const int64_t* ids, const AddProgress& progress);
   // Fits what the first add() would fit from its batch (center: the mean of the rows of x,
   // normalised for cosine, bit for bit the same) without adding them, so that several
   // indexes can share one fit (set_center). Nothing to fit (center off) is a no-op.

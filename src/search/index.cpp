@@ -504,7 +504,9 @@ void Index::set_center(const float* mean) {
   I.center.assign(mean, mean + I.d);
 }
 
-void Index::add(size_t n, const float* x, const int64_t* ids) {
+void Index::add(size_t n, const float* x, const int64_t* ids) { add(n, x, ids, AddProgress{}); }
+
+void Index::add(size_t n, const float* x, const int64_t* ids, const AddProgress& progress) {
   Impl& I = *impl_;
   if (n == 0) return;
   TQ_CHECK(x != nullptr, "index add: null data");
@@ -530,7 +532,9 @@ void Index::add(size_t n, const float* x, const int64_t* ids) {
       xa = xc.data();
     }
     if (trained_here) {
-      std::vector<float> c = kmeans(n, I.d, xa, I.cfg.nlist, I.cfg.kmeans_iters, I.cfg.seed);
+      std::function<void(size_t, size_t)> kmeans_rows;
+      if (progress) kmeans_rows = [&](size_t done, size_t total) { progress("k-means", done, total); };
+      std::vector<float> c = kmeans(n, I.d, xa, I.cfg.nlist, I.cfg.kmeans_iters, I.cfg.seed, kmeans_rows);
       if (I.cfg.ivf_list_mean) {
         // Reference = mean of the members actually assigned (empty lists keep the centroid).
         std::vector<float> cn2(static_cast<size_t>(I.cfg.nlist));
@@ -554,7 +558,10 @@ void Index::add(size_t n, const float* x, const int64_t* ids) {
       I.set_centroids(std::move(c));
     }
     assign.resize(n);
-    nearest_centroids(n, I.d, xa, I.cfg.nlist, I.centroids.data(), I.cnorm2.data(), assign.data(), nullptr);
+    std::function<void(size_t)> assign_rows;
+    if (progress) assign_rows = [&](size_t done) { progress("assign", done, n); };
+    nearest_centroids(n, I.d, xa, I.cfg.nlist, I.centroids.data(), I.cnorm2.data(), assign.data(), nullptr,
+                      assign_rows);
   }
   const bool fitted_here = I.cfg.center && I.center.empty();
   if (fitted_here) I.center = fit_center(I.d, n, x, norms.data(), cosine_m);
@@ -568,6 +575,7 @@ void Index::add(size_t n, const float* x, const int64_t* ids) {
   const size_t kChunk = 256;
   const size_t first = n0 / kChunk;
   const size_t last = (n1 + kChunk - 1) / kChunk;
+  std::atomic<size_t> taken{0};  // vectors whose chunk a thread has started (progress)
 #pragma omp parallel reduction(|| : overflow)
   {
     std::vector<float> u(kChunk * d), y(kChunk * d), nrm(kChunk), lens(kChunk), cvals(d), ty(d), tc(d);
@@ -576,6 +584,8 @@ void Index::add(size_t n, const float* x, const int64_t* ids) {
     for (size_t c = first; c < last; ++c) {
       const size_t i0 = std::max(n0, c * kChunk), i1 = std::min(n1, (c + 1) * kChunk);
       const size_t cnt = i1 - i0;
+      if (progress && omp_get_thread_num() == 0) progress("encode", taken.load(std::memory_order_relaxed), n);
+      taken.fetch_add(cnt, std::memory_order_relaxed);
       for (size_t r = 0; r < cnt; ++r) {
         const float* xr = x + (i0 + r - n0) * d;
         const double s = norms[i0 + r - n0];
@@ -771,6 +781,7 @@ void Index::add(size_t n, const float* x, const int64_t* ids) {
   for (size_t r = 0; r < n; ++r) I.ids[n0 + r] = ids ? ids[r] : static_cast<int64_t>(I.n + r);
   if (I.ivf()) I.relayout(n0, n, assign.data());
   I.n += n;
+  if (progress) progress("encode", n, n);
 }
 
 // ---------------------------------------------------------------------------------------

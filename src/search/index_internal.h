@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -58,9 +59,13 @@ IvfScanOrder ivf_scan_order() noexcept;
 // (ties: lowest j) for x: n * dim, c: k * dim, cn2: k squared norms; best_out (optional):
 // 2 <x_i, c> - ||c||^2 of the winner. kmeans: k centroids (k * dim floats) of the rows of x
 // (n >= k) after `iters` Lloyd iterations on a seeded sample of at most 256 k rows.
+// on_rows (optional): called on the calling thread as rows are done, with the count so far
+// (nearest_centroids: rows assigned, up to n; kmeans: rows assigned over all iterations, up to
+// iters * sample size, the total passed as its second argument).
 void nearest_centroids(size_t n, int dim, const float* x, int k, const float* c, const float* cn2,
-                       uint32_t* out, float* best_out);
-std::vector<float> kmeans(size_t n, int dim, const float* x, int k, int iters, uint64_t seed);
+                       uint32_t* out, float* best_out, const std::function<void(size_t)>& on_rows = {});
+std::vector<float> kmeans(size_t n, int dim, const float* x, int k, int iters, uint64_t seed,
+                          const std::function<void(size_t, size_t)>& on_rows = {});
 
 struct Index::Impl {
   IndexConfig cfg;

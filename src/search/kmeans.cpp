@@ -7,8 +7,10 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <vector>
@@ -90,7 +92,7 @@ uint32_t argmax_2s_minus_c(size_t k, const float* s, const float* cn2, float* be
 }  // namespace
 
 void nearest_centroids(size_t n, int dim, const float* x, int k, const float* c, const float* cn2,
-                       uint32_t* out, float* best_out) {
+                       uint32_t* out, float* best_out, const std::function<void(size_t)>& on_rows) {
   if (n == 0) return;
   const size_t d = static_cast<size_t>(dim), kk = static_cast<size_t>(k);
   // Tiles of rows at fixed offsets, each scored by single-threaded GEMMs (s = x c^T) against
@@ -102,11 +104,15 @@ void nearest_centroids(size_t n, int dim, const float* x, int k, const float* c,
   const size_t rows = 256, cols = std::min<size_t>(kk, 512);
   const size_t tiles = (n + rows - 1) / rows;
   const BlasSingleThread one_blas_thread;
+  std::atomic<size_t> rows_done{0};
 #pragma omp parallel
   {
     std::vector<float> s(rows * cols), best(rows);
 #pragma omp for schedule(dynamic, 1)
     for (size_t t = 0; t < tiles; ++t) {
+      if (on_rows) {  // the team's thread 0 is the caller's thread
+        if (omp_get_thread_num() == 0) on_rows(rows_done.load(std::memory_order_relaxed));
+      }
       const size_t r0 = t * rows, m = std::min(rows, n - r0);
       for (size_t j0 = 0; j0 < kk; j0 += cols) {
         const size_t nc = std::min(cols, kk - j0);
@@ -123,11 +129,14 @@ void nearest_centroids(size_t n, int dim, const float* x, int k, const float* c,
       }
       if (best_out)
         for (size_t i = 0; i < m; ++i) best_out[r0 + i] = best[i];
+      rows_done.fetch_add(m, std::memory_order_relaxed);
     }
   }
+  if (on_rows) on_rows(n);
 }
 
-std::vector<float> kmeans(size_t n, int dim, const float* x, int k, int iters, uint64_t seed) {
+std::vector<float> kmeans(size_t n, int dim, const float* x, int k, int iters, uint64_t seed,
+                          const std::function<void(size_t, size_t)>& on_rows) {
   TQ_CHECK(k >= 1, "kmeans: k = %d", k);
   TQ_CHECK(n >= static_cast<size_t>(k), "IVF: %d lists need at least %d vectors in the first add (got %zu)",
            k, k, n);
@@ -162,7 +171,10 @@ std::vector<float> kmeans(size_t n, int dim, const float* x, int k, int iters, u
       for (size_t t = 0; t < d; ++t) s += static_cast<double>(c[j * d + t]) * c[j * d + t];
       cn2[j] = static_cast<float>(s);
     }
-    nearest_centroids(ns, dim, xs.data(), k, c.data(), cn2.data(), asg.data(), nullptr);
+    const size_t before = static_cast<size_t>(it) * ns, total = static_cast<size_t>(iters) * ns;
+    std::function<void(size_t)> rows_of_it;
+    if (on_rows) rows_of_it = [&](size_t r) { on_rows(before + r, total); };
+    nearest_centroids(ns, dim, xs.data(), k, c.data(), cn2.data(), asg.data(), nullptr, rows_of_it);
     std::fill(sum.begin(), sum.end(), 0.0);
     std::fill(cnt.begin(), cnt.end(), size_t{0});
     for (size_t i = 0; i < ns; ++i) {

@@ -110,13 +110,30 @@ tq::IndexConfig config_of(const BuildOpts& o, int dim) {
 // the process CPU seconds (all threads) spent there.
 double build_into(tq::Index& idx, const tq::FloatMatrix& x, int threads, double* cpu = nullptr) {
   if (threads > 0) omp_set_num_threads(threads);
-  tq::cli::Progress prog("index add", x.n);
-  // IVF: one add, so the k-means trains on (a sample of) every vector, not the first batch.
-  const size_t batch = idx.nlist() > 0 ? std::max<size_t>(x.n, 1) : size_t{1} << 16;
   double t = 0, c = 0;
+  if (idx.nlist() > 0) {
+    // IVF: one add, so the k-means trains on (a sample of) every vector, not the first batch;
+    // its stages (k-means, assign, encode) report their own progress.
+    std::unique_ptr<tq::cli::Progress> prog;
+    std::string stage;
+    const double t0 = tq::wall_seconds(), c0 = tq::cpu_seconds();
+    idx.add(x.n, x.row(0), nullptr, [&](const char* s, size_t done, size_t total) {
+      if (stage != s) {
+        if (prog) prog->finish();
+        stage = s;
+        prog = std::make_unique<tq::cli::Progress>("index " + stage, total);
+      }
+      prog->update(done, total);
+    });
+    if (prog) prog->finish();
+    if (cpu) *cpu = tq::cpu_seconds() - c0;
+    return tq::wall_seconds() - t0;
+  }
+  tq::cli::Progress prog("index add", x.n);
+  const size_t batch = size_t{1} << 16;
   // Flat: --center's mean from every vector of the file, as one add() of the whole matrix
   // fits it (the Python Index.add(x)), not from the first batch (a no-op without --center).
-  if (idx.nlist() == 0 && x.n > 0) {
+  if (x.n > 0) {
     const double t0 = tq::wall_seconds(), c0 = tq::cpu_seconds();
     idx.train(x.n, x.row(0));
     t += tq::wall_seconds() - t0;
