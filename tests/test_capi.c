@@ -386,6 +386,37 @@ static void test_index_ivf_trellis(void) {
   CHECK(tq_index_search_with(NULL, NQ, qv, NULL, s1, i1) == TQ_ERR_NULL_POINTER);
   CHECK(tq_index_nlist(NULL) == 0);
 
+  /* fit_scale and center -1 (the defaults): on for a flat mse index, off for IVF, as the CLI */
+  {
+    const int nls[2] = {0, NLIST};
+    for (int t = 0; t < 2; ++t) {
+      tq_index *dflt = NULL, *expl = NULL;
+      o = tq_index_options_default();
+      CHECK(o.fit_scale == -1 && o.center == -1);
+      o.nlist = nls[t];
+      CHECK(tq_index_create(D, &o, &dflt) == TQ_OK);
+      o.fit_scale = o.center = nls[t] == 0 ? 1 : 0;
+      CHECK(tq_index_create(D, &o, &expl) == TQ_OK);
+      if (dflt && expl) {
+        CHECK(tq_index_add(dflt, N, x, NULL) == TQ_OK && tq_index_add(expl, N, x, NULL) == TQ_OK);
+        CHECK(tq_index_search(dflt, NQ, qv, K, 1, s1, i1) == TQ_OK);
+        CHECK(tq_index_search(expl, NQ, qv, K, 1, s2, i2) == TQ_OK);
+        CHECK(memcmp(i1, i2, sizeof i1) == 0 && memcmp(s1, s2, sizeof s1) == 0);
+      }
+      tq_index_free(dflt);
+      tq_index_free(expl);
+    }
+    tq_index* bad = NULL;
+    o = tq_index_options_default();
+    o.fit_scale = 2;
+    CHECK(tq_index_create(D, &o, &bad) == TQ_ERR_INVALID_ARGUMENT && bad == NULL);
+    CHECK(strstr(tq_last_error(), "fit_scale") != NULL);
+    o = tq_index_options_default();
+    o.nlist = NLIST;
+    o.center = 1; /* IVF lists replace the mean */
+    CHECK(tq_index_create(D, &o, &bad) == TQ_ERR_INVALID_ARGUMENT && bad == NULL);
+  }
+
   /* trellis: flat, its own scan; the exact re-rank of every candidate equals the float path */
   o = tq_index_options_default();
   o.metric = "ip";

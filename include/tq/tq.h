@@ -77,8 +77,9 @@ typedef struct tq_index_options {
   const char* law;      /* "beta" | "gauss" (default "beta") */
   uint64_t seed;        /* default 0x5eed */
   int keep_vectors;     /* also keep the float vectors (for rerank_full); default 0 */
-  int fit_scale;        /* per-vector grid fit at build time; default 0 */
-  int center;           /* subtract the first batch's mean; default 0 */
+  int fit_scale;        /* per-vector grid fit at build time: 1 on, 0 off, -1 (default): on for a
+                           flat mse index, off otherwise (`tq index build`'s default) */
+  int center;           /* subtract the first batch's mean: 1, 0, or -1 (default) as fit_scale */
   int trellis;          /* trellis-coded channels (codec mse, integer bits 1..4, flat); default 0 */
   int nlist;            /* IVF lists (k-means on the first added batch); 0: flat (default) */
   int kmeans_iters;     /* IVF: Lloyd iterations of the coarse k-means (default 10) */

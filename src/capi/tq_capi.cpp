@@ -158,8 +158,8 @@ tq_index_options tq_index_options_default(void) {
   o.law = "beta";
   o.seed = 0x5eed;
   o.keep_vectors = 0;
-  o.fit_scale = 0;
-  o.center = 0;
+  o.fit_scale = -1;
+  o.center = -1;
   o.trellis = 0;
   o.nlist = 0;
   o.kmeans_iters = 10;
@@ -183,10 +183,14 @@ tq_status tq_index_create(int dim, const tq_index_options* opts, tq_index** out)
     c.law = tq::parse_law(str_or(o.law, "beta"));
     c.seed = o.seed;
     c.keep_vectors = o.keep_vectors != 0;
-    c.fit_scale = o.fit_scale != 0;
-    c.center = o.center != 0;
     c.trellis = o.trellis != 0;
     c.nlist = o.nlist;
+    TQ_CHECK(o.fit_scale >= -1 && o.fit_scale <= 1, "index: fit_scale must be -1, 0 or 1, got %d", o.fit_scale);
+    TQ_CHECK(o.center >= -1 && o.center <= 1, "index: center must be -1, 0 or 1, got %d", o.center);
+    // -1: the CLI's default, on for a flat mse index.
+    const bool flat_mse = c.codec == tq::QuantizerKind::mse && c.nlist == 0;
+    c.fit_scale = o.fit_scale < 0 ? flat_mse : o.fit_scale != 0;
+    c.center = o.center < 0 ? flat_mse : o.center != 0;
     c.kmeans_iters = o.kmeans_iters;
     c.rerank_bits = o.rerank_bits;
     *out = new tq_index{tq::Index(c)};
