@@ -138,6 +138,7 @@ class Index {
   // The same, reporting its progress: progress(stage, done, total) on the calling thread, done
   // rising to total within each stage: "k-means" (an IVF index's first add: rows assigned over
   // all Lloyd iterations), "assign" (IVF: vectors given their list), "encode" (vectors coded).
+  // It is called from inside OpenMP regions, so it must not throw.
   using AddProgress = std::function<void(const char* stage, size_t done, size_t total)>;
   void add(size_t n, const float* x, const int64_t* ids, const AddProgress& progress);
   // Fits what the first add() would fit from its batch (center: the mean of the rows of x,
