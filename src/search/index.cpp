@@ -1385,7 +1385,6 @@ void search_impl(const Index::Impl& I, size_t nq, const float* q, const SearchPa
   TQ_CHECK(I.ivf() || p.nprobe == 1, "index search: nprobe %d needs an IVF index (nlist > 0)", p.nprobe);
   if (nq == 0) return;
   TQ_CHECK(q != nullptr && (co != nullptr || (scores != nullptr && out_ids != nullptr)), "index search: null pointer");
-  check_rows(nq, I.d, q, "index search: query");
   const size_t d = static_cast<size_t>(I.d);
   const size_t k = static_cast<size_t>(p.k);
   const bool l2 = I.cfg.metric == Metric::l2;
@@ -1406,6 +1405,7 @@ void search_impl(const Index::Impl& I, size_t nq, const float* q, const SearchPa
   for (size_t i = 0; i < nq; ++i) {
     const float* src = q + i * d;
     const double s2 = sqnorm(I.d, src);
+    if (!input_sq_ok(s2)) check_rows(nq, I.d, q, "index search: query");  // throws, naming query i
     qsq[i] = static_cast<float>(s2);
     const float inv = cosine ? (s2 > 0 ? static_cast<float>(1.0 / std::sqrt(s2)) : 0.f) : 1.f;
     for (size_t j = 0; j < d; ++j) qn[i * d + j] = src[j] * inv;
