@@ -110,9 +110,8 @@ void nearest_centroids(size_t n, int dim, const float* x, int k, const float* c,
     std::vector<float> s(rows * cols), best(rows);
 #pragma omp for schedule(dynamic, 1)
     for (size_t t = 0; t < tiles; ++t) {
-      if (on_rows) {  // the team's thread 0 is the caller's thread
-        if (omp_get_thread_num() == 0) on_rows(rows_done.load(std::memory_order_relaxed));
-      }
+      // The team's thread 0 is the caller's thread.
+      if (on_rows && omp_get_thread_num() == 0) on_rows(rows_done.load(std::memory_order_relaxed));
       const size_t r0 = t * rows, m = std::min(rows, n - r0);
       for (size_t j0 = 0; j0 < kk; j0 += cols) {
         const size_t nc = std::min(cols, kk - j0);
