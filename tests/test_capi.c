@@ -130,6 +130,32 @@ static void test_index(void) {
     CHECK(memcmp(s1, s2, sizeof s1) == 0);
     tq_index_free(idx2);
   }
+  /* remove: the queries' own vectors go, absent ids are skipped; the same search then returns
+   * what it returned below them */
+  {
+    int64_t gone[NQ + 1];
+    for (int i = 0; i < NQ; ++i) gone[i] = 1000 + 30 * i + 3;
+    gone[NQ] = 99; /* not held */
+    size_t removed = 12345;
+    CHECK(tq_index_remove_ids(idx, NQ + 1, gone, &removed) == TQ_OK);
+    CHECK(removed == NQ);
+    CHECK(tq_index_size(idx) == N - NQ);
+    CHECK(tq_index_search(idx, NQ, qv, K - 1, 1, s2, i2) == TQ_OK);
+    for (int i = 0; i < NQ; ++i)
+      for (int j = 0; j < K - 1; ++j) {
+        CHECK(i2[i * (K - 1) + j] == i1[i * K + j + 1]);
+        CHECK(s2[i * (K - 1) + j] == s1[i * K + j + 1]);
+      }
+    CHECK(tq_index_remove_ids(idx, 1, NULL, &removed) == TQ_ERR_NULL_POINTER);
+    CHECK(strstr(tq_last_error(), "tq_index_remove_ids") != NULL);
+    CHECK(tq_index_remove_ids(NULL, 1, gone, NULL) == TQ_ERR_NULL_POINTER);
+    CHECK(tq_index_remove_ids(idx, 0, NULL, &removed) == TQ_OK && removed == 0);
+    /* default ids continue after the largest held (1299), not from the size */
+    CHECK(tq_index_next_id(idx) == 1000 + N);
+    CHECK(tq_index_next_id(NULL) == -1);
+    CHECK(tq_index_add(idx, NQ, x, NULL) == TQ_OK);
+    CHECK(tq_index_next_id(idx) == 1000 + N + NQ);
+  }
   x[7] = INFINITY;
   CHECK(tq_index_add(idx, 1, x, NULL) == TQ_ERR_INVALID_ARGUMENT);
   CHECK(tq_index_size(idx) == N);

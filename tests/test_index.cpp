@@ -2048,3 +2048,216 @@ TEST(IndexTrellis, SaveLoadRoundTripIncrementalAddAndBadInput) {
   bad(2, 0, tq::QuantizerKind::prod, 16);
   bad(1, 0, tq::QuantizerKind::mse, 4);  // dim * bits < 8
 }
+
+// ---------------------------------------------------------------------------------------
+// remove_ids
+
+namespace {
+// Ids of the vectors in `ids` whose position i has i % 3 == 0, plus the first and the last,
+// an id the index does not hold and one repeat.
+std::vector<int64_t> ids_to_remove(const std::vector<int64_t>& ids) {
+  std::vector<int64_t> r;
+  for (size_t i = 0; i < ids.size(); i += 3) r.push_back(ids[i]);
+  r.push_back(ids.front());
+  r.push_back(ids.back());
+  r.push_back(-123456789);
+  return r;
+}
+}  // namespace
+
+TEST(IndexRemove, FlatEqualsAnIndexGivenOnlyTheKeptVectors) {
+  TempDir t;
+  const int d = 40;
+  const size_t N = 301;  // not a whole number of 32- or 64-vector blocks
+  auto x = make_data(N, d, 71), q = make_data(12, d, 72);
+  std::vector<int64_t> ids(N);
+  for (size_t i = 0; i < N; ++i) ids[i] = 1000 + static_cast<int64_t>(i) * 5;
+  ids[10] = ids[11];  // two vectors share an id: both go
+  struct Case { tq::Metric m; double bits; bool center, keep, trellis; tq::QuantizerKind codec; };
+  for (const Case& cs : {Case{tq::Metric::cosine, 4, true, false, false, tq::QuantizerKind::mse},
+                         Case{tq::Metric::l2, 2.5, false, true, false, tq::QuantizerKind::mse},
+                         Case{tq::Metric::ip, 6, false, false, false, tq::QuantizerKind::mse},
+                         Case{tq::Metric::l2, 1.5, true, false, false, tq::QuantizerKind::mse},
+                         Case{tq::Metric::cosine, 3, true, false, true, tq::QuantizerKind::mse},
+                         Case{tq::Metric::l2, 2, false, true, true, tq::QuantizerKind::mse},
+                         Case{tq::Metric::l2, 3, false, false, false, tq::QuantizerKind::prod}}) {
+    auto c = cfg_of(d, cs.bits, cs.m);
+    c.center = c.fit_scale = cs.center;
+    c.keep_vectors = cs.keep;
+    c.trellis = cs.trellis;
+    c.codec = cs.codec;
+    tq::Index a(c);
+    a.add(N, x.data(), ids.data());
+    const auto gone = ids_to_remove(ids);
+    std::vector<float> kx;
+    std::vector<int64_t> kid;
+    for (size_t i = 0; i < N; ++i) {
+      if (std::find(gone.begin(), gone.end(), ids[i]) != gone.end()) continue;
+      kx.insert(kx.end(), x.begin() + i * d, x.begin() + (i + 1) * d);
+      kid.push_back(ids[i]);
+    }
+    const size_t removed = a.remove_ids(gone.size(), gone.data());
+    EXPECT_EQ(removed, N - kid.size()) << a.describe();
+    ASSERT_EQ(a.size(), kid.size());
+    // The index given only the kept vectors, with the same fit.
+    tq::Index b(c);
+    if (cs.center) b.set_center(a.center().data());
+    b.add(kid.size(), kx.data(), kid.data());
+    a.save(t.path("a.tqi"));
+    b.save(t.path("b.tqi"));
+    EXPECT_EQ(slurp(t.path("a.tqi")), slurp(t.path("b.tqi"))) << a.describe();
+    tq::SearchParams p;
+    p.rerank_full = cs.keep ? 20 : 0;
+    auto ra = run(a, q, 10, p), rb = run(b, q, 10, p);
+    EXPECT_EQ(ra.id, rb.id) << a.describe();
+    EXPECT_EQ(ra.s, rb.s) << a.describe();
+    // Removing ids it no longer holds changes nothing; later adds go after the kept vectors.
+    EXPECT_EQ(a.remove_ids(gone.size(), gone.data()), 0u);
+    a.add(40, x.data(), ids.data());
+    b.add(40, x.data(), ids.data());
+    a.save(t.path("a.tqi"));
+    b.save(t.path("b.tqi"));
+    EXPECT_EQ(slurp(t.path("a.tqi")), slurp(t.path("b.tqi"))) << a.describe();
+  }
+}
+
+TEST(IndexRemove, IvfRanksAsBeforeWithoutTheRemoved) {
+  TempDir t;
+  const int d = 40;
+  const size_t N = 900;
+  auto x = make_data(N, d, 73), q = make_data(15, d, 74);
+  std::vector<int64_t> ids(N);
+  for (size_t i = 0; i < N; ++i) ids[i] = 7000000000LL - static_cast<int64_t>(i) * 3;
+  struct Case { tq::Metric m; double bits; bool keep; int rerank_bits; };
+  for (const Case& cs : {Case{tq::Metric::cosine, 4, false, 0}, Case{tq::Metric::l2, 2.5, true, 0},
+                         Case{tq::Metric::ip, 4, false, 4}, Case{tq::Metric::cosine, 3, true, 8}}) {
+    auto c = ivf_cfg(d, cs.bits, cs.m, 9);
+    c.keep_vectors = cs.keep;
+    c.rerank_bits = cs.rerank_bits;
+    tq::Index a(c);
+    a.add(600, x.data(), ids.data());
+    a.add(N - 600, x.data() + 600 * d, ids.data() + 600);
+    a.save(t.path("before.tqi"));
+    const auto before = tq::Index::load(t.path("before.tqi"));
+    const auto gone = ids_to_remove(ids);
+    const size_t removed = a.remove_ids(gone.size(), gone.data());
+    EXPECT_EQ(removed, (N + 2) / 3 + 1) << a.describe();  // every third, and the last
+    EXPECT_EQ(a.size(), N - removed);
+    size_t listed = 0;
+    for (int l = 0; l < 9; ++l) listed += a.list_size(l);
+    EXPECT_EQ(listed, a.size());
+    EXPECT_LT(a.file_bytes(), before.file_bytes());
+    // Every list probed and every vector re-ranked: the full ranking is the one before,
+    // without the removed vectors, score for score.
+    tq::SearchParams p;
+    p.nprobe = 9;
+    p.rerank_full = cs.keep ? static_cast<int>(N) : 0;
+    const int kb = static_cast<int>(N), ka = static_cast<int>(a.size());
+    auto rb = run(before, q, kb, p), ra = run(a, q, ka, p);
+    for (size_t i = 0; i < q.size() / d; ++i) {
+      std::vector<int64_t> want_id;
+      std::vector<float> want_s;
+      for (int j = 0; j < kb; ++j) {
+        const int64_t id = rb.id[i * kb + j];
+        if (std::find(gone.begin(), gone.end(), id) != gone.end()) continue;
+        want_id.push_back(id);
+        want_s.push_back(rb.s[i * kb + j]);
+      }
+      EXPECT_EQ(std::vector<int64_t>(ra.id.begin() + i * ka, ra.id.begin() + (i + 1) * ka), want_id)
+          << a.describe() << " query " << i;
+      EXPECT_EQ(std::vector<float>(ra.s.begin() + i * ka, ra.s.begin() + (i + 1) * ka), want_s)
+          << a.describe() << " query " << i;
+    }
+    // Saved and loaded: the same file and results.
+    a.save(t.path("after.tqi"));
+    auto back = tq::Index::load(t.path("after.tqi"));
+    back.save(t.path("after2.tqi"));
+    EXPECT_EQ(slurp(t.path("after.tqi")), slurp(t.path("after2.tqi")));
+    p.nprobe = 3;
+    p.rerank_full = cs.keep ? 20 : 0;
+    EXPECT_EQ(run(back, q, 10, p).id, run(a, q, 10, p).id);
+    // The removed vectors added back (same lists, no new k-means): the same scores per id.
+    std::vector<float> gx;
+    std::vector<int64_t> gid;
+    for (size_t i = 0; i < N; ++i)
+      if (std::find(gone.begin(), gone.end(), ids[i]) != gone.end()) {
+        gx.insert(gx.end(), x.begin() + i * d, x.begin() + (i + 1) * d);
+        gid.push_back(ids[i]);
+      }
+    a.add(gid.size(), gx.data(), gid.data());
+    for (int l = 0; l < 9; ++l) EXPECT_EQ(a.list_size(l), before.list_size(l));
+    p.nprobe = 9;
+    p.rerank_full = cs.keep ? static_cast<int>(N) : 0;
+    auto rr = run(a, q, kb, p);
+    for (size_t i = 0; i < q.size() / d; ++i) {
+      std::vector<std::pair<int64_t, float>> got, want;
+      for (int j = 0; j < kb; ++j) {
+        got.emplace_back(rr.id[i * kb + j], rr.s[i * kb + j]);
+        want.emplace_back(rb.id[i * kb + j], rb.s[i * kb + j]);
+      }
+      std::sort(got.begin(), got.end());
+      std::sort(want.begin(), want.end());
+      EXPECT_EQ(got, want) << a.describe() << " query " << i;
+    }
+  }
+}
+
+TEST(IndexRemove, EmptiedIndexesAndDefaultIds) {
+  const int d = 16;
+  auto x = make_data(200, d, 75), q = make_data(4, d, 76);
+  for (int nlist : {0, 4}) {
+    auto c = nlist ? ivf_cfg(d, 4, tq::Metric::l2, nlist) : cfg_of(d, 4, tq::Metric::l2);
+    tq::Index idx(c);
+    EXPECT_EQ(idx.next_id(), 0);
+    idx.add(100, x.data());  // ids 0..99
+    EXPECT_EQ(idx.next_id(), 100);
+    const int64_t last = 99;
+    EXPECT_EQ(idx.remove_ids(1, &last), 1u);
+    EXPECT_EQ(idx.next_id(), 99);  // one past the largest id held, so never one in use
+    idx.add(2, x.data() + 100 * d);
+    EXPECT_EQ(idx.size(), 101u);
+    EXPECT_EQ(idx.next_id(), 101);
+    const int64_t big[2] = {5000, 7};
+    idx.add(2, x.data() + 110 * d, big);
+    EXPECT_EQ(idx.next_id(), 5001);
+    // Everything removed: an empty index that searches (ids -1) and takes vectors again,
+    // into the lists it had (an IVF index does not train again).
+    std::vector<int64_t> all(6000);
+    for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int64_t>(i);
+    EXPECT_EQ(idx.remove_ids(all.size(), all.data()), 103u);
+    EXPECT_EQ(idx.size(), 0u);
+    EXPECT_EQ(idx.next_id(), 0);
+    tq::SearchParams p;
+    p.nprobe = nlist ? 2 : 1;
+    for (int64_t id : run(idx, q, 3, p).id) EXPECT_EQ(id, -1);
+    idx.add(50, x.data() + 150 * d);
+    EXPECT_EQ(idx.size(), 50u);
+    tq::Index fresh(c);
+    if (nlist) {
+      fresh.add(100, x.data());
+      std::vector<int64_t> first(100);
+      for (size_t i = 0; i < 100; ++i) first[i] = static_cast<int64_t>(i);
+      fresh.remove_ids(100, first.data());
+      fresh.add(50, x.data() + 150 * d);
+    } else {
+      fresh.add(50, x.data() + 150 * d);
+    }
+    EXPECT_EQ(run(idx, q, 5, p).id, run(fresh, q, 5, p).id);
+    // Bad input: null ids; nothing to remove is a no-op.
+    EXPECT_THROW(idx.remove_ids(3, nullptr), tq::Error);
+    EXPECT_EQ(idx.remove_ids(0, nullptr), 0u);
+    EXPECT_EQ(idx.size(), 50u);
+    // No id past INT64_MAX: default ids refuse, given ids still go in.
+    const int64_t top = std::numeric_limits<int64_t>::max();
+    idx.add(1, x.data(), &top);
+    try {
+      idx.add(1, x.data());
+      ADD_FAILURE() << "a default id past INT64_MAX";
+    } catch (const tq::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("INT64_MAX"), std::string::npos) << e.what();
+    }
+    const int64_t one = 1;
+    idx.add(1, x.data(), &one);
+    EXPECT_EQ(idx.size(), 52u);
+  }
+}

@@ -157,3 +157,68 @@ TEST(IndexCli, FlatDefaultsAreCenterAndFitScale) {
   EXPECT_TRUE(tq_test::failed_cleanly(r)) << r.err;
   EXPECT_NE(r.err.find("contradict"), std::string::npos) << r.err;
 }
+
+// tq index remove / add / info edit a file as the library does in memory; -o leaves the input.
+TEST(IndexCli, AddRemoveAndInfoEditTheFileAsTheLibraryDoes) {
+  Data D;
+  for (const std::vector<std::string>& build : {std::vector<std::string>{}, std::vector<std::string>{"--ivf", "6"}}) {
+    const std::string f = D.path("e.tqi"), orig = D.path("orig.tqi");
+    std::vector<std::string> a = {"index", "build", "-i", D.base, "-o", f};
+    a.insert(a.end(), build.begin(), build.end());
+    ASSERT_EQ(tq_test::run_tq(a).status, 0);
+    fs::copy_file(f, orig, fs::copy_options::overwrite_existing);
+    {
+      std::FILE* fp = std::fopen(D.path("ids.txt").c_str(), "w");
+      std::fputs("0 1,2\n3\n4 5 6 7 8 9 123456789\n", fp);
+      std::fclose(fp);
+    }
+    auto r = json_of(tq_test::run_tq({"index", "remove", "--index", f, "--ids-file", D.path("ids.txt"), "--json"}));
+    EXPECT_EQ(r["ids_given"], 11);
+    EXPECT_EQ(r["removed"], 10);
+    EXPECT_EQ(r["n"], D.n - 10);
+    auto ad = json_of(tq_test::run_tq({"index", "add", "--index", f, "-i", D.queries, "--json"}));
+    EXPECT_EQ(ad["added"], D.nq);
+    EXPECT_EQ(ad["first_id"], D.n);  // after the largest id held (n - 1)
+    EXPECT_EQ(ad["last_id"], D.n + D.nq - 1);
+    auto info = json_of(tq_test::run_tq({"index", "info", "--index", f, "--json"}));
+    EXPECT_EQ(info["n"], D.n - 10 + D.nq);
+    EXPECT_EQ(info["next_id"], D.n + D.nq);
+    EXPECT_EQ(info["dim"], D.d);
+    EXPECT_EQ(info["file_bytes"].get<uint64_t>(), tq::file_size(f));
+    EXPECT_EQ(info.contains("lists"), !build.empty());
+    // The same edits in memory: the same file.
+    auto idx = tq::Index::load(orig);
+    std::vector<int64_t> gone = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+    idx.remove_ids(gone.size(), gone.data());
+    auto q = tq::read_vectors(D.queries);
+    idx.add(q.n, q.data.data());
+    idx.save(D.path("mem.tqi"));
+    EXPECT_EQ(tq::read_file_bytes(D.path("mem.tqi")), tq::read_file_bytes(f));
+    // -o writes elsewhere and leaves --index as it was.
+    const auto before = tq::read_file_bytes(f);
+    ASSERT_EQ(tq_test::run_tq({"index", "remove", "--index", f, "--ids", "10,11", "-o", D.path("o.tqi")}).status, 0);
+    EXPECT_EQ(tq::read_file_bytes(f), before);
+    EXPECT_EQ(json_of(tq_test::run_tq({"index", "info", "--index", D.path("o.tqi"), "--json"}))["n"],
+              D.n - 12 + D.nq);
+  }
+  // Bad input: one clean error each, and the file unchanged.
+  const std::string f = D.path("e.tqi");
+  const auto before = tq::read_file_bytes(f);
+  struct Case { std::vector<std::string> args; std::string needle; };
+  const std::vector<Case> cases = {
+      {{"index", "add", "--index", f, "-i", D.queries_d5}, "d=5"},
+      {{"index", "remove", "--index", f, "--ids", "1,x2"}, "'x2' is not an id"},
+      {{"index", "remove", "--index", f, "--ids", "99999999999999999999"}, "is not an id"},
+      {{"index", "remove", "--index", f}, "--ids or --ids-file"},
+      {{"index", "remove", "--index", f, "--ids", ","}, "no ids"},
+      {{"index", "remove", "--index", f, "--ids-file", D.path("absent.txt")}, "absent.txt"},
+      {{"index", "remove", "--index", D.path("absent.tqi"), "--ids", "1"}, "absent.tqi"},
+      {{"index", "info", "--index", D.base}, "base.fvecs"},
+  };
+  for (const auto& c : cases) {
+    auto r = tq_test::run_tq(c.args);
+    EXPECT_TRUE(tq_test::failed_cleanly(r)) << c.needle << ": status " << r.status << " err " << r.err;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << r.err;
+  }
+  EXPECT_EQ(tq::read_file_bytes(f), before);
+}

@@ -133,7 +133,7 @@ class Index {
   int dim() const noexcept;
   size_t size() const noexcept;
 
-  // x: n * dim floats (row-major), finite. ids: n int64 (nullptr: size(), size()+1, ...).
+  // x: n * dim floats (row-major), finite. ids: n int64 (nullptr: next_id(), next_id() + 1, ...).
   void add(size_t n, const float* x, const int64_t* ids = nullptr);
   // The same, reporting its progress: progress(stage, done, total) on the calling thread, done
   // rising to total within each stage: "k-means" (an IVF index's first add: rows assigned over
@@ -141,6 +141,15 @@ class Index {
   // It is called from inside OpenMP regions, so it must not throw.
   using AddProgress = std::function<void(const char* stage, size_t done, size_t total)>;
   void add(size_t n, const float* x, const int64_t* ids, const AddProgress& progress);
+  // The first id add() gives when it is passed no ids: one past the largest id held, 0 for an
+  // empty index (size() while no ids were passed and none removed).
+  int64_t next_id() const;
+  // Removes every vector whose id is one of ids[0..n) (ids absent from the index are skipped,
+  // repeats count once) and returns how many vectors went. The others keep their codes, ids
+  // and order, so the index then searches, saves and loads exactly as one that was given only
+  // those vectors with what it had fitted (center, IVF centroids, which stay). O(size()) per
+  // call: batch the ids. Not concurrent with search() or add().
+  size_t remove_ids(size_t n, const int64_t* ids);
   // Fits what the first add() would fit from its batch (center: the mean of the rows of x,
   // normalised for cosine, bit for bit the same) without adding them, so that several
   // indexes can share one fit (set_center). Nothing to fit (center off) is a no-op.

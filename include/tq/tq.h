@@ -94,8 +94,14 @@ tq_status tq_index_create(int dim, const tq_index_options* opts, tq_index** out)
 void tq_index_free(tq_index* idx);
 int tq_index_dim(const tq_index* idx);
 size_t tq_index_size(const tq_index* idx);
-/* x: n * dim floats; ids: n int64 or NULL (size(), size() + 1, ...). */
+/* x: n * dim floats; ids: n int64 or NULL (tq_index_next_id(), then + 1, ...). */
 tq_status tq_index_add(tq_index* idx, size_t n, const float* x, const int64_t* ids);
+/* Removes every vector whose id is one of ids[0..n) (absent ids are skipped); *removed (may be
+ * NULL) gets how many went. The rest keep their codes and order. O(size) per call: batch ids. */
+tq_status tq_index_remove_ids(tq_index* idx, size_t n, const int64_t* ids, size_t* removed);
+/* The first id tq_index_add gives with ids NULL: one past the largest id held, 0 when empty
+ * (-1 for a NULL handle or an index holding INT64_MAX). */
+int64_t tq_index_next_id(const tq_index* idx);
 /* q: nq * dim floats; scores, ids: nq * k each (best first; missing results get id -1).
  * n_threads 0: OpenMP default. Scores: similarity for ip / cosine, squared distance for l2. */
 tq_status tq_index_search(const tq_index* idx, size_t nq, const float* q, int k, int n_threads,

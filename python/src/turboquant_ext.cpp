@@ -470,8 +470,22 @@ NB_MODULE(_turboquant, m) {
              idx.add(n, xp, ip);
            },
            "x"_a, "ids"_a = nb::none(),
-           "Add the rows of x ((n, dim) float32, C-contiguous, finite); ids: (n,) int64 or None (ntotal, "
-           "ntotal + 1, ...).")
+           "Add the rows of x ((n, dim) float32, C-contiguous, finite); ids: (n,) int64 or None (next_id, "
+           "next_id + 1, ...).")
+      .def(
+          "remove_ids",
+          [](tq::Index& idx, const InArray& ids) {
+            const int64_t* ip = view<int64_t>(ids, "ids", 1, 1, -1, nullptr);
+            const size_t n = ids.shape(0);
+            nb::gil_scoped_release nogil;
+            return idx.remove_ids(n, ip);
+          },
+          "ids"_a,
+          "Remove every vector whose id is in ids ((n,) int64; ids not held are skipped) and return how "
+          "many went. The others keep their codes and order: the index searches and saves as one given "
+          "only them. O(ntotal) per call, so pass the ids in one array.")
+      .def_prop_ro("next_id", &tq::Index::next_id,
+                   "The first id add() gives without ids: one past the largest id held (0 when empty).")
       .def("search",
            [](const tq::Index& idx, const InArray& q, int k, int threads, int rerank, int rerank_full,
               bool fast_scan, int nprobe) {

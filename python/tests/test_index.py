@@ -124,9 +124,10 @@ def test_ids_pickle_repr_and_threads(rng):
     x = clustered(rng, 500, d)
     idx = tq.Index(d, bits=4, metric="l2", seed=3)
     idx.add(x[:200], ids=np.arange(1000, 1200, dtype=np.int64))
-    idx.add(x[200:])  # default ids continue from the size: 200, 201, ...
+    assert idx.next_id == 1200
+    idx.add(x[200:])  # default ids continue after the largest id held: 1200, 1201, ...
     s, i = idx.search(x[[5, 300]], 3)
-    assert i[0, 0] == 1005 and i[1, 0] == 300
+    assert i[0, 0] == 1005 and i[1, 0] == 1300
     assert np.all(np.diff(s, axis=1) >= 0)  # l2: ascending distances
     r = repr(idx)
     assert "Index" in r and "dim=32" in r and "l2" in r and "ntotal=500" in r
@@ -143,6 +144,46 @@ def test_ids_pickle_repr_and_threads(rng):
     small.add(x[:3])
     _, ik = small.search(x[:1], 5)
     assert list(ik[0, 3:]) == [-1, -1]
+
+
+@pytest.mark.parametrize("kwargs", [dict(metric="cosine"), dict(metric="l2", bits=2.5, keep_vectors=True),
+                                    dict(metric="ip", trellis=True, bits=3), dict(metric="cosine", nlist=8, rerank_bits=4)])
+def test_remove_ids_equals_an_index_of_the_rest(tq_cli, tmp_path, rng, kwargs):
+    """remove_ids leaves what an index given only the other vectors (and the same fit) holds; the
+    CLI's `tq index remove` of the same ids writes the same file."""
+    d = 32
+    x = clustered(rng, 1000, d)
+    q = clustered(rng, 30, d)
+    ids = np.arange(5000, 6000, dtype=np.int64)
+    idx = tq.Index(d, seed=9, **kwargs)
+    idx.add(x, ids)
+    idx.save(str(tmp_path / "all.tqi"))
+    gone = np.concatenate([ids[::4], np.array([ids[1], 77], dtype=np.int64)])  # a repeat, an id not held
+    assert idx.remove_ids(gone) == 251
+    assert len(idx) == 749 and idx.next_id == 6000
+    keep = ~np.isin(ids, gone)
+    nprobe = 8 if "nlist" in kwargs else 1
+    s, i = idx.search(q, 10, nprobe=nprobe)
+    assert not np.isin(i, gone).any()
+    if "nlist" not in kwargs:  # the same fit: an IVF index would train new lists on the rest
+        rest = tq.Index(d, seed=9, **kwargs)
+        if idx.center is not None:
+            rest.set_center(idx.center)
+        rest.add(x[keep], ids[keep])
+        s2, i2 = rest.search(q, 10)
+        np.testing.assert_array_equal(i2, i)
+        np.testing.assert_array_equal(s2, s)
+    idx.save(str(tmp_path / "py.tqi"))
+    np.savetxt(tmp_path / "gone.txt", gone, fmt="%d")
+    out = run_cli(tq_cli, "index", "remove", "--index", tmp_path / "all.tqi", "--ids-file", tmp_path / "gone.txt",
+                  "-o", tmp_path / "cli.tqi")
+    assert out["removed"] == 251 and out["n"] == 749
+    assert (tmp_path / "cli.tqi").read_bytes() == (tmp_path / "py.tqi").read_bytes()
+    assert idx.remove_ids(np.array([], dtype=np.int64)) == 0
+    with pytest.raises(TypeError, match="int64"):
+        idx.remove_ids(np.array([1.0, 2.0]))
+    with pytest.raises(ValueError):
+        idx.remove_ids(ids.reshape(10, 100))
 
 
 def test_index_bad_input(tmp_path):

@@ -180,7 +180,18 @@ class Index:
 
     def add(self, x: Annotated[NDArray, dict(device='cpu', writable=False)], ids: Annotated[NDArray, dict(device='cpu', writable=False)] | None = None) -> None:
         """
-        Add the rows of x ((n, dim) float32, C-contiguous, finite); ids: (n,) int64 or None (ntotal, ntotal + 1, ...).
+        Add the rows of x ((n, dim) float32, C-contiguous, finite); ids: (n,) int64 or None (next_id, next_id + 1, ...).
+        """
+
+    def remove_ids(self, ids: Annotated[NDArray, dict(device='cpu', writable=False)]) -> int:
+        """
+        Remove every vector whose id is in ids ((n,) int64; ids not held are skipped) and return how many went. The others keep their codes and order: the index searches and saves as one given only them. O(ntotal) per call, so pass the ids in one array.
+        """
+
+    @property
+    def next_id(self) -> int:
+        """
+        The first id add() gives without ids: one past the largest id held (0 when empty).
         """
 
     def search(self, q: Annotated[NDArray, dict(device='cpu', writable=False)], k: int = 10, *, threads: int = 0, rerank: int = -1, rerank_full: int = 0, fast_scan: bool = True, nprobe: int = 1) -> tuple:

@@ -208,6 +208,26 @@ tq_status tq_index_add(tq_index* idx, size_t n, const float* x, const int64_t* i
   return guard([&] { idx->idx.add(n, x, ids); });
 }
 
+tq_status tq_index_remove_ids(tq_index* idx, size_t n, const int64_t* ids, size_t* removed) {
+  TQ_CAPI_NONNULL(idx, "tq_index_remove_ids");
+  if (removed) *removed = 0;
+  if (n == 0) return TQ_OK;
+  TQ_CAPI_NONNULL(ids, "tq_index_remove_ids");
+  return guard([&] {
+    const size_t r = idx->idx.remove_ids(n, ids);
+    if (removed) *removed = r;
+  });
+}
+
+int64_t tq_index_next_id(const tq_index* idx) {
+  if (!idx) return -1;
+  try {
+    return idx->idx.next_id();
+  } catch (const tq::Error&) {
+    return -1;
+  }
+}
+
 tq_search_params tq_search_params_default(void) {
   const tq::SearchParams d;
   tq_search_params p;

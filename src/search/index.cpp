@@ -254,6 +254,32 @@ void Index::Impl::resize(size_t n_new) {
   slots = n_new;
 }
 
+void Index::Impl::move_slot(size_t from, size_t to) noexcept {
+  if (quant) {
+    const size_t cb = quant->code_bytes();
+    std::memcpy(pcodes.data() + to * cb, pcodes.data() + from * cb, cb);
+  } else if (tc) {
+    const uint8_t* src = trellis_row(from);
+    uint8_t* dst = trellis_row(to);
+    for (size_t j = 0; j < m; ++j) dst[j * kTrellisBlock] = src[j * kTrellisBlock];
+  } else if (fast_ok) {
+    for (size_t g = 0; g < m; ++g) set_group_code(to, g, group_code(from, g));
+  } else {
+    std::memcpy(gcodes.data() + to * m, gcodes.data() + from * m, m);
+  }
+  scale[to] = scale[from];
+  if (has_norm) norm[to] = norm[from];
+  if (rbytes > 0) {
+    rscale[to] = rscale[from];
+    std::memcpy(rcodes.data() + to * rbytes, rcodes.data() + from * rbytes, rbytes);
+  }
+  ids[to] = ids[from];
+  if (cfg.keep_vectors) {
+    const size_t dd = static_cast<size_t>(d);
+    std::memcpy(vectors.data() + to * dd, vectors.data() + from * dd, dd * sizeof(float));
+  }
+}
+
 size_t Index::Impl::list_of(size_t s) const noexcept {
   // list_begin is non-decreasing; the list of s is the last l with list_begin[l] <= s.
   const auto it = std::upper_bound(list_begin.begin(), list_begin.end(), s);
@@ -511,6 +537,10 @@ void Index::add(size_t n, const float* x, const int64_t* ids, const AddProgress&
   if (n == 0) return;
   TQ_CHECK(x != nullptr, "index add: null data");
   const std::vector<float> norms = row_norms(I.d, n, x, "index add");
+  const int64_t first_id = ids ? 0 : next_id();
+  TQ_CHECK(ids || static_cast<uint64_t>(INT64_MAX - first_id) >= n - 1,
+           "index add: default ids from %lld for %zu vectors pass INT64_MAX; pass ids",
+           static_cast<long long>(first_id), n);
   // Encoding goes to the storage slots [n0, n1); a flat index has slots == n, an IVF index
   // stages the new vectors after its lists and moves them into their lists at the end.
   const size_t n0 = I.slots;
@@ -778,10 +808,61 @@ void Index::add(size_t n, const float* x, const int64_t* ids, const AddProgress&
     }
     TQ_CHECK(false, "index add: a vector norm overflows the f16 norm format; use norm f32");
   }
-  for (size_t r = 0; r < n; ++r) I.ids[n0 + r] = ids ? ids[r] : static_cast<int64_t>(I.n + r);
+  for (size_t r = 0; r < n; ++r) I.ids[n0 + r] = ids ? ids[r] : first_id + static_cast<int64_t>(r);
   if (I.ivf()) I.relayout(n0, n, assign.data());
   I.n += n;
   if (progress) progress("encode", n, n);
+}
+
+int64_t Index::next_id() const {
+  const Impl& I = *impl_;
+  if (I.n == 0) return 0;
+  int64_t mx = INT64_MIN;
+  if (I.ivf()) {
+    for (size_t l = 0; l < I.list_size.size(); ++l)
+      for (size_t r = 0; r < I.list_size[l]; ++r) mx = std::max(mx, I.ids[I.list_begin[l] + r]);
+  } else {
+    for (size_t i = 0; i < I.n; ++i) mx = std::max(mx, I.ids[i]);
+  }
+  TQ_CHECK(mx < INT64_MAX, "index add: the index holds id INT64_MAX, so there is no next id; pass ids");
+  return mx + 1;
+}
+
+size_t Index::remove_ids(size_t n, const int64_t* ids) {
+  Impl& I = *impl_;
+  if (n == 0) return 0;
+  TQ_CHECK(ids != nullptr, "index remove_ids: null ids");
+  std::vector<int64_t> gone(ids, ids + n);
+  std::sort(gone.begin(), gone.end());
+  gone.erase(std::unique(gone.begin(), gone.end()), gone.end());
+  auto removed = [&](int64_t id) { return std::binary_search(gone.begin(), gone.end(), id); };
+  // Each run of kept slots moves down over the removed ones, in order. The stale records
+  // left behind are dropped: resize() cuts a flat index's storage (and add() overwrites the
+  // rest of its last block), relayout() copies only the slots each list now holds.
+  auto compact = [&](size_t begin, size_t count) {
+    size_t w = 0;
+    for (size_t r = 0; r < count; ++r) {
+      if (removed(I.ids[begin + r])) continue;
+      if (w != r) I.move_slot(begin + r, begin + w);
+      ++w;
+    }
+    return w;
+  };
+  size_t kept = 0;
+  if (I.ivf()) {
+    for (size_t l = 0; l < I.list_size.size(); ++l) {
+      I.list_size[l] = compact(I.list_begin[l], I.list_size[l]);
+      kept += I.list_size[l];
+    }
+  } else {
+    kept = compact(0, I.n);
+  }
+  const size_t count = I.n - kept;
+  if (count == 0) return 0;
+  if (I.ivf()) I.relayout(I.slots, 0, nullptr);  // drop the whole padding blocks
+  else I.resize(kept);
+  I.n = kept;
+  return count;
 }
 
 // ---------------------------------------------------------------------------------------

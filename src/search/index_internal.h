@@ -163,6 +163,9 @@ struct Index::Impl {
   // Per-channel indices of vector i (d bytes) <-> group codes.
   void get_indices(size_t i, uint8_t* idx) const noexcept;
   void set_indices(size_t i, const uint8_t* idx) noexcept;
+  // Copies slot `from`'s record (codes, scale, norm, second stage, id, kept vector) over slot
+  // `to`.
+  void move_slot(size_t from, size_t to) noexcept;
   // Grow storage to n_new slots (zero-filled).
   void resize(size_t n_new);
   // IVF: set the centroids (nlist * d) and derived tables.

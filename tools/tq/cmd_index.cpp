@@ -1,9 +1,13 @@
-// tq index build | search | eval: the compressed vector search index from the command line.
+// tq index build | add | remove | info | search | eval: the compressed vector search index from the
+// command line.
 #include <omp.h>
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -133,7 +137,8 @@ double build_into(tq::Index& idx, const tq::FloatMatrix& x, int threads, double*
   const size_t batch = size_t{1} << 16;
   // Flat: --center's mean from every vector of the file, as one add() of the whole matrix
   // fits it (the Python Index.add(x)), not from the first batch (a no-op without --center).
-  if (x.n > 0) {
+  // An index that has its fit already (tq index add to a file) keeps it.
+  if (x.n > 0 && idx.size() == 0 && idx.center().empty()) {
     const double t0 = tq::wall_seconds(), c0 = tq::cpu_seconds();
     idx.train(x.n, x.row(0));
     t += tq::wall_seconds() - t0;
@@ -150,6 +155,34 @@ double build_into(tq::Index& idx, const tq::FloatMatrix& x, int threads, double*
   prog.finish();
   if (cpu) *cpu = c;
   return t;
+}
+
+// Ids in text: integers separated by commas or white space. Anything else is an error naming
+// `where` and the token.
+std::vector<int64_t> parse_ids(const std::string& text, const std::string& where) {
+  std::vector<int64_t> out;
+  size_t i = 0;
+  while (i < text.size()) {
+    const char c = text[i];
+    if (c == ',' || std::isspace(static_cast<unsigned char>(c))) {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < text.size() && text[j] != ',' && !std::isspace(static_cast<unsigned char>(text[j]))) ++j;
+    const std::string tok = text.substr(i, j - i);
+    errno = 0;
+    char* end = nullptr;
+    const long long v = std::strtoll(tok.c_str(), &end, 10);
+    if (end != tok.c_str() + tok.size() || errno != 0) {
+      std::string shown;  // the token's first 40 bytes, those that do not print as \xHH
+      for (unsigned char ch : tok.substr(0, 40)) shown += std::isprint(ch) ? std::string(1, static_cast<char>(ch)) : tq::strprintf("\\x%02X", ch);
+      TQ_CHECK(false, "index remove: %s: '%s' is not an id (an int64)", where.c_str(), shown.c_str());
+    }
+    out.push_back(static_cast<int64_t>(v));
+    i = j;
+  }
+  return out;
 }
 
 struct SearchOpts {
@@ -218,6 +251,137 @@ void setup(CLI::App& app) {
                     idx.describe().c_str(), idx.size(), idx.dim(), idx.code_bytes(), t,
                     static_cast<unsigned long long>(fs), o->output.c_str());
       }
+    });
+  }
+
+  // ---- add
+  {
+    struct O {
+      std::string index, input, output;
+      size_t max_n = SIZE_MAX;
+      int threads = 0;
+      bool json = false;
+    };
+    auto o = std::make_shared<O>();
+    auto* sub = tq::cli::subcommand(*grp, "add",
+        "Add the vectors of --input to an index file, coded with what the index fitted when it was\n"
+        "built (rotation, center, IVF lists); ids continue after the largest id it holds. Writes\n"
+        "the index back atomically (or to -o).\n"
+        "Example: tq index add --index base.tqi --input more.fvecs");
+    sub->add_option("--index", o->index, "index file (from tq index build)")->required();
+    sub->add_option("--input,-i", o->input, "vectors to add (.fvecs, .bvecs or .npy)")->required();
+    sub->add_option("--output,-o", o->output, "index file to write (default: --index, replaced atomically)");
+    sub->add_option("--max-n", o->max_n, "add only the first N vectors");
+    sub->add_option("--threads,-t", o->threads, "threads (0: OpenMP default)")->capture_default_str()
+        ->check(CLI::Range(0, 1024));
+    sub->add_flag("--json", o->json, "print one JSON object on stdout");
+    sub->callback([o] {
+      auto idx = tq::Index::load(o->index);
+      auto x = tq::read_vectors(o->input, o->max_n);
+      TQ_CHECK(x.d == static_cast<size_t>(idx.dim()), "index add: %s has d=%zu, the index d=%d", o->input.c_str(),
+               x.d, idx.dim());
+      const int64_t first = idx.next_id();
+      const double t = build_into(idx, x, o->threads);
+      const std::string out = o->output.empty() ? o->index : o->output;
+      idx.save(out);
+      const int64_t last = x.n ? first + static_cast<int64_t>(x.n) - 1 : first - 1;
+      if (o->json) {
+        tq::cli::print_json({{"index", idx.describe()}, {"added", x.n}, {"first_id", first}, {"last_id", last},
+                             {"n", idx.size()}, {"add_s", t}, {"file_bytes", tq::file_size(out)}, {"output", out}});
+      } else {
+        std::printf("added %zu vectors (ids %lld..%lld) in %.3f s: %zu vectors -> %s\n", x.n,
+                    static_cast<long long>(first), static_cast<long long>(last), t, idx.size(), out.c_str());
+      }
+    });
+  }
+
+  // ---- remove
+  {
+    struct O {
+      std::string index, ids, ids_file, output;
+      bool json = false;
+    };
+    auto o = std::make_shared<O>();
+    auto* sub = tq::cli::subcommand(*grp, "remove",
+        "Remove the vectors with the given ids from an index file (ids it does not hold are\n"
+        "skipped and counted); the rest keep their codes. Writes the index back atomically (or to -o).\n"
+        "Example: tq index remove --index base.tqi --ids 17,42,1003");
+    sub->add_option("--index", o->index, "index file (from tq index build)")->required();
+    auto* ids = sub->add_option("--ids", o->ids, "ids to remove, comma-separated");
+    auto* file = sub->add_option("--ids-file", o->ids_file, "text file of ids to remove (separated by spaces, commas or lines)");
+    ids->excludes(file);
+    sub->add_option("--output,-o", o->output, "index file to write (default: --index, replaced atomically)");
+    sub->add_flag("--json", o->json, "print one JSON object on stdout");
+    sub->callback([o] {
+      TQ_CHECK(!o->ids.empty() || !o->ids_file.empty(), "index remove: give the ids with --ids or --ids-file");
+      std::vector<int64_t> gone;
+      if (!o->ids_file.empty()) {
+        const auto bytes = tq::read_file_bytes(o->ids_file);
+        gone = parse_ids(std::string(bytes.begin(), bytes.end()), o->ids_file);
+      } else {
+        gone = parse_ids(o->ids, "--ids");
+      }
+      TQ_CHECK(!gone.empty(), "index remove: %s holds no ids", o->ids_file.empty() ? "--ids" : o->ids_file.c_str());
+      auto idx = tq::Index::load(o->index);
+      const size_t before = idx.size();
+      const size_t removed = idx.remove_ids(gone.size(), gone.data());
+      const std::string out = o->output.empty() ? o->index : o->output;
+      idx.save(out);
+      if (o->json) {
+        tq::cli::print_json({{"index", idx.describe()}, {"ids_given", gone.size()}, {"removed", removed},
+                             {"n_before", before}, {"n", idx.size()}, {"file_bytes", tq::file_size(out)},
+                             {"output", out}});
+      } else {
+        std::printf("removed %zu vectors (%zu ids given): %zu vectors -> %s\n", removed, gone.size(), idx.size(),
+                    out.c_str());
+      }
+    });
+  }
+
+  // ---- info
+  {
+    struct O {
+      std::string index;
+      bool json = false;
+    };
+    auto o = std::make_shared<O>();
+    auto* sub = tq::cli::subcommand(*grp, "info",
+        "What an index file holds: its codes, vectors, bytes and (IVF) list sizes.\n"
+        "Example: tq index info --index base.tqi --json");
+    sub->add_option("--index", o->index, "index file")->required();
+    sub->add_flag("--json", o->json, "print one JSON object on stdout");
+    sub->callback([o] {
+      const auto idx = tq::Index::load(o->index);
+      const uint64_t fs = tq::file_size(o->index);
+      size_t lmin = 0, lmax = 0, lempty = 0;
+      for (int l = 0; l < idx.nlist(); ++l) {
+        const size_t s = idx.list_size(l);
+        lmin = l == 0 ? s : std::min(lmin, s);
+        lmax = std::max(lmax, s);
+        lempty += s == 0;
+      }
+      // The id `tq index add` would start from (none when the index holds INT64_MAX).
+      nlohmann::json next = nullptr;
+      try {
+        next = idx.next_id();
+      } catch (const tq::Error&) {
+      }
+      nlohmann::json j = {{"index", idx.describe()}, {"n", idx.size()}, {"dim", idx.dim()},
+                          {"metric", tq::metric_name(idx.config().metric)}, {"bits", idx.config().bits},
+                          {"nlist", idx.nlist()}, {"next_id", next},
+                          {"bytes_per_vector", idx.code_bytes()}, {"file_bytes", fs},
+                          {"memory_bytes_per_vector", idx.memory_bytes_per_vector()}};
+      if (idx.nlist() > 0) j["lists"] = {{"min", lmin}, {"max", lmax}, {"empty", lempty}};
+      if (o->json) {
+        tq::cli::print_json(j);
+        return;
+      }
+      std::printf("%s\n  n=%zu d=%d, %zu bytes/vector, %llu bytes on disk, %.1f bytes/vector in memory\n",
+                  idx.describe().c_str(), idx.size(), idx.dim(), idx.code_bytes(),
+                  static_cast<unsigned long long>(fs), idx.memory_bytes_per_vector());
+      if (idx.nlist() > 0)
+        std::printf("  %d lists: %zu..%zu vectors, %zu empty\n", idx.nlist(), lmin, lmax, lempty);
+      std::printf("  next default id: %s\n", next.is_null() ? "none (the index holds INT64_MAX)" : next.dump().c_str());
     });
   }
 
