@@ -94,6 +94,21 @@ static void test_codec(void) {
   tq_quantizer_free(q);
 }
 
+/* Progress callback of test_index: counts calls and "encode" calls, cancels at the encode
+ * call number cancel_at (0: never). */
+typedef struct {
+  int calls, encodes, cancel_at;
+  size_t last_done, last_total;
+} progress_log;
+static int on_progress(const char* stage, size_t done, size_t total, void* user) {
+  progress_log* p = (progress_log*)user;
+  ++p->calls;
+  p->last_done = done;
+  p->last_total = total;
+  if (strcmp(stage, "encode") == 0 && ++p->encodes == p->cancel_at) return 1;
+  return 0;
+}
+
 static void test_index(void) {
   enum { D = 32, N = 300, NQ = 5, K = 4 };
   static float x[N * D], qv[NQ * D], s1[NQ * K], s2[NQ * K];
@@ -155,6 +170,27 @@ static void test_index(void) {
     CHECK(tq_index_next_id(NULL) == -1);
     CHECK(tq_index_add(idx, NQ, x, NULL) == TQ_OK);
     CHECK(tq_index_next_id(idx) == 1000 + N + NQ);
+  }
+  /* add with progress: reported up to total; a cancel leaves the index as it was */
+  {
+    progress_log log = {0, 0, 0, 0, 0};
+    CHECK(tq_index_add_progress(idx, 50, x, NULL, on_progress, &log) == TQ_OK);
+    CHECK(log.calls >= 1 && log.last_done == 50 && log.last_total == 50);
+    CHECK(tq_index_size(idx) == N + 50);
+    CHECK(tq_index_search(idx, NQ, qv, K, 1, s1, i1) == TQ_OK);
+    progress_log stop = {0, 0, 1, 0, 0};
+    CHECK(tq_index_add_progress(idx, 50, x, NULL, on_progress, &stop) == TQ_ERR_CANCELLED);
+    CHECK(strcmp(tq_status_name(TQ_ERR_CANCELLED), "TQ_ERR_CANCELLED") == 0);
+    CHECK(strstr(tq_last_error(), "cancelled") != NULL);
+    CHECK(tq_index_size(idx) == N + 50);
+    CHECK(tq_index_search(idx, NQ, qv, K, 1, s2, i2) == TQ_OK);
+    CHECK(memcmp(i1, i2, sizeof i1) == 0 && memcmp(s1, s2, sizeof s1) == 0);
+    CHECK(tq_index_add_progress(idx, 50, x, NULL, NULL, NULL) == TQ_OK); /* no callback */
+    CHECK(tq_index_add_progress(NULL, 50, x, NULL, NULL, NULL) == TQ_ERR_NULL_POINTER);
+    int64_t fifty[100];
+    for (int i = 0; i < 100; ++i) fifty[i] = tq_index_next_id(idx) - 100 + i;
+    size_t removed = 0;
+    CHECK(tq_index_remove_ids(idx, 100, fifty, &removed) == TQ_OK && removed == 100);
   }
   x[7] = INFINITY;
   CHECK(tq_index_add(idx, 1, x, NULL) == TQ_ERR_INVALID_ARGUMENT);

@@ -2261,3 +2261,47 @@ TEST(IndexRemove, EmptiedIndexesAndDefaultIds) {
     EXPECT_EQ(idx.size(), 52u);
   }
 }
+
+// An exception from the progress callback cancels add() at any stage: rethrown as is, and the
+// index is as it was (the same file), so the same add then gives what it would have given.
+TEST(IndexAdd, AProgressExceptionCancelsTheAddAndLeavesTheIndexAsItWas) {
+  TempDir t;
+  const int d = 24;
+  auto x = make_data(3000, d, 77);
+  struct Stop {};
+  struct Case { int nlist; bool trellis; bool first_batch; const char* stage; };
+  for (const Case& cs : {Case{0, false, true, "encode"}, Case{0, false, false, "encode"}, Case{0, true, true, "encode"},
+                         Case{6, false, true, "k-means"}, Case{6, false, true, "assign"}, Case{6, false, true, "encode"},
+                         Case{6, false, false, "assign"}, Case{6, false, false, "encode"}}) {
+    auto c = cs.nlist ? ivf_cfg(d, 4, tq::Metric::cosine, cs.nlist) : cfg_of(d, 3, tq::Metric::l2);
+    c.trellis = cs.trellis;
+    c.center = c.fit_scale = cs.nlist == 0;
+    const std::string what = std::string(cs.stage) + (cs.nlist ? " ivf" : " flat") + (cs.first_batch ? " first" : " later");
+    tq::Index idx(c), ref(c);
+    if (!cs.first_batch) {
+      idx.add(1000, x.data());
+      ref.add(1000, x.data());
+    }
+    idx.save(t.path("before.tqi"));
+    std::vector<std::string> seen;
+    try {
+      idx.add(2000, x.data() + 1000 * d, nullptr, [&](const char* stage, size_t done, size_t total) {
+        seen.emplace_back(stage);
+        if (std::string(stage) == cs.stage && (done > 0 || done == total)) throw Stop{};
+      });
+      ADD_FAILURE() << what << ": the add went through";
+    } catch (const Stop&) {
+    }
+    EXPECT_NE(std::find(seen.begin(), seen.end(), cs.stage), seen.end()) << what;
+    EXPECT_EQ(idx.size(), cs.first_batch ? 0u : 1000u) << what;
+    idx.save(t.path("after.tqi"));
+    EXPECT_EQ(slurp(t.path("after.tqi")), slurp(t.path("before.tqi"))) << what;
+    // The same add again, without a callback: what it gives on an index that never saw the
+    // cancelled one.
+    idx.add(2000, x.data() + 1000 * d);
+    ref.add(2000, x.data() + 1000 * d);
+    idx.save(t.path("a.tqi"));
+    ref.save(t.path("b.tqi"));
+    EXPECT_EQ(slurp(t.path("a.tqi")), slurp(t.path("b.tqi"))) << what;
+  }
+}

@@ -137,8 +137,11 @@ class Index {
   void add(size_t n, const float* x, const int64_t* ids = nullptr);
   // The same, reporting its progress: progress(stage, done, total) on the calling thread, done
   // rising to total within each stage: "k-means" (an IVF index's first add: rows assigned over
-  // all Lloyd iterations), "assign" (IVF: vectors given their list), "encode" (vectors coded).
-  // It is called from inside OpenMP regions, so it must not throw.
+  // all Lloyd iterations), "assign" (IVF: vectors given their list), "encode" (vectors coded,
+  // ending with done == total before the add commits). An exception thrown by progress cancels
+  // the add: the work left is skipped, the index stays as it was (no vectors, fits or lists
+  // from this add) and the exception is rethrown. So a caller can stop a long build (Python:
+  // Ctrl-C) without losing the index.
   using AddProgress = std::function<void(const char* stage, size_t done, size_t total)>;
   void add(size_t n, const float* x, const int64_t* ids, const AddProgress& progress);
   // The first id add() gives when it is passed no ids: one past the largest id held, 0 for an

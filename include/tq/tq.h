@@ -31,14 +31,15 @@ typedef enum tq_status {
   TQ_ERR_INVALID_ARGUMENT = 1, /* bad argument, bad config, wrong shape, NaN/Inf, corrupt file */
   TQ_ERR_NULL_POINTER = 2,     /* a required pointer argument is NULL */
   TQ_ERR_OUT_OF_MEMORY = 3,
-  TQ_ERR_INTERNAL = 4          /* any other failure (message in tq_last_error) */
+  TQ_ERR_INTERNAL = 4,         /* any other failure (message in tq_last_error) */
+  TQ_ERR_CANCELLED = 5         /* a progress callback asked to stop; nothing was changed */
 } tq_status;
 
 /* The message of the calling thread's last failure ("" when none). Never NULL. */
 const char* tq_last_error(void);
 /* A static name for a status code, e.g. "TQ_ERR_INVALID_ARGUMENT". */
 const char* tq_status_name(tq_status s);
-/* The library version, e.g. "0.2.0". */
+/* The library version, e.g. "0.3.0". */
 const char* tq_version(void);
 
 /* ---- codec: TurboQuant quantizers (tq/quantizer.h) ------------------------------------- */
@@ -96,6 +97,13 @@ int tq_index_dim(const tq_index* idx);
 size_t tq_index_size(const tq_index* idx);
 /* x: n * dim floats; ids: n int64 or NULL (tq_index_next_id(), then + 1, ...). */
 tq_status tq_index_add(tq_index* idx, size_t n, const float* x, const int64_t* ids);
+/* Progress of a long add: stage "k-means" / "assign" (IVF) or "encode", done rising to total
+ * within it; called on the calling thread. Return 0 to go on, nonzero to cancel the add. */
+typedef int (*tq_progress_fn)(const char* stage, size_t done, size_t total, void* user);
+/* tq_index_add with progress (fn NULL: none). A cancel returns TQ_ERR_CANCELLED within one
+ * chunk of work (256 vectors per thread) and leaves the index as it was. */
+tq_status tq_index_add_progress(tq_index* idx, size_t n, const float* x, const int64_t* ids, tq_progress_fn fn,
+                                void* user);
 /* Removes every vector whose id is one of ids[0..n) (absent ids are skipped); *removed (may be
  * NULL) gets how many went. The rest keep their codes and order. O(size) per call: batch ids. */
 tq_status tq_index_remove_ids(tq_index* idx, size_t n, const int64_t* ids, size_t* removed);

@@ -457,7 +457,7 @@ NB_MODULE(_turboquant, m) {
           "describe() with the scoring a search would use (what `tq index search --json` reports as 'index').")
       .def("__len__", &tq::Index::size)
       .def("add",
-           [](tq::Index& idx, const InArray& x, std::optional<InArray> ids) {
+           [](tq::Index& idx, const InArray& x, std::optional<InArray> ids, std::optional<nb::callable> progress) {
              size_t n = 0;
              const float* xp = view<float>(x, "x", 2, 2, idx.dim(), &n);
              const int64_t* ip = nullptr;
@@ -466,12 +466,22 @@ NB_MODULE(_turboquant, m) {
                ip = view<int64_t>(*ids, "ids", 1, 1, -1, &one);
                TQ_CHECK(ids->shape(0) == n, "ids has %zu entries for %zu vectors", ids->shape(0), n);
              }
+             // Called on this thread as the add goes (a few thousand times for a million
+             // vectors): with the GIL, it lets a signal handler run (Ctrl-C) and calls progress;
+             // an exception from either cancels the add, which leaves the index as it was.
+             const tq::Index::AddProgress cb = [&progress](const char* stage, size_t done, size_t total) {
+               nb::gil_scoped_acquire gil;
+               if (PyErr_CheckSignals() != 0) throw nb::python_error();
+               if (progress) (*progress)(stage, done, total);
+             };
              nb::gil_scoped_release nogil;
-             idx.add(n, xp, ip);
+             idx.add(n, xp, ip, cb);
            },
-           "x"_a, "ids"_a = nb::none(),
+           "x"_a, "ids"_a = nb::none(), nb::kw_only(), "progress"_a = nb::none(),
            "Add the rows of x ((n, dim) float32, C-contiguous, finite); ids: (n,) int64 or None (next_id, "
-           "next_id + 1, ...).")
+           "next_id + 1, ...). progress: None or a callable(stage, done, total), called as the add goes "
+           "(stages 'k-means' and 'assign' for an IVF index, then 'encode'). An exception it raises, or "
+           "Ctrl-C, stops the add and leaves the index as it was.")
       .def(
           "remove_ids",
           [](tq::Index& idx, const InArray& ids) {

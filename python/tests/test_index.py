@@ -186,6 +186,67 @@ def test_remove_ids_equals_an_index_of_the_rest(tq_cli, tmp_path, rng, kwargs):
         idx.remove_ids(ids.reshape(10, 100))
 
 
+@pytest.mark.parametrize("nlist", [0, 8])
+def test_add_progress_and_cancel(rng, nlist):
+    """add(progress=...) reports each stage; an exception from progress stops the add and
+    leaves the index as it was."""
+    d = 32
+    x = clustered(rng, 4000, d)
+    idx = tq.Index(d, nlist=nlist)
+    calls = []
+    idx.add(x[:2000], progress=lambda stage, done, total: calls.append((stage, done, total)))
+    stages = [c[0] for c in calls]
+    assert stages[-1] == "encode" and calls[-1][1:] == (2000, 2000)
+    assert ("k-means" in stages) == (nlist > 0) and ("assign" in stages) == (nlist > 0)
+    before = idx.search(x[:20], 5, nprobe=max(1, nlist))
+
+    def stop(stage, done, total):
+        if stage == "encode" and done > 0:
+            raise KeyboardInterrupt  # what Ctrl-C raises from the signal check
+    with pytest.raises(KeyboardInterrupt):
+        idx.add(x[2000:], progress=stop)
+    assert len(idx) == 2000
+    after = idx.search(x[:20], 5, nprobe=max(1, nlist))
+    np.testing.assert_array_equal(after[1], before[1])
+    np.testing.assert_array_equal(after[0], before[0])
+    idx.add(x[2000:])
+    assert len(idx) == 4000 and idx.next_id == 4000
+
+
+def test_a_signal_stops_a_long_add(rng):
+    """A signal whose handler raises (SIGINT raises KeyboardInterrupt) stops an add in
+    progress, with no progress callback: the add checks for signals as it goes."""
+    import signal
+    import threading
+    import time
+
+    class Stopped(Exception):
+        pass
+
+    def handler(signum, frame):
+        raise Stopped
+
+    d = 64
+    x = rng.normal(size=(100000, d)).astype(np.float32)
+    old = signal.signal(signal.SIGUSR1, handler)
+    try:
+        idx = tq.Index(d, bits=4, trellis=True)  # about 3 s on 2 cores
+        timer = threading.Timer(0.3, lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1))
+        t0 = time.monotonic()
+        timer.start()
+        with pytest.raises(Stopped):
+            idx.add(x)
+        elapsed = time.monotonic() - t0
+        timer.join()
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    assert len(idx) == 0 and idx.center is None
+    full = tq.Index(d, bits=4, trellis=True)
+    t1 = time.monotonic()
+    full.add(x)
+    assert elapsed < 0.5 * (time.monotonic() - t1), (elapsed, time.monotonic() - t1)  # stopped, not finished
+
+
 def test_index_bad_input(tmp_path):
     d = 16
     idx = tq.Index(d)

@@ -2,7 +2,7 @@
 TurboQuant: random rotation + Lloyd-Max codebook vector quantization, a quantized KV cache with fused attention, a GGUF Llama runner and a compressed vector-search index.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Annotated
 
 import numpy
@@ -178,9 +178,9 @@ class Index:
 
     def __len__(self) -> int: ...
 
-    def add(self, x: Annotated[NDArray, dict(device='cpu', writable=False)], ids: Annotated[NDArray, dict(device='cpu', writable=False)] | None = None) -> None:
+    def add(self, x: Annotated[NDArray, dict(device='cpu', writable=False)], ids: Annotated[NDArray, dict(device='cpu', writable=False)] | None = None, *, progress: Callable | None = None) -> None:
         """
-        Add the rows of x ((n, dim) float32, C-contiguous, finite); ids: (n,) int64 or None (next_id, next_id + 1, ...).
+        Add the rows of x ((n, dim) float32, C-contiguous, finite); ids: (n,) int64 or None (next_id, next_id + 1, ...). progress: None or a callable(stage, done, total), called as the add goes (stages 'k-means' and 'assign' for an IVF index, then 'encode'). An exception it raises, or Ctrl-C, stops the add and leaves the index as it was.
         """
 
     def remove_ids(self, ids: Annotated[NDArray, dict(device='cpu', writable=False)]) -> int:

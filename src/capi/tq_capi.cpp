@@ -84,6 +84,7 @@ const char* tq_status_name(tq_status s) {
     case TQ_ERR_NULL_POINTER: return "TQ_ERR_NULL_POINTER";
     case TQ_ERR_OUT_OF_MEMORY: return "TQ_ERR_OUT_OF_MEMORY";
     case TQ_ERR_INTERNAL: return "TQ_ERR_INTERNAL";
+    case TQ_ERR_CANCELLED: return "TQ_ERR_CANCELLED";
   }
   return "TQ_ERR_UNKNOWN_STATUS";
 }
@@ -206,6 +207,30 @@ tq_status tq_index_add(tq_index* idx, size_t n, const float* x, const int64_t* i
   if (n == 0) return TQ_OK;
   TQ_CAPI_NONNULL(x, "tq_index_add");
   return guard([&] { idx->idx.add(n, x, ids); });
+}
+
+tq_status tq_index_add_progress(tq_index* idx, size_t n, const float* x, const int64_t* ids, tq_progress_fn fn,
+                                void* user) {
+  TQ_CAPI_NONNULL(idx, "tq_index_add_progress");
+  if (n == 0) return TQ_OK;
+  TQ_CAPI_NONNULL(x, "tq_index_add_progress");
+  if (!fn) return tq_index_add(idx, n, x, ids);
+  // A nonzero return becomes an exception, which the library takes as a cancel: it undoes the
+  // add and rethrows it here.
+  struct Cancelled {};
+  bool cancelled = false;
+  const tq_status st = guard([&] {
+    try {
+      idx->idx.add(n, x, ids, [fn, user](const char* stage, size_t done, size_t total) {
+        if (fn(stage, done, total, user) != 0) throw Cancelled{};
+      });
+    } catch (const Cancelled&) {
+      cancelled = true;
+    }
+  });
+  if (cancelled)
+    return fail(TQ_ERR_CANCELLED, "tq_index_add_progress: cancelled by the progress callback; the index is unchanged");
+  return st;
 }
 
 tq_status tq_index_remove_ids(tq_index* idx, size_t n, const int64_t* ids, size_t* removed) {

@@ -10,6 +10,7 @@
 #include <functional>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -545,9 +546,42 @@ void Index::add(size_t n, const float* x, const int64_t* ids, const AddProgress&
   // stages the new vectors after its lists and moves them into their lists at the end.
   const size_t n0 = I.slots;
   const size_t n1 = checked_add(n0, n, "index size");
+  TQ_CHECK(n1 < (size_t{1} << 32), "index add: %zu vectors is more than the supported 2^32 - 1", n1);
   const bool cosine_m = I.cfg.metric == Metric::cosine;
   std::vector<uint32_t> assign;  // IVF: list of each new vector
   const bool trained_here = I.ivf() && I.centroids.empty();
+  const bool fitted_here = I.cfg.center && I.center.empty();
+  // Puts the index back as it was before this add (storage, the fits made here).
+  auto undo = [&] {
+    I.resize(n0);
+    if (fitted_here) I.center.clear();
+    if (trained_here) {
+      I.centroids.clear();
+      I.rcentroids.clear();
+      I.cnorm2.clear();
+    }
+  };
+  // The caller's progress, called on this thread only. An exception from it stops the add:
+  // the stages skip their remaining work, undo() runs and the exception is rethrown.
+  std::exception_ptr stopped;
+  std::atomic<bool> stop{false};
+  auto report = [&](const char* stage, size_t done, size_t total) {
+    if (!progress) return true;
+    if (stopped) return false;
+    try {
+      progress(stage, done, total);
+      return true;
+    } catch (...) {
+      stopped = std::current_exception();
+      stop.store(true, std::memory_order_relaxed);
+      return false;
+    }
+  };
+  auto rethrow_if_stopped = [&] {
+    if (!stopped) return;
+    undo();
+    std::rethrow_exception(stopped);
+  };
   if (I.ivf()) {
     // Vectors as clustered: unit vectors for cosine, raw otherwise.
     std::vector<float> xc;
@@ -562,9 +596,10 @@ void Index::add(size_t n, const float* x, const int64_t* ids, const AddProgress&
       xa = xc.data();
     }
     if (trained_here) {
-      std::function<void(size_t, size_t)> kmeans_rows;
-      if (progress) kmeans_rows = [&](size_t done, size_t total) { progress("k-means", done, total); };
+      std::function<bool(size_t, size_t)> kmeans_rows;
+      if (progress) kmeans_rows = [&](size_t done, size_t total) { return report("k-means", done, total); };
       std::vector<float> c = kmeans(n, I.d, xa, I.cfg.nlist, I.cfg.kmeans_iters, I.cfg.seed, kmeans_rows);
+      rethrow_if_stopped();
       if (I.cfg.ivf_list_mean) {
         // Reference = mean of the members actually assigned (empty lists keep the centroid).
         std::vector<float> cn2(static_cast<size_t>(I.cfg.nlist));
@@ -588,14 +623,13 @@ void Index::add(size_t n, const float* x, const int64_t* ids, const AddProgress&
       I.set_centroids(std::move(c));
     }
     assign.resize(n);
-    std::function<void(size_t)> assign_rows;
-    if (progress) assign_rows = [&](size_t done) { progress("assign", done, n); };
+    std::function<bool(size_t)> assign_rows;
+    if (progress) assign_rows = [&](size_t done) { return report("assign", done, n); };
     nearest_centroids(n, I.d, xa, I.cfg.nlist, I.centroids.data(), I.cnorm2.data(), assign.data(), nullptr,
                       assign_rows);
+    rethrow_if_stopped();
   }
-  const bool fitted_here = I.cfg.center && I.center.empty();
   if (fitted_here) I.center = fit_center(I.d, n, x, norms.data(), cosine_m);
-  TQ_CHECK(n1 < (size_t{1} << 32), "index add: %zu vectors is more than the supported 2^32 - 1", n1);
   I.resize(n1);
   const size_t d = static_cast<size_t>(I.d);
   const bool cosine = I.cfg.metric == Metric::cosine;
@@ -614,7 +648,8 @@ void Index::add(size_t n, const float* x, const int64_t* ids, const AddProgress&
     for (size_t c = first; c < last; ++c) {
       const size_t i0 = std::max(n0, c * kChunk), i1 = std::min(n1, (c + 1) * kChunk);
       const size_t cnt = i1 - i0;
-      if (progress && omp_get_thread_num() == 0) progress("encode", taken.load(std::memory_order_relaxed), n);
+      if (stop.load(std::memory_order_relaxed)) continue;
+      if (omp_get_thread_num() == 0 && !report("encode", taken.load(std::memory_order_relaxed), n)) continue;
       taken.fetch_add(cnt, std::memory_order_relaxed);
       for (size_t r = 0; r < cnt; ++r) {
         const float* xr = x + (i0 + r - n0) * d;
@@ -798,20 +833,15 @@ void Index::add(size_t n, const float* x, const int64_t* ids, const AddProgress&
       }
     }
   }
+  report("encode", n, n);
+  rethrow_if_stopped();
   if (overflow) {
-    I.resize(n0);
-    if (fitted_here) I.center.clear();
-    if (trained_here) {
-      I.centroids.clear();
-      I.rcentroids.clear();
-      I.cnorm2.clear();
-    }
+    undo();
     TQ_CHECK(false, "index add: a vector norm overflows the f16 norm format; use norm f32");
   }
   for (size_t r = 0; r < n; ++r) I.ids[n0 + r] = ids ? ids[r] : first_id + static_cast<int64_t>(r);
   if (I.ivf()) I.relayout(n0, n, assign.data());
   I.n += n;
-  if (progress) progress("encode", n, n);
 }
 
 int64_t Index::next_id() const {

@@ -61,11 +61,13 @@ IvfScanOrder ivf_scan_order() noexcept;
 // (n >= k) after `iters` Lloyd iterations on a seeded sample of at most 256 k rows.
 // on_rows (optional): called on the calling thread as rows are done, with the count so far
 // (nearest_centroids: rows assigned, up to n; kmeans: rows assigned over all iterations, up to
-// iters * sample size, the total passed as its second argument).
-void nearest_centroids(size_t n, int dim, const float* x, int k, const float* c, const float* cn2,
-                       uint32_t* out, float* best_out, const std::function<void(size_t)>& on_rows = {});
+// iters * sample size, the total passed as its second argument). It returns false to stop:
+// the rows left are skipped and nearest_centroids returns false (out incomplete), kmeans an
+// empty vector. It must not throw (it runs inside an OpenMP region).
+bool nearest_centroids(size_t n, int dim, const float* x, int k, const float* c, const float* cn2,
+                       uint32_t* out, float* best_out, const std::function<bool(size_t)>& on_rows = {});
 std::vector<float> kmeans(size_t n, int dim, const float* x, int k, int iters, uint64_t seed,
-                          const std::function<void(size_t, size_t)>& on_rows = {});
+                          const std::function<bool(size_t, size_t)>& on_rows = {});
 
 struct Index::Impl {
   IndexConfig cfg;

@@ -91,9 +91,9 @@ uint32_t argmax_2s_minus_c(size_t k, const float* s, const float* cn2, float* be
 
 }  // namespace
 
-void nearest_centroids(size_t n, int dim, const float* x, int k, const float* c, const float* cn2,
-                       uint32_t* out, float* best_out, const std::function<void(size_t)>& on_rows) {
-  if (n == 0) return;
+bool nearest_centroids(size_t n, int dim, const float* x, int k, const float* c, const float* cn2,
+                       uint32_t* out, float* best_out, const std::function<bool(size_t)>& on_rows) {
+  if (n == 0) return true;
   const size_t d = static_cast<size_t>(dim), kk = static_cast<size_t>(k);
   // Tiles of rows at fixed offsets, each scored by single-threaded GEMMs (s = x c^T) against
   // column chunks of at most 512 centroids (the tile's scores stay in cache) and its argmax
@@ -105,13 +105,18 @@ void nearest_centroids(size_t n, int dim, const float* x, int k, const float* c,
   const size_t tiles = (n + rows - 1) / rows;
   const BlasSingleThread one_blas_thread;
   std::atomic<size_t> rows_done{0};
+  std::atomic<bool> stop{false};
 #pragma omp parallel
   {
     std::vector<float> s(rows * cols), best(rows);
 #pragma omp for schedule(dynamic, 1)
     for (size_t t = 0; t < tiles; ++t) {
       // The team's thread 0 is the caller's thread.
-      if (on_rows && omp_get_thread_num() == 0) on_rows(rows_done.load(std::memory_order_relaxed));
+      if (stop.load(std::memory_order_relaxed)) continue;
+      if (on_rows && omp_get_thread_num() == 0 && !on_rows(rows_done.load(std::memory_order_relaxed))) {
+        stop.store(true, std::memory_order_relaxed);
+        continue;
+      }
       const size_t r0 = t * rows, m = std::min(rows, n - r0);
       for (size_t j0 = 0; j0 < kk; j0 += cols) {
         const size_t nc = std::min(cols, kk - j0);
@@ -131,11 +136,12 @@ void nearest_centroids(size_t n, int dim, const float* x, int k, const float* c,
       rows_done.fetch_add(m, std::memory_order_relaxed);
     }
   }
-  if (on_rows) on_rows(n);
+  if (stop.load()) return false;
+  return on_rows ? on_rows(n) : true;
 }
 
 std::vector<float> kmeans(size_t n, int dim, const float* x, int k, int iters, uint64_t seed,
-                          const std::function<void(size_t, size_t)>& on_rows) {
+                          const std::function<bool(size_t, size_t)>& on_rows) {
   TQ_CHECK(k >= 1, "kmeans: k = %d", k);
   TQ_CHECK(n >= static_cast<size_t>(k), "IVF: %d lists need at least %d vectors in the first add (got %zu)",
            k, k, n);
@@ -171,9 +177,9 @@ std::vector<float> kmeans(size_t n, int dim, const float* x, int k, int iters, u
       cn2[j] = static_cast<float>(s);
     }
     const size_t before = static_cast<size_t>(it) * ns, total = static_cast<size_t>(iters) * ns;
-    std::function<void(size_t)> rows_of_it;
-    if (on_rows) rows_of_it = [&](size_t r) { on_rows(before + r, total); };
-    nearest_centroids(ns, dim, xs.data(), k, c.data(), cn2.data(), asg.data(), nullptr, rows_of_it);
+    std::function<bool(size_t)> rows_of_it;
+    if (on_rows) rows_of_it = [&](size_t r) { return on_rows(before + r, total); };
+    if (!nearest_centroids(ns, dim, xs.data(), k, c.data(), cn2.data(), asg.data(), nullptr, rows_of_it)) return {};
     std::fill(sum.begin(), sum.end(), 0.0);
     std::fill(cnt.begin(), cnt.end(), size_t{0});
     for (size_t i = 0; i < ns; ++i) {
