@@ -12,7 +12,9 @@
 //   - flat files of trellis codes (version 5) search like any flat file (float LUTs);
 //   - IVF files (version 2, and 3 with a second-stage code): the search probes
 //     1 + (mode >> 4) % nlist lists; mode & 4 turns the re-rank stage (float LUT or second
-//     stage) off.
+//     stage) off;
+//   - remove_ids of the first result's id removes every vector holding it, and the search
+//     then no longer returns it.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -225,6 +227,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // Fewer vectors than k: the tail of each row is id -1.
     if (index.size() < static_cast<size_t>(p.k))
       for (int r = 0; r < 2; ++r) TQ_FUZZ_REQUIRE(ids[r * p.k + p.k - 1] == -1);
+    // Removing the first query's best id takes every vector holding it, and the same search
+    // then returns it no more.
+    const int64_t gone = ids[0];
+    if (gone != -1) {
+      const auto& held = index.impl().ids;
+      const size_t copies = static_cast<size_t>(std::count(held.begin(), held.end(), gone));
+      const size_t before = index.size();
+      TQ_FUZZ_REQUIRE(index.remove_ids(1, &gone) == copies);
+      TQ_FUZZ_REQUIRE(index.size() == before - copies);
+      index.search(2, q.data(), p, scores.data(), ids.data());
+      for (int64_t id : ids) TQ_FUZZ_REQUIRE(id != gone && (id == -1 || known.count(id)));
+    }
   } catch (const tq::Error&) {
   }
   return 0;

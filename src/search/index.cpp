@@ -12,6 +12,7 @@
 #include <cstring>
 #include <exception>
 #include <limits>
+#include <numeric>
 #include <utility>
 #include <vector>
 
@@ -255,32 +256,6 @@ void Index::Impl::resize(size_t n_new) {
   slots = n_new;
 }
 
-void Index::Impl::move_slot(size_t from, size_t to) noexcept {
-  if (quant) {
-    const size_t cb = quant->code_bytes();
-    std::memcpy(pcodes.data() + to * cb, pcodes.data() + from * cb, cb);
-  } else if (tc) {
-    const uint8_t* src = trellis_row(from);
-    uint8_t* dst = trellis_row(to);
-    for (size_t j = 0; j < m; ++j) dst[j * kTrellisBlock] = src[j * kTrellisBlock];
-  } else if (fast_ok) {
-    for (size_t g = 0; g < m; ++g) set_group_code(to, g, group_code(from, g));
-  } else {
-    std::memcpy(gcodes.data() + to * m, gcodes.data() + from * m, m);
-  }
-  scale[to] = scale[from];
-  if (has_norm) norm[to] = norm[from];
-  if (rbytes > 0) {
-    rscale[to] = rscale[from];
-    std::memcpy(rcodes.data() + to * rbytes, rcodes.data() + from * rbytes, rbytes);
-  }
-  ids[to] = ids[from];
-  if (cfg.keep_vectors) {
-    const size_t dd = static_cast<size_t>(d);
-    std::memcpy(vectors.data() + to * dd, vectors.data() + from * dd, dd * sizeof(float));
-  }
-}
-
 size_t Index::Impl::list_of(size_t s) const noexcept {
   // list_begin is non-decreasing; the list of s is the last l with list_begin[l] <= s.
   const auto it = std::upper_bound(list_begin.begin(), list_begin.end(), s);
@@ -302,7 +277,7 @@ void Index::Impl::set_centroids(std::vector<float> c) {
 }
 
 void Index::Impl::relayout(size_t old_slots, size_t n_new, const uint32_t* assign) {
-  const size_t L = static_cast<size_t>(cfg.nlist), dd = static_cast<size_t>(d);
+  const size_t L = static_cast<size_t>(cfg.nlist);
   std::vector<size_t> new_size(list_size), new_begin(L + 1, 0);
   for (size_t j = 0; j < n_new; ++j) ++new_size[assign[j]];
   for (size_t l = 0; l < L; ++l) {
@@ -310,52 +285,58 @@ void Index::Impl::relayout(size_t old_slots, size_t n_new, const uint32_t* assig
     new_begin[l + 1] = checked_add(new_begin[l], padded, "IVF slots");
   }
   TQ_CHECK(new_begin[L] < (size_t{1} << 32), "index add: %zu IVF slots is more than 2^32 - 1", new_begin[L]);
-  // Destination slot of every source slot (old layout, then staged).
-  std::vector<size_t> dst(old_slots + n_new, SIZE_MAX);
+  // Source slot of every destination slot: each list's slots in order, then the staged ones.
+  std::vector<size_t> src(new_begin[L], SIZE_MAX);
   for (size_t l = 0; l < L; ++l)
-    for (size_t r = 0; r < list_size[l]; ++r) dst[list_begin[l] + r] = new_begin[l] + r;
+    for (size_t r = 0; r < list_size[l]; ++r) src[new_begin[l] + r] = list_begin[l] + r;
   std::vector<size_t> fill(list_size);
   for (size_t j = 0; j < n_new; ++j) {
     const size_t l = assign[j];
-    dst[old_slots + j] = new_begin[l] + fill[l]++;
+    src[new_begin[l] + fill[l]++] = old_slots + j;
   }
-  // The new storage: swap it in, fill it from the old one (kept in `old`).
-  const size_t ns = old_slots + n_new;
-  std::vector<uint8_t> old_blocks, old_gcodes;
+  rebuild(src);
+  list_begin.swap(new_begin);
+  list_size.swap(new_size);
+}
+
+void Index::Impl::rebuild(const std::vector<size_t>& src) {
+  const size_t dd = static_cast<size_t>(d);
+  std::vector<uint8_t> old_blocks, old_gcodes, old_rcodes, old_pcodes;
   std::vector<float> old_scale, old_norm, old_vectors, old_rscale;
-  std::vector<uint8_t> old_rcodes;
   std::vector<int64_t> old_ids;
   old_blocks.swap(blocks);
   old_gcodes.swap(gcodes);
+  old_pcodes.swap(pcodes);
   old_scale.swap(scale);
   old_norm.swap(norm);
   old_ids.swap(ids);
   old_vectors.swap(vectors);
   old_rcodes.swap(rcodes);
   old_rscale.swap(rscale);
-  scale.clear();
-  norm.clear();
-  rscale.clear();
-  resize(new_begin[L]);
+  resize(src.size());
   std::fill(ids.begin(), ids.end(), int64_t{-1});
-  // Inverse map, destination -> source, so each destination block is written by one thread.
-  std::vector<size_t> src(new_begin[L], SIZE_MAX);
-  for (size_t s = 0; s < ns; ++s)
-    if (dst[s] != SIZE_MAX) src[dst[s]] = s;
-  auto old_code = [&](size_t i, size_t g) -> uint8_t {
-    if (fast_ok) {
-      const uint8_t bb = old_blocks[(i / kBlock) * mp * 16 + g * 16 + (i % 16)];
-      return (i % kBlock) < 16 ? (bb & 15) : (bb >> 4);
-    }
-    return old_gcodes[i * m + g];
-  };
-  const size_t nb = new_begin[L] / kBlock;
+  const size_t pcb = quant ? quant->code_bytes() : 0;
+  // Chunks of 64 destination slots (whole fast-scan and trellis blocks): each written by one thread.
+  const size_t chunk = 64, nc = (src.size() + chunk - 1) / chunk;
 #pragma omp parallel for schedule(static)
-  for (size_t b = 0; b < nb; ++b) {
-    for (size_t t = b * kBlock; t < (b + 1) * kBlock; ++t) {
+  for (size_t c = 0; c < nc; ++c) {
+    for (size_t t = c * chunk; t < std::min(src.size(), (c + 1) * chunk); ++t) {
       const size_t s = src[t];
       if (s == SIZE_MAX) continue;
-      for (size_t g = 0; g < m; ++g) set_group_code(t, g, old_code(s, g));
+      if (quant) {
+        std::memcpy(pcodes.data() + t * pcb, old_pcodes.data() + s * pcb, pcb);
+      } else if (tc) {
+        const uint8_t* w = old_gcodes.data() + (s / kTrellisBlock) * m * kTrellisBlock + s % kTrellisBlock;
+        uint8_t* o = trellis_row(t);
+        for (size_t j = 0; j < m; ++j) o[j * kTrellisBlock] = w[j * kTrellisBlock];
+      } else if (fast_ok) {
+        for (size_t g = 0; g < m; ++g) {
+          const uint8_t bb = old_blocks[(s / kBlock) * mp * 16 + g * 16 + (s % 16)];
+          set_group_code(t, g, (s % kBlock) < 16 ? (bb & 15) : (bb >> 4));
+        }
+      } else {
+        std::memcpy(gcodes.data() + t * m, old_gcodes.data() + s * m, m);
+      }
       scale[t] = old_scale[s];
       if (has_norm) norm[t] = old_norm[s];
       if (rbytes > 0) {
@@ -366,8 +347,6 @@ void Index::Impl::relayout(size_t old_slots, size_t n_new, const uint32_t* assig
       if (cfg.keep_vectors) std::memcpy(vectors.data() + t * dd, old_vectors.data() + s * dd, dd * sizeof(float));
     }
   }
-  list_begin.swap(new_begin);
-  list_size.swap(new_size);
 }
 
 float Index::Impl::round_norm(float v) const noexcept {
@@ -865,33 +844,36 @@ size_t Index::remove_ids(size_t n, const int64_t* ids) {
   std::vector<int64_t> gone(ids, ids + n);
   std::sort(gone.begin(), gone.end());
   gone.erase(std::unique(gone.begin(), gone.end()), gone.end());
-  auto removed = [&](int64_t id) { return std::binary_search(gone.begin(), gone.end(), id); };
-  // Each run of kept slots moves down over the removed ones, in order. The stale records
-  // left behind are dropped: resize() cuts a flat index's storage (and add() overwrites the
-  // rest of its last block), relayout() copies only the slots each list now holds.
-  auto compact = [&](size_t begin, size_t count) {
-    size_t w = 0;
-    for (size_t r = 0; r < count; ++r) {
-      if (removed(I.ids[begin + r])) continue;
-      if (w != r) I.move_slot(begin + r, begin + w);
-      ++w;
-    }
-    return w;
-  };
-  size_t kept = 0;
+  auto kept = [&](size_t s) { return !std::binary_search(gone.begin(), gone.end(), I.ids[s]); };
+  // The kept slots in order, as the source of the new storage: a flat index's one after the
+  // other, an IVF index's list by list, each list padded to whole blocks again.
+  std::vector<size_t> src;
+  src.reserve(I.n);
+  size_t nk = 0;  // vectors kept
   if (I.ivf()) {
-    for (size_t l = 0; l < I.list_size.size(); ++l) {
-      I.list_size[l] = compact(I.list_begin[l], I.list_size[l]);
-      kept += I.list_size[l];
+    const size_t L = I.list_size.size();
+    std::vector<size_t> new_size(L, 0), new_begin(L + 1, 0);
+    for (size_t l = 0; l < L; ++l) {
+      for (size_t r = 0; r < I.list_size[l]; ++r)
+        if (kept(I.list_begin[l] + r)) src.push_back(I.list_begin[l] + r);
+      new_size[l] = src.size() - new_begin[l];
+      new_begin[l + 1] = (src.size() + kBlock - 1) / kBlock * kBlock;
+      src.resize(new_begin[l + 1], SIZE_MAX);
     }
+    nk = std::accumulate(new_size.begin(), new_size.end(), size_t{0});
+    if (nk == I.n) return 0;
+    I.rebuild(src);
+    I.list_begin.swap(new_begin);
+    I.list_size.swap(new_size);
   } else {
-    kept = compact(0, I.n);
+    for (size_t s = 0; s < I.n; ++s)
+      if (kept(s)) src.push_back(s);
+    nk = src.size();
+    if (nk == I.n) return 0;
+    I.rebuild(src);
   }
-  const size_t count = I.n - kept;
-  if (count == 0) return 0;
-  if (I.ivf()) I.relayout(I.slots, 0, nullptr);  // drop the whole padding blocks
-  else I.resize(kept);
-  I.n = kept;
+  const size_t count = I.n - nk;
+  I.n = nk;
   return count;
 }
 

@@ -165,9 +165,6 @@ struct Index::Impl {
   // Per-channel indices of vector i (d bytes) <-> group codes.
   void get_indices(size_t i, uint8_t* idx) const noexcept;
   void set_indices(size_t i, const uint8_t* idx) noexcept;
-  // Copies slot `from`'s record (codes, scale, norm, second stage, id, kept vector) over slot
-  // `to`.
-  void move_slot(size_t from, size_t to) noexcept;
   // Grow storage to n_new slots (zero-filled).
   void resize(size_t n_new);
   // IVF: set the centroids (nlist * d) and derived tables.
@@ -175,6 +172,9 @@ struct Index::Impl {
   // IVF: move every slot s of the first `old_slots` (list layout) and of the staged slots
   // [old_slots, old_slots + n_new) (list of staged slot j: assign[j]) into a fresh list layout.
   void relayout(size_t old_slots, size_t n_new, const uint32_t* assign);
+  // New storage of src.size() slots, slot t holding the record (codes, scale, norm, second
+  // stage, id, kept vector) of old slot src[t], or empty padding (id -1) for SIZE_MAX.
+  void rebuild(const std::vector<size_t>& src);
   // Rounds through the persisted norm format (so a loaded index scores identically).
   float round_norm(float v) const noexcept;
 };
