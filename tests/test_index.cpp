@@ -2259,6 +2259,13 @@ TEST(IndexRemove, EmptiedIndexesAndDefaultIds) {
     const int64_t one = 1;
     idx.add(1, x.data(), &one);
     EXPECT_EQ(idx.size(), 52u);
+    // Negative ids: the next default id is still one past the largest.
+    tq::Index neg(c);
+    const int64_t low[5] = {-9, std::numeric_limits<int64_t>::min(), -3, -100, -50};
+    neg.add(5, x.data(), low);
+    EXPECT_EQ(neg.next_id(), -2);
+    neg.add(3, x.data() + 5 * d);
+    EXPECT_EQ(neg.next_id(), 1);
   }
 }
 

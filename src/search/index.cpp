@@ -518,7 +518,7 @@ void Index::add(size_t n, const float* x, const int64_t* ids, const AddProgress&
   TQ_CHECK(x != nullptr, "index add: null data");
   const std::vector<float> norms = row_norms(I.d, n, x, "index add");
   const int64_t first_id = ids ? 0 : next_id();
-  TQ_CHECK(ids || static_cast<uint64_t>(INT64_MAX - first_id) >= n - 1,
+  TQ_CHECK(ids || first_id <= 0 || static_cast<uint64_t>(INT64_MAX - first_id) >= n - 1,
            "index add: default ids from %lld for %zu vectors pass INT64_MAX; pass ids",
            static_cast<long long>(first_id), n);
   // Encoding goes to the storage slots [n0, n1); a flat index has slots == n, an IVF index

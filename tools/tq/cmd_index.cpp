@@ -304,7 +304,8 @@ void setup(CLI::App& app) {
     auto o = std::make_shared<O>();
     auto* sub = tq::cli::subcommand(*grp, "remove",
         "Remove the vectors with the given ids from an index file (ids it does not hold are\n"
-        "skipped and counted); the rest keep their codes. Writes the index back atomically (or to -o).\n"
+        "skipped; it prints how many vectors went); the rest keep their codes. Writes the index\n"
+        "back atomically (or to -o).\n"
         "Example: tq index remove --index base.tqi --ids 17,42,1003");
     sub->add_option("--index", o->index, "index file (from tq index build)")->required();
     auto* ids = sub->add_option("--ids", o->ids, "ids to remove, comma-separated");
