@@ -109,9 +109,17 @@ def test_save_load_round_trip(ray_cluster, data, tmp_path):
     loaded = tq.ShardedIndex.load(tmp_path / "idx")
     assert len(loaded) == len(x) and loaded.n_shards == 2
     assert_same(single.search(q, 10), loaded.search(q, 10))
-    # Adding after load continues the round-robin deal, still equal to one index.
+    # Adding after load continues the round-robin deal, still equal to one index; so do ids
+    # given, then the default ones after the largest.
     single.add(x[:7])
     loaded.add(x[:7])
+    assert_same(single.search(q, 10), loaded.search(q, 10))
+    big = np.arange(3, dtype=np.int64) + 10**12
+    single.add(x[7:10], big)
+    loaded.add(x[7:10], big)
+    single.add(x[10:12])
+    loaded.add(x[10:12])
+    assert loaded.next_id == single.next_id == 10**12 + 5
     assert_same(single.search(q, 10), loaded.search(q, 10))
     loaded.close()
     # A manifest that does not match its shards is rejected.

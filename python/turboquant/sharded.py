@@ -62,7 +62,11 @@ class _Shard:
 
     def info(self):
         i = self.index
-        return {"ntotal": len(i), "dim": i.dim, "describe": i.describe(), "center": i.center}
+        try:
+            next_id = i.next_id
+        except Error:  # the shard holds id INT64_MAX
+            next_id = None
+        return {"ntotal": len(i), "dim": i.dim, "describe": i.describe(), "center": i.center, "next_id": next_id}
 
 
 def _check_rows(x, dim, what, name="x"):
@@ -106,6 +110,7 @@ class ShardedIndex:
         self._options = dict(options)
         self._actor_options = dict(actor_options or {})
         self._ntotal = 0
+        self._next_id = 0  # what Index.next_id would be on one index of every row (None: no next id)
         self._broken = None
         self._cls = self._ray.remote(_Shard)
 
@@ -143,6 +148,14 @@ class ShardedIndex:
         return self._ntotal
 
     @property
+    def next_id(self):
+        """The first id add() gives without ids: one past the largest id held (0 when empty), as
+        Index.next_id of one index holding every row."""
+        if self._next_id is None:
+            raise Error("index add: the index holds id INT64_MAX, so there is no next id; pass ids")
+        return self._next_id
+
+    @property
     def bits(self):
         return self._bits
 
@@ -167,8 +180,8 @@ class ShardedIndex:
 
     # ---- build
     def add(self, x, ids=None):
-        """Add the rows of x ((n, dim) float32, finite; n >= 1); ids: (n,) int64 or None (ntotal,
-        ntotal + 1, ...). Row g of the whole sequence (g = ntotal + i) goes to shard g % n_shards;
+        """Add the rows of x ((n, dim) float32, finite; n >= 1); ids: (n,) int64 or None (next_id,
+        next_id + 1, ...). Row g of the whole sequence (g = ntotal + i) goes to shard g % n_shards;
         the shards encode their rows in parallel."""
         self._check_usable()
         _check_rows(x, self._dim, "ShardedIndex.add")
@@ -176,7 +189,10 @@ class ShardedIndex:
         if n == 0:
             raise Error("ShardedIndex.add: x has no rows")
         if ids is None:
-            ids = np.arange(self._ntotal, self._ntotal + n, dtype=np.int64)
+            first = self.next_id
+            if first > np.iinfo(np.int64).max - (n - 1):
+                raise Error(f"index add: default ids from {first} for {n} vectors pass INT64_MAX; pass ids")
+            ids = np.arange(first, first + n, dtype=np.int64)
         else:
             if not isinstance(ids, np.ndarray) or ids.dtype != np.int64:
                 raise TypeError("ShardedIndex.add: ids must be an int64 NumPy array")
@@ -202,6 +218,9 @@ class ShardedIndex:
             self._broken = str(e)
             raise
         self._ntotal += n
+        top = int(ids.max())
+        if self._next_id is not None:
+            self._next_id = None if top == np.iinfo(np.int64).max else max(self._next_id, top + 1)
 
     # ---- search
     def search(self, q, k=10, *, threads=0, rerank=-1, rerank_full=0, fast_scan=True):
@@ -286,6 +305,8 @@ class ShardedIndex:
                 self.close()
                 raise Error(f"ShardedIndex.load: {d / sh['file']}: its center is not the manifest's")
         self._ntotal = N
+        nexts = [info["next_id"] for info in infos]
+        self._next_id = None if None in nexts else max(nexts)
         return self
 
     # ---- lifetime
