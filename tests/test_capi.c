@@ -166,10 +166,12 @@ static void test_index(void) {
     CHECK(tq_index_remove_ids(NULL, 1, gone, NULL) == TQ_ERR_NULL_POINTER);
     CHECK(tq_index_remove_ids(idx, 0, NULL, &removed) == TQ_OK && removed == 0);
     /* default ids continue after the largest held (1299), not from the size */
-    CHECK(tq_index_next_id(idx) == 1000 + N);
-    CHECK(tq_index_next_id(NULL) == -1);
+    int64_t next = 0;
+    CHECK(tq_index_next_id(idx, &next) == TQ_OK && next == 1000 + N);
+    CHECK(tq_index_next_id(NULL, &next) == TQ_ERR_NULL_POINTER);
+    CHECK(tq_index_next_id(idx, NULL) == TQ_ERR_NULL_POINTER);
     CHECK(tq_index_add(idx, NQ, x, NULL) == TQ_OK);
-    CHECK(tq_index_next_id(idx) == 1000 + N + NQ);
+    CHECK(tq_index_next_id(idx, &next) == TQ_OK && next == 1000 + N + NQ);
   }
   /* add with progress: reported up to total; a cancel leaves the index as it was */
   {
@@ -187,10 +189,18 @@ static void test_index(void) {
     CHECK(memcmp(i1, i2, sizeof i1) == 0 && memcmp(s1, s2, sizeof s1) == 0);
     CHECK(tq_index_add_progress(idx, 50, x, NULL, NULL, NULL) == TQ_OK); /* no callback */
     CHECK(tq_index_add_progress(NULL, 50, x, NULL, NULL, NULL) == TQ_ERR_NULL_POINTER);
-    int64_t fifty[100];
-    for (int i = 0; i < 100; ++i) fifty[i] = tq_index_next_id(idx) - 100 + i;
+    int64_t fifty[100], next = 0;
+    CHECK(tq_index_next_id(idx, &next) == TQ_OK);
+    for (int i = 0; i < 100; ++i) fifty[i] = next - 100 + i;
     size_t removed = 0;
     CHECK(tq_index_remove_ids(idx, 100, fifty, &removed) == TQ_OK && removed == 100);
+    /* holding INT64_MAX: no next id, so no default ids */
+    int64_t top = INT64_MAX;
+    CHECK(tq_index_add(idx, 1, x, &top) == TQ_OK);
+    CHECK(tq_index_next_id(idx, &next) == TQ_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(tq_last_error(), "INT64_MAX") != NULL);
+    CHECK(tq_index_add(idx, 1, x, NULL) == TQ_ERR_INVALID_ARGUMENT);
+    CHECK(tq_index_remove_ids(idx, 1, &top, &removed) == TQ_OK && removed == 1);
   }
   x[7] = INFINITY;
   CHECK(tq_index_add(idx, 1, x, NULL) == TQ_ERR_INVALID_ARGUMENT);

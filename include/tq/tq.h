@@ -107,9 +107,9 @@ tq_status tq_index_add_progress(tq_index* idx, size_t n, const float* x, const i
 /* Removes every vector whose id is one of ids[0..n) (absent ids are skipped); *removed (may be
  * NULL) gets how many went. The rest keep their codes and order. O(size) per call: batch ids. */
 tq_status tq_index_remove_ids(tq_index* idx, size_t n, const int64_t* ids, size_t* removed);
-/* The first id tq_index_add gives with ids NULL: one past the largest id held, 0 when empty
- * (-1 for a NULL handle or an index holding INT64_MAX). */
-int64_t tq_index_next_id(const tq_index* idx);
+/* *out = the first id tq_index_add gives with ids NULL: one past the largest id held, 0 when
+ * empty (TQ_ERR_INVALID_ARGUMENT when the index holds INT64_MAX). */
+tq_status tq_index_next_id(const tq_index* idx, int64_t* out);
 /* q: nq * dim floats; scores, ids: nq * k each (best first; missing results get id -1).
  * n_threads 0: OpenMP default. Scores: similarity for ip / cosine, squared distance for l2. */
 tq_status tq_index_search(const tq_index* idx, size_t nq, const float* q, int k, int n_threads,

@@ -244,13 +244,10 @@ tq_status tq_index_remove_ids(tq_index* idx, size_t n, const int64_t* ids, size_
   });
 }
 
-int64_t tq_index_next_id(const tq_index* idx) {
-  if (!idx) return -1;
-  try {
-    return idx->idx.next_id();
-  } catch (const tq::Error&) {
-    return -1;
-  }
+tq_status tq_index_next_id(const tq_index* idx, int64_t* out) {
+  TQ_CAPI_NONNULL(idx, "tq_index_next_id");
+  TQ_CAPI_NONNULL(out, "tq_index_next_id");
+  return guard([&] { *out = idx->idx.next_id(); });
 }
 
 tq_search_params tq_search_params_default(void) {
