@@ -10,6 +10,7 @@
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -466,10 +467,16 @@ NB_MODULE(_turboquant, m) {
                ip = view<int64_t>(*ids, "ids", 1, 1, -1, &one);
                TQ_CHECK(ids->shape(0) == n, "ids has %zu entries for %zu vectors", ids->shape(0), n);
              }
-             // Called on this thread as the add goes (a few thousand times for a million
-             // vectors): with the GIL, it lets a signal handler run (Ctrl-C) and calls progress;
-             // an exception from either cancels the add, which leaves the index as it was.
-             const tq::Index::AddProgress cb = [&progress](const char* stage, size_t done, size_t total) {
+             // Called on this thread as the add goes (per chunk of 256 vectors or tile of rows),
+             // passed on at the start and end of each stage and otherwise at most every 100 ms,
+             // so the add does not wait on the GIL more often: with the GIL it lets a signal
+             // handler run (Ctrl-C) and calls progress; an exception from either cancels the
+             // add, which leaves the index as it was.
+             auto last = std::chrono::steady_clock::now();
+             const tq::Index::AddProgress cb = [&progress, &last](const char* stage, size_t done, size_t total) {
+               const auto now = std::chrono::steady_clock::now();
+               if (done != 0 && done != total && now - last < std::chrono::milliseconds(100)) return;
+               last = now;
                nb::gil_scoped_acquire gil;
                if (PyErr_CheckSignals() != 0) throw nb::python_error();
                if (progress) (*progress)(stage, done, total);
@@ -479,9 +486,9 @@ NB_MODULE(_turboquant, m) {
            },
            "x"_a, "ids"_a = nb::none(), nb::kw_only(), "progress"_a = nb::none(),
            "Add the rows of x ((n, dim) float32, C-contiguous, finite); ids: (n,) int64 or None (next_id, "
-           "next_id + 1, ...). progress: None or a callable(stage, done, total), called as the add goes "
-           "(stages 'k-means' and 'assign' for an IVF index, then 'encode'). An exception it raises, or "
-           "Ctrl-C, stops the add and leaves the index as it was.")
+           "next_id + 1, ...). progress: None or a callable(stage, done, total), called at the start and end of "
+           "each stage ('k-means' and 'assign' for an IVF index, then 'encode') and at most every 100 ms "
+           "between. An exception it raises, or Ctrl-C, stops the add and leaves the index as it was.")
       .def(
           "remove_ids",
           [](tq::Index& idx, const InArray& ids) {

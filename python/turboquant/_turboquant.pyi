@@ -180,7 +180,7 @@ class Index:
 
     def add(self, x: Annotated[NDArray, dict(device='cpu', writable=False)], ids: Annotated[NDArray, dict(device='cpu', writable=False)] | None = None, *, progress: Callable | None = None) -> None:
         """
-        Add the rows of x ((n, dim) float32, C-contiguous, finite); ids: (n,) int64 or None (next_id, next_id + 1, ...). progress: None or a callable(stage, done, total), called as the add goes (stages 'k-means' and 'assign' for an IVF index, then 'encode'). An exception it raises, or Ctrl-C, stops the add and leaves the index as it was.
+        Add the rows of x ((n, dim) float32, C-contiguous, finite); ids: (n,) int64 or None (next_id, next_id + 1, ...). progress: None or a callable(stage, done, total), called at the start and end of each stage ('k-means' and 'assign' for an IVF index, then 'encode') and at most every 100 ms between. An exception it raises, or Ctrl-C, stops the add and leaves the index as it was.
         """
 
     def remove_ids(self, ids: Annotated[NDArray, dict(device='cpu', writable=False)]) -> int:
