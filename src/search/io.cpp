@@ -39,6 +39,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstddef>
@@ -489,35 +490,73 @@ Index Index::from_bytes(const uint8_t* data, size_t size, const std::string& nam
              "%s: center has norm %.3g, above the 2^64 a search keeps finite", nm,
              exact_norm(I.center.data(), d));
   }
-  std::vector<uint8_t> idx(d);
+  // The records, decoded in parallel by chunks of 64 storage slots (whole fast-scan and trellis
+  // blocks, each written by one thread; a fast-layout block is written row by row from its
+  // slots' group codes). Their stored floats are checked afterwards, record by record, so the
+  // first bad record is the one named.
+  std::vector<size_t> rec(I.slots, SIZE_MAX);  // record of each slot (SIZE_MAX: list padding)
+  for (size_t ri = 0; ri < n; ++ri) rec[order[ri]] = ri;
+  const size_t chunk = 64, chunks = (I.slots + chunk - 1) / chunk;
+#pragma omp parallel
+  {
+    std::vector<uint8_t> idx(d), gc(I.fast_ok ? chunk * I.m : 0);
+#pragma omp for schedule(static)
+    for (size_t c = 0; c < chunks; ++c) {
+      const size_t t0 = c * chunk, t1 = std::min(I.slots, t0 + chunk);
+      std::fill(gc.begin(), gc.end(), uint8_t{0});
+      for (size_t t = t0; t < t1; ++t) {
+        if (rec[t] == SIZE_MAX) continue;
+        const uint8_t* r = data + h.codes_offset + rec[t] * I.code_bytes;
+        if (I.quant) {
+          const size_t qb = I.quant->code_bytes();
+          std::memcpy(I.pcodes.data() + t * qb, r, qb);
+          I.scale[t] = 1.f;
+          if (I.has_norm) I.norm[t] = get_norm(r + qb, cfg.norm);
+          continue;
+        }
+        I.scale[t] = get_norm(r, cfg.norm);
+        r += I.norm_bytes;
+        if (I.has_norm) {
+          I.norm[t] = get_norm(r, cfg.norm);
+          r += I.norm_bytes;
+        }
+        for (const Segment& s : I.segs) {
+          unpack_bits(static_cast<size_t>(s.len), s.bits, r, idx.data() + s.begin);
+          r += packed_bytes(static_cast<size_t>(s.len), s.bits);
+        }
+        if (I.fast_ok) {
+          uint8_t* g8 = gc.data() + (t - t0) * I.m;
+          for (size_t g = 0; g < I.m; ++g) {
+            const Group& gr = I.groups[g];
+            unsigned code = 0;
+            for (int k = 0; k < gr.ndims; ++k) code |= static_cast<unsigned>(idx[gr.dim0 + k]) << (k * gr.bpd);
+            g8[g] = static_cast<uint8_t>(code);
+          }
+        } else {
+          I.set_indices(t, idx.data());
+        }
+        if (I.rbytes > 0) {
+          I.rscale[t] = get_norm(r, cfg.norm);
+          std::memcpy(I.rcodes.data() + t * I.rbytes, r + I.norm_bytes, I.rbytes);
+        }
+      }
+      if (I.fast_ok)
+        for (size_t b0 = t0; b0 < t1; b0 += kBlock) {
+          uint8_t* blk = I.blocks.data() + (b0 / kBlock) * I.mp * 16;
+          const uint8_t* g0 = gc.data() + (b0 - t0) * I.m;
+          for (size_t g = 0; g < I.m; ++g)
+            for (size_t j = 0; j < 16; ++j)
+              blk[g * 16 + j] = static_cast<uint8_t>(g0[j * I.m + g] | (g0[(j + 16) * I.m + g] << 4));
+        }
+    }
+  }
   for (size_t ri = 0; ri < n; ++ri) {
     const size_t i = order[ri];
-    const uint8_t* r = data + h.codes_offset + ri * I.code_bytes;
-    if (I.quant) {
-      const size_t qb = I.quant->code_bytes();
-      std::memcpy(I.pcodes.data() + i * qb, r, qb);
-      I.scale[i] = 1.f;
-      if (I.has_norm) I.norm[i] = get_norm(r + qb, cfg.norm);
-    } else {
-      I.scale[i] = get_norm(r, cfg.norm);
-      r += I.norm_bytes;
-      if (I.has_norm) {
-        I.norm[i] = get_norm(r, cfg.norm);
-        r += I.norm_bytes;
-      }
-      for (const Segment& s : I.segs) {
-        unpack_bits(static_cast<size_t>(s.len), s.bits, r, idx.data() + s.begin);
-        r += packed_bytes(static_cast<size_t>(s.len), s.bits);
-      }
-      I.set_indices(i, idx.data());
-      if (I.rbytes > 0) {
-        I.rscale[i] = get_norm(r, cfg.norm);
-        std::memcpy(I.rcodes.data() + i * I.rbytes, r + I.norm_bytes, I.rbytes);
-        TQ_CHECK(std::isfinite(I.rscale[i]), "%s: vector %zu has a non-finite second-stage scale", nm, ri);
-        TQ_CHECK(std::fabs(I.rscale[i]) <= kMaxStored,
-                 "%s: vector %zu has second-stage scale %.3g, above the 2^64 a search keeps finite", nm, ri,
-                 static_cast<double>(I.rscale[i]));
-      }
+    if (I.rbytes > 0) {
+      TQ_CHECK(std::isfinite(I.rscale[i]), "%s: vector %zu has a non-finite second-stage scale", nm, ri);
+      TQ_CHECK(std::fabs(I.rscale[i]) <= kMaxStored,
+               "%s: vector %zu has second-stage scale %.3g, above the 2^64 a search keeps finite", nm, ri,
+               static_cast<double>(I.rscale[i]));
     }
     TQ_CHECK(std::isfinite(I.scale[i]), "%s: vector %zu has a non-finite scale", nm, ri);
     TQ_CHECK(std::fabs(I.scale[i]) <= kMaxStored, "%s: vector %zu has scale %.3g, above the 2^64 a search keeps finite",
