@@ -218,12 +218,7 @@ void Index::Impl::set_indices(size_t i, const uint8_t* idx) noexcept {
     for (size_t j = 0; j < m; ++j) w[j * kTrellisBlock] = static_cast<uint8_t>(tc->window(idx, static_cast<int>(j)));
     return;
   }
-  for (size_t g = 0; g < m; ++g) {
-    const Group& gr = groups[g];
-    unsigned c = 0;
-    for (int t = 0; t < gr.ndims; ++t) c |= static_cast<unsigned>(idx[gr.dim0 + t]) << (t * gr.bpd);
-    set_group_code(i, g, static_cast<uint8_t>(c));
-  }
+  for (size_t g = 0; g < m; ++g) set_group_code(i, g, pack_group(idx, g));
 }
 
 void Index::Impl::resize(size_t n_new) {
@@ -794,20 +789,9 @@ void Index::add(size_t n, const float* x, const int64_t* ids, const AddProgress&
         }
         const size_t nv = std::min(kBlock, cnt - r);
         std::fill(gc.begin(), gc.end(), uint8_t{0});
-        for (size_t v = 0; v < nv; ++v) {
-          const uint8_t* ir = cidx.data() + (r + v) * d;
-          uint8_t* g8 = gc.data() + v * I.m;
-          for (size_t g = 0; g < I.m; ++g) {
-            const Group& gr = I.groups[g];
-            unsigned code = 0;
-            for (int t = 0; t < gr.ndims; ++t) code |= static_cast<unsigned>(ir[gr.dim0 + t]) << (t * gr.bpd);
-            g8[g] = static_cast<uint8_t>(code);
-          }
-        }
-        uint8_t* blk = I.blocks.data() + (i / kBlock) * I.mp * 16;
-        for (size_t g = 0; g < I.m; ++g)
-          for (size_t j = 0; j < 16; ++j)
-            blk[g * 16 + j] = static_cast<uint8_t>(gc[j * I.m + g] | (gc[(j + 16) * I.m + g] << 4));
+        for (size_t v = 0; v < nv; ++v)
+          for (size_t g = 0; g < I.m; ++g) gc[v * I.m + g] = I.pack_group(cidx.data() + (r + v) * d, g);
+        I.write_fast_block(i, gc.data());
         r += nv;
       }
     }

@@ -165,6 +165,20 @@ struct Index::Impl {
   // Per-channel indices of vector i (d bytes) <-> group codes.
   void get_indices(size_t i, uint8_t* idx) const noexcept;
   void set_indices(size_t i, const uint8_t* idx) noexcept;
+  // The code of group g of a vector whose per-channel indices are idx (d bytes).
+  uint8_t pack_group(const uint8_t* idx, size_t g) const noexcept {
+    const Group& gr = groups[g];
+    unsigned c = 0;
+    for (int t = 0; t < gr.ndims; ++t) c |= static_cast<unsigned>(idx[gr.dim0 + t]) << (t * gr.bpd);
+    return static_cast<uint8_t>(c);
+  }
+  // Fast layout: writes the whole block of slots [b0, b0 + 32) (b0 a multiple of 32) row by row
+  // from their group codes, slot b0 + v's m codes at gc + v * m (zeros for empty slots).
+  void write_fast_block(size_t b0, const uint8_t* gc) noexcept {
+    uint8_t* blk = blocks.data() + (b0 / kBlock) * mp * 16;
+    for (size_t g = 0; g < m; ++g)
+      for (size_t j = 0; j < 16; ++j) blk[g * 16 + j] = static_cast<uint8_t>(gc[j * m + g] | (gc[(j + 16) * m + g] << 4));
+  }
   // Grow storage to n_new slots (zero-filled).
   void resize(size_t n_new);
   // IVF: set the centroids (nlist * d) and derived tables.

@@ -525,13 +525,7 @@ Index Index::from_bytes(const uint8_t* data, size_t size, const std::string& nam
           r += packed_bytes(static_cast<size_t>(s.len), s.bits);
         }
         if (I.fast_ok) {
-          uint8_t* g8 = gc.data() + (t - t0) * I.m;
-          for (size_t g = 0; g < I.m; ++g) {
-            const Group& gr = I.groups[g];
-            unsigned code = 0;
-            for (int k = 0; k < gr.ndims; ++k) code |= static_cast<unsigned>(idx[gr.dim0 + k]) << (k * gr.bpd);
-            g8[g] = static_cast<uint8_t>(code);
-          }
+          for (size_t g = 0; g < I.m; ++g) gc[(t - t0) * I.m + g] = I.pack_group(idx.data(), g);
         } else {
           I.set_indices(t, idx.data());
         }
@@ -541,13 +535,7 @@ Index Index::from_bytes(const uint8_t* data, size_t size, const std::string& nam
         }
       }
       if (I.fast_ok)
-        for (size_t b0 = t0; b0 < t1; b0 += kBlock) {
-          uint8_t* blk = I.blocks.data() + (b0 / kBlock) * I.mp * 16;
-          const uint8_t* g0 = gc.data() + (b0 - t0) * I.m;
-          for (size_t g = 0; g < I.m; ++g)
-            for (size_t j = 0; j < 16; ++j)
-              blk[g * 16 + j] = static_cast<uint8_t>(g0[j * I.m + g] | (g0[(j + 16) * I.m + g] << 4));
-        }
+        for (size_t b0 = t0; b0 < t1; b0 += kBlock) I.write_fast_block(b0, gc.data() + (b0 - t0) * I.m);
     }
   }
   for (size_t ri = 0; ri < n; ++ri) {
