@@ -161,6 +161,17 @@ static void test_index(void) {
         CHECK(i2[i * (K - 1) + j] == i1[i * K + j + 1]);
         CHECK(s2[i * (K - 1) + j] == s1[i * K + j + 1]);
       }
+    /* the ids left, in insertion order */
+    int64_t held[N];
+    CHECK(tq_index_ids(idx, held, N) == TQ_OK);
+    int h = 0, same = 1;
+    for (int i = 0; i < N; ++i)
+      if (!(i % 30 == 3 && i / 30 < NQ)) same &= h < N - NQ && held[h++] == 1000 + i;
+    CHECK(same && h == N - NQ);
+    CHECK(tq_index_ids(idx, held, N - NQ - 1) == TQ_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(tq_last_error(), "tq_index_ids") != NULL);
+    CHECK(tq_index_ids(idx, NULL, N) == TQ_ERR_NULL_POINTER);
+    CHECK(tq_index_ids(NULL, held, N) == TQ_ERR_NULL_POINTER);
     CHECK(tq_index_remove_ids(idx, 1, NULL, &removed) == TQ_ERR_NULL_POINTER);
     CHECK(strstr(tq_last_error(), "tq_index_remove_ids") != NULL);
     CHECK(tq_index_remove_ids(NULL, 1, gone, NULL) == TQ_ERR_NULL_POINTER);

@@ -2099,6 +2099,7 @@ TEST(IndexRemove, FlatEqualsAnIndexGivenOnlyTheKeptVectors) {
     const size_t removed = a.remove_ids(gone.size(), gone.data());
     EXPECT_EQ(removed, N - kid.size()) << a.describe();
     ASSERT_EQ(a.size(), kid.size());
+    EXPECT_EQ(a.ids(), kid) << a.describe();  // the kept ids, in insertion order
     // The index given only the kept vectors, with the same fit.
     tq::Index b(c);
     if (cs.center) b.set_center(a.center().data());
@@ -2146,6 +2147,19 @@ TEST(IndexRemove, IvfRanksAsBeforeWithoutTheRemoved) {
     size_t listed = 0;
     for (int l = 0; l < 9; ++l) listed += a.list_size(l);
     EXPECT_EQ(listed, a.size());
+    // ids(): list by list, so the kept ids in some order; each list's in insertion order.
+    auto held = a.ids();
+    std::vector<int64_t> kept;
+    for (int64_t id : ids)
+      if (std::find(gone.begin(), gone.end(), id) == gone.end()) kept.push_back(id);
+    ASSERT_EQ(held.size(), kept.size());
+    for (size_t at = 0, l = 0; l < 9; at += a.list_size(static_cast<int>(l)), ++l)
+      EXPECT_TRUE(std::is_sorted(held.begin() + at, held.begin() + at + a.list_size(static_cast<int>(l)),
+                                 std::greater<>()))  // the ids fall with the insertion position
+          << "list " << l;
+    std::sort(held.begin(), held.end());
+    std::sort(kept.begin(), kept.end());
+    EXPECT_EQ(held, kept);
     EXPECT_LT(a.file_bytes(), before.file_bytes());
     // Every list probed and every vector re-ranked: the full ranking is the one before,
     // without the removed vectors, score for score.

@@ -153,6 +153,9 @@ class Index {
   // those vectors with what it had fitted (center, IVF centroids, which stay). O(size()) per
   // call: batch the ids. Not concurrent with search() or add().
   size_t remove_ids(size_t n, const int64_t* ids);
+  // The ids held, size() of them, in slot order: a flat index's insertion order (the slots
+  // search_candidates returns index it), an IVF index's list by list.
+  std::vector<int64_t> ids() const;
   // Fits what the first add() would fit from its batch (center: the mean of the rows of x,
   // normalised for cosine, bit for bit the same) without adding them, so that several
   // indexes can share one fit (set_center). Nothing to fit (center off) is a no-op.

@@ -110,6 +110,9 @@ tq_status tq_index_remove_ids(tq_index* idx, size_t n, const int64_t* ids, size_
 /* *out = the first id tq_index_add gives with ids NULL: one past the largest id held, 0 when
  * empty (TQ_ERR_INVALID_ARGUMENT when the index holds INT64_MAX). */
 tq_status tq_index_next_id(const tq_index* idx, int64_t* out);
+/* The ids held, in slot order (a flat index's insertion order; IVF: list by list), into
+ * out[0..tq_index_size(idx)); cap: out's length (TQ_ERR_INVALID_ARGUMENT when smaller). */
+tq_status tq_index_ids(const tq_index* idx, int64_t* out, size_t cap);
 /* q: nq * dim floats; scores, ids: nq * k each (best first; missing results get id -1).
  * n_threads 0: OpenMP default. Scores: similarity for ip / cosine, squared distance for l2. */
 tq_status tq_index_search(const tq_index* idx, size_t nq, const float* q, int k, int n_threads,

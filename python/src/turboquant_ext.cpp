@@ -501,6 +501,18 @@ NB_MODULE(_turboquant, m) {
           "Remove every vector whose id is in ids ((n,) int64; ids not held are skipped) and return how "
           "many went. The others keep their codes and order: the index searches and saves as one given "
           "only them. O(ntotal) per call, so pass the ids in one array.")
+      .def_prop_ro(
+          "ids",
+          [](const tq::Index& idx) {
+            const std::vector<int64_t> held = idx.ids();
+            int64_t* p = nullptr;
+            auto a = new_array<int64_t>({held.size()}, &p);
+            std::copy(held.begin(), held.end(), p);
+            return a;
+          },
+          nb::rv_policy::move,
+          "The ids held ((ntotal,) int64, a new array) in slot order: a flat index's insertion order (the "
+          "slots search_candidates returns index it), an IVF index's list by list.")
       .def_prop_ro("next_id", &tq::Index::next_id,
                    "The first id add() gives without ids: one past the largest id held (0 when empty).")
       .def("search",

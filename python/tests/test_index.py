@@ -162,6 +162,12 @@ def test_remove_ids_equals_an_index_of_the_rest(tq_cli, tmp_path, rng, kwargs):
     assert idx.remove_ids(gone) == 251
     assert len(idx) == 749 and idx.next_id == 6000
     keep = ~np.isin(ids, gone)
+    held = idx.ids
+    assert held.dtype == np.int64 and held.shape == (749,)
+    if "nlist" in kwargs:  # list by list
+        np.testing.assert_array_equal(np.sort(held), ids[keep])
+    else:  # insertion order
+        np.testing.assert_array_equal(held, ids[keep])
     nprobe = 8 if "nlist" in kwargs else 1
     s, i = idx.search(q, 10, nprobe=nprobe)
     assert not np.isin(i, gone).any()
@@ -319,7 +325,7 @@ def test_concurrent_searches_from_python_threads(rng):
 def test_train_center_and_candidates_merge_without_ray(rng):
     """The pieces of ShardedIndex without Ray: one center fit (train) shared by set_center, and
     the candidates of two round-robin shards merged into exactly one index's search."""
-    from turboquant.sharded import merge_candidates
+    from turboquant.sharded import candidate_positions, merge_candidates
 
     d = 48
     x = clustered(rng, 3000, d)
@@ -338,6 +344,7 @@ def test_train_center_and_candidates_merge_without_ray(rng):
     for k, kw in ((10, {}), (10, {"rerank": 10}), (1, {"fast_scan": False})):
         parts = [sh.search_candidates(q, k, **kw) for sh in shards]
         assert len(parts[0]) == 6 and parts[0][0].shape[0] == len(q)
+        parts = [candidate_positions(p, np.arange(s, len(x), 2, dtype=np.int64)) for s, p in enumerate(parts)]
         s_ref, i_ref = single.search(q, k, **kw)
         s_m, i_m = merge_candidates(parts, k)
         np.testing.assert_array_equal(i_ref, i_m)

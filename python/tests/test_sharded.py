@@ -103,7 +103,7 @@ def test_save_load_round_trip(ray_cluster, data, tmp_path):
     single, sharded = single_and_sharded(x, 2, [(0, len(x))])
     sharded.save(tmp_path / "idx")
     files = sorted(p.name for p in (tmp_path / "idx").iterdir())
-    assert files == ["manifest.json", "shard-0000.tqi", "shard-0001.tqi"]
+    assert files == ["manifest.json", "shard-0000.pos.npy", "shard-0000.tqi", "shard-0001.pos.npy", "shard-0001.tqi"]
     # Each shard file is an ordinary index file.
     assert len(tq.Index.load(str(tmp_path / "idx" / "shard-0001.tqi"))) == len(x) // 2
     loaded = tq.ShardedIndex.load(tmp_path / "idx")
@@ -123,14 +123,96 @@ def test_save_load_round_trip(ray_cluster, data, tmp_path):
     assert_same(single.search(q, 10), loaded.search(q, 10))
     loaded.close()
     # A manifest that does not match its shards is rejected.
-    m = json.loads((tmp_path / "idx" / "manifest.json").read_text())
+    mpath = tmp_path / "idx" / "manifest.json"
+    m = json.loads(mpath.read_text())
+    m["shards"][0]["ntotal"] += 1
+    mpath.write_text(json.dumps(m))
+    with pytest.raises(tq.Error, match="hold 4001 vectors, not 4000"):
+        tq.ShardedIndex.load(tmp_path / "idx")
+    m["shards"][0]["ntotal"] -= 1
     m["ntotal"] += 1
-    (tmp_path / "idx" / "manifest.json").write_text(json.dumps(m))
+    mpath.write_text(json.dumps(m))
+    with pytest.raises(tq.Error, match="4001 vectors, 4000 ever added"):
+        tq.ShardedIndex.load(tmp_path / "idx")
+    m["ntotal"] -= 1
+    # A version 1 directory (no positions files, from before removals) loads with the deal's.
+    v1 = dict(m, version=1, shards=[{"file": sh["file"], "ntotal": sh["ntotal"]} for sh in m["shards"]])
+    del v1["next_position"]
+    mpath.write_text(json.dumps(v1))
+    for sh in m["shards"]:
+        (tmp_path / "idx" / sh["positions"]).unlink()
+    single = tq.Index(x.shape[1])
+    single.add(x)
+    old = tq.ShardedIndex.load(tmp_path / "idx")
+    assert_same(single.search(q, 10), old.search(q, 10))
+    old.close()
+    v1["ntotal"] += 2
+    v1["shards"][0]["ntotal"] += 2
+    mpath.write_text(json.dumps(v1))
     with pytest.raises(tq.Error, match="round-robin"):
         tq.ShardedIndex.load(tmp_path / "idx")
     with pytest.raises(tq.Error, match="no manifest.json"):
         tq.ShardedIndex.load(tmp_path / "nothing")
     sharded.close()
+
+
+def test_remove_ids_equals_single_index(ray_cluster, data, tmp_path):
+    x, q = data
+    n = len(x)
+    ids = np.arange(n, dtype=np.int64) * 3 + 11
+    single, sharded = single_and_sharded(x, 3, [(0, 2500), (2500, n)], ids=ids)
+    # Every 4th row, every other first copy of the duplicated rows (so ties stay, some with one
+    # copy gone), an id not held and a repeat.
+    gone = np.concatenate([ids[::4], ids[1:50:2], np.array([5, ids[7]], dtype=np.int64)])
+    assert sharded.remove_ids(gone) == single.remove_ids(gone) == 1000 + 25
+    assert len(sharded) == len(single) == n - 1025 and sum(sharded.shard_sizes()) == len(single)
+    for kw in ({}, {"rerank": 10}, {"fast_scan": False}):
+        assert_same(single.search(q, 10, **kw), sharded.search(q, 10, **kw))
+    # Adds after a removal take the next positions (and default ids); remove again.
+    single.add(x[:333])
+    sharded.add(x[:333])
+    assert sharded.next_id == single.next_id == ids[-1] + 334
+    assert_same(single.search(q, 10), sharded.search(q, 10))
+    gone = single.ids[1::5].copy()
+    assert sharded.remove_ids(gone) == single.remove_ids(gone)
+    assert_same(single.search(q, 100), sharded.search(q, 100))
+    # Saved with the positions: the same after load, and after more adds.
+    sharded.save(tmp_path / "idx")
+    loaded = tq.ShardedIndex.load(tmp_path / "idx")
+    assert_same(single.search(q, 10), loaded.search(q, 10))
+    single.add(x[333:400])
+    loaded.add(x[333:400])
+    assert_same(single.search(q, 10), loaded.search(q, 10))
+    # Removing the largest id lowers next_id, as on one index; everything removed: empty, next id 0.
+    top = np.array([loaded.next_id - 1], dtype=np.int64)
+    assert loaded.remove_ids(top) == single.remove_ids(top) == 1
+    assert loaded.next_id == single.next_id
+    assert loaded.remove_ids(single.ids) == single.remove_ids(single.ids) and len(loaded) == 0
+    assert loaded.next_id == single.next_id == 0 and loaded.shard_sizes() == [0, 0, 0]
+    assert (loaded.search(q, 5)[1] == -1).all()
+    single.add(x[:20])
+    loaded.add(x[:20])
+    assert_same(single.search(q, 30), loaded.search(q, 30))
+    assert loaded.remove_ids(np.array([], dtype=np.int64)) == 0
+    with pytest.raises(TypeError, match="int64"):
+        loaded.remove_ids(np.array([1.0]))
+    with pytest.raises(tq.Error, match="shape"):
+        loaded.remove_ids(np.zeros((2, 2), dtype=np.int64))
+    loaded.close()
+    sharded.close()
+    # A positions file that does not belong to its shard, or is not one, is rejected.
+    pos0 = tmp_path / "idx" / "shard-0000.pos.npy"
+    good = pos0.read_bytes()
+    p = np.load(pos0)
+    np.save(pos0, p + 1)
+    with pytest.raises(tq.Error, match="shard-0000.pos.npy: positions not rising"):
+        tq.ShardedIndex.load(tmp_path / "idx")
+    np.save(pos0, p[:-1])
+    with pytest.raises(tq.Error, match="shard holds"):
+        tq.ShardedIndex.load(tmp_path / "idx")
+    pos0.write_bytes(good[:40])
+    with pytest.raises(tq.Error, match="not a positions file"):
+        tq.ShardedIndex.load(tmp_path / "idx")
 
 
 def test_bad_input(ray_cluster, data):

@@ -189,6 +189,12 @@ class Index:
         """
 
     @property
+    def ids(self) -> NDArray[numpy.int64]:
+        """
+        The ids held ((ntotal,) int64, a new array) in slot order: a flat index's insertion order (the slots search_candidates returns index it), an IVF index's list by list.
+        """
+
+    @property
     def next_id(self) -> int:
         """
         The first id add() gives without ids: one past the largest id held (0 when empty).

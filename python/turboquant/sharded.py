@@ -3,11 +3,12 @@ ray``): rows are dealt round-robin to the shards and encoded by the actors in pa
 fans the queries out to every shard and merges what they return into the top-k.
 
 The result is exactly the one ``turboquant.Index`` holding every row in the same order gives (same
-ids, same float scores), for every option of a flat index: the shards encode with the same
-rotation seed and the same center (fitted once, by ``Index.train``, on the first batch as one
-index fits it), and each returns every candidate its scan kept with the score of every stage
-(``Index.search_candidates``), which the driver merges stage by stage in the single index's order
-of ties (insertion position). docs/design.md "Sharding" has the argument.
+ids, same float scores), for every option of a flat index, also after ``remove_ids``: the shards
+encode with the same rotation seed and the same center (fitted once, by ``Index.train``, on the
+first batch as one index fits it), and each returns every candidate its scan kept with the score of
+every stage (``Index.search_candidates``) and the row's position in the whole sequence of added
+rows, which the driver merges stage by stage in the single index's order of ties (that position).
+docs/design.md "Sharding" has the argument.
 
 Ray is imported when a ShardedIndex is made, not with turboquant. Without ``ray.init()`` Ray
 starts a local cluster on first use (its own default); to run on a cluster, call ``ray.init``
@@ -25,7 +26,7 @@ from ._turboquant import Error, Index
 
 MANIFEST = "manifest.json"
 FORMAT = "turboquant-sharded-index"
-VERSION = 1
+VERSION = 2  # 2: positions files (after removals); version 1 directories (no removals) still load
 
 
 def _ray():
@@ -40,33 +41,83 @@ def _shard_file(s):
     return f"shard-{s:04d}.tqi"
 
 
+def _positions_file(s):
+    return f"shard-{s:04d}.pos.npy"
+
+
+def candidate_positions(part, positions):
+    """Index.search_candidates' result of a shard with its slots (last entry) replaced by the
+    rows' positions in the whole sequence (positions[slot]; -1 stays -1): merge_candidates' input."""
+    slots = part[5]
+    pos = np.full(slots.shape, -1, dtype=np.int64)
+    if len(positions):
+        pos = np.where(slots >= 0, positions[np.clip(slots, 0, None)], -1)
+    return (*part[:5], pos)
+
+
+def _read_positions(path, n, shard, n_shards, next_position):
+    """A shard's positions file: n int64 positions, rising, each p with p % n_shards == shard and
+    0 <= p < next_position (so no two shards share one)."""
+    try:
+        p = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise Error(f"{path}: not a positions file ({e})") from None
+    if p.dtype != np.int64 or p.shape != (n,):
+        raise Error(f"{path}: {p.dtype} array of shape {p.shape}, the shard holds {n} rows (int64 expected)")
+    if n and (p[0] < 0 or p[-1] >= next_position or (np.diff(p) <= 0).any() or (p % n_shards != shard).any()):
+        raise Error(f"{path}: positions not rising within [0, {next_position}) or not of shard {shard} of {n_shards}")
+    return p
+
+
 class _Shard:
-    """The Ray actor holding one shard (a turboquant.Index)."""
+    """The Ray actor holding one shard (a turboquant.Index) and each row's position in the whole
+    sequence of added rows (the single index's order, kept by removals)."""
 
     def __init__(self, dim, bits, metric, options, path=None):
         self.index = Index.load(path) if path else Index(dim, bits, metric, **options)
+        self.pos = np.zeros(0, dtype=np.int64)
+
+    def set_positions(self, path, shard, n_shards, next_position):
+        """Positions of a loaded shard: from its file, or (path None: a version 1 directory) the
+        round-robin deal's, slot j at j * n_shards + shard."""
+        n = len(self.index)
+        if path is None:
+            self.pos = np.arange(n, dtype=np.int64) * n_shards + shard
+        else:
+            self.pos = _read_positions(path, n, shard, n_shards, next_position)
 
     def set_center(self, mean):
         self.index.set_center(mean)
 
-    def add(self, x, ids):
+    def add(self, x, ids, pos):
         self.index.add(x, ids)
+        self.pos = np.concatenate([self.pos, pos])
         return len(self.index)
 
-    def candidates(self, q, k, kw):
-        return self.index.search_candidates(q, k, **kw)
+    def remove(self, ids):
+        gone = np.isin(self.index.ids, ids)
+        n = self.index.remove_ids(ids)
+        if n != int(gone.sum()):
+            raise Error(f"shard removed {n} rows, its ids say {int(gone.sum())}")
+        self.pos = self.pos[~gone]
+        return n
 
-    def save(self, path):
+    def candidates(self, q, k, kw):
+        return candidate_positions(self.index.search_candidates(q, k, **kw), self.pos)
+
+    def save(self, path, pos_path):
         self.index.save(path)
+        tmp = pos_path + ".tmp"
+        with open(tmp, "wb") as f:
+            np.save(f, self.pos, allow_pickle=False)
+        os.replace(tmp, pos_path)
         return len(self.index)
 
     def info(self):
         i = self.index
-        try:
-            next_id = i.next_id
-        except Error:  # the shard holds id INT64_MAX
-            next_id = None
-        return {"ntotal": len(i), "dim": i.dim, "describe": i.describe(), "center": i.center, "next_id": next_id}
+        n = len(i)
+        return {"ntotal": n, "dim": i.dim, "describe": i.describe(), "center": i.center,
+                "max_id": int(i.ids.max()) if n else None}
 
 
 def _check_rows(x, dim, what, name="x"):
@@ -110,6 +161,7 @@ class ShardedIndex:
         self._options = dict(options)
         self._actor_options = dict(actor_options or {})
         self._ntotal = 0
+        self._seq = 0  # rows ever added: the next row's position in the whole sequence
         self._next_id = 0  # what Index.next_id would be on one index of every row (None: no next id)
         self._broken = None
         self._cls = self._ray.remote(_Shard)
@@ -181,8 +233,8 @@ class ShardedIndex:
     # ---- build
     def add(self, x, ids=None):
         """Add the rows of x ((n, dim) float32, finite; n >= 1); ids: (n,) int64 or None (next_id,
-        next_id + 1, ...). Row g of the whole sequence (g = ntotal + i) goes to shard g % n_shards;
-        the shards encode their rows in parallel."""
+        next_id + 1, ...). Row g of the whole sequence of added rows (g = rows added before + i,
+        removed ones included) goes to shard g % n_shards; the shards encode their rows in parallel."""
         self._check_usable()
         _check_rows(x, self._dim, "ShardedIndex.add")
         n = x.shape[0]
@@ -205,12 +257,14 @@ class ShardedIndex:
             if c is not None:
                 self._get([a.set_center.remote(c) for a in self._actors], "ShardedIndex.add")
         S = self.n_shards
+        pos = np.arange(self._seq, self._seq + n, dtype=np.int64)
         refs = []
         for s, a in enumerate(self._actors):
-            first = (s - self._ntotal) % S
+            first = (s - self._seq) % S
             if first >= n:
                 continue
-            refs.append(a.add.remote(np.ascontiguousarray(x[first::S]), np.ascontiguousarray(ids[first::S])))
+            refs.append(a.add.remote(np.ascontiguousarray(x[first::S]), np.ascontiguousarray(ids[first::S]),
+                                     pos[first::S]))
         try:
             self._get(refs, "ShardedIndex.add")
         except Error as e:
@@ -218,9 +272,32 @@ class ShardedIndex:
             self._broken = str(e)
             raise
         self._ntotal += n
+        self._seq += n
         top = int(ids.max())
         if self._next_id is not None:
             self._next_id = None if top == np.iinfo(np.int64).max else max(self._next_id, top + 1)
+
+    def remove_ids(self, ids):
+        """Remove every row whose id is in ids ((n,) int64; ids not held are skipped) from every
+        shard and return how many went; what Index.remove_ids does on one index holding every row:
+        the rest search (and save) as before, ties still in insertion order."""
+        self._check_usable()
+        if not isinstance(ids, np.ndarray) or ids.dtype != np.int64:
+            raise TypeError("ShardedIndex.remove_ids: ids must be an int64 NumPy array")
+        if ids.ndim != 1:
+            raise Error(f"ShardedIndex.remove_ids: ids has shape {ids.shape}, expected (n,)")
+        if len(ids) == 0:
+            return 0
+        ids = np.ascontiguousarray(ids)
+        try:
+            counts = self._get([a.remove.remote(ids) for a in self._actors], "ShardedIndex.remove_ids")
+            infos = self._get([a.info.remote() for a in self._actors], "ShardedIndex.remove_ids")
+        except Error as e:
+            self._broken = str(e)
+            raise
+        self._ntotal -= sum(counts)
+        self._next_id = _next_id_of(infos)
+        return sum(counts)
 
     # ---- search
     def search(self, q, k=10, *, threads=0, rerank=-1, rerank_full=0, fast_scan=True):
@@ -247,14 +324,15 @@ class ShardedIndex:
         d = pathlib.Path(path)
         d.mkdir(parents=True, exist_ok=True)
         files = [_shard_file(s) for s in range(self.n_shards)]
-        counts = self._get([a.save.remote(str((d / f).resolve())) for a, f in zip(self._actors, files)],
-                           "ShardedIndex.save")
+        pfiles = [_positions_file(s) for s in range(self.n_shards)]
+        counts = self._get([a.save.remote(str((d / f).resolve()), str((d / pf).resolve()))
+                            for a, f, pf in zip(self._actors, files, pfiles)], "ShardedIndex.save")
         c = self._template.center
         manifest = {
             "format": FORMAT, "version": VERSION, "dim": self._dim, "n_shards": self.n_shards,
             "bits": self._bits, "metric": self._metric, "options": self._options, "ntotal": self._ntotal,
-            "center": None if c is None else [float(v) for v in c],
-            "shards": [{"file": f, "ntotal": int(n)} for f, n in zip(files, counts)],
+            "next_position": self._seq, "center": None if c is None else [float(v) for v in c],
+            "shards": [{"file": f, "positions": pf, "ntotal": int(n)} for f, pf, n in zip(files, pfiles, counts)],
         }
         tmp = d / (MANIFEST + ".tmp")
         tmp.write_text(json.dumps(manifest, indent=1) + "\n")
@@ -263,7 +341,9 @@ class ShardedIndex:
     @classmethod
     def load(cls, path, *, actor_options=None):
         """Read a directory written by save(): the manifest, then one actor per shard loading its
-        file (every field validated); the shard sizes must be those of the round-robin deal."""
+        index file and its positions file (every field validated). A version 1 directory (written
+        before removals existed) has no positions files: its shard sizes must be those of the
+        round-robin deal."""
         d = pathlib.Path(path)
         try:
             m = json.loads((d / MANIFEST).read_text())
@@ -272,16 +352,26 @@ class ShardedIndex:
         except (OSError, ValueError) as e:
             raise Error(f"ShardedIndex.load: {d / MANIFEST}: {e}") from None
         try:
-            if m.get("format") != FORMAT or m.get("version") != VERSION:
-                raise Error(f"not a {FORMAT} version {VERSION} manifest")
+            version = m.get("version")
+            if m.get("format") != FORMAT or version not in (1, VERSION):
+                raise Error(f"not a {FORMAT} version 1 or {VERSION} manifest")
             S, N = int(m["n_shards"]), int(m["ntotal"])
+            seq = N if version == 1 else int(m["next_position"])
             shards = m["shards"]
-            if S < 1 or N < 0 or len(shards) != S:
+            if S < 1 or len(shards) != S:
                 raise Error(f"{S} shards, {len(shards)} listed")
+            if N < 0 or seq < N:
+                raise Error(f"{N} vectors, {seq} ever added")
+            names = [sh["file"] for sh in shards] + ([sh["positions"] for sh in shards] if version > 1 else [])
+            for f in names:
+                if not isinstance(f, str) or os.sep in f or f in ("", ".", ".."):
+                    raise Error(f"shard file name {f!r} is not a file of the directory")
             for s, sh in enumerate(shards):
                 want = (N - s + S - 1) // S if N > s else 0
-                if int(sh["ntotal"]) != want or os.sep in sh["file"] or sh["file"] in ("", ".", ".."):
+                if version == 1 and int(sh["ntotal"]) != want:
                     raise Error(f"shard {s}: {sh['ntotal']} vectors, the round-robin deal of {N} gives {want}")
+            if sum(int(sh["ntotal"]) for sh in shards) != N:
+                raise Error(f"the shards hold {sum(int(sh['ntotal']) for sh in shards)} vectors, not {N}")
             self = cls.__new__(cls)
             self._template = Index(m["dim"], m["bits"], m["metric"], **m["options"])
             center = None if m["center"] is None else np.asarray(m["center"], dtype=np.float32)
@@ -304,9 +394,16 @@ class ShardedIndex:
             elif center is not None and not np.array_equal(info["center"], center):
                 self.close()
                 raise Error(f"ShardedIndex.load: {d / sh['file']}: its center is not the manifest's")
+        refs = [a.set_positions.remote(None if version == 1 else str((d / sh["positions"]).resolve()), s, S, seq)
+                for s, (a, sh) in enumerate(zip(self._actors, shards))]
+        try:
+            self._get(refs, "ShardedIndex.load")
+        except Error:
+            self.close()
+            raise
         self._ntotal = N
-        nexts = [info["next_id"] for info in infos]
-        self._next_id = None if None in nexts else max(nexts)
+        self._seq = seq
+        self._next_id = _next_id_of(infos)
         return self
 
     # ---- lifetime
@@ -324,16 +421,25 @@ class ShardedIndex:
         self.close()
 
 
+def _next_id_of(infos):
+    """next_id of one index holding the shards' rows: one past the largest id (0 when empty;
+    None when that is INT64_MAX)."""
+    top = [i["max_id"] for i in infos if i["max_id"] is not None]
+    if not top:
+        return 0
+    return None if max(top) == np.iinfo(np.int64).max else max(top) + 1
+
+
 def merge_candidates(parts, k, rerank_full=0):
-    """Merge the Index.search_candidates results of the shards (parts[s], shard s holding rows
-    g = slot * S + s) into search()'s (scores, ids): the best r by (scan score, position), of
-    those the best max(k, rerank_full) by (re-rank score, position), of those the best k by
-    (full score, position); higher internal scores are better, ties go to the earlier row."""
-    S = len(parts)
+    """Merge the shards' candidates (parts[s]: Index.search_candidates' result with each slot
+    replaced by the row's position in the whole sequence, candidate_positions) into search()'s
+    (scores, ids): the best r by (scan score, position), of those the best max(k, rerank_full)
+    by (re-rank score, position), of those the best k by (full score, position); higher internal
+    scores are better, ties go to the earlier row."""
     r = parts[0][0].shape[1]
     scan, rer, full, out, ids = (np.concatenate([p[i] for p in parts], axis=1) for i in range(5))
     big = np.iinfo(np.int64).max
-    pos = np.concatenate([np.where(p[5] >= 0, p[5] * S + s, big) for s, p in enumerate(parts)], axis=1)
+    pos = np.concatenate([np.where(p[5] >= 0, p[5], big) for p in parts], axis=1)
     cols = [scan, rer, full, out, ids, pos]
 
     def stage(key_index, keep):

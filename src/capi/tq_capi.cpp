@@ -250,6 +250,18 @@ tq_status tq_index_next_id(const tq_index* idx, int64_t* out) {
   return guard([&] { *out = idx->idx.next_id(); });
 }
 
+tq_status tq_index_ids(const tq_index* idx, int64_t* out, size_t cap) {
+  TQ_CAPI_NONNULL(idx, "tq_index_ids");
+  const size_t n = idx->idx.size();
+  if (n == 0) return TQ_OK;
+  TQ_CAPI_NONNULL(out, "tq_index_ids");
+  return guard([&] {
+    TQ_CHECK(cap >= n, "tq_index_ids: out holds %zu ids, the index %zu", cap, n);
+    const std::vector<int64_t> ids = idx->idx.ids();
+    std::copy(ids.begin(), ids.end(), out);
+  });
+}
+
 tq_search_params tq_search_params_default(void) {
   const tq::SearchParams d;
   tq_search_params p;

@@ -807,16 +807,22 @@ void Index::add(size_t n, const float* x, const int64_t* ids, const AddProgress&
   I.n += n;
 }
 
-int64_t Index::next_id() const {
+std::vector<int64_t> Index::ids() const {
   const Impl& I = *impl_;
-  if (I.n == 0) return 0;
-  int64_t mx = INT64_MIN;
-  if (I.ivf()) {
-    for (size_t l = 0; l < I.list_size.size(); ++l)
-      for (size_t r = 0; r < I.list_size[l]; ++r) mx = std::max(mx, I.ids[I.list_begin[l] + r]);
-  } else {
-    for (size_t i = 0; i < I.n; ++i) mx = std::max(mx, I.ids[i]);
+  if (!I.ivf()) return {I.ids.begin(), I.ids.begin() + static_cast<std::ptrdiff_t>(I.n)};
+  std::vector<int64_t> out;
+  out.reserve(I.n);
+  for (size_t l = 0; l < I.list_size.size(); ++l) {
+    const auto b = I.ids.begin() + static_cast<std::ptrdiff_t>(I.list_begin[l]);
+    out.insert(out.end(), b, b + static_cast<std::ptrdiff_t>(I.list_size[l]));
   }
+  return out;
+}
+
+int64_t Index::next_id() const {
+  if (impl_->n == 0) return 0;
+  const std::vector<int64_t> held = ids();
+  const int64_t mx = *std::max_element(held.begin(), held.end());
   TQ_CHECK(mx < INT64_MAX, "index add: the index holds id INT64_MAX, so there is no next id; pass ids");
   return mx + 1;
 }
