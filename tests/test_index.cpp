@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <random>
 #include <set>
 #include <string>
 #include <thread>
@@ -139,6 +140,59 @@ TEST(Index, RecallAgainstBruteForceAllMetrics) {
           if (m == tq::Metric::l2) EXPECT_LE(r.s[i * 10 + j - 1], r.s[i * 10 + j]);
           else EXPECT_GE(r.s[i * 10 + j - 1], r.s[i * 10 + j]);
         }
+    }
+  }
+}
+
+// lut_u8, the uint8 LUTs' rounding without a library call, against its reference: nearbyint,
+// then clamped to [0, 255], NaN to 0; for every kind of float (ties, out of range, huge, inf,
+// NaN, random ones).
+TEST(Index, LutRoundingEqualsNearbyint) {
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> xs = {0.f, -0.f, 0.5f, 1.5f, 2.5f, 254.5f, 255.f, 255.5f, 256.f, -0.5f, -0.49f, -1.5f,
+                           0.49999997f, 4194304.5f, 8388607.f, 1e30f, -1e30f, inf, -inf,
+                           std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::max(),
+                           std::numeric_limits<float>::quiet_NaN()};
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> small(-10.f, 270.f), big(-1e7f, 1e7f);
+  for (int i = 0; i < 200000; ++i) xs.push_back(i % 8 ? small(rng) : big(rng));
+  for (int i = -20; i <= 530; ++i) xs.push_back(static_cast<float>(i) / 2.f);  // every half-integer tie
+  for (float x : xs) {
+    const float r = std::nearbyint(x);
+    const uint8_t want = r >= 0.f ? static_cast<uint8_t>(std::min(r, 255.f)) : uint8_t{0};
+    EXPECT_EQ(tq::lut_u8(x), want) << x;
+  }
+}
+
+// The uint8 LUT kernel gives its reference's bytes at every SIMD level: fast-layout (16) and
+// trellis (256) table sizes and one no vector width divides, ordinary tables and tables with
+// NaN, inf, -0 and values far out of range.
+TEST(Index, LutToU8EqualsScalarReference) {
+  tq::Rng rng(9);
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (size_t st : {16u, 256u, 12u}) {
+    for (bool special : {false, true}) {
+      const size_t m = 37;
+      std::vector<float> lut(m * st), mins(m);
+      for (auto& v : lut) v = static_cast<float>(rng.uniform() * 8.0 - 4.0);
+      for (size_t g = 0; g < m; ++g) mins[g] = *std::min_element(lut.begin() + g * st, lut.begin() + (g + 1) * st);
+      float range = 0;
+      for (size_t g = 0; g < m; ++g)
+        range = std::max(range, *std::max_element(lut.begin() + g * st, lut.begin() + (g + 1) * st) - mins[g]);
+      if (special) {
+        const float odd[] = {nan, inf, -inf, -0.f, 1e30f, -1e30f, 0.5f, mins[3] + range * 0.5f / 255.f};
+        for (size_t i = 0; i < 40; ++i) lut[rng.below(lut.size())] = odd[i % 8];
+        mins[5] = nan;
+        mins[6] = -inf;
+      }
+      std::vector<uint8_t> ref(m * st), got(m * st);
+      tq::lut_to_u8_ref(m, st, lut.data(), mins.data(), 255.f / range, ref.data());
+      for (const auto& level : tq::simd::available_levels()) {
+        tq::simd::ScopedLevel sl(level);
+        std::fill(got.begin(), got.end(), uint8_t{77});
+        tq::lut_to_u8(m, st, lut.data(), mins.data(), 255.f / range, got.data());
+        EXPECT_EQ(got, ref) << "level " << level << " st " << st << (special ? " with NaN / inf" : "");
+      }
     }
   }
 }

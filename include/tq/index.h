@@ -247,6 +247,12 @@ void trellis_scan_u8(size_t n_blocks, size_t d, const uint8_t* codes, const uint
 void trellis_scan_u8_ref(size_t n_blocks, size_t d, const uint8_t* codes, const uint8_t* lut,
                          uint32_t* out) noexcept;
 
+// The uint8 lookup tables of a query from its float ones: m tables of st entries,
+// q8[g st + c] = round((lut[g st + c] - mins[g]) * inv) to nearest, ties to even, clamped to
+// [0, 255], NaN to 0 (tq::lut_u8, src/search/index_internal.h). SIMD, the reference's bytes.
+void lut_to_u8(size_t m, size_t st, const float* lut, const float* mins, float inv, uint8_t* q8) noexcept;
+void lut_to_u8_ref(size_t m, size_t st, const float* lut, const float* mins, float inv, uint8_t* q8) noexcept;
+
 // Scores of n fast-scan sums (n a multiple of 32 for the SIMD path): dot = bias + step * acc,
 // out = scale * dot (norm == nullptr) or 2 scale dot - norm^2 (l2); block_max[b] = the best
 // of out[32 b .. 32 b + 31]. Float results may differ from the reference by FMA rounding.

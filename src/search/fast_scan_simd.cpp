@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "search/index_internal.h"
 #include "tq/index.h"
 #include "tq/simd.h"
 
@@ -73,6 +74,11 @@ void trellis_scan_u8_ref(size_t n_blocks, size_t d, const uint8_t* codes, const 
     for (size_t j = 0; j < d; ++j)
       for (int v = 0; v < 64; ++v) o[v] += lut[j * 256 + blk[j * 64 + v]];
   }
+}
+
+void lut_to_u8_ref(size_t m, size_t st, const float* lut, const float* mins, float inv, uint8_t* q8) noexcept {
+  for (size_t g = 0; g < m; ++g)
+    for (size_t c = 0; c < st; ++c) q8[g * st + c] = lut_u8((lut[g * st + c] - mins[g]) * inv);
 }
 }  // namespace tq
 #endif
@@ -267,6 +273,34 @@ void TrellisScanU8(size_t n_blocks, size_t d, const uint8_t* HWY_RESTRICT codes,
 #endif
 }
 
+// The uint8 LUTs (lut_to_u8, tq/index.h): lut_u8's steps on whole vectors. NaN is zeroed
+// explicitly (x86 min / max pick an operand by position when one is NaN), then the clamps to
+// [0, 255] (exact for any other operands, -0 included: it rounds to 0), the round-off by
+// adding and subtracting 1.5 * 2^23 (exact in [0, 255]), an exact conversion and a narrowing
+// of values 0..255: the reference's bytes for every input.
+void LutToU8(size_t m, size_t st, const float* HWY_RESTRICT lut, const float* HWY_RESTRICT mins, float inv,
+             uint8_t* HWY_RESTRICT q8) {
+  const hn::CappedTag<float, 16> df;
+  const hn::Rebind<int32_t, decltype(df)> di;
+  const hn::Rebind<uint8_t, decltype(df)> d8;
+  const size_t N = hn::Lanes(df);
+  if (st % N != 0) {
+    lut_to_u8_ref(m, st, lut, mins, inv, q8);
+    return;
+  }
+  const auto vinv = hn::Set(df, inv), zero = hn::Zero(df), top = hn::Set(df, 255.f), magic = hn::Set(df, 12582912.f);
+  for (size_t g = 0; g < m; ++g) {
+    const auto mn = hn::Set(df, mins[g]);
+    for (size_t c = 0; c < st; c += N) {
+      auto x = hn::Mul(hn::Sub(hn::LoadU(df, lut + g * st + c), mn), vinv);
+      x = hn::IfThenElseZero(hn::Eq(x, x), x);
+      x = hn::Min(hn::Max(x, zero), top);
+      x = hn::Sub(hn::Add(x, magic), magic);
+      hn::StoreU(hn::DemoteTo(d8, hn::ConvertTo(di, x)), d8, q8 + g * st + c);
+    }
+  }
+}
+
 // NOLINTNEXTLINE(google-readability-namespace-comments)
 }  // namespace HWY_NAMESPACE
 }  // namespace tq
@@ -278,6 +312,15 @@ HWY_EXPORT(FastScanU8);
 HWY_EXPORT(FastScanScores);
 HWY_EXPORT(FastScanU8Multi);
 HWY_EXPORT(TrellisScanU8);
+HWY_EXPORT(LutToU8);
+
+void lut_to_u8(size_t m, size_t st, const float* lut, const float* mins, float inv, uint8_t* q8) noexcept {
+  if (simd::use_scalar()) {
+    lut_to_u8_ref(m, st, lut, mins, inv, q8);
+    return;
+  }
+  HWY_DYNAMIC_DISPATCH(LutToU8)(m, st, lut, mins, inv, q8);
+}
 
 void trellis_scan_u8(size_t n_blocks, size_t d, const uint8_t* codes, const uint8_t* lut, uint32_t* out) noexcept {
   if (simd::use_scalar()) {

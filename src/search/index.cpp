@@ -982,20 +982,29 @@ void build_luts(const Index::Impl& I, const float* y, float* lut, uint8_t* q8, f
   } else {
     size_t g = 0;
     for (const Segment& s : I.segs) {
-      const auto& cent = s.cb->centroids;
+      const float* cent = s.cb->centroids.data();
       for (; g < I.m && I.groups[g].dim0 < s.begin + s.len; ++g) {
         const Group& gr = I.groups[g];
-        const size_t entries = size_t{1} << gr.gbits();
-        const unsigned mask = (1u << gr.bpd) - 1;
+        const size_t nc = size_t{1} << gr.bpd;
         float* t = lut + g * I.lut_stride;
-        for (size_t c = 0; c < I.lut_stride; ++c) t[c] = 0.f;
-        for (size_t c = 0; c < entries; ++c) {
-          float v = 0;
-          for (int j = 0; j < gr.ndims; ++j) v += y[gr.dim0 + j] * cent[(c >> (j * gr.bpd)) & mask];
-          t[c] = v;
+        // Entry c = sum_j y[dim0 + j] cent[digit j of c] (digit j: bits j bpd of c), channel by
+        // channel: the first channel's nc products, then each further channel j adds its
+        // product for digit k to the entries so far, written to entries k nc^j.. (k falling, so
+        // k = 0 adds in place last): the same sums in the same order as one entry at a time.
+        const float y0 = y[gr.dim0];
+        for (size_t c = 0; c < nc; ++c) t[c] = y0 * cent[c];
+        size_t have = nc;
+        for (int j = 1; j < gr.ndims; ++j) {
+          const float yj = y[gr.dim0 + j];
+          for (size_t k = nc; k-- > 0;) {
+            const float p = yj * cent[k];
+            float* out = t + k * have;
+            for (size_t c = 0; c < have; ++c) out[c] = t[c] + p;
+          }
+          have *= nc;
         }
         // Unused entries (3-bit channels, short last group) repeat entry 0: never read.
-        for (size_t c = entries; c < I.lut_stride; ++c) t[c] = t[0];
+        for (size_t c = have; c < I.lut_stride; ++c) t[c] = t[0];
       }
     }
   }
@@ -1003,26 +1012,23 @@ void build_luts(const Index::Impl& I, const float* y, float* lut, uint8_t* q8, f
   // The uint8 copy (fast layout: 16 entries a group, padding groups up to mp zero; trellis:
   // 256 a channel, mp == m).
   const size_t st = I.lut_stride;
+  thread_local std::vector<float> mins;
+  mins.resize(I.m);
   float maxrange = 0, bsum = 0;
   for (size_t gi = 0; gi < I.m; ++gi) {
     const float* t = lut + gi * st;
-    const float mn = *std::min_element(t, t + st), mx = *std::max_element(t, t + st);
+    float mn = t[0], mx = t[0];  // std::min_element / max_element's picks, NaN included
+    for (size_t c = 1; c < st; ++c) {
+      mn = std::min(mn, t[c]);
+      mx = std::max(mx, t[c]);
+    }
+    mins[gi] = mn;
     maxrange = std::max(maxrange, mx - mn);
     bsum += mn;
   }
   const float step = maxrange > 0 ? maxrange / 255.f : 1.f;
-  const float inv = 1.f / step;
   std::memset(q8 + I.m * st, 0, (I.mp - I.m) * st);
-  for (size_t gi = 0; gi < I.m; ++gi) {
-    const float* t = lut + gi * st;
-    const float mn = *std::min_element(t, t + st);
-    for (size_t c = 0; c < st; ++c) {
-      // A LUT of a query against extreme (finite) centroids or scales of a loaded file can
-      // hold inf or NaN: NaN maps to 0 rather than to an undefined conversion.
-      const float v = std::nearbyint((t[c] - mn) * inv);
-      q8[gi * st + c] = v >= 0.f ? static_cast<uint8_t>(std::min(v, 255.f)) : uint8_t{0};
-    }
-  }
+  lut_to_u8(I.m, st, lut, mins.data(), 1.f / step, q8);
   *bias = bsum;
   *delta = step;
 }

@@ -1,6 +1,7 @@
 // Internals of tq::Index shared by index.cpp (build, search) and io.cpp (persistence).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -27,6 +28,16 @@ struct Group {
   int dim0 = 0, ndims = 0, bpd = 0;
   int gbits() const noexcept { return ndims * bpd; }
 };
+
+// A uint8 LUT entry from its scaled value x: std::nearbyint(x) (to nearest, ties to even)
+// clamped to [0, 255], NaN to 0 (a LUT of a query against extreme finite centroids or scales
+// of a loaded file can hold inf or NaN), without the library call and without branches: x is
+// clamped first (rounding is monotone, 0 and 255 are integers), then within [0, 255] adding
+// and subtracting 1.5 * 2^23 rounds exactly so (this code is built without fast-math).
+inline uint8_t lut_u8(float x) noexcept {
+  const float c = std::min(255.f, std::max(0.f, x));  // max(0, NaN) is 0
+  return static_cast<uint8_t>((c + 12582912.f) - 12582912.f);
+}
 
 constexpr size_t kBlock = 32;         // vectors per fast-scan block
 constexpr uint32_t kFileVersion = 1;     // io.cpp: flat index files
