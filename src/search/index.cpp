@@ -990,9 +990,10 @@ void build_luts(const Index::Impl& I, const float* y, float* lut, uint8_t* q8, f
         // Entry c = sum_j y[dim0 + j] cent[digit j of c] (digit j: bits j bpd of c), channel by
         // channel: the first channel's nc products, then each further channel j adds its
         // product for digit k to the entries so far, written to entries k nc^j.. (k falling, so
-        // k = 0 adds in place last): the same sums in the same order as one entry at a time.
+        // k = 0 adds in place last): the same sums in the same order as one entry at a time
+        // from 0 (0 + a product: -0 becomes +0, as there).
         const float y0 = y[gr.dim0];
-        for (size_t c = 0; c < nc; ++c) t[c] = y0 * cent[c];
+        for (size_t c = 0; c < nc; ++c) t[c] = 0.f + y0 * cent[c];
         size_t have = nc;
         for (int j = 1; j < gr.ndims; ++j) {
           const float yj = y[gr.dim0 + j];
