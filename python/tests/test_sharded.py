@@ -200,6 +200,14 @@ def test_remove_ids_equals_single_index(ray_cluster, data, tmp_path):
         loaded.remove_ids(np.zeros((2, 2), dtype=np.int64))
     loaded.close()
     sharded.close()
+    # Only negative ids, one shard empty: next_id after load is one past the largest (-4), as
+    # on one index, not the empty shard's 0.
+    single, few = single_and_sharded(x[:2], 3, [(0, 2)], ids=np.array([-9, -5], dtype=np.int64))
+    few.save(tmp_path / "few")
+    few.close()
+    few = tq.ShardedIndex.load(tmp_path / "few")
+    assert few.shard_sizes() == [1, 1, 0] and few.next_id == single.next_id == -4
+    few.close()
     # A positions file that does not belong to its shard, or is not one, is rejected.
     pos0 = tmp_path / "idx" / "shard-0000.pos.npy"
     good = pos0.read_bytes()
