@@ -69,6 +69,11 @@ def _read_positions(path, n, shard, n_shards, next_position):
     return p
 
 
+def _max_id(ids):
+    """The largest of a shard's ids, None when it holds none."""
+    return int(ids.max()) if len(ids) else None
+
+
 class _Shard:
     """The Ray actor holding one shard (a turboquant.Index) and each row's position in the whole
     sequence of added rows (the single index's order, kept by removals)."""
@@ -95,12 +100,14 @@ class _Shard:
         return len(self.index)
 
     def remove(self, ids):
-        gone = np.isin(self.index.ids, ids)
+        """Removes the rows of these ids and their positions: how many went and the largest id left."""
+        held = self.index.ids
+        gone = np.isin(held, ids)
         n = self.index.remove_ids(ids)
         if n != int(gone.sum()):
             raise Error(f"shard removed {n} rows, its ids say {int(gone.sum())}")
         self.pos = self.pos[~gone]
-        return n
+        return {"removed": n, "max_id": _max_id(held[~gone])}
 
     def candidates(self, q, k, kw):
         return candidate_positions(self.index.search_candidates(q, k, **kw), self.pos)
@@ -115,9 +122,8 @@ class _Shard:
 
     def info(self):
         i = self.index
-        n = len(i)
-        return {"ntotal": n, "dim": i.dim, "describe": i.describe(), "center": i.center,
-                "max_id": int(i.ids.max()) if n else None}
+        return {"ntotal": len(i), "dim": i.dim, "describe": i.describe(), "center": i.center,
+                "max_id": _max_id(i.ids)}
 
 
 def _check_rows(x, dim, what, name="x"):
@@ -290,14 +296,14 @@ class ShardedIndex:
             return 0
         ids = np.ascontiguousarray(ids)
         try:
-            counts = self._get([a.remove.remote(ids) for a in self._actors], "ShardedIndex.remove_ids")
-            infos = self._get([a.info.remote() for a in self._actors], "ShardedIndex.remove_ids")
+            done = self._get([a.remove.remote(ids) for a in self._actors], "ShardedIndex.remove_ids")
         except Error as e:
             self._broken = str(e)
             raise
-        self._ntotal -= sum(counts)
-        self._next_id = _next_id_of(infos)
-        return sum(counts)
+        removed = sum(r["removed"] for r in done)
+        self._ntotal -= removed
+        self._next_id = _next_id_of(done)
+        return removed
 
     # ---- search
     def search(self, q, k=10, *, threads=0, rerank=-1, rerank_full=0, fast_scan=True):
@@ -422,8 +428,8 @@ class ShardedIndex:
 
 
 def _next_id_of(infos):
-    """next_id of one index holding the shards' rows: one past the largest id (0 when empty;
-    None when that is INT64_MAX)."""
+    """next_id of one index holding the shards' rows, from each shard's "max_id": one past the
+    largest id (0 when empty; None when that is INT64_MAX)."""
     top = [i["max_id"] for i in infos if i["max_id"] is not None]
     if not top:
         return 0
