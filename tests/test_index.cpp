@@ -197,6 +197,40 @@ TEST(Index, LutToU8EqualsScalarReference) {
   }
 }
 
+// The coarse step's skip to the next score at or above the bar: the reference's index at every
+// SIMD level, for lengths around the vector widths, with NaN, infinities and signed zeros in the
+// scores and as the bar.
+TEST(Index, FirstAtLeastEqualsScalarReference) {
+  tq::Rng rng(10);
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const float odd[] = {nan, inf, -inf, -0.f, 0.f, 1e30f, -1e30f};
+  for (size_t n : {0u, 1u, 3u, 7u, 8u, 15u, 16u, 17u, 31u, 33u, 64u, 100u, 4096u}) {
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<float> v(n);
+      for (auto& x : v) x = static_cast<float>(rng.uniform() * 2.0 - 1.0);
+      if (trial % 2 == 1)
+        for (size_t i = 0; i < n / 4 + 1 && n > 0; ++i) v[rng.below(n)] = odd[rng.below(7)];
+      // Bars: above everything (no hit), each of a few entries (a hit there or earlier), odd values.
+      std::vector<float> bars = {2.f, -2.f, nan, inf, -inf, 0.f, -0.f};
+      for (int b = 0; b < 4 && n > 0; ++b) bars.push_back(v[rng.below(n)]);
+      for (float thr : bars) {
+        const size_t ref = tq::first_at_least_ref(v.data(), n, thr);
+        for (const auto& level : tq::simd::available_levels()) {
+          tq::simd::ScopedLevel sl(level);
+          EXPECT_EQ(tq::first_at_least(v.data(), n, thr), ref) << "level " << level << " n " << n << " bar " << thr;
+        }
+      }
+    }
+  }
+  // Exactly: the first index at or above, n when none.
+  const std::vector<float> v = {0.5f, nan, 1.f, 3.f, 1.f};
+  EXPECT_EQ(tq::first_at_least_ref(v.data(), v.size(), 1.f), 2u);
+  EXPECT_EQ(tq::first_at_least_ref(v.data(), v.size(), 2.f), 3u);
+  EXPECT_EQ(tq::first_at_least_ref(v.data(), v.size(), 4.f), 5u);
+  EXPECT_EQ(tq::first_at_least_ref(v.data(), v.size(), nan), 5u);
+  EXPECT_EQ(tq::first_at_least(v.data(), v.size(), 1.f), 2u);
+}
+
 TEST(Index, FastScanKernelEqualsScalarReference) {
   tq::Rng rng(7);
   for (size_t mg : {4u, 8u, 28u, 100u, 1100u}) {  // 1100 groups: > 256 iterations, flushes
@@ -242,8 +276,9 @@ TEST(Index, TrellisScanKernelEqualsScalarReference) {
   }
 }
 
-// The multi-table kernel (one pass over the codes for several LUTs, 4 at a time) gives each
-// table exactly the single-table reference's sums: 1 to 9 tables (groups of 4 and a rest),
+// The multi-table kernel (one pass over the codes for several LUTs, 4 at a time with AVX-512, 2
+// on other x86 targets) gives each table exactly the single-table reference's sums: 1 to 9 tables
+// (whole passes and a rest),
 // every SIMD level, group counts with and without flushes, extreme codes and entries.
 TEST(Index, FastScanMultiKernelEqualsScalarReference) {
   tq::Rng rng(8);

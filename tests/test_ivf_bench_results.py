@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""bench/results/ivf/glove100k/, glove1m_rerank{,6}/ and glove1m_v5{,b}/results.json
+"""bench/results/ivf/glove100k/{,run2/,run3/}, glove1m_rerank{,6}/, glove1m_v5{,b}/ and
+glove1m_v6{,b,c,d,e}/results.json
 (bench/ivf_vs_faiss.py): the saved comparisons are well formed, their summaries follow from their
 points, and the statements BENCHMARKS.md makes about them hold for the saved numbers (qps_at is the
 bench's own, so the summary is recomputed the same way)."""
 import json
 import os
+import statistics
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -40,7 +42,8 @@ t = tq[0]
 for r in j["results"]:
     if r["family"] != "faiss-hnsw":
         check(max(p["recall_10_at_10"] for p in r["points"]) < 0.9, f"{r['method']}: below 0.9")
-check(max(p["recall_10_at_10"] for p in by["FAISS HNSW32,Flat"]["points"]) >= 0.9, "HNSW reaches 0.9")
+hnsw = [r for r in j["results"] if r["family"] == "faiss-hnsw"][0]
+check(max(p["recall_10_at_10"] for p in hnsw["points"]) >= 0.9, "HNSW reaches 0.9")
 # tq's best recall is above every FAISS IVF's, and at 0.85 it is >= 2.5x the IVF-RaBitQ fast scan.
 best_faiss_ivf = max(max(p["recall_10_at_10"] for p in r["points"]) for r in j["results"]
                      if r["family"].startswith("faiss-ivf"))
@@ -49,6 +52,21 @@ fs = [r for r in j["results"] if r["family"] == "faiss-ivfrabitqfs"][0]
 check(qps_at(t["points"], 0.85) >= 2.5 * qps_at(fs["points"], 0.85), "tq >= 2.5x IVF-RaBitQ fast scan at 0.85")
 check(t["memory_bytes_per_vector"] <= fs["memory_bytes_per_vector"] + 2, "bytes within 2 of IVF-RaBitQ")
 check(j["tq_load"]["load_s"] > 0 and j["tq_load"]["file_bytes"] > 0, "load time recorded")
+# The three quiet-host runs (85-search-ivf.md, "What this shows (runs 1 / 2 / 3)"): at 0.80 tq is
+# 2.6-3.0x the best FAISS IVF and 1.3-1.7x HNSW; at 0.85 5.2-6.6x IVF-RaBitQ fast scan and
+# 1.2-1.6x HNSW; tq's build is the shortest IVF build.
+for run in ("", "run2", "run3"):
+    rj = json.load(open(os.path.join(ROOT, "bench", "results", "ivf", "glove100k", run, "results.json")))
+    fam = {r["family"]: r for r in rj["results"]}
+    qt = {x: qps_at(fam["tq-ivf"]["points"], x) for x in (0.8, 0.85)}
+    ivf80 = max(qps_at(r["points"], 0.8) or 0 for r in rj["results"] if r["family"].startswith("faiss-ivf"))
+    check(2.6 <= qt[0.8] / ivf80 <= 3.0, f"glove100k {run or 'run1'}: tq 2.6-3.0x the best FAISS IVF at 0.80")
+    check(1.3 <= qt[0.8] / qps_at(fam["faiss-hnsw"]["points"], 0.8) <= 1.7, f"glove100k {run or 'run1'}: HNSW at 0.80")
+    check(5.2 <= qt[0.85] / qps_at(fam["faiss-ivfrabitqfs"]["points"], 0.85) <= 6.6,
+          f"glove100k {run or 'run1'}: IVF-RaBitQ fast scan at 0.85")
+    check(1.2 <= qt[0.85] / qps_at(fam["faiss-hnsw"]["points"], 0.85) <= 1.6, f"glove100k {run or 'run1'}: HNSW at 0.85")
+    check(fam["tq-ivf"]["build_s"] < min(r["build_s"] for r in rj["results"] if r["family"].startswith("faiss-ivf")),
+          f"glove100k {run or 'run1'}: tq's build the shortest IVF build")
 
 # 1M, the second stage (85-search-ivf.md, "tq IVF with an 8-bit second-stage code ..."): one run,
 # tq --rerank-bits 8 --rerank 40 against IVF-PQ fast scan alone, + RefineFlat, + SQ8 refine and
@@ -87,9 +105,10 @@ for r in m6["results"]:
     w = qps_at(r["points"], 0.9)
     check((w is None and s6["qps_at_r10_0p9"] is None) or abs(w - s6["qps_at_r10_0p9"]) < 1e-6,
           f"1M run 2 {r['method']}: summary qps at 0.9")
-# The two 1M runs with the list-major scan (85-search-ivf.md, "tq IVF with the list-major scan
-# ..."): tq --rerank-bits 4 --rerank 40 at >= 1.5x the best FAISS IVF that reaches 0.9 in each
-# (1.71x and 2.41x), with fewer bytes than either refine, and a shorter build.
+# The two 1M runs with the list-major scan on the loaded machine (85-search-ivf.md, "tq IVF with
+# the list-major scan ..."): tq --rerank-bits 4 --rerank 40 at >= 1.5x the best FAISS IVF that
+# reaches 0.9 in each (1.71x and 2.41x), with fewer bytes than either refine, and a shorter build
+# (the quiet-host runs below do not bear these out).
 for run, lo_rf, lo_sq in (("glove1m_v5", 2.5, 2.3), ("glove1m_v5b", 1.6, 1.8)):
     v = json.load(open(os.path.join(ROOT, "bench", "results", "ivf", run, "results.json")))
     check(v["threads"] == 2 and v["n"] == 1000000 and v["nq"] == 1000 and v["nlist"] == 4096, f"{run}: parameters")
@@ -111,6 +130,30 @@ for run, lo_rf, lo_sq in (("glove1m_v5", 2.5, 2.3), ("glove1m_v5b", 1.6, 1.8)):
           f"{run}: tq fewer bytes than both refines")
     check(tv["build_s"] < min(r["build_s"] for r in v["results"] if r["family"].startswith("faiss")),
           f"{run}: tq builds faster than every FAISS IVF")
+# The five quiet-host 1M runs (85-search-ivf.md, "... at 1M on a quiet host (five runs)"): at 0.9
+# tq / best FAISS IVF 1.07-1.83x, median 1.24x; tq / SQ8 refine 1.24-1.96x, median 1.53x; the
+# 1.5x goal not met by the median; build tq / fastest FAISS IVF 0.97-1.26, median 1.08.
+best, vs_sq, builds = [], [], []
+for run in ("glove1m_v6", "glove1m_v6b", "glove1m_v6c", "glove1m_v6d", "glove1m_v6e"):
+    v = json.load(open(os.path.join(ROOT, "bench", "results", "ivf", run, "results.json")))
+    check(v["threads"] == 2 and v["n"] == 1000000 and v["nq"] == 1000 and v["nlist"] == 4096, f"{run}: parameters")
+    vb = {r["family"]: r for r in v["results"]}
+    tv, rfv, sqv = vb["tq-ivf"], vb["faiss-ivfpqfs-refine"], vb["faiss-ivfpqfs-refine-sq8"]
+    check("--rerank-bits 4" in tv["cmd"] and "--rerank 40" in tv["cmd"], f"{run}: tq with the 4-bit refining stage")
+    qt, qrf, qsq = (qps_at(r["points"], 0.9) for r in (tv, rfv, sqv))
+    check(None not in (qt, qrf, qsq), f"{run}: tq and both refines reach 0.9")
+    if None not in (qt, qrf, qsq):
+        best.append(round(qt / max(qrf, qsq), 2))
+        vs_sq.append(round(qt / qsq, 2))
+    check(max(p["recall_10_at_10"] for p in vb["faiss-ivfpqfs"]["points"]) < 0.9, f"{run}: IVF-PQ fs alone below 0.9")
+    builds.append(tv["build_s"] / min(r["build_s"] for r in v["results"] if r["family"].startswith("faiss")))
+check(len(best) == 5 and (min(best), max(best), statistics.median(best)) == (1.07, 1.83, 1.24),
+      f"1M quiet: tq / best FAISS IVF 1.07-1.83x, median 1.24x ({best})")
+check(len(vs_sq) == 5 and (min(vs_sq), max(vs_sq), statistics.median(vs_sq)) == (1.24, 1.96, 1.53),
+      f"1M quiet: tq / SQ8 refine 1.24-1.96x, median 1.53x ({vs_sq})")
+check(statistics.median(best) < 1.5 and sum(b >= 1.5 for b in best) == 2, "1M quiet: 1.5x in two runs, not the median")
+check(round(min(builds), 2) == 0.97 and round(max(builds), 2) == 1.26 and round(statistics.median(builds), 2) == 1.08,
+      f"1M quiet: build ratio 0.97-1.26, median 1.08 ({builds})")
 if failures:
     sys.exit(f"{len(failures)} failure(s)")
 print("ok")

@@ -234,7 +234,8 @@ void fast_scan_u8(size_t n_blocks, size_t m_groups, const uint8_t* codes, const 
 void fast_scan_u8_ref(size_t n_blocks, size_t m_groups, const uint8_t* codes, const uint8_t* lut,
                       uint32_t* out) noexcept;
 // The same sums for nq lookup tables over the same codes: outs[i] (n_blocks * 32) gets
-// luts[i]'s, equal to fast_scan_u8's; the codes are read once for every 4 tables.
+// luts[i]'s, equal to fast_scan_u8's; the codes are read once for every 4 tables (every 2 on
+// x86 targets without AVX-512, whose 16 vector registers cannot hold 4 tables' sums).
 void fast_scan_u8_multi(size_t n_blocks, size_t m_groups, const uint8_t* codes, size_t nq,
                         const uint8_t* const* luts, uint32_t* const* outs) noexcept;
 void fast_scan_u8_multi_ref(size_t n_blocks, size_t m_groups, const uint8_t* codes, size_t nq,
@@ -252,6 +253,11 @@ void trellis_scan_u8_ref(size_t n_blocks, size_t d, const uint8_t* codes, const 
 // [0, 255], NaN to 0 (tq::lut_u8, src/search/index_internal.h). SIMD, the reference's bytes.
 void lut_to_u8(size_t m, size_t st, const float* lut, const float* mins, float inv, uint8_t* q8) noexcept;
 void lut_to_u8_ref(size_t m, size_t st, const float* lut, const float* mins, float inv, uint8_t* q8) noexcept;
+
+// The first i < n with v[i] >= thr (NaN never is), n when there is none: the coarse step's
+// skip over lists below the bar of the nprobe best. SIMD, the reference's answer.
+size_t first_at_least(const float* v, size_t n, float thr) noexcept;
+size_t first_at_least_ref(const float* v, size_t n, float thr) noexcept;
 
 // Scores of n fast-scan sums (n a multiple of 32 for the SIMD path): dot = bias + step * acc,
 // out = scale * dot (norm == nullptr) or 2 scale dot - norm^2 (l2); block_max[b] = the best

@@ -76,6 +76,12 @@ void trellis_scan_u8_ref(size_t n_blocks, size_t d, const uint8_t* codes, const 
   }
 }
 
+size_t first_at_least_ref(const float* v, size_t n, float thr) noexcept {
+  for (size_t i = 0; i < n; ++i)
+    if (v[i] >= thr) return i;
+  return n;
+}
+
 void lut_to_u8_ref(size_t m, size_t st, const float* lut, const float* mins, float inv, uint8_t* q8) noexcept {
   for (size_t g = 0; g < m; ++g)
     for (size_t c = 0; c < st; ++c) q8[g * st + c] = lut_u8((lut[g * st + c] - mins[g]) * inv);
@@ -196,8 +202,17 @@ void FastScanU8Multi(size_t n_blocks, size_t m_groups, const uint8_t* HWY_RESTRI
     fast_scan_u8_multi_ref(n_blocks, m_groups, codes, nq, luts, outs);
     return;
   }
-  for (size_t i = 0; i < nq; i += 4) {
-    switch (std::min<size_t>(4, nq - i)) {
+  // Tables per pass: each takes 4 accumulators, so 4 tables (16 accumulators beside the codes,
+  // nibbles and lookups) fit the 32 vector registers of AVX-512 but spill on x86 targets with
+  // 16 (AVX2, SSE4), where IVF searches with 2 a pass took 0.89-0.94x the time
+  // (docs/design.md, "List-major scan").
+#if HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3
+  constexpr size_t kPass = 2;
+#else
+  constexpr size_t kPass = 4;
+#endif
+  for (size_t i = 0; i < nq; i += kPass) {
+    switch (std::min<size_t>(kPass, nq - i)) {
       case 1: FastScanU8Q<1>(n_blocks, m_groups, codes, luts + i, outs + i); break;
       case 2: FastScanU8Q<2>(n_blocks, m_groups, codes, luts + i, outs + i); break;
       case 3: FastScanU8Q<3>(n_blocks, m_groups, codes, luts + i, outs + i); break;
@@ -301,6 +316,20 @@ void LutToU8(size_t m, size_t st, const float* HWY_RESTRICT lut, const float* HW
   }
 }
 
+size_t FirstAtLeast(const float* HWY_RESTRICT v, size_t n, float thr) {
+  const hn::ScalableTag<float> df;
+  const size_t N = hn::Lanes(df);
+  const auto t = hn::Set(df, thr);
+  size_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto m = hn::Ge(hn::LoadU(df, v + i), t);  // false for NaN, as v >= thr
+    if (!hn::AllFalse(df, m)) return i + hn::FindKnownFirstTrue(df, m);
+  }
+  for (; i < n; ++i)
+    if (v[i] >= thr) return i;
+  return n;
+}
+
 // NOLINTNEXTLINE(google-readability-namespace-comments)
 }  // namespace HWY_NAMESPACE
 }  // namespace tq
@@ -313,6 +342,12 @@ HWY_EXPORT(FastScanScores);
 HWY_EXPORT(FastScanU8Multi);
 HWY_EXPORT(TrellisScanU8);
 HWY_EXPORT(LutToU8);
+HWY_EXPORT(FirstAtLeast);
+
+size_t first_at_least(const float* v, size_t n, float thr) noexcept {
+  if (simd::use_scalar()) return first_at_least_ref(v, n, thr);
+  return HWY_DYNAMIC_DISPATCH(FirstAtLeast)(v, n, thr);
+}
 
 void lut_to_u8(size_t m, size_t st, const float* lut, const float* mins, float inv, uint8_t* q8) noexcept {
   if (simd::use_scalar()) {

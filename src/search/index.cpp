@@ -1118,8 +1118,7 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
           }
           // Candidates at or above the np-th best score seen so far go to a buffer of 2 np
           // keys; a full buffer is cut to its np best keys (nth_element), which raises the
-          // bar. The result is the np best keys whatever the cuts: 16 scores at a time are
-          // tested against the bar, and a whole group below it is skipped.
+          // bar. The result is the np best keys whatever the cuts.
           best.clear();
           for (size_t l = 0; l < np; ++l) best.push_back(key_of(v[l], static_cast<uint32_t>(l)));
           float thr = score_of(*std::min_element(best.begin(), best.end()));
@@ -1133,14 +1132,12 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
             best.push_back(key_of(v[l], static_cast<uint32_t>(l)));
             if (best.size() == 2 * np) cut();
           };
-          size_t l = np;
-          for (; l + 16 <= LL; l += 16) {
-            bool any = false;
-            for (size_t t = 0; t < 16; ++t) any |= v[l + t] >= thr;
-            if (any)
-              for (size_t t = 0; t < 16; ++t) offer(l + t);
+          // Scores below the bar are skipped by a SIMD search for the next one at or above it.
+          for (size_t l = np; l < LL; ++l) {
+            l += first_at_least(v + l, LL - l, thr);
+            if (l == LL) break;
+            offer(l);
           }
-          for (; l < LL; ++l) offer(l);
           if (best.size() > np) cut();
           std::sort(best.begin(), best.end(), greater);
           for (size_t j = 0; j < np; ++j) {
