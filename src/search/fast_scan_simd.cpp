@@ -325,9 +325,7 @@ size_t FirstAtLeast(const float* HWY_RESTRICT v, size_t n, float thr) {
     const auto m = hn::Ge(hn::LoadU(df, v + i), t);  // false for NaN, as v >= thr
     if (!hn::AllFalse(df, m)) return i + hn::FindKnownFirstTrue(df, m);
   }
-  for (; i < n; ++i)
-    if (v[i] >= thr) return i;
-  return n;
+  return i + first_at_least_ref(v + i, n - i, thr);
 }
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)

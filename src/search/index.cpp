@@ -1127,16 +1127,12 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
             best.resize(np);
             thr = score_of(best[np - 1]);
           };
-          auto offer = [&](size_t l) {
-            if (!(v[l] >= thr)) return;
-            best.push_back(key_of(v[l], static_cast<uint32_t>(l)));
-            if (best.size() == 2 * np) cut();
-          };
           // Scores below the bar are skipped by a SIMD search for the next one at or above it.
           for (size_t l = np; l < LL; ++l) {
             l += first_at_least(v + l, LL - l, thr);
             if (l == LL) break;
-            offer(l);
+            best.push_back(key_of(v[l], static_cast<uint32_t>(l)));
+            if (best.size() == 2 * np) cut();
           }
           if (best.size() > np) cut();
           std::sort(best.begin(), best.end(), greater);
