@@ -103,6 +103,19 @@ TEST(IndexCli, EvalReportsTheKAskedBothByteCountsAndTheSearchUsed) {
   EXPECT_NE(f["index"].get<std::string>().find("float-lut"), std::string::npos) << f["index"];
 }
 
+// peak_rss_mb is tq's own: Linux carries getrusage's ru_maxrss across execve, so a tq started
+// by a larger process (a benchmark script holding the data) used to report that parent's size.
+TEST(IndexCli, EvalPeakRssIsItsOwnNotItsParents) {
+  Data D;
+  std::vector<char> big(768u << 20);
+  volatile char* page = big.data();  // volatile writes: the pages are touched, hence resident
+  for (size_t i = 0; i < big.size(); i += 4096) page[i] = 1;
+  auto e = json_of(tq_test::run_tq({"index", "eval", "--base", D.base, "-q", D.queries, "--gt", D.gt, "--reps", "1",
+                                    "--json"}));
+  EXPECT_GT(e["peak_rss_mb"].get<double>(), 0.0);
+  EXPECT_LT(e["peak_rss_mb"].get<double>(), 384.0) << "this process holds " << (big.size() >> 20) << " MB";
+}
+
 TEST(IndexCli, IvfBadInputIsOneCleanError) {
   Data D;
   const std::string idx = D.path("ivf.tqi"), flat = D.path("flat.tqi");
