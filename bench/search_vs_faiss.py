@@ -163,7 +163,15 @@ def run_tq(args, ds, bits, extra=(), label=None):
         cmd += ["--build-reps", str(args.build_reps)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     j = json.loads(out)
-    return dict(method=label or f"tq mse {bits}b", family="tq", bits=bits,
+    if label is None:
+        # Name the row by what tq says it built (its defaults change between versions), e.g.
+        # "mse 4 bits hadamard corrected+fit+center f16 cosine fast-scan" -> "corrected+fit+center".
+        words = j["index"].split()
+        flags = words[4] if len(words) > 4 else ""
+        if "trellis" in words[5:]:
+            flags += " trellis"
+        label = f"tq mse {bits}b {flags}".rstrip() + (" no-rerank" if "--rerank" in extra else "")
+    return dict(method=label, family="tq", bits=bits, index=j["index"], simd=j.get("simd"),
                 bytes_per_vector=j["bytes_per_vector"], train_s=0.0, build_s=j["build_s"],
                 qps=j["qps"], recall_1_at_k=j["recall_1_at_k"], recall_10_at_10=j["recall_10_at_10"],
                 peak_rss_mb=j["peak_rss_mb"], cmd=" ".join(cmd))
@@ -240,10 +248,10 @@ def methods(args, ds):
     for bits in args.bits:
         out.append(("tq", bits, lambda b=bits: run_tq(args, ds, b)))
         if bits == 4:
-            out.append(("tq", bits, lambda b=bits: run_tq(args, ds, b, ["--rerank", "0"], f"tq mse {b}b no-rerank")))
+            out.append(("tq", bits, lambda b=bits: run_tq(args, ds, b, ["--rerank", "0"])))
         for v in args.tq_variants:
             flags = ["--" + f for f in v.split(",")]
-            out.append(("tq", bits, lambda b=bits, fl=flags, v=v: run_tq(args, ds, b, fl, f"tq mse {b}b {v.replace(',', '+')}")))
+            out.append(("tq", bits, lambda b=bits, fl=flags: run_tq(args, ds, b, fl)))
         m = d * bits // 8
         if not args.skip_pq and d % m == 0:
             out.append(("faiss-pq", bits, lambda m=m, b=bits: run_faiss(
@@ -279,8 +287,12 @@ def write_report(args, ds, res):
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(dict(dataset=ds["name"], n=len(ds["xb"]), d=ds["xb"].shape[1], nq=len(ds["xq"]), threads=args.threads,
                        date=time.strftime("%Y-%m-%d"), results=res), f, indent=1)
+    import faiss
+    simd = sorted({r["simd"] for r in res if r.get("simd")})
     lines = [f"Dataset: {ds['name']}, n={len(ds['xb'])}, nq={len(ds['xq'])}, metric={ds['metric']}, "
-             f"threads={args.threads}, date {time.strftime('%Y-%m-%d')}", "",
+             f"threads={args.threads}, date {time.strftime('%Y-%m-%d')}; tq SIMD {'/'.join(simd) or '-'}, "
+             f"faiss {faiss.__version__} ({faiss.get_compile_options().strip()}); QPS: median of "
+             f"{args.reps} (tq) and {args.faiss_reps} (FAISS, rabitqlib) searches", "",
              "| method | bits/dim | code bits/vec | bytes/vec | R@1@1 | R@1@2 | R@1@4 | R@1@16 | R@1@64 | R10@10 | train s | build s | QPS |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     d = ds["xb"].shape[1]
@@ -352,7 +364,9 @@ def main():
     ap.add_argument("--tq-extra", type=float, nargs="*", default=[],
                     help="extra tq widths (e.g. 2.5 3 3.5) to compare at equal bytes")
     ap.add_argument("--tq-variants", nargs="*", default=[],
-                    help="extra tq variants at each --bits, e.g. center fit-scale center,fit-scale")
+                    help="extra tq variants at each --bits, each a comma-separated list of `tq index` "
+                         "flags without the dashes, e.g. no-center,no-fit-scale trellis; rows are "
+                         "named by the index tq reports")
     ap.add_argument("--nq", type=int, default=10000)
     ap.add_argument("--reps", type=int, default=3, help="tq timed runs (median)")
     ap.add_argument("--faiss-reps", type=int, default=1, help="FAISS/rabitqlib timed searches (median)")
