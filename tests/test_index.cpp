@@ -231,6 +231,63 @@ TEST(Index, FirstAtLeastEqualsScalarReference) {
   EXPECT_EQ(tq::first_at_least(v.data(), v.size(), 1.f), 2u);
 }
 
+TEST(Index, MaskAtLeastEqualsScalarReference) {
+  tq::Rng rng(11);
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const float odd[] = {nan, inf, -inf, -0.f, 0.f, 1e30f, -1e30f};
+  for (size_t n : {0u, 1u, 5u, 8u, 15u, 16u, 17u, 31u, 32u}) {
+    for (int trial = 0; trial < 40; ++trial) {
+      std::vector<float> v(n);
+      for (auto& x : v) x = static_cast<float>(rng.uniform() * 2.0 - 1.0);
+      if (trial % 2 == 1)
+        for (size_t i = 0; i < n / 4 + 1 && n > 0; ++i) v[rng.below(n)] = odd[rng.below(7)];
+      std::vector<float> bars = {2.f, -2.f, nan, inf, -inf, 0.f, -0.f};
+      for (int b = 0; b < 4 && n > 0; ++b) bars.push_back(v[rng.below(n)] + 0.25f);
+      for (float off : {0.f, 0.25f, -1e30f, inf, nan})
+        for (float thr : bars) {
+          const uint32_t ref = tq::mask_at_least_ref(v.data(), n, off, thr);
+          for (const auto& level : tq::simd::available_levels()) {
+            tq::simd::ScopedLevel sl(level);
+            EXPECT_EQ(tq::mask_at_least(v.data(), n, off, thr), ref)
+                << "level " << level << " n " << n << " off " << off << " bar " << thr;
+          }
+        }
+    }
+  }
+  // Exactly: the bits of the scores at or above the bar after the offset; bit 31 reachable.
+  std::vector<float> v(32, 0.f);
+  v[0] = 1.f, v[3] = 0.5f, v[31] = 2.f, v[7] = nan;
+  EXPECT_EQ(tq::mask_at_least_ref(v.data(), 32, 0.5f, 1.f), (1u << 0) | (1u << 3) | (1u << 31));
+  EXPECT_EQ(tq::mask_at_least(v.data(), 32, 0.5f, 1.f), (1u << 0) | (1u << 3) | (1u << 31));
+  EXPECT_EQ(tq::mask_at_least(v.data(), 32, 0.f, 1.5f), 1u << 31);
+}
+
+// The scan's best-R selection keeps the best R of everything pushed (higher score first, then the
+// lower index), whatever the order of the pushes, equal scores and replacements included.
+TEST(Index, TopRKeepsTheBestInOneTotalOrder) {
+  tq::Rng rng(12);
+  for (size_t cap : {1u, 2u, 3u, 10u, 26u, 100u}) {
+    for (int trial = 0; trial < 20; ++trial) {
+      const size_t n = cap * (1 + rng.below(8)) + rng.below(5);
+      std::vector<std::pair<float, uint32_t>> all(n);
+      for (size_t i = 0; i < n; ++i)  // few distinct scores: many ties, decided by the index
+        all[i] = {static_cast<float>(rng.below(trial % 2 ? 4 : 1000)), static_cast<uint32_t>(i)};
+      std::vector<std::pair<float, uint32_t>> order = all;
+      for (size_t i = n; i > 1; --i) std::swap(order[i - 1], order[rng.below(i)]);
+      tq::TopR t;
+      t.reset(cap);
+      for (const auto& e : order) t.push(e.first, e.second);
+      std::sort(all.begin(), all.end(), tq::TopR::cmp);
+      all.resize(std::min(cap, n));
+      ASSERT_EQ(t.sorted(), all) << "cap " << cap << " n " << n;
+      if (n >= cap) {
+        EXPECT_EQ(t.threshold, all.back().first);
+        EXPECT_EQ(t.threshold_id, all.back().second);
+      }
+    }
+  }
+}
+
 TEST(Index, FastScanKernelEqualsScalarReference) {
   tq::Rng rng(7);
   for (size_t mg : {4u, 8u, 28u, 100u, 1100u}) {  // 1100 groups: > 256 iterations, flushes

@@ -259,6 +259,11 @@ void lut_to_u8_ref(size_t m, size_t st, const float* lut, const float* mins, flo
 size_t first_at_least(const float* v, size_t n, float thr) noexcept;
 size_t first_at_least_ref(const float* v, size_t n, float thr) noexcept;
 
+// Bit r (r < n <= 32) set when v[r] + off >= thr (the sum rounded to float; NaN never is): a
+// block's scores at or above the worst kept one, the scan's candidates. SIMD, the reference's bits.
+uint32_t mask_at_least(const float* v, size_t n, float off, float thr) noexcept;
+uint32_t mask_at_least_ref(const float* v, size_t n, float off, float thr) noexcept;
+
 // Scores of n fast-scan sums (n a multiple of 32 for the SIMD path): dot = bias + step * acc,
 // out = scale * dot (norm == nullptr) or 2 scale dot - norm^2 (l2); block_max[b] = the best
 // of out[32 b .. 32 b + 31]. Float results may differ from the reference by FMA rounding.

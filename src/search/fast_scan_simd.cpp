@@ -82,6 +82,12 @@ size_t first_at_least_ref(const float* v, size_t n, float thr) noexcept {
   return n;
 }
 
+uint32_t mask_at_least_ref(const float* v, size_t n, float off, float thr) noexcept {
+  uint32_t mask = 0;
+  for (size_t r = 0; r < n; ++r) mask |= static_cast<uint32_t>(v[r] + off >= thr) << r;
+  return mask;
+}
+
 void lut_to_u8_ref(size_t m, size_t st, const float* lut, const float* mins, float inv, uint8_t* q8) noexcept {
   for (size_t g = 0; g < m; ++g)
     for (size_t c = 0; c < st; ++c) q8[g * st + c] = lut_u8((lut[g * st + c] - mins[g]) * inv);
@@ -328,6 +334,22 @@ size_t FirstAtLeast(const float* HWY_RESTRICT v, size_t n, float thr) {
   return i + first_at_least_ref(v + i, n - i, thr);
 }
 
+uint32_t MaskAtLeast(const float* HWY_RESTRICT v, size_t n, float off, float thr) {
+  const hn::CappedTag<float, 16> df;
+  const size_t N = hn::Lanes(df);
+  const auto o = hn::Set(df, off), t = hn::Set(df, thr);
+  uint32_t mask = 0;
+  size_t i = 0;
+  for (; i + N <= n; i += N) {
+    uint8_t bits[8] = {};
+    hn::StoreMaskBits(df, hn::Ge(hn::Add(hn::LoadU(df, v + i), o), t), bits);  // false for NaN
+    uint32_t b = 0;
+    std::memcpy(&b, bits, sizeof b);
+    mask |= (b & ((1u << N) - 1u)) << i;  // N <= 16 lanes
+  }
+  return mask | (mask_at_least_ref(v + i, n - i, off, thr) << i);
+}
+
 // NOLINTNEXTLINE(google-readability-namespace-comments)
 }  // namespace HWY_NAMESPACE
 }  // namespace tq
@@ -341,6 +363,12 @@ HWY_EXPORT(FastScanU8Multi);
 HWY_EXPORT(TrellisScanU8);
 HWY_EXPORT(LutToU8);
 HWY_EXPORT(FirstAtLeast);
+HWY_EXPORT(MaskAtLeast);
+
+uint32_t mask_at_least(const float* v, size_t n, float off, float thr) noexcept {
+  if (simd::use_scalar()) return mask_at_least_ref(v, n, off, thr);
+  return HWY_DYNAMIC_DISPATCH(MaskAtLeast)(v, n, off, thr);
+}
 
 size_t first_at_least(const float* v, size_t n, float thr) noexcept {
   if (simd::use_scalar()) return first_at_least_ref(v, n, thr);

@@ -879,51 +879,6 @@ IvfScanOrder ivf_scan_order() noexcept { return static_cast<IvfScanOrder>(g_ivf_
 
 namespace {
 
-// Best-R selection over vector indices in one total order: higher score first, then the
-// lower index. The kept set is the best R of everything pushed whatever the order of the
-// pushes (a push equal in score to the worst kept one enters when its index is lower), so
-// the IVF scan may visit a query's lists in any order and return the same candidates.
-struct TopR {
-  size_t cap = 0;
-  std::vector<std::pair<float, uint32_t>> h;  // min-heap on score
-  float threshold = -std::numeric_limits<float>::infinity();
-  uint32_t threshold_id = 0;  // index of the worst kept entry once full
-  void reset(size_t c) {
-    cap = c;
-    h.clear();
-    threshold = -std::numeric_limits<float>::infinity();
-    threshold_id = 0;
-  }
-  struct Better {
-    bool operator()(const std::pair<float, uint32_t>& a, const std::pair<float, uint32_t>& b) const noexcept {
-      return a.first > b.first || (a.first == b.first && a.second < b.second);
-    }
-  };
-  static constexpr Better cmp{};
-  void push(float s, uint32_t i) {
-    if (h.size() < cap) {
-      h.emplace_back(s, i);
-      std::push_heap(h.begin(), h.end(), cmp);
-      if (h.size() == cap) {
-        threshold = h.front().first;
-        threshold_id = h.front().second;
-      }
-    } else if (s > threshold || (s == threshold && i < threshold_id)) {
-      std::pop_heap(h.begin(), h.end(), cmp);
-      h.back() = {s, i};
-      std::push_heap(h.begin(), h.end(), cmp);
-      threshold = h.front().first;
-      threshold_id = h.front().second;
-    }
-  }
-  // Sorted best first.
-  std::vector<std::pair<float, uint32_t>> sorted() const {
-    auto v = h;
-    std::sort(v.begin(), v.end(), cmp);
-    return v;
-  }
-};
-
 // Internal score of vector i, higher is better: ip/cosine: scale * dot; l2: 2 scale dot - ||x||^2.
 float internal_score(const Index::Impl& I, bool l2, size_t i, float dot) {
   const float s = I.scale[i] * dot;
@@ -1279,9 +1234,7 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
             if (bmax[bi] + off < t.threshold) continue;
             // The block's slots at or above the threshold as a bit mask, then only those, each
             // checked again against the threshold it has risen to.
-            const float thr = t.threshold;
-            uint32_t mask = 0;
-            for (size_t r = 0; r < kBlock; ++r) mask |= static_cast<uint32_t>(sc[e0 + r] + off >= thr) << r;
+            uint32_t mask = mask_at_least(sc.data() + e0, kBlock, off, t.threshold);
             if (e1 - e0 < kBlock) mask &= (1u << (e1 - e0)) - 1u;
             while (mask != 0) {
               const size_t r = e0 + static_cast<size_t>(__builtin_ctz(mask));
@@ -1565,10 +1518,21 @@ void search_impl(const Index::Impl& I, size_t nq, const float* q, const SearchPa
                              delta[b], sc.data(), bmax.data());
             TopR& t = top[b];
             for (size_t bi = 0; bi * kBlock < cnt; ++bi) {
-              if (bmax[bi] <= t.threshold && t.h.size() >= t.cap) continue;
               const size_t r0 = bi * kBlock, r1e = std::min(cnt, r0 + kBlock);
-              for (size_t r = r0; r < r1e; ++r)
-                if (sc[r] > t.threshold || t.h.size() < t.cap) t.push(sc[r], static_cast<uint32_t>(v0 + r));
+              if (t.h.size() < t.cap) {
+                for (size_t r = r0; r < r1e; ++r) t.push(sc[r], static_cast<uint32_t>(v0 + r));
+                continue;
+              }
+              // Slots are scanned in increasing order, so a score equal to the worst kept one
+              // never enters (its slot is higher): only scores above the threshold can.
+              if (bmax[bi] <= t.threshold) continue;
+              uint32_t mask = mask_at_least(sc.data() + r0, kBlock, 0.f, t.threshold);
+              if (r1e - r0 < kBlock) mask &= (1u << (r1e - r0)) - 1u;
+              while (mask != 0) {
+                const size_t r = r0 + static_cast<size_t>(__builtin_ctz(mask));
+                mask &= mask - 1;
+                if (sc[r] > t.threshold) t.push(sc[r], static_cast<uint32_t>(v0 + r));
+              }
             }
           }
         }

@@ -5,7 +5,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "tq/codebook.h"
@@ -202,6 +204,65 @@ struct Index::Impl {
   void rebuild(const std::vector<size_t>& src);
   // Rounds through the persisted norm format (so a loaded index scores identically).
   float round_norm(float v) const noexcept;
+};
+
+// Best-R selection over vector indices in one total order: higher score first, then the
+// lower index. The kept set is the best R of everything pushed whatever the order of the
+// pushes (a push equal in score to the worst kept one enters when its index is lower), so
+// the IVF scan may visit a query's lists in any order and return the same candidates.
+struct TopR {
+  size_t cap = 0;
+  std::vector<std::pair<float, uint32_t>> h;  // min-heap on score
+  float threshold = -std::numeric_limits<float>::infinity();
+  uint32_t threshold_id = 0;  // index of the worst kept entry once full
+  void reset(size_t c) {
+    cap = c;
+    h.clear();
+    threshold = -std::numeric_limits<float>::infinity();
+    threshold_id = 0;
+  }
+  struct Better {
+    bool operator()(const std::pair<float, uint32_t>& a, const std::pair<float, uint32_t>& b) const noexcept {
+      return a.first > b.first || (a.first == b.first && a.second < b.second);
+    }
+  };
+  static constexpr Better cmp{};
+  void push(float s, uint32_t i) {
+    if (h.size() < cap) {
+      h.emplace_back(s, i);
+      std::push_heap(h.begin(), h.end(), cmp);
+      if (h.size() == cap) {
+        threshold = h.front().first;
+        threshold_id = h.front().second;
+      }
+    } else if (s > threshold || (s == threshold && i < threshold_id)) {
+      replace_top(s, i);
+      threshold = h.front().first;
+      threshold_id = h.front().second;
+    }
+  }
+  // The worst kept entry (the root) replaced by (s, i), which ranks above it, and sifted down:
+  // one pass instead of pop_heap's and push_heap's two.
+  void replace_top(float s, uint32_t i) {
+    const std::pair<float, uint32_t> x{s, i};
+    const size_t n = h.size();
+    size_t at = 0;
+    for (;;) {
+      size_t c = 2 * at + 1;
+      if (c >= n) break;
+      if (c + 1 < n && cmp(h[c], h[c + 1])) ++c;  // the worse child
+      if (!cmp(x, h[c])) break;                  // x is no better than it: x stays here
+      h[at] = h[c];
+      at = c;
+    }
+    h[at] = x;
+  }
+  // Sorted best first.
+  std::vector<std::pair<float, uint32_t>> sorted() const {
+    auto v = h;
+    std::sort(v.begin(), v.end(), cmp);
+    return v;
+  }
 };
 
 // Sum of squares of x[0..d) with 8 independent float partial sums (vectorizes; no serial
