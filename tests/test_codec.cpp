@@ -19,6 +19,12 @@
 #include "tq/simd.h"
 #include "tq/trellis.h"
 
+// The scaled quantizer with its integer sum (src/codec/quantizer_simd.cpp; the KV cache's fit).
+namespace tq::detail {
+int64_t quantize_scaled(const Codebook& cb, size_t n, const float* y, float scale, uint8_t* idx,
+                        const int32_t* csq) noexcept;
+}
+
 namespace {
 
 const std::vector<int> kEdgeDims = {1, 2, 3, 7, 8, 17, 31, 33, 64, 100, 127, 128, 129, 1536};
@@ -415,6 +421,45 @@ TEST(Quantizer, SimdKernelsMatchReference) {
       tq::quantize_rotated(cb, n, y.data(), ifast.data());
       EXPECT_EQ(ifast, iref) << level << " bits " << b;
       EXPECT_NEAR(tq::dot_centroids(cb, n, q.data(), iref.data()), dref, 1e-5 * (1 + std::fabs(dref))) << level;
+    }
+  }
+}
+
+// Every boundary exactly, its float neighbours, NaN, infinities and signed zeros, scaled and
+// not, with the integer sum of csq[idx]: the same codes and sum at every SIMD level (each
+// level's path: permutes, the boundary count up to 4 bits, gathers above).
+TEST(Quantizer, SimdQuantizeMatchesReferenceAtBoundariesAndOddValues) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (int b = 1; b <= 8; ++b) {
+    const tq::Codebook& cb = tq::get_codebook(128, b);
+    std::vector<float> y = {nan, inf, -inf, 0.f, -0.f, 1e30f, -1e30f};
+    for (float t : cb.boundaries) {
+      y.push_back(t);
+      y.push_back(std::nextafter(t, inf));
+      y.push_back(std::nextafter(t, -inf));
+    }
+    tq::Rng rng(100 + b);
+    while (y.size() % 16 != 5) y.push_back(static_cast<float>(rng.normal() / std::sqrt(128.0)));  // and a tail
+    std::vector<int32_t> csq(size_t{1} << b);
+    for (size_t c = 0; c < csq.size(); ++c) csq[c] = static_cast<int32_t>(c * c + 1);
+    for (float scale : {1.f, 0.85f, 1.2f}) {
+      std::vector<uint8_t> iref(y.size()), ifast(y.size());
+      int64_t tref = 0;
+      for (size_t i = 0; i < y.size(); ++i) {
+        iref[i] = cb.quantize(y[i] * scale);
+        tref += csq[iref[i]];
+      }
+      for (const auto& level : tq::simd::available_levels()) {
+        tq::simd::ScopedLevel sl(level);
+        if (scale == 1.f) {
+          tq::quantize_rotated(cb, y.size(), y.data(), ifast.data());
+          EXPECT_EQ(ifast, iref) << level << " bits " << b;
+        }
+        std::fill(ifast.begin(), ifast.end(), uint8_t{0xEE});
+        EXPECT_EQ(tq::detail::quantize_scaled(cb, y.size(), y.data(), scale, ifast.data(), csq.data()), tref)
+            << level << " bits " << b << " scale " << scale;
+        EXPECT_EQ(ifast, iref) << level << " bits " << b << " scale " << scale;
+      }
     }
   }
 }

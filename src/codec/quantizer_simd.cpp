@@ -1,7 +1,8 @@
 // SIMD kernels of the scalar quantizer (Highway, dispatched per batch call).
 //   QuantizeRotated: index = number of codebook boundaries <= y, by a branch-free binary
-//     search with gathers; identical to Codebook::quantize (the reference), so codes are
-//     bit-identical across levels.
+//     search (permutes when the boundaries fit one register, else gathers) or, up to 4 bits,
+//     by counting them (one compare each); identical to Codebook::quantize (the reference),
+//     so codes are bit-identical across levels.
 //   DotCentroids: sum q[i] * c[idx[i]] with gathers and FMA; differs from the sequential
 //     reference only by float summation order.
 //   GatherScale: out[i] = s * c[idx[i]] (decode), exact same products as the reference.
@@ -49,6 +50,22 @@ int64_t QuantizeScaled(const float* HWY_RESTRICT bounds, int bits, size_t n, con
         const auto b = hn::TableLookupLanes(bv, hn::IndicesFromVec(df, hn::Sub(cand, hn::Set(di, 1))));
         pos = hn::IfThenElse(hn::RebindMask(di, hn::Ge(v, b)), cand, pos);
       }
+      hn::StoreU(hn::DemoteTo(d8, pos), d8, idx + i);
+      if (csq) acc = hn::Add(acc, hn::GatherIndex(di, csq, pos));
+    }
+  } else if (nb <= 15 && N <= 16) {
+    // Up to 4 bits with more boundaries than lanes (4 bits on AVX2 and below): count the
+    // boundaries <= t, one compare against each (broadcast), instead of the search's four
+    // gathers, which cost more than the 15 compares on AVX2 hosts. The same count: the
+    // boundaries are sorted, and a NaN t compares false with every one of them.
+    HWY_ALIGN float bcast[15 * 16];
+    for (int j = 0; j < nb; ++j)
+      for (size_t l = 0; l < N; ++l) bcast[j * N + l] = bounds[j];
+    for (; i + N <= n; i += N) {
+      const auto v = hn::Mul(hn::LoadU(df, y + i), vscale);
+      auto pos = hn::Zero(di);
+      for (int j = 0; j < nb; ++j)  // pos - (-1) for each boundary <= v
+        pos = hn::Sub(pos, hn::VecFromMask(di, hn::RebindMask(di, hn::Ge(v, hn::Load(df, bcast + j * N)))));
       hn::StoreU(hn::DemoteTo(d8, pos), d8, idx + i);
       if (csq) acc = hn::Add(acc, hn::GatherIndex(di, csq, pos));
     }

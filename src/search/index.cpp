@@ -453,6 +453,11 @@ void check_rows(size_t n, int d, const float* x, const char* what) {
 
 namespace {
 
+// The per-vector grid fit (fit_scale) tries the grid scales 0.80, 0.85, ..., 1.20 of the
+// rotated unit vector: t = 1 (the plain code) and these kFitScales others, in this order.
+constexpr int kFitScales = 8;
+float fit_scale_of(int k) { return 0.80f + 0.05f * static_cast<float>(k < 4 ? k : k + 1); }
+
 // Norms of the n rows of x (in parallel); throws naming the vector (what: the caller, e.g.
 // "index add") for a NaN/Inf component or a nonzero norm outside [2^-100, 2^62].
 std::vector<float> row_norms(int d, size_t n, const float* x, const char* what) {
@@ -616,8 +621,8 @@ void Index::add(size_t n, const float* x, const int64_t* ids, const AddProgress&
   std::atomic<size_t> taken{0};  // vectors whose chunk a thread has started (progress)
 #pragma omp parallel reduction(|| : overflow)
   {
-    std::vector<float> u(kChunk * d), y(kChunk * d), nrm(kChunk), lens(kChunk), cvals(d), ty(d), tc(d);
-    std::vector<uint8_t> idx(d), cidx(kChunk * d), gc(kBlock * I.m), tidx(d), ridx(I.rbytes > 0 ? d : 0);
+    std::vector<float> u(kChunk * d), y(kChunk * d), nrm(kChunk), lens(kChunk), cvals(d), ty(d), tc(kFitScales * d);
+    std::vector<uint8_t> idx(d), cidx(kChunk * d), gc(kBlock * I.m), tidx(kFitScales * d), ridx(I.rbytes > 0 ? d : 0);
 #pragma omp for schedule(dynamic, 1)
     for (size_t c = first; c < last; ++c) {
       const size_t i0 = std::max(n0, c * kChunk), i1 = std::min(n1, (c + 1) * kChunk);
@@ -692,28 +697,37 @@ void Index::add(size_t n, const float* x, const int64_t* ids, const AddProgress&
         code_of(yr, ir, cvals.data());
         float tbest = 1.f;  // the grid scale the first code was chosen at (fit_scale)
         if (I.cfg.fit_scale) {
-          // Best cosine(y, c) over grid scales t (t = 1 is the plain nearest-centroid code).
-          auto cosine_of = [&](const float* cv) {
-            float cc = 0, yc = 0;
-            for (size_t j = 0; j < d; ++j) {
-              cc += cv[j] * cv[j];
-              yc += cv[j] * yr[j];
-            }
-            return cc > 0 ? yc / std::sqrt(cc) : -1.f;
-          };
-          float best = cosine_of(cvals.data());
-          for (int ti = 0; ti < 9; ++ti) {
-            const float t = 0.80f + 0.05f * ti;
-            if (ti == 4) continue;  // t = 1 done above
+          // Best cosine(y, c) over grid scales t (t = 1 is the plain nearest-centroid code):
+          // the codes at the 8 other scales, then their cosines, whose sums run side by side
+          // (each in its own order over j, as one at a time would: the same floats, without
+          // one long chain of dependent adds per scale), then the first best in scale order.
+          for (int k = 0; k < kFitScales; ++k) {
+            const float t = fit_scale_of(k);
             for (size_t j = 0; j < d; ++j) ty[j] = t * yr[j];
-            code_of(ty.data(), tidx.data(), tc.data());
-            const float cs = cosine_of(tc.data());
-            if (cs > best) {
-              best = cs;
-              tbest = t;
-              std::memcpy(ir, tidx.data(), d);
-              std::memcpy(cvals.data(), tc.data(), d * sizeof(float));
+            code_of(ty.data(), tidx.data() + k * d, tc.data() + k * d);
+          }
+          float cc[1 + kFitScales] = {}, yc[1 + kFitScales] = {};
+          for (size_t j = 0; j < d; ++j) {
+            const float yj = yr[j];
+            cc[0] += cvals[j] * cvals[j];
+            yc[0] += cvals[j] * yj;
+            for (int k = 0; k < kFitScales; ++k) {
+              const float v = tc[k * d + j];
+              cc[1 + k] += v * v;
+              yc[1 + k] += v * yj;
             }
+          }
+          auto cosine = [&](int k) { return cc[k] > 0 ? yc[k] / std::sqrt(cc[k]) : -1.f; };
+          float best = cosine(0);
+          int kbest = -1;
+          for (int k = 0; k < kFitScales; ++k) {
+            const float cs = cosine(1 + k);
+            if (cs > best) best = cs, kbest = k;
+          }
+          if (kbest >= 0) {
+            tbest = fit_scale_of(kbest);
+            std::memcpy(ir, tidx.data() + kbest * d, d);
+            std::memcpy(cvals.data(), tc.data() + kbest * d, d * sizeof(float));
           }
         }
         float cc = 0, yc = 0;  // ||c||^2 and <y, c>
