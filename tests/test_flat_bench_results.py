@@ -120,6 +120,20 @@ check(m[DEF4]["recall_10_at_10"] < m["rabitqlib 4b (1 cluster)"]["recall_10_at_1
 check(R1(m[DEF4]) < R1(m["tq mse 4b corrected"]) and m[DEF4]["recall_10_at_10"] > m["tq mse 4b corrected"]["recall_10_at_10"],
       "1M: the defaults trade R@1@1 for R10@10")
 
+# The encode A/B (80-search.md "Faster 4-bit encode on AVX2", design.md): summary.json holds the
+# medians of build_ab.jsonl; the 4-bit builds take 0.37-0.52x the time, the 2-bit one is unchanged.
+import statistics  # noqa: E402
+ab = [json.loads(line) for line in open(os.path.join(RES, "flat_encode_ab", "build_ab.jsonl"))]
+summ = load("flat_encode_ab/summary.json")
+for key, e in summ.items():
+    for side in ("before", "after"):
+        xs = [r["build_s"] for r in ab if r["set"] == e["set"] and r["build"] == side]
+        check(len(xs) == 5 and abs(statistics.median(xs) - e[side + "_s"]) < 1e-12, f"encode A/B {key} {side}: median of 5")
+    check(abs(e["ratio"] - e["after_s"] / e["before_s"]) < 1e-12, f"encode A/B {key}: ratio")
+four = [e["ratio"] for k, e in summ.items() if "4b" in k]
+check(len(four) == 3 and 0.365 <= min(four) and max(four) <= 0.525, "4-bit builds 0.37-0.52x")
+check(0.95 <= summ["glove100k_2b"]["ratio"] <= 1.05, "2-bit build unchanged")
+
 if failures:
     print(f"{len(failures)} statement(s) do not hold")
     sys.exit(1)
