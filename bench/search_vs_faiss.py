@@ -170,7 +170,10 @@ def run_tq(args, ds, bits, extra=(), label=None):
         flags = words[4] if len(words) > 4 else ""
         if "trellis" in words[5:]:
             flags += " trellis"
-        label = f"tq mse {bits}b {flags}".rstrip() + (" no-rerank" if "--rerank" in extra else "")
+        # Flags the descriptor does not show (e.g. seed=7) are added, so rows stay distinct.
+        shown = {"center", "no-center", "fit-scale", "no-fit-scale", "trellis"}
+        more = [f.lstrip("-") for f in extra if f.startswith("--") and f.lstrip("-") not in shown | {"rerank"}]
+        label = " ".join([f"tq mse {bits}b", flags] + more).rstrip() + (" no-rerank" if "--rerank" in extra else "")
     return dict(method=label, family="tq", bits=bits, index=j["index"], simd=j.get("simd"),
                 bytes_per_vector=j["bytes_per_vector"], train_s=0.0, build_s=j["build_s"],
                 qps=j["qps"], recall_1_at_k=j["recall_1_at_k"], recall_10_at_10=j["recall_10_at_10"],

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""bench/results/{glove,fashion,glove1m_flat}/results.json and glove/headline_{4,2}b.json
-(bench/search_vs_faiss.py, tq index eval): the flat-index comparisons are well formed, and the
-statements BENCHMARKS.md ("Vector search index") makes about them hold for the saved numbers."""
+"""bench/results/{glove,fashion,glove1m_flat}/results.json, their run2/ and run_before_encode/
+re-runs, glove/headline_{4,2}b.json (bench/search_vs_faiss.py, tq index eval) and
+flat_encode_ab/: the flat-index comparisons are well formed, and the statements BENCHMARKS.md
+("Vector search index") makes about them hold for the saved numbers."""
 import json
 import os
 import sys
@@ -42,6 +43,14 @@ def ratio(a, b, lo, hi, what):
     check(lo <= x <= hi, f"{what}: {x:.2f} not in [{lo}, {hi}]")
 
 
+def spread(xs, lo, hi, what, med=None):
+    """The text's "lo-hi" (and "median med") over the runs, to the digits it gives."""
+    xs = sorted(xs)
+    check(round(xs[0], 1) == lo and round(xs[-1], 1) == hi, f"{what}: {xs[0]:.2f}-{xs[-1]:.2f}, text {lo}-{hi}")
+    if med is not None:
+        check(round(xs[len(xs) // 2], 1) == med, f"{what}: median {xs[len(xs) // 2]:.2f}, text {med}")
+
+
 R1 = lambda r: r["recall_1_at_k"]["1"]  # noqa: E731
 DEF4, DEF2 = "tq mse 4b corrected+fit+center", "tq mse 2b corrected+fit+center"
 
@@ -55,17 +64,33 @@ for h, b in ((h4, 4), (h2, 2)):
 # Goals of issue 6: R@1@1 >= 0.82 at 4 bits, >= 0.48 at 2 bits, on all queries and on the 2,000.
 check(R1(h4) >= 0.82 and R1(g[DEF4]) >= 0.82, "4-bit recall goal")
 check(R1(h2) >= 0.48 and R1(g[DEF2]) >= 0.48, "2-bit recall goal")
-# Build: --no-center --no-fit-scale under 0.1 s; PQ 50x8 about 18x the default build, 100x the plain one.
-check(g["tq mse 4b corrected"]["build_s"] < 0.1, "plain 4-bit build under 0.1 s")
+# The three GloVe runs (the main one, run2/, run_before_encode/): the same recalls for tq and FAISS.
+gruns = [g, rows("glove/run2/results.json")[1], rows("glove/run_before_encode/results.json")[1]]
+for o in gruns[1:]:
+    check(set(o) == set(g), "glove runs: the same rows")
+    for mth, r in o.items():
+        if not mth.startswith("rabitqlib") and not mth.startswith("FAISS PQ"):
+            check(r["recall_1_at_k"] == g[mth]["recall_1_at_k"], f"glove runs: {mth} recall deterministic")
+# Build: --no-center --no-fit-scale under 0.1 s in every run; PQ 50x8 19-27x the default build and
+# 65-105x the plain one in the two runs with today's build.
+check(all(o["tq mse 4b corrected"]["build_s"] < 0.1 for o in gruns), "plain 4-bit build under 0.1 s")
 pq = g["FAISS PQ 50x8"]
-ratio(pq["build_s"], g[DEF4]["build_s"], 15, 22, "PQ 50x8 build / tq default build (about 18x)")
-ratio(pq["build_s"], g["tq mse 4b corrected"]["build_s"], 85, 120, "PQ 50x8 build / tq plain build (100x)")
-# QPS at 4 bits: >= 2x PQ 50x8 and >= SQ4 at better recall (goals), stated 14x, 61x, 3.4x, 3.0x.
-ratio(g[DEF4]["qps"], pq["qps"], 13.5, 14.5, "tq / PQ 50x8 QPS (14x)")
-ratio(g[DEF4]["qps"], g["FAISS SQ4"]["qps"], 60, 62, "tq / SQ4 QPS (61x)")
+spread([o["FAISS PQ 50x8"]["build_s"] / o[DEF4]["build_s"] for o in gruns[:2]], 19.2, 27.3, "PQ build / tq default build")
+spread([o["FAISS PQ 50x8"]["build_s"] / o["tq mse 4b corrected"]["build_s"] for o in gruns[:2]], 65.2, 105.1,
+       "PQ build / tq plain build")
+# QPS at 4 bits: >= 2x PQ 50x8 and >= SQ4 at better recall (goals), in every run; the stated spreads.
+check(all(o[DEF4]["qps"] >= 2 * o["FAISS PQ 50x8"]["qps"] and o[DEF4]["qps"] >= o["FAISS SQ4"]["qps"] for o in gruns),
+      "QPS goals in every run")
+spread([o[DEF4]["qps"] / o["FAISS PQ 50x8"]["qps"] for o in gruns], 6.6, 14.2, "tq / PQ 50x8", 7.4)
+spread([o[DEF4]["qps"] / o["FAISS SQ4"]["qps"] for o in gruns], 27.6, 60.8, "tq / SQ4")
 check(R1(g[DEF4]) > R1(g["FAISS SQ4"]), "tq above SQ4's recall")
-ratio(g[DEF4]["qps"], g["rabitqlib 4b (1 cluster)"]["qps"], 3.35, 3.45, "tq / rabitqlib 4b QPS (3.4x)")
-ratio(g[DEF2]["qps"], g["rabitqlib 2b (1 cluster)"]["qps"], 2.95, 3.05, "tq / rabitqlib 2b QPS (3.0x)")
+spread([o[DEF4]["qps"] / o["rabitqlib 4b (1 cluster)"]["qps"] for o in gruns], 1.7, 3.4, "tq / rabitqlib 4b", 2.4)
+spread([o[DEF2]["qps"] / o["rabitqlib 2b (1 cluster)"]["qps"] for o in gruns], 2.6, 3.8, "tq / rabitqlib 2b", 3.0)
+spread([o[DEF4 + " trellis"]["qps"] for o in gruns], 341.6, 423.2, "trellis QPS")
+check(round(min(R1(o["rabitqlib 4b (1 cluster)"]) for o in gruns), 3) == 0.859 and
+      round(max(R1(o["rabitqlib 4b (1 cluster)"]) for o in gruns), 3) == 0.875, "rabitqlib 4b R@1@1 0.859-0.875")
+check(round(min(o["rabitqlib 4b (1 cluster)"]["recall_10_at_10"] for o in gruns), 3) == 0.888 and
+      round(max(o["rabitqlib 4b (1 cluster)"]["recall_10_at_10"] for o in gruns), 3) == 0.889, "rabitqlib 4b R10@10")
 # Against FAISS's TurboQuant without centring or grid fit, and with the defaults.
 for b in (4, 2):
     ftq = g[f"FAISS TurboQuant-MSE {b}b (SQ tqmse, rotated)"]
@@ -78,7 +103,9 @@ rq4, rq2, frq4, frq2 = (g["rabitqlib 4b (1 cluster)"], g["rabitqlib 2b (1 cluste
 check(R1(frq4) < R1(g[DEF4]) < R1(rq4), "4 bits between FAISS RaBitQ and rabitqlib")
 check(g[DEF4]["recall_10_at_10"] < rq4["recall_10_at_10"], "4 bits R10@10 below rabitqlib")
 tr4 = g[DEF4 + " trellis"]
-check(abs(R1(tr4) - R1(rq4)) <= 0.0075 and tr4["recall_10_at_10"] > rq4["recall_10_at_10"], "trellis 4b vs rabitqlib")
+check(min(R1(o["rabitqlib 4b (1 cluster)"]) for o in gruns) <= R1(tr4) <= max(R1(o["rabitqlib 4b (1 cluster)"]) for o in gruns)
+      and all(tr4["recall_10_at_10"] > o["rabitqlib 4b (1 cluster)"]["recall_10_at_10"] for o in gruns),
+      "trellis 4b level with rabitqlib's R@1@1, above its R10@10")
 check(tr4["qps"] < g[DEF4]["qps"] / 10, "trellis scans far slower here (no VBMI)")
 check(R1(g[DEF2]) < R1(frq2) < R1(rq2), "2 bits: both RaBitQs ahead of the scalar code")
 check(R1(g[DEF2]) < R1(g[DEF2 + " trellis"]) < R1(rq2), "2-bit trellis between")
@@ -100,22 +127,24 @@ check(R1(f[F4]) > R1(f["tq mse 4b corrected+fit"]), "fashion: centring gains at 
 check(R1(f[F4]) > R1(f[F4 + " no-rerank"]), "fashion: re-ranking gains at 4 bits")
 rf4, rf2, ff4, ff2 = (f["rabitqlib 4b (1 cluster)"], f["rabitqlib 2b (1 cluster)"],
                       f["FAISS RaBitQ 4b (rotated)"], f["FAISS RaBitQ 2b (rotated)"])
-for o in (rf4, ff4):  # "level" at 4 bits: within 0.002 R10@10, fewer bytes
-    check(abs(f[F4]["recall_10_at_10"] - o["recall_10_at_10"]) <= 0.002, f"fashion 4b level with {o['method']}")
+for o in (rf4, ff4):  # "level" at 4 bits: within 0.005 R10@10, fewer bytes
+    check(abs(f[F4]["recall_10_at_10"] - o["recall_10_at_10"]) <= 0.005, f"fashion 4b level with {o['method']}")
 check(f[F4]["bytes_per_vector"] < ff4["bytes_per_vector"], "fashion 4b fewer bytes")
 check(f[F2]["recall_10_at_10"] < min(rf2["recall_10_at_10"], ff2["recall_10_at_10"]), "fashion 2b scalar below")
 tr = f[F2 + " trellis"]["recall_10_at_10"]
 check(abs(tr - rf2["recall_10_at_10"]) <= 0.005 and abs(tr - ff2["recall_10_at_10"]) <= 0.005, "fashion 2b trellis level")
-check(rf4["qps"] > f[F4]["qps"] and rf2["qps"] > f[F2]["qps"], "fashion: rabitqlib faster at d = 784")
+fruns = [f, rows("fashion/run_before_encode/results.json")[1]]
+check(sorted(round(o["rabitqlib 4b (1 cluster)"]["qps"] / o[F4]["qps"], 2) for o in fruns) == [1.67, 1.73], "1.67-1.73x")
+check(sorted(round(o["rabitqlib 2b (1 cluster)"]["qps"] / o[F2]["qps"], 2) for o in fruns) == [1.0, 1.26], "1.0-1.26x")
 check(f["FAISS SQ4"]["qps"] < f[F4]["qps"] and ff4["qps"] < f[F4]["qps"], "fashion: SQ4 and FAISS RaBitQ slower")
 
 # 1M flat.
 j, m = rows("glove1m_flat/results.json")
 check(j["n"] == 1000000 and j["nq"] == 1000, "1M: run parameters")
-ratio(m[DEF4]["build_s"], g[DEF4]["build_s"], 9.5, 10.5, "1M / 100k build (10x)")
-ratio(g[DEF4]["qps"], m[DEF4]["qps"], 11.5, 12.5, "100k / 1M QPS (12x)")
-ratio(m[DEF4]["qps"], m["rabitqlib 4b (1 cluster)"]["qps"], 1.9, 2.0, "1M tq / rabitqlib (1.9x)")
-ratio(m[DEF4]["qps"], m["FAISS PQ 50x8"]["qps"], 8.5, 9.5, "1M tq / PQ 50x8 (9x)")
+mruns = [m, rows("glove1m_flat/run2/results.json")[1], rows("glove1m_flat/run_before_encode/results.json")[1]]
+spread([gg[DEF4]["qps"] / mm[DEF4]["qps"] for gg, mm in zip(gruns, mruns)], 6.2, 12.4, "100k / 1M QPS (6-12x)")
+spread([mm[DEF4]["qps"] / mm["rabitqlib 4b (1 cluster)"]["qps"] for mm in mruns], 1.8, 2.7, "1M tq / rabitqlib")
+spread([mm[DEF4]["qps"] / mm["FAISS PQ 50x8"]["qps"] for mm in mruns], 9.1, 12.9, "1M tq / PQ 50x8 (9-13x)")
 check(m[DEF4]["recall_10_at_10"] < m["rabitqlib 4b (1 cluster)"]["recall_10_at_10"], "1M: rabitqlib's R10@10 higher")
 check(R1(m[DEF4]) < R1(m["tq mse 4b corrected"]) and m[DEF4]["recall_10_at_10"] > m["tq mse 4b corrected"]["recall_10_at_10"],
       "1M: the defaults trade R@1@1 for R10@10")
