@@ -347,7 +347,8 @@ uint32_t MaskAtLeast(const float* HWY_RESTRICT v, size_t n, float off, float thr
     std::memcpy(&b, bits, sizeof b);
     mask |= (b & ((1u << N) - 1u)) << i;  // N <= 16 lanes
   }
-  return mask | (mask_at_least_ref(v + i, n - i, off, thr) << i);
+  if (i < n) mask |= mask_at_least_ref(v + i, n - i, off, thr) << i;  // (a shift by 32 is undefined)
+  return mask;
 }
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)
