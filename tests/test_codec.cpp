@@ -449,12 +449,13 @@ TEST(Quantizer, SimdQuantizeMatchesReferenceAtBoundariesAndOddValues) {
         iref[i] = cb.quantize(y[i] * scale);
         tref += csq[iref[i]];
       }
+      tq::quantize_rotated_ref(cb, y.size(), y.data(), ifast.data(), scale);
+      EXPECT_EQ(ifast, iref) << "reference, bits " << b << " scale " << scale;
       for (const auto& level : tq::simd::available_levels()) {
         tq::simd::ScopedLevel sl(level);
-        if (scale == 1.f) {
-          tq::quantize_rotated(cb, y.size(), y.data(), ifast.data());
-          EXPECT_EQ(ifast, iref) << level << " bits " << b;
-        }
+        std::fill(ifast.begin(), ifast.end(), uint8_t{0xEE});
+        tq::quantize_rotated(cb, y.size(), y.data(), ifast.data(), scale);
+        EXPECT_EQ(ifast, iref) << level << " bits " << b << " scale " << scale;
         std::fill(ifast.begin(), ifast.end(), uint8_t{0xEE});
         EXPECT_EQ(tq::detail::quantize_scaled(cb, y.size(), y.data(), scale, ifast.data(), csq.data()), tref)
             << level << " bits " << b << " scale " << scale;

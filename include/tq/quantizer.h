@@ -79,9 +79,10 @@ class Quantizer {
 std::unique_ptr<Quantizer> make_quantizer(QuantizerKind kind, const QuantizerConfig& cfg);
 
 // Kernels shared with the KV cache and the index (rotated domain, unit-scale values).
-// quantize_rotated: y: n values -> idx: n codebook indices (count of boundaries <= y).
-void quantize_rotated(const Codebook& cb, size_t n, const float* y, uint8_t* idx) noexcept;
-void quantize_rotated_ref(const Codebook& cb, size_t n, const float* y, uint8_t* idx) noexcept;
+// quantize_rotated: y: n values -> idx: n codebook indices (count of boundaries <= y), of the
+// float products scale * y[i] when a scale is given (the index's grid fit).
+void quantize_rotated(const Codebook& cb, size_t n, const float* y, uint8_t* idx, float scale = 1.f) noexcept;
+void quantize_rotated_ref(const Codebook& cb, size_t n, const float* y, uint8_t* idx, float scale = 1.f) noexcept;
 // dot_centroids: sum_i q[i] * c[idx[i]] over n coordinates.
 float dot_centroids(const Codebook& cb, size_t n, const float* q, const uint8_t* idx) noexcept;
 float dot_centroids_ref(const Codebook& cb, size_t n, const float* q, const uint8_t* idx) noexcept;

@@ -53,19 +53,16 @@ int64_t QuantizeScaled(const float* HWY_RESTRICT bounds, int bits, size_t n, con
       hn::StoreU(hn::DemoteTo(d8, pos), d8, idx + i);
       if (csq) acc = hn::Add(acc, hn::GatherIndex(di, csq, pos));
     }
-  } else if (nb <= 15 && N <= 16) {
+  } else if (nb <= 15) {
     // Up to 4 bits with more boundaries than lanes (4 bits on AVX2 and below): count the
     // boundaries <= t, one compare against each (broadcast), instead of the search's four
     // gathers, which cost more than the 15 compares on AVX2 hosts. The same count: the
     // boundaries are sorted, and a NaN t compares false with every one of them.
-    HWY_ALIGN float bcast[15 * 16];
-    for (int j = 0; j < nb; ++j)
-      for (size_t l = 0; l < N; ++l) bcast[j * N + l] = bounds[j];
     for (; i + N <= n; i += N) {
       const auto v = hn::Mul(hn::LoadU(df, y + i), vscale);
       auto pos = hn::Zero(di);
       for (int j = 0; j < nb; ++j)  // pos - (-1) for each boundary <= v
-        pos = hn::Sub(pos, hn::VecFromMask(di, hn::RebindMask(di, hn::Ge(v, hn::Load(df, bcast + j * N)))));
+        pos = hn::Sub(pos, hn::VecFromMask(di, hn::RebindMask(di, hn::Ge(v, hn::Set(df, bounds[j])))));
       hn::StoreU(hn::DemoteTo(d8, pos), d8, idx + i);
       if (csq) acc = hn::Add(acc, hn::GatherIndex(di, csq, pos));
     }
@@ -146,12 +143,12 @@ HWY_EXPORT(QuantizeScaled);
 HWY_EXPORT(DotCentroids);
 HWY_EXPORT(GatherScale);
 
-void quantize_rotated_ref(const Codebook& cb, size_t n, const float* y, uint8_t* idx) noexcept {
-  for (size_t i = 0; i < n; ++i) idx[i] = cb.quantize(y[i]);
+void quantize_rotated_ref(const Codebook& cb, size_t n, const float* y, uint8_t* idx, float scale) noexcept {
+  for (size_t i = 0; i < n; ++i) idx[i] = cb.quantize(y[i] * scale);
 }
-void quantize_rotated(const Codebook& cb, size_t n, const float* y, uint8_t* idx) noexcept {
-  if (simd::use_scalar()) return quantize_rotated_ref(cb, n, y, idx);
-  HWY_DYNAMIC_DISPATCH(QuantizeScaled)(cb.boundaries.data(), cb.bits, n, y, 1.0f, idx, nullptr);
+void quantize_rotated(const Codebook& cb, size_t n, const float* y, uint8_t* idx, float scale) noexcept {
+  if (simd::use_scalar()) return quantize_rotated_ref(cb, n, y, idx, scale);
+  HWY_DYNAMIC_DISPATCH(QuantizeScaled)(cb.boundaries.data(), cb.bits, n, y, scale, idx, nullptr);
 }
 
 float dot_centroids_ref(const Codebook& cb, size_t n, const float* q, const uint8_t* idx) noexcept {

@@ -679,14 +679,20 @@ void Index::add(size_t n, const float* x, const int64_t* ids, const AddProgress&
       I.rot->forward(cnt, u.data(), y.data());
       // Codes of the rotated values v (d) and their reconstruction: nearest centroids per
       // segment, or the trellis path (Viterbi) and its table values.
-      auto code_of = [&](const float* v, uint8_t* codes, float* vals) {
+      // t: the grid scale (the codes of the float products t * v[j]).
+      auto code_of = [&](const float* v, float t, uint8_t* codes, float* vals) {
         if (I.tc) {
-          trellis_encode(*I.tc, v, codes);
+          const float* tv = v;
+          if (t != 1.f) {
+            for (size_t j = 0; j < d; ++j) ty[j] = t * v[j];
+            tv = ty.data();
+          }
+          trellis_encode(*I.tc, tv, codes);
           trellis_decode(*I.tc, codes, vals);
           return;
         }
         for (const Segment& s : I.segs) {
-          quantize_rotated(*s.cb, static_cast<size_t>(s.len), v + s.begin, codes + s.begin);
+          quantize_rotated(*s.cb, static_cast<size_t>(s.len), v + s.begin, codes + s.begin, t);
           const float* cent = s.cb->centroids.data();
           for (int j = s.begin; j < s.begin + s.len; ++j) vals[j] = cent[codes[j]];
         }
@@ -694,7 +700,7 @@ void Index::add(size_t n, const float* x, const int64_t* ids, const AddProgress&
       for (size_t r = 0; r < cnt; ++r) {
         const float* yr = y.data() + r * d;
         uint8_t* ir = cidx.data() + r * d;
-        code_of(yr, ir, cvals.data());
+        code_of(yr, 1.f, ir, cvals.data());
         float tbest = 1.f;  // the grid scale the first code was chosen at (fit_scale)
         if (I.cfg.fit_scale) {
           // Best cosine(y, c) over grid scales t (t = 1 is the plain nearest-centroid code):
@@ -702,9 +708,7 @@ void Index::add(size_t n, const float* x, const int64_t* ids, const AddProgress&
           // (each in its own order over j, as one at a time would: the same floats, without
           // one long chain of dependent adds per scale), then the first best in scale order.
           for (int k = 0; k < kFitScales; ++k) {
-            const float t = fit_scale_of(k);
-            for (size_t j = 0; j < d; ++j) ty[j] = t * yr[j];
-            code_of(ty.data(), tidx.data() + k * d, tc.data() + k * d);
+            code_of(yr, fit_scale_of(k), tidx.data() + k * d, tc.data() + k * d);
           }
           float cc[1 + kFitScales] = {}, yc[1 + kFitScales] = {};
           for (size_t j = 0; j < d; ++j) {
