@@ -162,6 +162,17 @@ for key, e in summ.items():
 four = [e["ratio"] for k, e in summ.items() if "4b" in k]
 check(len(four) == 3 and 0.365 <= min(four) and max(four) <= 0.525, "4-bit builds 0.37-0.52x")
 check(0.95 <= summ["glove100k_2b"]["ratio"] <= 1.05, "2-bit build unchanged")
+# The follow-up (followup_ab.txt): medians 0.252 -> 0.236 s (0.94x) and 0.918 -> 0.770 s (0.84x).
+fu = {}
+for line in open(os.path.join(RES, "flat_encode_ab", "followup_ab.txt")):
+    if not line.startswith("#"):
+        b, f, t = line.split()
+        fu.setdefault((b, f), []).append(float(t))
+med = {k: statistics.median(v) for k, v in fu.items() if len(v) == 5}
+check(len(med) == 4, "follow-up: 5 runs of each")
+for f, before, after, r in (("glove100_base.fvecs", 0.252, 0.236, 0.94), ("train.bvecs", 0.918, 0.770, 0.84)):
+    a, b = med.get(("fitb", f), 0), med.get(("fitc", f), 0)
+    check(round(a, 3) == before and round(b, 3) == after and b > 0 and round(b / a, 2) == r, f"follow-up {f}")
 
 if failures:
     print(f"{len(failures)} statement(s) do not hold")
