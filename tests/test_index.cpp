@@ -200,20 +200,38 @@ TEST(Index, LutToU8EqualsScalarReference) {
 // The coarse step's skip to the next score at or above the bar: the reference's index at every
 // SIMD level, for lengths around the vector widths, with NaN, infinities and signed zeros in the
 // scores and as the bar.
+namespace {
+
+// Scores for the search kernels' tests: n values in [-1, 1), and with odd about n / 4 + 1 of
+// them replaced by NaN, infinities, signed zeros or +-1e30.
+std::vector<float> kernel_test_scores(tq::Rng& rng, size_t n, bool odd) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const float odds[] = {nan, inf, -inf, -0.f, 0.f, 1e30f, -1e30f};
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>(rng.uniform() * 2.0 - 1.0);
+  if (odd)
+    for (size_t i = 0; i < n / 4 + 1 && n > 0; ++i) v[rng.below(n)] = odds[rng.below(7)];
+  return v;
+}
+
+// Bars to test scores v against: above and below everything, NaN, infinities, signed zeros, and
+// 4 of the entries plus shift (a hit there or earlier).
+std::vector<float> kernel_test_bars(tq::Rng& rng, const std::vector<float>& v, float shift) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> bars = {2.f, -2.f, nan, inf, -inf, 0.f, -0.f};
+  for (int b = 0; b < 4 && !v.empty(); ++b) bars.push_back(v[rng.below(v.size())] + shift);
+  return bars;
+}
+
+}  // namespace
+
 TEST(Index, FirstAtLeastEqualsScalarReference) {
   tq::Rng rng(10);
-  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
-  const float odd[] = {nan, inf, -inf, -0.f, 0.f, 1e30f, -1e30f};
+  const float nan = std::numeric_limits<float>::quiet_NaN();
   for (size_t n : {0u, 1u, 3u, 7u, 8u, 15u, 16u, 17u, 31u, 33u, 64u, 100u, 4096u}) {
     for (int trial = 0; trial < 20; ++trial) {
-      std::vector<float> v(n);
-      for (auto& x : v) x = static_cast<float>(rng.uniform() * 2.0 - 1.0);
-      if (trial % 2 == 1)
-        for (size_t i = 0; i < n / 4 + 1 && n > 0; ++i) v[rng.below(n)] = odd[rng.below(7)];
-      // Bars: above everything (no hit), each of a few entries (a hit there or earlier), odd values.
-      std::vector<float> bars = {2.f, -2.f, nan, inf, -inf, 0.f, -0.f};
-      for (int b = 0; b < 4 && n > 0; ++b) bars.push_back(v[rng.below(n)]);
-      for (float thr : bars) {
+      const std::vector<float> v = kernel_test_scores(rng, n, trial % 2 == 1);
+      for (float thr : kernel_test_bars(rng, v, 0.f)) {
         const size_t ref = tq::first_at_least_ref(v.data(), n, thr);
         for (const auto& level : tq::simd::available_levels()) {
           tq::simd::ScopedLevel sl(level);
@@ -234,16 +252,11 @@ TEST(Index, FirstAtLeastEqualsScalarReference) {
 TEST(Index, MaskAtLeastEqualsScalarReference) {
   tq::Rng rng(11);
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
-  const float odd[] = {nan, inf, -inf, -0.f, 0.f, 1e30f, -1e30f};
   for (size_t n : {0u, 1u, 5u, 8u, 15u, 16u, 17u, 31u, 32u}) {
     for (int trial = 0; trial < 40; ++trial) {
-      std::vector<float> v(n);
-      for (auto& x : v) x = static_cast<float>(rng.uniform() * 2.0 - 1.0);
-      if (trial % 2 == 1)
-        for (size_t i = 0; i < n / 4 + 1 && n > 0; ++i) v[rng.below(n)] = odd[rng.below(7)];
-      std::vector<float> bars = {2.f, -2.f, nan, inf, -inf, 0.f, -0.f};
-      for (int b = 0; b < 4 && n > 0; ++b) bars.push_back(v[rng.below(n)] + 0.25f);
-      for (float off : {0.f, 0.25f, -1e30f, inf, nan})
+      const std::vector<float> v = kernel_test_scores(rng, n, trial % 2 == 1);
+      const std::vector<float> bars = kernel_test_bars(rng, v, 0.25f);
+      for (float off : {0.f, -0.f, 0.25f, -1e30f, inf, nan})  // -0: the flat scan's offset
         for (float thr : bars) {
           const uint32_t ref = tq::mask_at_least_ref(v.data(), n, off, thr);
           for (const auto& level : tq::simd::available_levels()) {
@@ -277,9 +290,26 @@ TEST(Index, TopRKeepsTheBestInOneTotalOrder) {
       tq::TopR t;
       t.reset(cap);
       for (const auto& e : order) t.push(e.first, e.second);
+      // The scans' way in: blocks of up to 32 slots in slot order through offer_block, the
+      // scores offset by -0 (nothing) and by 0.5 (every score 0.5 higher, the same order).
+      std::vector<float> sc(n);
+      for (size_t i = 0; i < n; ++i) sc[i] = all[i].first;
+      tq::TopR tb, th;
+      tb.reset(cap);
+      th.reset(cap);
+      for (size_t b0 = 0; b0 < n; b0 += 32) {
+        const size_t len = std::min<size_t>(32, n - b0);
+        const float mx = *std::max_element(sc.begin() + b0, sc.begin() + b0 + len);
+        tb.offer_block(sc.data() + b0, len, -0.f, mx, static_cast<uint32_t>(b0));
+        th.offer_block(sc.data() + b0, len, 0.5f, mx, static_cast<uint32_t>(b0));
+      }
       std::sort(all.begin(), all.end(), tq::TopR::cmp);
       all.resize(std::min(cap, n));
       ASSERT_EQ(t.sorted(), all) << "cap " << cap << " n " << n;
+      ASSERT_EQ(tb.sorted(), all) << "blocks, cap " << cap << " n " << n;
+      auto shifted = all;
+      for (auto& e : shifted) e.first += 0.5f;
+      ASSERT_EQ(th.sorted(), shifted) << "blocks + 0.5, cap " << cap << " n " << n;
       if (n >= cap) {
         EXPECT_EQ(t.threshold, all.back().first);
         EXPECT_EQ(t.threshold_id, all.back().second);

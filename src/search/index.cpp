@@ -1245,21 +1245,7 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
                            sc.data(), bmax.data());
           for (size_t bi = 0; bi < nb; ++bi) {
             const size_t e0 = bi * kBlock, e1 = std::min(cnt, e0 + kBlock);
-            if (t.h.size() < t.cap) {
-              for (size_t r = e0; r < e1; ++r) t.push(sc[r] + off, static_cast<uint32_t>(v0 + r));
-              continue;
-            }
-            if (bmax[bi] + off < t.threshold) continue;
-            // The block's slots at or above the threshold as a bit mask, then only those, each
-            // checked again against the threshold it has risen to.
-            uint32_t mask = mask_at_least(sc.data() + e0, kBlock, off, t.threshold);
-            if (e1 - e0 < kBlock) mask &= (1u << (e1 - e0)) - 1u;
-            while (mask != 0) {
-              const size_t r = e0 + static_cast<size_t>(__builtin_ctz(mask));
-              mask &= mask - 1;
-              const float v = sc[r] + off;
-              if (v >= t.threshold) t.push(v, static_cast<uint32_t>(v0 + r));
-            }
+            t.offer_block(sc.data() + e0, e1 - e0, off, bmax[bi], static_cast<uint32_t>(v0 + e0));
           }
         }
       }
@@ -1537,20 +1523,7 @@ void search_impl(const Index::Impl& I, size_t nq, const float* q, const SearchPa
             TopR& t = top[b];
             for (size_t bi = 0; bi * kBlock < cnt; ++bi) {
               const size_t r0 = bi * kBlock, r1e = std::min(cnt, r0 + kBlock);
-              if (t.h.size() < t.cap) {
-                for (size_t r = r0; r < r1e; ++r) t.push(sc[r], static_cast<uint32_t>(v0 + r));
-                continue;
-              }
-              // Slots are scanned in increasing order, so a score equal to the worst kept one
-              // never enters (its slot is higher): only scores above the threshold can.
-              if (bmax[bi] <= t.threshold) continue;
-              uint32_t mask = mask_at_least(sc.data() + r0, kBlock, 0.f, t.threshold);
-              if (r1e - r0 < kBlock) mask &= (1u << (r1e - r0)) - 1u;
-              while (mask != 0) {
-                const size_t r = r0 + static_cast<size_t>(__builtin_ctz(mask));
-                mask &= mask - 1;
-                if (sc[r] > t.threshold) t.push(sc[r], static_cast<uint32_t>(v0 + r));
-              }
+              t.offer_block(sc.data() + r0, r1e - r0, -0.f, bmax[bi], static_cast<uint32_t>(v0 + r0));
             }
           }
         }

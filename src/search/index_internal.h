@@ -241,6 +241,22 @@ struct TopR {
       threshold_id = h.front().second;
     }
   }
+  // A block of n <= 32 scan scores sc[r] + off of slots first + r, whose best sc is block_max:
+  // every one pushed while the shortlist fills, then only those at or above the threshold,
+  // found by one SIMD compare (mask_at_least) and each checked against the threshold it has
+  // risen to. off = -0.f adds nothing (x + -0 is x, -0 included).
+  void offer_block(const float* sc, size_t n, float off, float block_max, uint32_t first) {
+    if (h.size() < cap) {
+      for (size_t r = 0; r < n; ++r) push(sc[r] + off, first + static_cast<uint32_t>(r));
+      return;
+    }
+    if (block_max + off < threshold) return;
+    for (uint32_t mask = mask_at_least(sc, n, off, threshold); mask != 0; mask &= mask - 1) {
+      const uint32_t r = static_cast<uint32_t>(__builtin_ctz(mask));
+      const float v = sc[r] + off;
+      if (v >= threshold) push(v, first + r);
+    }
+  }
   // The worst kept entry (the root) replaced by (s, i), which ranks above it, and sifted down:
   // one pass instead of pop_heap's and push_heap's two.
   void replace_top(float s, uint32_t i) {
