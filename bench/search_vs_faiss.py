@@ -170,6 +170,8 @@ def run_tq(args, ds, bits, extra=(), label=None):
         flags = words[4] if len(words) > 4 else ""
         if "trellis" in words[5:]:
             flags += " trellis"
+        if "two-level" in words[5:]:
+            flags += " two-level"
         # Flags the descriptor does not show (e.g. seed=7) are added, so rows stay distinct.
         shown = {"center", "no-center", "fit-scale", "no-fit-scale", "trellis"}
         more = [f.lstrip("-") for f in extra if f.startswith("--") and f.lstrip("-") not in shown | {"rerank"}]
@@ -251,7 +253,10 @@ def methods(args, ds):
     for bits in args.bits:
         out.append(("tq", bits, lambda b=bits: run_tq(args, ds, b)))
         if bits == 4:
-            out.append(("tq", bits, lambda b=bits: run_tq(args, ds, b, ["--rerank", "0"])))
+            # The shortlist re-rank of the single-level scan (indexes of d >= 256 scan in two
+            # levels by default, where the second level scores with float LUTs already).
+            nr = ["--rerank", "0"] + (["--two-level=off"] if d >= 256 else [])
+            out.append(("tq", bits, lambda b=bits, nr=nr: run_tq(args, ds, b, nr)))
         for v in args.tq_variants:
             flags = ["--" + f for f in v.split(",")]
             out.append(("tq", bits, lambda b=bits, fl=flags: run_tq(args, ds, b, fl)))

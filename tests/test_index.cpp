@@ -2502,3 +2502,193 @@ TEST(IndexAdd, AProgressExceptionCancelsTheAddAndLeavesTheIndexAsItWas) {
     EXPECT_EQ(slurp(t.path("a.tqi")), slurp(t.path("b.tqi"))) << what;
   }
 }
+
+// ---------------------------------------------------------------------------------------
+// Two-level scan (sign plane, then full codes for the vectors the bound cannot rule out)
+
+namespace {
+// Sets the two-level bound's eps for one scope (the default again after it).
+struct ScopedTwoLevelEps {
+  explicit ScopedTwoLevelEps(float e) { tq::set_two_level_eps(e); }
+  ~ScopedTwoLevelEps() { tq::set_two_level_eps(0.f); }
+};
+tq::SearchParams two_level(int on) {
+  tq::SearchParams p;
+  p.two_level = on;
+  return p;
+}
+}  // namespace
+
+TEST(IndexTwoLevel, WithAnUnboundedBarItIsTheFloatLutSearch) {
+  // eps so large that no vector is ruled out: every vector is scored with its float LUT in slot
+  // order, as the float-LUT search does, so ids and scores are the same, at every SIMD level.
+  // d = 257: a last sign group of one channel; n not a whole number of blocks.
+  const size_t n = 1001, nq = 16;
+  for (int d : {257, 300}) {
+    auto x = make_data(n, d, 11), q = make_data(nq, d, 12);
+    for (tq::Metric m : {tq::Metric::cosine, tq::Metric::l2, tq::Metric::ip})
+      for (double bits : {3.0, 3.5, 4.0}) {
+        auto c = cfg_of(d, bits, m);
+        c.center = c.fit_scale = (m != tq::Metric::ip);
+        tq::Index idx(c);
+        idx.add(n, x.data());
+        ASSERT_NE(idx.describe_search(two_level(-1)).find("two-level"), std::string::npos) << idx.describe();
+        tq::SearchParams pf;
+        pf.fast_scan = false;
+        const auto ref = run(idx, q, 10, pf);
+        ScopedTwoLevelEps big(1e30f);
+        for (const auto& level : tq::simd::available_levels()) {
+          tq::simd::ScopedLevel sl(level);
+          const auto got = run(idx, q, 10, two_level(1));
+          EXPECT_EQ(got.id, ref.id) << idx.describe() << " " << level;
+          EXPECT_EQ(got.s, ref.s) << idx.describe() << " " << level;
+        }
+      }
+  }
+}
+
+TEST(IndexTwoLevel, TheBoundKeepsTheFloatLutResultsAndScoresAreExact) {
+  // With the default eps: the results are (nearly always) the float-LUT search's, and every score
+  // returned is the float-LUT score of its vector (the second level scores exactly).
+  const int d = 384;
+  const size_t n = small() ? 1500 : 4000, nq = 40;
+  const int k = 10;
+  auto x = make_data(n, d, 21), q = make_data(nq, d, 22);
+  for (tq::Metric m : {tq::Metric::cosine, tq::Metric::l2}) {
+    auto c = cfg_of(d, 4, m);
+    c.center = c.fit_scale = true;
+    tq::Index idx(c);
+    idx.add(n, x.data());
+    tq::SearchParams pf;
+    pf.fast_scan = false;
+    const auto all = run(idx, q, static_cast<int>(n), pf);  // every vector's float-LUT score
+    const auto ref = run(idx, q, k, pf);
+    const auto got = run(idx, q, k, two_level(1));
+    const auto one = run(idx, q, k, two_level(0));
+    size_t same = 0;
+    for (size_t i = 0; i < nq; ++i) {
+      for (int r = 0; r < k; ++r) {
+        const int64_t id = got.id[i * k + r];
+        ASSERT_GE(id, 0);
+        const auto* row = all.id.data() + i * n;
+        const size_t at = static_cast<size_t>(std::find(row, row + n, id) - row);
+        ASSERT_LT(at, n);
+        EXPECT_EQ(got.s[i * k + r], all.s[i * n + at]) << "query " << i << " rank " << r;
+        same += std::count(ref.id.begin() + i * k, ref.id.begin() + (i + 1) * k, id);
+      }
+    }
+    // The bound is probabilistic (RaBitQ's eps 1.9: about 3% of estimates lie outside it), but a
+    // vector is lost only when its estimate errs that far and its score is near the bar.
+    EXPECT_GE(static_cast<double>(same) / (nq * k), 0.99) << idx.describe();
+    // Against exact neighbours, the two-level search ranks at least as well as the single-level one.
+    std::vector<float> gs(nq * k);
+    std::vector<int64_t> gi(nq * k);
+    tq::exact_search(m, n, d, x.data(), nq, q.data(), k, gs.data(), gi.data());
+    const Results gt{gs, gi};
+    EXPECT_GE(recall1(got, k, gt, k, k) + 0.02, recall1(one, k, gt, k, k)) << idx.describe();
+  }
+}
+
+TEST(IndexTwoLevel, ThePlaneFollowsAddsLoadsAndRemoves) {
+  // The sign plane is derived from the stored codes: batches sharing blocks, a loaded file and an
+  // index after remove_ids search as an index built at once from the same vectors.
+  TempDir t;
+  const int d = 260;
+  const size_t N = 1001;
+  auto x = make_data(N, d, 31), q = make_data(12, d, 32);
+  for (tq::Metric m : {tq::Metric::l2, tq::Metric::cosine}) {
+    auto c = cfg_of(d, 4, m);
+    tq::Index once(c), batches(c);
+    once.add(N, x.data());
+    size_t at = 0;
+    for (size_t len : {50u, 333u, 618u}) {
+      batches.add(len, x.data() + at * d);
+      at += len;
+    }
+    const auto ref = run(once, q, 10, two_level(1));
+    auto r = run(batches, q, 10, two_level(1));
+    EXPECT_EQ(r.id, ref.id);
+    EXPECT_EQ(r.s, ref.s);
+    once.save(t.path("a.tqi"));
+    const tq::Index loaded = tq::Index::load(t.path("a.tqi"));
+    r = run(loaded, q, 10, two_level(1));
+    EXPECT_EQ(r.id, ref.id);
+    EXPECT_EQ(r.s, ref.s);
+    std::vector<int64_t> ids(N);
+    for (size_t i = 0; i < N; ++i) ids[i] = static_cast<int64_t>(i);
+    const auto gone = ids_to_remove(ids);
+    std::vector<float> kx;
+    std::vector<int64_t> kid;
+    for (size_t i = 0; i < N; ++i) {
+      if (std::find(gone.begin(), gone.end(), ids[i]) != gone.end()) continue;
+      kx.insert(kx.end(), x.begin() + i * d, x.begin() + (i + 1) * d);
+      kid.push_back(ids[i]);
+    }
+    ASSERT_EQ(once.remove_ids(gone.size(), gone.data()), N - kid.size());
+    tq::Index kept(c);
+    kept.add(kid.size(), kx.data(), kid.data());
+    const auto rk = run(kept, q, 10, two_level(1));
+    r = run(once, q, 10, two_level(1));
+    EXPECT_EQ(r.id, rk.id);
+    EXPECT_EQ(r.s, rk.s);
+  }
+}
+
+TEST(IndexTwoLevel, WhereItAppliesAndBadParameters) {
+  const size_t n = 200;
+  auto x = make_data(n, 300, 41);
+  std::vector<float> q(x.begin(), x.begin() + 300);
+  auto expect_throw = [&](const tq::Index& idx, tq::SearchParams p, const char* what) {
+    p.k = 5;
+    std::vector<float> s(5);
+    std::vector<int64_t> id(5);
+    try {
+      idx.search(1, q.data(), p, s.data(), id.data());
+      ADD_FAILURE() << "no error: " << what << " " << idx.describe();
+    } catch (const tq::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  // dim 255 and 2 or 5 bits per channel: no sign plane, auto is the single-level scan, 1 an error.
+  auto x255 = make_data(n, 255, 42);
+  for (auto [d, bits] : {std::pair{255, 4.0}, std::pair{300, 2.0}, std::pair{300, 2.5}, std::pair{300, 5.0}}) {
+    tq::Index idx(cfg_of(d, bits, tq::Metric::l2));
+    idx.add(n, d == 255 ? x255.data() : x.data());
+    EXPECT_EQ(idx.describe_search(two_level(-1)).find("two-level"), std::string::npos) << idx.describe();
+    if (d == 300) expect_throw(idx, two_level(1), "two_level 1 needs");
+  }
+  tq::Index idx(cfg_of(300, 4, tq::Metric::l2));
+  idx.add(n, x.data());
+  EXPECT_NE(idx.describe_search(two_level(-1)).find("two-level"), std::string::npos);
+  EXPECT_EQ(idx.describe_search(two_level(0)).find("two-level"), std::string::npos);
+  tq::SearchParams pf = two_level(1);
+  pf.fast_scan = false;
+  expect_throw(idx, pf, "two_level 1 needs");
+  expect_throw(idx, two_level(2), "two_level must be");
+  expect_throw(idx, two_level(-2), "two_level must be");
+  // The sign plane is counted in memory: cmp / 2 bytes (300 channels: 76 groups) and two floats.
+  EXPECT_DOUBLE_EQ(idx.memory_bytes_per_vector(), 300 * 16.0 / 32 + 16 + 76 * 16.0 / 32 + 8);
+  // Trellis codes and IVF have no sign plane.
+  auto ct = cfg_of(300, 4, tq::Metric::l2);
+  ct.trellis = true;
+  tq::Index tr(ct);
+  tr.add(n, x.data());
+  expect_throw(tr, two_level(1), "two_level 1 needs");
+  auto ci = cfg_of(300, 4, tq::Metric::l2);
+  ci.nlist = 4;
+  tq::Index iv(ci);
+  iv.add(n, x.data());
+  expect_throw(iv, two_level(1), "two_level 1 needs");
+  // Sharded candidates come from the single-level scan: auto is that, 1 an error.
+  tq::SearchParams pc;
+  pc.k = 5;
+  const size_t r = idx.candidates_per_query(pc);
+  std::vector<float> s1(r), s2(r), s3(r), so(r);
+  std::vector<int64_t> io(r), sl(r);
+  idx.search_candidates(1, q.data(), pc, s1.data(), s2.data(), s3.data(), so.data(), io.data(), sl.data());
+  const auto single = run(idx, q, 5, two_level(0));
+  for (size_t i = 0; i < 5; ++i) EXPECT_NE(std::find(io.begin(), io.end(), single.id[i]), io.end()) << i;
+  pc.two_level = 1;
+  EXPECT_THROW(idx.search_candidates(1, q.data(), pc, s1.data(), s2.data(), s3.data(), so.data(), io.data(), sl.data()),
+               tq::Error);
+}

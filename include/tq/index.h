@@ -120,6 +120,13 @@ struct SearchParams {
                         // -1: auto (k + 16); 0: return the scan scores
   int rerank_full = 0;  // candidates re-scored with the kept float vectors (0: off)
   int nprobe = 1;       // IVF: lists scanned per query, 1..nlist (a flat index: 1, other values an error)
+  // Two-level scan (docs/design.md "Two-level scan"): a first pass over the sign of each
+  // channel's code (1 bit per dimension) estimates every score with an error bound, and only
+  // vectors whose bound reaches the current k-th best are scored with their full code (exact
+  // float LUTs; the re-rank stage then has nothing to add). -1: auto, on where the index keeps
+  // the sign plane (flat fast-scan indexes of dim >= 256 with 3 to 4 bits per channel, p.fast_scan);
+  // 0: off; 1: on (an error where the index has no sign plane, and in search_candidates).
+  int two_level = -1;
 };
 
 class Index {

@@ -517,10 +517,11 @@ NB_MODULE(_turboquant, m) {
                    "The first id add() gives without ids: one past the largest id held (0 when empty).")
       .def("search",
            [](const tq::Index& idx, const InArray& q, int k, int threads, int rerank, int rerank_full,
-              bool fast_scan, int nprobe) {
+              bool fast_scan, int nprobe, std::optional<bool> two_level) {
              size_t nq = 0;
              const float* qp = view<float>(q, "q", 2, 2, idx.dim(), &nq);
-             const tq::SearchParams p = search_params(k, threads, rerank, rerank_full, fast_scan, nprobe);
+             tq::SearchParams p = search_params(k, threads, rerank, rerank_full, fast_scan, nprobe);
+             p.two_level = two_level ? (*two_level ? 1 : 0) : -1;
              float* sp = nullptr;
              int64_t* ip = nullptr;
              auto scores = new_array<float>({nq, static_cast<size_t>(k)}, &sp);
@@ -532,10 +533,12 @@ NB_MODULE(_turboquant, m) {
              return nb::make_tuple(scores, ids);
            },
            "q"_a, "k"_a = 10, nb::kw_only(), "threads"_a = 0, "rerank"_a = -1, "rerank_full"_a = 0,
-           "fast_scan"_a = true, "nprobe"_a = 1,
+           "fast_scan"_a = true, "nprobe"_a = 1, "two_level"_a = nb::none(),
            "Top-k of each row of q ((nq, dim) float32): (scores (nq, k) float32, ids (nq, k) int64), best first; "
            "missing results get id -1. threads 0: OpenMP default. nprobe: IVF lists scanned per query "
-           "(1..nlist; 1 for a flat index).")
+           "(1..nlist; 1 for a flat index). two_level: None (auto: on for flat indexes of dim >= 256 with 3 to "
+           "4 bits per channel), True (an error on other indexes) or False: a first pass over 1 bit per "
+           "dimension, full codes only for the vectors that can still rank (docs/design.md).")
       .def("train",
            [](tq::Index& idx, const InArray& x) {
              size_t n = 0;

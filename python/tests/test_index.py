@@ -357,3 +357,51 @@ def test_train_center_and_candidates_merge_without_ray(rng):
         tq.Index(d).set_center(tpl.center[:10].copy())
     with pytest.raises(tq.Error, match="without the center option"):
         tq.Index(d, center=False).set_center(tpl.center)
+
+
+def test_two_level_search(tq_cli, tmp_path, rng):
+    """two_level: None (auto) scans in two levels at d >= 256 with 3-4 bits, as True does and as
+    `tq index search` does by default; False is the single-level scan, which sharded candidates
+    merge into; True on an index without the sign plane is an error."""
+    from turboquant.sharded import candidate_positions, merge_candidates
+
+    d = 300
+    x = clustered(rng, 2000, d)
+    q = clustered(rng, 20, d)
+    idx = tq.Index(d, bits=4, metric="l2")
+    idx.add(x)
+    s_auto, i_auto = idx.search(q, 10)
+    s_on, i_on = idx.search(q, 10, two_level=True)
+    s_off, i_off = idx.search(q, 10, two_level=False)
+    np.testing.assert_array_equal(i_auto, i_on)
+    assert s_auto.tobytes() == s_on.tobytes()
+    # Both levels find (nearly) the same neighbours; the single-level scores are the same float
+    # LUT scores after its re-rank.
+    same = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(i_on, i_off)])
+    assert same >= 0.95
+    # The CLI searches the saved index the same way.
+    path = tmp_path / "i.tqi"
+    idx.save(str(path))
+    qp = tmp_path / "q.npy"
+    np.save(qp, q)
+    out = run_cli(tq_cli, "index", "search", "--index", str(path), "-q", str(qp), "-k", "10")
+    np.testing.assert_array_equal(np.array(out["ids"]), i_auto)
+    out = run_cli(tq_cli, "index", "search", "--index", str(path), "-q", str(qp), "-k", "10",
+                  "--two-level", "off")
+    np.testing.assert_array_equal(np.array(out["ids"]), i_off)
+    # Sharded candidates merge into the single-level result.
+    shards = [tq.Index(d, bits=4, metric="l2") for _ in range(2)]
+    for s, sh in enumerate(shards):
+        sh.set_center(idx.center)
+        sh.add(np.ascontiguousarray(x[s::2]), np.arange(s, len(x), 2, dtype=np.int64))
+    parts = [candidate_positions(sh.search_candidates(q, 10), np.arange(s, len(x), 2, dtype=np.int64))
+             for s, sh in enumerate(shards)]
+    s_m, i_m = merge_candidates(parts, 10)
+    np.testing.assert_array_equal(i_m, i_off)
+    assert s_m.tobytes() == s_off.tobytes()
+    small = tq.Index(64, bits=4)
+    small.add(clustered(rng, 100, 64))
+    with pytest.raises(tq.Error, match="two_level 1 needs"):
+        small.search(clustered(rng, 2, 64), 5, two_level=True)
+    with pytest.raises(tq.Error, match="two_level 1 needs"):
+        tq.Index(d, bits=2).search(q, 5, two_level=True)

@@ -308,8 +308,10 @@ class ShardedIndex:
     # ---- search
     def search(self, q, k=10, *, threads=0, rerank=-1, rerank_full=0, fast_scan=True):
         """Top-k of each row of q ((nq, dim) float32): (scores (nq, k) float32, ids (nq, k) int64),
-        best first, missing results id -1: what Index.search with the same arguments returns on one
-        index holding every row. threads: OpenMP threads of each shard's search (0: its default)."""
+        best first, missing results id -1: what Index.search with the same arguments and
+        two_level=False returns on one index holding every row (the shards' candidates come from the
+        single-level scan, whose stages merge exactly). threads: OpenMP threads of each shard's
+        search (0: its default)."""
         self._check_usable()
         _check_rows(q, self._dim, "ShardedIndex.search", "q")
         if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or not 1 <= k <= (1 << 20):

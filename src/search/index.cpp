@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <functional>
 #include <cmath>
@@ -172,6 +173,73 @@ Index::Impl::Impl(const IndexConfig& c) : cfg(c) {
     rbytes = packed_bytes(static_cast<size_t>(d), cfg.rerank_bits);
     code_bytes += norm_bytes + rbytes;  // the record carries the second stage: [scale][codes]
   }
+  coarse_ok = fast_ok && cfg.nlist == 0 && d >= kTwoLevelMinDim &&
+              std::all_of(segs.begin(), segs.end(), [](const Segment& s) { return s.bits >= kTwoLevelMinBits; });
+  if (coarse_ok) {
+    cm = (static_cast<size_t>(d) + 3) / 4;
+    cmp = (cm + 3) / 4 * 4;
+  }
+}
+
+void Index::Impl::build_coarse(size_t from) {
+  if (!coarse_ok) return;
+  const float inv_sqrt_d = 1.f / std::sqrt(static_cast<float>(d));
+  const float inv_sqrt_d1 = 1.f / std::sqrt(static_cast<float>(d - 1));
+  const float mul = cfg.metric == Metric::l2 ? 2.f : 1.f;
+  // Per segment: each index's squared centroid and |centroid|; the top bit is the sign.
+  std::vector<std::array<float, 16>> c2(segs.size()), ab(segs.size());
+  for (size_t sg = 0; sg < segs.size(); ++sg)
+    for (size_t c = 0; c < segs[sg].cb->centroids.size(); ++c) {
+      const float v = segs[sg].cb->centroids[c];
+      c2[sg][c] = v * v;
+      ab[sg][c] = std::fabs(v);
+    }
+  // Whole blocks of 32 slots, group by group (one channel a group at 3 and 4 bits): slot v's
+  // code is the low nibble of byte v of the group's 16 (v < 16), else the high one of byte v - 16.
+  // A block's slots before `from` are computed again, to the same values.
+  const size_t b0 = from / kBlock, b1 = (slots + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static)
+  for (size_t b = b0; b < b1; ++b) {
+    const uint8_t* fb = blocks.data() + b * mp * 16;
+    uint8_t* cb = cblocks.data() + b * cmp * 16;
+    float cc[kBlock] = {}, ca[kBlock] = {};  // ||c||^2, sum |c_j|
+    uint8_t sbits[kBlock] = {};
+    for (size_t sg = 0; sg < segs.size(); ++sg) {
+      const Segment& s = segs[sg];
+      const int top = s.bits - 1;
+      const float* q2 = c2[sg].data();
+      const float* qa = ab[sg].data();
+      for (int j = s.begin; j < s.begin + s.len; ++j) {
+        const uint8_t* row = fb + static_cast<size_t>(j) * 16;
+        const int t = j & 3;
+        for (size_t v = 0; v < 16; ++v) {
+          const unsigned lo = row[v] & 15u, hi = row[v] >> 4;
+          cc[v] += q2[lo];
+          ca[v] += qa[lo];
+          cc[v + 16] += q2[hi];
+          ca[v + 16] += qa[hi];
+          sbits[v] = static_cast<uint8_t>(sbits[v] | ((lo >> top) << t));
+          sbits[v + 16] = static_cast<uint8_t>(sbits[v + 16] | ((hi >> top) << t));
+        }
+        if (t == 3 || j == d - 1) {
+          uint8_t* o = cb + static_cast<size_t>(j / 4) * 16;
+          for (size_t v = 0; v < 16; ++v) o[v] = static_cast<uint8_t>(sbits[v] | (sbits[v + 16] << 4));
+          std::fill(sbits, sbits + kBlock, uint8_t{0});
+        }
+      }
+    }
+    for (size_t v = 0; v < kBlock && b * kBlock + v < slots; ++v) {
+      const size_t i = b * kBlock + v;
+      const float a = cc[v] > 0 ? ca[v] * inv_sqrt_d / std::sqrt(cc[v]) : 0.f;  // cosine of c and its signs
+      if (a > 0) {
+        cA[i] = scale[i] * cc[v] / ca[v];
+        cB[i] = mul * scale[i] * std::sqrt(cc[v]) * std::sqrt(std::max(0.f, 1.f - a * a)) / a * inv_sqrt_d1;
+      } else {  // a zero code (no such codebook): always scored in full
+        cA[i] = 0.f;
+        cB[i] = std::numeric_limits<float>::max();
+      }
+    }
+  }
 }
 
 uint8_t Index::Impl::refine_index(size_t sg, uint8_t c, float z) const noexcept {
@@ -248,6 +316,13 @@ void Index::Impl::resize(size_t n_new) {
     rscale.resize(padded, 0.f);
   }
   if (cfg.keep_vectors) vectors.resize(checked_mul(n_new, static_cast<size_t>(d), "kept vectors"), 0.f);
+  if (coarse_ok) {
+    cblocks.resize((n_new + kBlock - 1) / kBlock * cmp * 16, 0);
+    cA.resize(std::min(cA.size(), n_new));
+    cA.resize(padded, 0.f);
+    cB.resize(std::min(cB.size(), n_new));
+    cB.resize(padded, 0.f);
+  }
   slots = n_new;
 }
 
@@ -375,6 +450,7 @@ double Index::memory_bytes_per_vector() const noexcept {
   else b += static_cast<double>(I.m);
   b += 4.0 + (I.has_norm ? 4.0 : 0.0) + 8.0;  // scale, norm, id
   if (I.rbytes > 0) b += static_cast<double>(I.rbytes) + 4.0;  // second-stage code and its scale
+  if (I.coarse_ok) b += static_cast<double>(I.cmp) * 16.0 / kBlock + 8.0;  // sign plane and its factors
   if (I.cfg.keep_vectors) b += 4.0 * I.d;
   if (!I.ivf() || I.n == 0) return b;
   // IVF: per slot (lists padded to whole blocks) plus the centroid tables, per vector.
@@ -407,6 +483,7 @@ std::string Index::describe_search(const SearchParams& p) const {
   s += I.fast_ok && p.fast_scan && !I.quant ? fs
        : I.tc && p.fast_scan                 ? std::string(" trellis-scan")
                                              : std::string(I.quant ? "" : " float-lut");
+  if (I.coarse_ok && p.fast_scan && p.two_level != 0) s += " two-level";
   if (I.ivf()) s += strprintf(" nprobe %d", p.nprobe);
   return s;
 }
@@ -823,6 +900,7 @@ void Index::add(size_t n, const float* x, const int64_t* ids, const AddProgress&
   for (size_t r = 0; r < n; ++r) I.ids[n0 + r] = ids ? ids[r] : first_id + static_cast<int64_t>(r);
   if (I.ivf()) I.relayout(n0, n, assign.data());
   I.n += n;
+  I.build_coarse(n0);
 }
 
 std::vector<int64_t> Index::ids() const {
@@ -882,6 +960,7 @@ size_t Index::remove_ids(size_t n, const int64_t* ids) {
   }
   const size_t count = I.n - nk;
   I.n = nk;
+  I.build_coarse(0);
   return count;
 }
 
@@ -890,7 +969,15 @@ size_t Index::remove_ids(size_t n, const int64_t* ids) {
 
 namespace {
 std::atomic<int> g_ivf_scan_order{0};
+std::atomic<float> g_two_level_eps{0.f};
+
 }  // namespace
+
+void set_two_level_eps(float eps) noexcept { g_two_level_eps.store(eps); }
+float two_level_eps() noexcept {
+  const float e = g_two_level_eps.load();
+  return e > 0 ? e : kTwoLevelEps;
+}
 
 void set_ivf_scan_order(IvfScanOrder o) noexcept { g_ivf_scan_order.store(static_cast<int>(o)); }
 IvfScanOrder ivf_scan_order() noexcept { return static_cast<IvfScanOrder>(g_ivf_scan_order.load()); }
@@ -1007,6 +1094,41 @@ void build_luts(const Index::Impl& I, const float* y, float* lut, uint8_t* q8, f
   *delta = step;
 }
 
+// The sign-plane tables of a rotated query y (two-level scan): group g (channels 4g..4g+3)
+// entry c = sum_t y[4g + t] (bit t of c ? 1 : -1), to uint8 as build_luts does (per-group
+// minimum -sum |y_j|, one step), so S = sum_j y_j sign_j lies within *half = cm * step / 2 of
+// *bias + *step * sum q8. *eps_qn = eps ||y||. clut: cm * 16 floats, mins: cm floats (scratch);
+// q8: cmp * 16 bytes.
+void build_sign_lut(const Index::Impl& I, const float* y, float* clut, float* mins, uint8_t* q8, float* bias,
+                    float* step, float* half, float* eps_qn) {
+  const size_t d = static_cast<size_t>(I.d);
+  float maxrange = 0, bsum = 0;
+  double qn2 = 0;
+  for (size_t g = 0; g < I.cm; ++g) {
+    float* t = clut + g * 16;
+    const size_t j0 = 4 * g, nd = std::min<size_t>(4, d - j0);
+    float a = 0;
+    for (int c = 0; c < 16; ++c) {
+      float e = 0;
+      for (size_t u = 0; u < nd; ++u) e += ((c >> u) & 1) ? y[j0 + u] : -y[j0 + u];
+      t[c] = e;
+    }
+    for (size_t u = 0; u < nd; ++u) {
+      a += std::fabs(y[j0 + u]);
+      qn2 += static_cast<double>(y[j0 + u]) * y[j0 + u];
+    }
+    mins[g] = -a;
+    bsum += -a;
+    maxrange = std::max(maxrange, 2 * a);
+  }
+  const float st = maxrange > 0 ? maxrange / 255.f : 1.f;
+  std::memset(q8 + I.cm * 16, 0, (I.cmp - I.cm) * 16);
+  lut_to_u8(I.cm, 16, clut, mins, 1.f / st, q8);
+  *bias = bsum;
+  *step = st;
+  *half = static_cast<float>(I.cm) * st * 0.5f;
+  *eps_qn = two_level_eps() * static_cast<float>(std::sqrt(qn2));
+}
 
 // List-major chunks: at most this many queries, and at most kIvfMaxChunkPairs (query, probe)
 // pairs (per thread: 8 bytes a pair, mp * 16 bytes of LUTs and r1 * 8 of candidates a query).
@@ -1432,10 +1554,19 @@ void search_impl(const Index::Impl& I, size_t nq, const float* q, const SearchPa
   // fast: a uint8 scan (group nibbles, or trellis table indices) then the float-LUT re-rank.
   const bool tfast = I.tc != nullptr && p.fast_scan;
   const bool fast = (I.fast_ok && p.fast_scan && !I.quant) || tfast;
+  TQ_CHECK(p.two_level >= -1 && p.two_level <= 1, "index search: two_level must be -1 (auto), 0 or 1");
+  TQ_CHECK(p.two_level != 1 || co == nullptr,
+           "index search_candidates: the two-level scan is not for sharded candidates (two_level 1)");
+  TQ_CHECK(p.two_level != 1 || (I.coarse_ok && fast && !tfast),
+           "index search: two_level 1 needs a flat fast-scan index of dim >= %d with 3 to 4 bits per channel",
+           kTwoLevelMinDim);
+  // two: the sign-plane pass, then exact float-LUT scores for the vectors it cannot rule out.
+  const bool two = I.coarse_ok && fast && !tfast && co == nullptr && p.two_level != 0;
   const size_t rerank = p.rerank < 0 ? k + 16 : static_cast<size_t>(p.rerank);
   // Stage sizes: scan keeps r1 candidates, float-LUT re-rank keeps r2, full re-rank keeps k.
+  // The two-level scan keeps float-LUT scores already: no re-rank stage.
   const size_t r2 = std::max(k, static_cast<size_t>(p.rerank_full));
-  const size_t r1 = fast && rerank > 0 ? std::max(r2, rerank) : r2;
+  const size_t r1 = fast && !two && rerank > 0 ? std::max(r2, rerank) : r2;
   const float worst = l2 ? std::numeric_limits<float>::infinity() : -std::numeric_limits<float>::infinity();
 
   // Prepared queries: normalised (cosine), ||q||^2 (l2), rotated (mse).
@@ -1491,6 +1622,16 @@ void search_impl(const Index::Impl& I, size_t nq, const float* q, const SearchPa
     std::vector<uint32_t> acc(kChunkBlocks * kBlock);
     std::vector<float> sc(kChunkBlocks * kBlock), bmax(kChunkBlocks);
     std::vector<float> pstate(I.quant ? I.quant->query_state_floats() : 0);
+    // Two-level scan: the sign-plane LUTs (float, uint8), their bias (with the rounding bound
+    // added) and step, eps ||Pi q||, and the upper bounds of a chunk.
+    std::vector<float> clut(two ? I.cm * 16 : 0), cmins(two ? I.cm : 0), up(two ? sc.size() : 0), lo(two ? sc.size() : 0);
+    std::vector<uint8_t> cq8(two ? kQueryBatch * I.cmp * 16 : 0);
+    std::vector<float> cbias(two ? kQueryBatch : 0), cstep(two ? kQueryBatch : 0), ceps(two ? kQueryBatch : 0),
+        chalf(two ? kQueryBatch : 0);
+    // Two-level pass 1: per query, the best lower bounds and the vectors kept for pass 2.
+    std::vector<TopR> lowk(two ? kQueryBatch : 0);
+    std::vector<std::vector<std::pair<float, uint32_t>>> pend(two ? kQueryBatch : 0);
+    std::vector<size_t> pend_mark(two ? kQueryBatch : 0, 0);
 
     auto internal = [&](size_t i, float dot) { return internal_score(I, l2, i, dot); };
     auto exact_lut_dot = [&](const float* lut, size_t i) { return exact_lut_score(I, lut, i); };
@@ -1504,8 +1645,77 @@ void search_impl(const Index::Impl& I, size_t nq, const float* q, const SearchPa
           build_luts(I, qr.data() + (q0 + b) * d, flut.data() + b * I.m * I.lut_stride,
                      fast ? qlut.data() + b * I.mp * I.lut_stride : nullptr, &bias[b], &delta[b]);
       for (size_t b = 0; b < bq; ++b) top[b].reset(r1);
+      if (two)
+        for (size_t b = 0; b < bq; ++b)
+          build_sign_lut(I, qr.data() + (q0 + b) * d, clut.data(), cmins.data(), cq8.data() + b * I.cmp * 16,
+                         &cbias[b], &cstep[b], &chalf[b], &ceps[b]);
 
-      if (fast) {
+      if (two) {
+        // Pass 1, per chunk of 2048 vectors: the sign-plane sums give each vector's estimate est
+        // and its bound w = eps ||Pi q|| cB + (l2 ? 2 : 1) cA cm step / 2 (the error bound plus
+        // the uint8 tables' rounding); the best r2 lower bounds est - w set a bar L that the
+        // r2-th best score reaches (up to the bound's failures), and every vector whose upper
+        // bound est + w is not below the bar as it stands is kept. Pass 2: those at or above
+        // the final L, best upper bound first, are scored with their float LUTs until the
+        // shortlist's bar passes the next bound (all later ones are below it too).
+        const size_t nsb = (n + kBlock - 1) / kBlock;
+        for (size_t b = 0; b < bq; ++b) {
+          lowk[b].reset(r2);
+          pend[b].clear();
+        }
+        for (size_t cb = 0; cb < nsb; cb += kChunkBlocks) {
+          const size_t nb = std::min(kChunkBlocks, nsb - cb);
+          const size_t v0 = cb * kBlock, cnt = std::min(n, (cb + nb) * kBlock) - v0;
+          for (size_t b = 0; b < bq; ++b) {
+            fast_scan_u8(nb, I.cmp, I.cblocks.data() + cb * I.cmp * 16, cq8.data() + b * I.cmp * 16, acc.data());
+            fast_scan_scores(nb * kBlock, acc.data(), I.cA.data() + v0, l2 ? I.norm.data() + v0 : nullptr, cbias[b],
+                             cstep[b], sc.data(), bmax.data());
+            const float e = ceps[b], h = chalf[b] * (l2 ? 2.f : 1.f);
+            const float* cav = I.cA.data() + v0;
+            const float* cbv = I.cB.data() + v0;
+            for (size_t r = 0; r < nb * kBlock; ++r) {
+              const float w = e * cbv[r] + h * cav[r];
+              up[r] = sc[r] + w;
+              lo[r] = sc[r] - w;
+            }
+            TopR& lk = lowk[b];
+            auto& pd = pend[b];
+            for (size_t r0 = 0; r0 < cnt; r0 += kBlock) {
+              const size_t n32 = std::min(cnt, r0 + kBlock) - r0;
+              float mx = lo[r0];
+              for (size_t r = r0 + 1; r < r0 + n32; ++r) mx = std::max(mx, lo[r]);
+              lk.offer_block(lo.data() + r0, n32, -0.f, mx, static_cast<uint32_t>(v0 + r0));
+              for (uint32_t mask = mask_at_least(up.data() + r0, n32, -0.f, lk.threshold); mask != 0; mask &= mask - 1) {
+                const size_t r = r0 + static_cast<size_t>(__builtin_ctz(mask));
+                pd.emplace_back(up[r], static_cast<uint32_t>(v0 + r));
+              }
+            }
+            // Drop what the bar has since ruled out, now and then (keeps pend near its final size).
+            if (pd.size() > 2 * pend_mark[b] + 4096) {
+              const float L = lk.threshold;
+              pd.erase(std::remove_if(pd.begin(), pd.end(), [L](const std::pair<float, uint32_t>& c) { return !(c.first >= L); }),
+                       pd.end());
+              pend_mark[b] = pd.size();
+            }
+          }
+        }
+        for (size_t b = 0; b < bq; ++b) {
+          const float* lut = flut.data() + b * I.m * I.lut_stride;
+          TopR& t = top[b];
+          auto& pd = pend[b];
+          const float L = lowk[b].threshold;
+          pd.erase(std::remove_if(pd.begin(), pd.end(), [L](const std::pair<float, uint32_t>& c) { return !(c.first >= L); }),
+                   pd.end());
+          std::sort(pd.begin(), pd.end(), TopR::cmp);
+          for (size_t ci = 0; ci < pd.size(); ++ci) {
+            if (ci + 2 < pd.size()) I.prefetch_fast_rows(pd[ci + 2].second);
+            if (t.h.size() == t.cap && !(pd[ci].first >= t.threshold)) break;
+            const size_t i = pd[ci].second;
+            t.push(internal(i, exact_lut_dot(lut, i)), static_cast<uint32_t>(i));
+          }
+          pend_mark[b] = 0;
+        }
+      } else if (fast) {
         // Chunks of kChunkBlocks * kBlock (2048) vectors: 64 blocks of 32 in the fast layout,
         // 32 of 64 for trellis codes; scores per 32 vectors either way.
         const size_t vb = tfast ? Index::Impl::kTrellisBlock : kBlock;  // vectors per storage block
@@ -1592,7 +1802,7 @@ void search_impl(const Index::Impl& I, size_t nq, const float* q, const SearchPa
           }
           continue;
         }
-        if (fast && rerank > 0) {
+        if (fast && !two && rerank > 0) {
           const float* lut = flut.data() + b * I.m * I.lut_stride;
           // Prefetch the code rows of the candidate after next.
           for (size_t ci = 0; ci < cand.size() && ci < 2; ++ci) I.prefetch_fast_rows(cand[ci].second);

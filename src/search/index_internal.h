@@ -68,6 +68,21 @@ enum class IvfScanOrder : int { automatic = 0, per_query = 1, list_major = 2 };
 void set_ivf_scan_order(IvfScanOrder o) noexcept;
 IvfScanOrder ivf_scan_order() noexcept;
 
+// Two-level flat search (index.cpp, docs/design.md "Two-level scan"): a vector is re-scored
+// with its full code when its sign-plane estimate plus eps * its error bound reaches the
+// shortlist's bar. kTwoLevelEps is the default eps; tests raise it (every vector re-scored: the
+// float-LUT search's result) with this process-wide override (<= 0: the default).
+constexpr float kTwoLevelEps = 1.9f;
+// Flat fast-scan indexes of at least this dimension with at least this many bits per channel
+// (every segment) keep the sign plane (memory) and search in two levels by default
+// (SearchParams::two_level -1). 2-bit codes scan two channels per table lookup already and did
+// not gain, nor did d < 256 (docs/design.md; bench/results/two_level/crossover.sh measures
+// with both lowered to 2).
+constexpr int kTwoLevelMinDim = 256;
+constexpr int kTwoLevelMinBits = 3;
+void set_two_level_eps(float eps) noexcept;
+float two_level_eps() noexcept;
+
 // IVF coarse quantizer (kmeans.cpp). nearest_centroids: out[i] = argmin_j ||x_i - c_j||^2
 // (ties: lowest j) for x: n * dim, c: k * dim, cn2: k squared norms; best_out (optional):
 // 2 <x_i, c> - ||c||^2 of the winner. kmeans: k centroids (k * dim floats) of the rows of x
@@ -146,6 +161,22 @@ struct Index::Impl {
   }
   // Slots per storage block: scale and norm are padded to whole blocks.
   size_t pad_block() const noexcept { return tc ? kTrellisBlock : kBlock; }
+  // Sign plane of the two-level flat scan (coarse): a flat fast-layout index whose segments
+  // all have >= 3 bits and whose dim is >= kTwoLevelMinDim keeps, per slot, the top bit of each
+  // channel's index (the sign of its centroid: Lloyd-Max codebooks are symmetric and sorted) in
+  // the fast layout, four channels a group (cm groups, padded to cmp, a multiple of 4), and two
+  // factors of its code c (codebook units): the estimate of the internal score from
+  // S = sum_j (Pi q)_j sign_j is cA * S (l2: 2 cA S - norm^2, as the fast-scan scorer forms it),
+  // cA = scale ||c||^2 / sum_j |c_j|, and eps ||Pi q|| cB bounds its error (RaBitQ's bound for a
+  // 1-bit code of c: cB = (l2 ? 2 : 1) scale ||c|| sqrt(1 - a^2) / (a sqrt(d - 1)),
+  // a = sum |c_j| / (||c|| sqrt d)). Derived from the stored codes (build_coarse): not in the file.
+  bool coarse_ok = false;
+  size_t cm = 0, cmp = 0;
+  std::vector<uint8_t> cblocks;  // ceil(slots / 32) * cmp * 16 bytes
+  std::vector<float> cA, cB;     // slots, padded with zeros to whole blocks
+  // (Re)computes the sign plane and factors of slots [from, slots) from the codes, scales and
+  // norms (after add, remove and load).
+  void build_coarse(size_t from);
   // codec prod
   std::unique_ptr<Quantizer> quant;
   std::vector<uint8_t> pcodes;  // n * quant->code_bytes()

@@ -199,6 +199,7 @@ std::vector<int64_t> parse_ids(const std::string& text, const std::string& where
 struct SearchOpts {
   int k = 10, rerank = -1, rerank_full = 0, threads = 0, nprobe = 1;
   bool no_fast_scan = false;
+  std::string two_level = "auto";
 };
 void add_search_options(CLI::App* sub, SearchOpts& o, bool with_k) {
   if (with_k) sub->add_option("-k", o.k, "results per query")->capture_default_str()->check(CLI::Range(1, 1 << 20));
@@ -209,6 +210,11 @@ void add_search_options(CLI::App* sub, SearchOpts& o, bool with_k) {
   sub->add_option("--rerank-full", o.rerank_full, "candidates re-scored with kept float vectors (0: off)")
       ->capture_default_str();
   sub->add_flag("--no-fast-scan", o.no_fast_scan, "score with float LUTs instead of the uint8 SIMD scan");
+  sub->add_option("--two-level", o.two_level,
+                  "first pass over 1 bit per dimension, full codes only for vectors that can still rank\n"
+                  "(auto: on for flat fast-scan indexes of dim >= 256 with 3 to 4 bits per channel; on | off)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   if (with_k)
     sub->add_option("--nprobe", o.nprobe, "IVF: lists scanned per query (1..nlist)")->capture_default_str();
 }
@@ -220,6 +226,7 @@ tq::SearchParams params_of(const SearchOpts& o, int k, int threads) {
   p.fast_scan = !o.no_fast_scan;
   p.n_threads = threads;
   p.nprobe = o.nprobe;
+  p.two_level = o.two_level == "on" ? 1 : o.two_level == "off" ? 0 : -1;
   return p;
 }
 

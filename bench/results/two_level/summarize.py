@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""summary.json of the two-level scan's measurements in this directory (BENCHMARKS.md "Two-level
+flat scan" reads it; tests/test_flat_bench_results.py recomputes it from the raw files):
+search_ab_*.jsonl (bench/index_ab.sh: median search time per build and file, and the ratio),
+crossover.jsonl (crossover.sh: per d and bits the median over rounds of eval's search time with
+--two-level on and off, and on / off), build_ab.jsonl (build times of the binaries before and
+after, medians) and the Fashion-MNIST comparison runs (../fashion/results.json, run2/).
+Usage: python3 bench/results/two_level/summarize.py"""
+import json
+import os
+import statistics
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def jsonl(name):
+    return [json.loads(line) for line in open(os.path.join(HERE, name))]
+
+
+def summarize():
+    out = {"search_ab": {}, "crossover": {}, "build_ab": {}, "fashion_runs": []}
+    for name in sorted(os.listdir(HERE)):
+        if not (name.startswith("search_ab_") and name.endswith(".jsonl")):
+            continue
+        rows = jsonl(name)
+        libs = list(dict.fromkeys(r["library"] for r in rows))
+        for f in dict.fromkeys(r["file"] for r in rows):
+            med = {lib: statistics.median(r["search_s"] for r in rows if r["file"] == f and r["library"] == lib)
+                   for lib in libs}
+            n = {lib: sum(1 for r in rows if r["file"] == f and r["library"] == lib) for lib in libs}
+            out["search_ab"][f"{name[len('search_ab_'):-len('.jsonl')]}/{os.path.splitext(f)[0]}"] = {
+                "args": rows[0]["args"], "a": libs[0], "b": libs[1], "a_s": med[libs[0]], "b_s": med[libs[1]],
+                "runs_each": n[libs[0]], "ratio": med[libs[1]] / med[libs[0]]}
+    rows = jsonl("crossover.jsonl")
+    for d in sorted({r["d"] for r in rows}):
+        for bits in sorted({r["bits"] for r in rows}):
+            sel = [r for r in rows if r["d"] == d and r["bits"] == bits]
+            on = statistics.median(r["search_s"] for r in sel if r["two_level"] == "on")
+            off = statistics.median(r["search_s"] for r in sel if r["two_level"] == "off")
+            r10 = {tl: [r["recall_10_at_10"] for r in sel if r["two_level"] == tl] for tl in ("on", "off")}
+            out["crossover"][f"d{d}_{bits}b"] = {"d": d, "bits": bits, "on_s": on, "off_s": off, "ratio": on / off,
+                                                 "rounds": len(r10["on"]), "r10_on": r10["on"][0],
+                                                 "r10_off": r10["off"][0]}
+    rows = jsonl("build_ab.jsonl")
+    for s in dict.fromkeys(r["set"] for r in rows):
+        med = {b: statistics.median(r["build_s"] for r in rows if r["set"] == s and r["build"] == b)
+               for b in ("before", "after")}
+        out["build_ab"][s] = {"before_s": med["before"], "after_s": med["after"], "ratio": med["after"] / med["before"]}
+    fash = os.path.join(HERE, "..", "fashion")
+    for rel in ("results.json", "run2/results.json"):
+        j = json.load(open(os.path.join(fash, rel)))
+        by = {r["method"]: r for r in j["results"]}
+        two, off = by["tq mse 4b corrected+fit+center two-level"], by["tq mse 4b corrected+fit+center two-level=off"]
+        rq4, rq2 = by["rabitqlib 4b (1 cluster)"], by["rabitqlib 2b (1 cluster)"]
+        tq2 = by["tq mse 2b corrected+fit+center"]
+        out["fashion_runs"].append({"file": "bench/results/fashion/" + rel, "two_level_over_single": two["qps"] / off["qps"],
+                                    "two_level_over_rabitqlib_4b": two["qps"] / rq4["qps"],
+                                    "rabitqlib_2b_over_tq_2b": rq2["qps"] / tq2["qps"]})
+    for key in ("two_level_over_single", "two_level_over_rabitqlib_4b", "rabitqlib_2b_over_tq_2b"):
+        xs = [r[key] for r in out["fashion_runs"]]
+        out[f"fashion_{key}_min"], out[f"fashion_{key}_max"] = min(xs), max(xs)
+    return out
+
+
+def crossover_table(summ):
+    """Markdown: per d, each width's search time with the two-level scan over the single-level one."""
+    cx = summ["crossover"]
+    dims = sorted({e["d"] for e in cx.values()})
+    bits = sorted({e["bits"] for e in cx.values()})
+    lines = ["| d | " + " | ".join(f"{b} bits: two-level / single-level time (R10@10 single -> two-level)" for b in bits) + " |",
+             "|---:|" + "---|" * len(bits)]
+    for d in dims:
+        cells = []
+        for b in bits:
+            e = cx[f"d{d}_{b}b"]
+            cells.append(f"{e['ratio']:.2f} ({e['r10_off']:.4f} -> {e['r10_on']:.4f})")
+        lines.append(f"| {d} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    summ = summarize()
+    with open(os.path.join(HERE, "summary.json"), "w") as f:
+        json.dump(summ, f, indent=1)
+        f.write("\n")
+    with open(os.path.join(HERE, "crossover.md"), "w") as f:
+        f.write(crossover_table(summ))
+    print(json.dumps(summ, indent=1))
