@@ -2692,3 +2692,42 @@ TEST(IndexTwoLevel, WhereItAppliesAndBadParameters) {
   EXPECT_THROW(idx.search_candidates(1, q.data(), pc, s1.data(), s2.data(), s3.data(), so.data(), io.data(), sl.data()),
                tq::Error);
 }
+
+TEST(IndexTwoLevel, TheSignPlaneIsTheTopBitOfEachChannelsIndex) {
+  // build_coarse against the definition: bit j % 4 of group j / 4 (the fast layout's nibble of the
+  // slot) is the top bit of channel j's index; cA = scale ||c||^2 / sum |c_j| and
+  // cB = (l2 ? 2 : 1) scale ||c|| sqrt(1 - a^2) / (a sqrt(d - 1)), a = sum |c_j| / (||c|| sqrt d).
+  const size_t n = 77;
+  for (int d : {257, 300})
+    for (double bits : {3.0, 3.5, 4.0})
+      for (tq::Metric mt : {tq::Metric::l2, tq::Metric::ip}) {
+        auto x = make_data(n, d, 51);
+        tq::Index idx(cfg_of(d, bits, mt));
+        idx.add(n, x.data());
+        const tq::Index::Impl& I = idx.impl();
+        ASSERT_TRUE(I.coarse_ok);
+        std::vector<uint8_t> ind(static_cast<size_t>(d));
+        for (size_t i = 0; i < n; ++i) {
+          I.get_indices(i, ind.data());
+          double cc = 0, ca = 0;
+          for (const tq::Segment& s : I.segs)
+            for (int j = s.begin; j < s.begin + s.len; ++j) {
+              const uint8_t byte = I.cblocks[(i / 32) * I.cmp * 16 + static_cast<size_t>(j / 4) * 16 + i % 16];
+              const int bit = (byte >> ((i % 32) < 16 ? 0 : 4) >> (j % 4)) & 1;
+              ASSERT_EQ(bit, ind[j] >> (s.bits - 1)) << "slot " << i << " channel " << j;
+              const double c = s.cb->centroids[ind[j]];
+              cc += c * c;
+              ca += std::fabs(c);
+            }
+          const double a = ca / (std::sqrt(cc) * std::sqrt(static_cast<double>(d)));
+          const double mul = mt == tq::Metric::l2 ? 2 : 1;
+          EXPECT_NEAR(I.cA[i], I.scale[i] * cc / ca, 1e-4 * std::fabs(I.scale[i] * cc / ca));
+          const double cb = mul * I.scale[i] * std::sqrt(cc) * std::sqrt(1 - a * a) / (a * std::sqrt(d - 1.0));
+          EXPECT_NEAR(I.cB[i], cb, 1e-4 * cb);
+        }
+        // Unused sign groups (up to a multiple of 4) stay zero: their table entries are 0.
+        for (size_t b = 0; b * 32 < n; ++b)
+          for (size_t g = I.cm; g < I.cmp; ++g)
+            for (size_t v = 0; v < 16; ++v) EXPECT_EQ(I.cblocks[b * I.cmp * 16 + g * 16 + v], 0);
+      }
+}

@@ -194,9 +194,15 @@ void Index::Impl::build_coarse(size_t from) {
       c2[sg][c] = v * v;
       ab[sg][c] = std::fabs(v);
     }
-  // Whole blocks of 32 slots, group by group (one channel a group at 3 and 4 bits): slot v's
-  // code is the low nibble of byte v of the group's 16 (v < 16), else the high one of byte v - 16.
-  // A block's slots before `from` are computed again, to the same values.
+  // The segment of each group (groups never straddle segments).
+  std::vector<size_t> gseg(m);
+  for (size_t g = 0, sg = 0; g < m; ++g) {
+    while (groups[g].dim0 >= segs[sg].begin + segs[sg].len) ++sg;
+    gseg[g] = sg;
+  }
+  // Whole blocks of 32 slots, group by group: slot v's group code is the low nibble of byte v of
+  // the group's 16 (v < 16), else the high one of byte v - 16; channel dim0 + t of the group is
+  // its digit t (bpd bits). A block's slots before `from` are computed again, to the same values.
   const size_t b0 = from / kBlock, b1 = (slots + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static)
   for (size_t b = b0; b < b1; ++b) {
@@ -204,16 +210,18 @@ void Index::Impl::build_coarse(size_t from) {
     uint8_t* cb = cblocks.data() + b * cmp * 16;
     float cc[kBlock] = {}, ca[kBlock] = {};  // ||c||^2, sum |c_j|
     uint8_t sbits[kBlock] = {};
-    for (size_t sg = 0; sg < segs.size(); ++sg) {
-      const Segment& s = segs[sg];
-      const int top = s.bits - 1;
+    for (size_t g = 0; g < m; ++g) {
+      const Group& gr = groups[g];
+      const size_t sg = gseg[g];
+      const unsigned top = static_cast<unsigned>(segs[sg].bits - 1), mask = (1u << gr.bpd) - 1;
       const float* q2 = c2[sg].data();
       const float* qa = ab[sg].data();
-      for (int j = s.begin; j < s.begin + s.len; ++j) {
-        const uint8_t* row = fb + static_cast<size_t>(j) * 16;
-        const int t = j & 3;
+      const uint8_t* row = fb + g * 16;
+      for (int u = 0; u < gr.ndims; ++u) {
+        const int j = gr.dim0 + u, t = j & 3;
+        const unsigned sh = static_cast<unsigned>(u * gr.bpd);
         for (size_t v = 0; v < 16; ++v) {
-          const unsigned lo = row[v] & 15u, hi = row[v] >> 4;
+          const unsigned lo = ((row[v] & 15u) >> sh) & mask, hi = ((row[v] >> 4) >> sh) & mask;
           cc[v] += q2[lo];
           ca[v] += qa[lo];
           cc[v + 16] += q2[hi];
