@@ -2522,9 +2522,9 @@ tq::SearchParams two_level(int on) {
 TEST(IndexTwoLevel, WithAnUnboundedBarItIsTheFloatLutSearch) {
   // eps so large that no vector is ruled out: every vector is scored with its float LUT in slot
   // order, as the float-LUT search does, so ids and scores are the same, at every SIMD level.
-  // d = 257: a last sign group of one channel; n not a whole number of blocks.
+  // d = 385: a last sign group of one channel; n not a whole number of blocks.
   const size_t n = 1001, nq = 16;
-  for (int d : {257, 300}) {
+  for (int d : {385, 400}) {
     auto x = make_data(n, d, 11), q = make_data(nq, d, 12);
     for (tq::Metric m : {tq::Metric::cosine, tq::Metric::l2, tq::Metric::ip})
       for (double bits : {3.0, 3.5, 4.0}) {
@@ -2593,7 +2593,7 @@ TEST(IndexTwoLevel, ThePlaneFollowsAddsLoadsAndRemoves) {
   // The sign plane is derived from the stored codes: batches sharing blocks, a loaded file and an
   // index after remove_ids search as an index built at once from the same vectors.
   TempDir t;
-  const int d = 260;
+  const int d = 390;
   const size_t N = 1001;
   auto x = make_data(N, d, 31), q = make_data(12, d, 32);
   for (tq::Metric m : {tq::Metric::l2, tq::Metric::cosine}) {
@@ -2636,8 +2636,8 @@ TEST(IndexTwoLevel, ThePlaneFollowsAddsLoadsAndRemoves) {
 
 TEST(IndexTwoLevel, WhereItAppliesAndBadParameters) {
   const size_t n = 200;
-  auto x = make_data(n, 300, 41);
-  std::vector<float> q(x.begin(), x.begin() + 300);
+  auto x = make_data(n, 400, 41);
+  std::vector<float> q(x.begin(), x.begin() + 400);
   auto expect_throw = [&](const tq::Index& idx, tq::SearchParams p, const char* what) {
     p.k = 5;
     std::vector<float> s(5);
@@ -2649,15 +2649,15 @@ TEST(IndexTwoLevel, WhereItAppliesAndBadParameters) {
       EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
     }
   };
-  // dim 255 and 2 or 5 bits per channel: no sign plane, auto is the single-level scan, 1 an error.
-  auto x255 = make_data(n, 255, 42);
-  for (auto [d, bits] : {std::pair{255, 4.0}, std::pair{300, 2.0}, std::pair{300, 2.5}, std::pair{300, 5.0}}) {
+  // dim 383 and 2 or 5 bits per channel: no sign plane, auto is the single-level scan, 1 an error.
+  auto x383 = make_data(n, 383, 42);
+  for (auto [d, bits] : {std::pair{383, 4.0}, std::pair{400, 2.0}, std::pair{400, 2.5}, std::pair{400, 5.0}}) {
     tq::Index idx(cfg_of(d, bits, tq::Metric::l2));
-    idx.add(n, d == 255 ? x255.data() : x.data());
+    idx.add(n, d == 383 ? x383.data() : x.data());
     EXPECT_EQ(idx.describe_search(two_level(-1)).find("two-level"), std::string::npos) << idx.describe();
-    if (d == 300) expect_throw(idx, two_level(1), "two_level 1 needs");
+    if (d == 400) expect_throw(idx, two_level(1), "two_level 1 needs");
   }
-  tq::Index idx(cfg_of(300, 4, tq::Metric::l2));
+  tq::Index idx(cfg_of(400, 4, tq::Metric::l2));
   idx.add(n, x.data());
   EXPECT_NE(idx.describe_search(two_level(-1)).find("two-level"), std::string::npos);
   EXPECT_EQ(idx.describe_search(two_level(0)).find("two-level"), std::string::npos);
@@ -2666,15 +2666,15 @@ TEST(IndexTwoLevel, WhereItAppliesAndBadParameters) {
   expect_throw(idx, pf, "two_level 1 needs");
   expect_throw(idx, two_level(2), "two_level must be");
   expect_throw(idx, two_level(-2), "two_level must be");
-  // The sign plane is counted in memory: cmp / 2 bytes (300 channels: 76 groups) and two floats.
-  EXPECT_DOUBLE_EQ(idx.memory_bytes_per_vector(), 300 * 16.0 / 32 + 16 + 76 * 16.0 / 32 + 8);
+  // The sign plane is counted in memory: cmp / 2 bytes (400 channels: 100 groups) and two floats.
+  EXPECT_DOUBLE_EQ(idx.memory_bytes_per_vector(), 400 * 16.0 / 32 + 16 + 100 * 16.0 / 32 + 8);
   // Trellis codes and IVF have no sign plane.
-  auto ct = cfg_of(300, 4, tq::Metric::l2);
+  auto ct = cfg_of(400, 4, tq::Metric::l2);
   ct.trellis = true;
   tq::Index tr(ct);
   tr.add(n, x.data());
   expect_throw(tr, two_level(1), "two_level 1 needs");
-  auto ci = cfg_of(300, 4, tq::Metric::l2);
+  auto ci = cfg_of(400, 4, tq::Metric::l2);
   ci.nlist = 4;
   tq::Index iv(ci);
   iv.add(n, x.data());
@@ -2698,7 +2698,7 @@ TEST(IndexTwoLevel, TheSignPlaneIsTheTopBitOfEachChannelsIndex) {
   // slot) is the top bit of channel j's index; cA = scale ||c||^2 / sum |c_j| and
   // cB = (l2 ? 2 : 1) scale ||c|| sqrt(1 - a^2) / (a sqrt(d - 1)), a = sum |c_j| / (||c|| sqrt d).
   const size_t n = 77;
-  for (int d : {257, 300})
+  for (int d : {385, 400})
     for (double bits : {3.0, 3.5, 4.0})
       for (tq::Metric mt : {tq::Metric::l2, tq::Metric::ip}) {
         auto x = make_data(n, d, 51);

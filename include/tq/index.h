@@ -124,7 +124,7 @@ struct SearchParams {
   // channel's code (1 bit per dimension) estimates every score with an error bound, and only
   // vectors whose bound reaches the current k-th best are scored with their full code (exact
   // float LUTs; the re-rank stage then has nothing to add). -1: auto, on where the index keeps
-  // the sign plane (flat fast-scan indexes of dim >= 256 with 3 to 4 bits per channel, p.fast_scan);
+  // the sign plane (flat fast-scan indexes of dim >= 384 with 3 to 4 bits per channel, p.fast_scan);
   // 0: off; 1: on (an error where the index has no sign plane, and in search_candidates).
   int two_level = -1;
 };

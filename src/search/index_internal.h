@@ -75,10 +75,11 @@ IvfScanOrder ivf_scan_order() noexcept;
 constexpr float kTwoLevelEps = 1.9f;
 // Flat fast-scan indexes of at least this dimension with at least this many bits per channel
 // (every segment) keep the sign plane (memory) and search in two levels by default
-// (SearchParams::two_level -1). 2-bit codes scan two channels per table lookup already and did
-// not gain, nor did d < 256 (docs/design.md; bench/results/two_level/crossover.sh measures
-// with both lowered to 2).
-constexpr int kTwoLevelMinDim = 256;
+// (SearchParams::two_level -1). At 2 bits the plane would add half the codes' memory for a
+// smaller gain (two channels a table lookup already), and below d = 384 the two-level scan was
+// slower or level (docs/design.md; bench/results/two_level/crossover.sh measures with both
+// lowered to 2).
+constexpr int kTwoLevelMinDim = 384;
 constexpr int kTwoLevelMinBits = 3;
 void set_two_level_eps(float eps) noexcept;
 float two_level_eps() noexcept;

@@ -2,7 +2,7 @@
 """summary.json of the two-level scan's measurements in this directory (BENCHMARKS.md "Two-level
 flat scan" reads it; tests/test_flat_bench_results.py recomputes it from the raw files):
 search_ab_*.jsonl (bench/index_ab.sh: median search time per build and file, and the ratio),
-crossover.jsonl (crossover.sh: per d and bits the median over rounds of eval's search time with
+crossover*.jsonl (crossover.sh: per d and bits the median over rounds of eval's search time with
 --two-level on and off, and on / off), build_ab.jsonl (build times of the binaries before and
 after, medians) and the Fashion-MNIST comparison runs (../fashion/results.json, run2/).
 Usage: python3 bench/results/two_level/summarize.py"""
@@ -31,7 +31,8 @@ def summarize():
             out["search_ab"][f"{name[len('search_ab_'):-len('.jsonl')]}/{os.path.splitext(f)[0]}"] = {
                 "args": rows[0]["args"], "a": libs[0], "b": libs[1], "a_s": med[libs[0]], "b_s": med[libs[1]],
                 "runs_each": n[libs[0]], "ratio": med[libs[1]] / med[libs[0]]}
-    rows = jsonl("crossover.jsonl")
+    rows = [r for name in sorted(os.listdir(HERE)) if name.startswith("crossover") and name.endswith(".jsonl")
+            for r in jsonl(name)]
     for d in sorted({r["d"] for r in rows}):
         for bits in sorted({r["bits"] for r in rows}):
             sel = [r for r in rows if r["d"] == d and r["bits"] == bits]
