@@ -2239,6 +2239,15 @@ std::vector<int64_t> ids_to_remove(const std::vector<int64_t>& ids) {
   r.push_back(-123456789);
   return r;
 }
+// The rows of x (n * d) and their ids that are not in `gone`, in order.
+void kept_rows(const std::vector<float>& x, int d, const std::vector<int64_t>& ids, const std::vector<int64_t>& gone,
+               std::vector<float>* kx, std::vector<int64_t>* kid) {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (std::find(gone.begin(), gone.end(), ids[i]) != gone.end()) continue;
+    kx->insert(kx->end(), x.begin() + i * d, x.begin() + (i + 1) * d);
+    kid->push_back(ids[i]);
+  }
+}
 }  // namespace
 
 TEST(IndexRemove, FlatEqualsAnIndexGivenOnlyTheKeptVectors) {
@@ -2267,11 +2276,7 @@ TEST(IndexRemove, FlatEqualsAnIndexGivenOnlyTheKeptVectors) {
     const auto gone = ids_to_remove(ids);
     std::vector<float> kx;
     std::vector<int64_t> kid;
-    for (size_t i = 0; i < N; ++i) {
-      if (std::find(gone.begin(), gone.end(), ids[i]) != gone.end()) continue;
-      kx.insert(kx.end(), x.begin() + i * d, x.begin() + (i + 1) * d);
-      kid.push_back(ids[i]);
-    }
+    kept_rows(x, d, ids, gone, &kx, &kid);
     const size_t removed = a.remove_ids(gone.size(), gone.data());
     EXPECT_EQ(removed, N - kid.size()) << a.describe();
     ASSERT_EQ(a.size(), kid.size());
@@ -2619,11 +2624,7 @@ TEST(IndexTwoLevel, ThePlaneFollowsAddsLoadsAndRemoves) {
     const auto gone = ids_to_remove(ids);
     std::vector<float> kx;
     std::vector<int64_t> kid;
-    for (size_t i = 0; i < N; ++i) {
-      if (std::find(gone.begin(), gone.end(), ids[i]) != gone.end()) continue;
-      kx.insert(kx.end(), x.begin() + i * d, x.begin() + (i + 1) * d);
-      kid.push_back(ids[i]);
-    }
+    kept_rows(x, d, ids, gone, &kx, &kid);
     ASSERT_EQ(once.remove_ids(gone.size(), gone.data()), N - kid.size());
     tq::Index kept(c);
     kept.add(kid.size(), kx.data(), kid.data());

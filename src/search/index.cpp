@@ -1667,6 +1667,11 @@ void search_impl(const Index::Impl& I, size_t nq, const float* q, const SearchPa
         // the final L, best upper bound first, are scored with their float LUTs until the
         // shortlist's bar passes the next bound (all later ones are below it too).
         const size_t nsb = (n + kBlock - 1) / kBlock;
+        // Keeps the kept vectors whose upper bound is at or above L.
+        auto drop_below = [](std::vector<std::pair<float, uint32_t>>& v, float L) {
+          v.erase(std::remove_if(v.begin(), v.end(), [L](const std::pair<float, uint32_t>& c) { return !(c.first >= L); }),
+                  v.end());
+        };
         for (size_t b = 0; b < bq; ++b) {
           lowk[b].reset(r2);
           pend[b].clear();
@@ -1700,9 +1705,7 @@ void search_impl(const Index::Impl& I, size_t nq, const float* q, const SearchPa
             }
             // Drop what the bar has since ruled out, now and then (keeps pend near its final size).
             if (pd.size() > 2 * pend_mark[b] + 4096) {
-              const float L = lk.threshold;
-              pd.erase(std::remove_if(pd.begin(), pd.end(), [L](const std::pair<float, uint32_t>& c) { return !(c.first >= L); }),
-                       pd.end());
+              drop_below(pd, lk.threshold);
               pend_mark[b] = pd.size();
             }
           }
@@ -1711,9 +1714,7 @@ void search_impl(const Index::Impl& I, size_t nq, const float* q, const SearchPa
           const float* lut = flut.data() + b * I.m * I.lut_stride;
           TopR& t = top[b];
           auto& pd = pend[b];
-          const float L = lowk[b].threshold;
-          pd.erase(std::remove_if(pd.begin(), pd.end(), [L](const std::pair<float, uint32_t>& c) { return !(c.first >= L); }),
-                   pd.end());
+          drop_below(pd, lowk[b].threshold);
           std::sort(pd.begin(), pd.end(), TopR::cmp);
           for (size_t ci = 0; ci < pd.size(); ++ci) {
             if (ci + 2 < pd.size()) I.prefetch_fast_rows(pd[ci + 2].second);
