@@ -2592,6 +2592,19 @@ TEST(IndexTwoLevel, TheBoundKeepsTheFloatLutResultsAndScoresAreExact) {
     const Results gt{gs, gi};
     EXPECT_GE(recall1(got, k, gt, k, k) + 0.02, recall1(one, k, gt, k, k)) << idx.describe();
   }
+  // Fewer vectors than k: the shortlist never fills, so every vector is scored (the float-LUT
+  // search's result, padded with id -1); an empty index returns only padding.
+  auto c = cfg_of(d, 4, tq::Metric::l2);
+  tq::Index few(c), empty(c);
+  few.add(50, x.data());
+  tq::SearchParams pf;
+  pf.fast_scan = false;
+  const auto a = run(few, q, 64, two_level(1)), b = run(few, q, 64, pf);
+  EXPECT_EQ(a.id, b.id);
+  EXPECT_EQ(a.s, b.s);
+  EXPECT_EQ(a.id[63], -1);
+  const auto e = run(empty, q, 3, two_level(1));
+  EXPECT_TRUE(std::all_of(e.id.begin(), e.id.end(), [](int64_t v) { return v == -1; }));
 }
 
 TEST(IndexTwoLevel, ThePlaneFollowsAddsLoadsAndRemoves) {
