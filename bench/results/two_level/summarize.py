@@ -4,7 +4,7 @@ flat scan" reads it; tests/test_flat_bench_results.py recomputes it from the raw
 search_ab_*.jsonl (bench/index_ab.sh: median search time per build and file, and the ratio),
 crossover*.jsonl (crossover.sh: per d and bits the median over rounds of eval's search time with
 --two-level on and off, and on / off), build_ab.jsonl (build times of the binaries before and
-after, medians) and the Fashion-MNIST comparison runs (../fashion/results.json, run2/).
+after, medians) and the Fashion-MNIST comparison runs (../fashion/results.json, run2/, run3/).
 Usage: python3 bench/results/two_level/summarize.py"""
 import json
 import os
@@ -48,7 +48,7 @@ def summarize():
                for b in ("before", "after")}
         out["build_ab"][s] = {"before_s": med["before"], "after_s": med["after"], "ratio": med["after"] / med["before"]}
     fash = os.path.join(HERE, "..", "fashion")
-    for rel in ("results.json", "run2/results.json"):
+    for rel in ("results.json", "run2/results.json", "run3/results.json"):
         j = json.load(open(os.path.join(fash, rel)))
         by = {r["method"]: r for r in j["results"]}
         two, off = by["tq mse 4b corrected+fit+center two-level"], by["tq mse 4b corrected+fit+center two-level=off"]
