@@ -491,7 +491,7 @@ std::string Index::describe_search(const SearchParams& p) const {
   s += I.fast_ok && p.fast_scan && !I.quant ? fs
        : I.tc && p.fast_scan                 ? std::string(" trellis-scan")
                                              : std::string(I.quant ? "" : " float-lut");
-  if (I.coarse_ok && p.fast_scan && p.two_level != 0) s += " two-level";
+  if (two_level_search(I, p)) s += " two-level";
   if (I.ivf()) s += strprintf(" nprobe %d", p.nprobe);
   return s;
 }
@@ -980,6 +980,12 @@ std::atomic<int> g_ivf_scan_order{0};
 std::atomic<float> g_two_level_eps{0.f};
 
 }  // namespace
+
+// Whether a search with p runs in two levels (sharded candidates aside): the index keeps the
+// sign plane (a flat fast-layout index, so p.fast_scan means the uint8 scan) and p allows it.
+bool two_level_search(const Index::Impl& I, const SearchParams& p) noexcept {
+  return I.coarse_ok && p.fast_scan && p.two_level != 0;
+}
 
 void set_two_level_eps(float eps) noexcept { g_two_level_eps.store(eps); }
 float two_level_eps() noexcept {
@@ -1565,11 +1571,11 @@ void search_impl(const Index::Impl& I, size_t nq, const float* q, const SearchPa
   TQ_CHECK(p.two_level >= -1 && p.two_level <= 1, "index search: two_level must be -1 (auto), 0 or 1");
   TQ_CHECK(p.two_level != 1 || co == nullptr,
            "index search_candidates: the two-level scan is not for sharded candidates (two_level 1)");
-  TQ_CHECK(p.two_level != 1 || (I.coarse_ok && fast && !tfast),
+  TQ_CHECK(p.two_level != 1 || two_level_search(I, p),
            "index search: two_level 1 needs a flat fast-scan index of dim >= %d with 3 to 4 bits per channel",
            kTwoLevelMinDim);
   // two: the sign-plane pass, then exact float-LUT scores for the vectors it cannot rule out.
-  const bool two = I.coarse_ok && fast && !tfast && co == nullptr && p.two_level != 0;
+  const bool two = co == nullptr && two_level_search(I, p);
   const size_t rerank = p.rerank < 0 ? k + 16 : static_cast<size_t>(p.rerank);
   // Stage sizes: scan keeps r1 candidates, float-LUT re-rank keeps r2, full re-rank keeps k.
   // The two-level scan keeps float-LUT scores already: no re-rank stage.
@@ -1630,8 +1636,8 @@ void search_impl(const Index::Impl& I, size_t nq, const float* q, const SearchPa
     std::vector<uint32_t> acc(kChunkBlocks * kBlock);
     std::vector<float> sc(kChunkBlocks * kBlock), bmax(kChunkBlocks);
     std::vector<float> pstate(I.quant ? I.quant->query_state_floats() : 0);
-    // Two-level scan: the sign-plane LUTs (float, uint8), their bias (with the rounding bound
-    // added) and step, eps ||Pi q||, and the upper bounds of a chunk.
+    // Two-level scan: the sign-plane LUTs (float, uint8), their bias, step and rounding bound,
+    // eps ||Pi q||, and the upper and lower bounds of a chunk.
     std::vector<float> clut(two ? I.cm * 16 : 0), cmins(two ? I.cm : 0), up(two ? sc.size() : 0), lo(two ? sc.size() : 0);
     std::vector<uint8_t> cq8(two ? kQueryBatch * I.cmp * 16 : 0);
     std::vector<float> cbias(two ? kQueryBatch : 0), cstep(two ? kQueryBatch : 0), ceps(two ? kQueryBatch : 0),

@@ -238,6 +238,9 @@ struct Index::Impl {
   float round_norm(float v) const noexcept;
 };
 
+// Whether a search with p runs in two levels (index.cpp; search_candidates never does).
+bool two_level_search(const Index::Impl& I, const SearchParams& p) noexcept;
+
 // Best-R selection over vector indices in one total order: higher score first, then the
 // lower index. The kept set is the best R of everything pushed whatever the order of the
 // pushes (a push equal in score to the worst kept one enters when its index is lower), so
