@@ -253,8 +253,9 @@ def methods(args, ds):
     for bits in args.bits:
         out.append(("tq", bits, lambda b=bits: run_tq(args, ds, b)))
         if bits == 4:
-            # The shortlist re-rank of the single-level scan (indexes of d >= 256 scan in two
-            # levels by default, where the second level scores with float LUTs already).
+            # The shortlist re-rank of the single-level scan (indexes of d >= 384 scan in two
+            # levels by default, where the second level scores with float LUTs already; off is
+            # accepted at any d).
             nr = ["--rerank", "0"] + (["--two-level=off"] if d >= 256 else [])
             out.append(("tq", bits, lambda b=bits, nr=nr: run_tq(args, ds, b, nr)))
         for v in args.tq_variants:

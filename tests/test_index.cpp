@@ -2550,48 +2550,82 @@ TEST(IndexTwoLevel, WithAnUnboundedBarItIsTheFloatLutSearch) {
         }
       }
   }
+  // IVF: each probed list's slots scored with the list's float LUTs (l2: of Pi (q - c_l)) plus its
+  // offset, as the float-LUT scan of the same lists; with a second-stage code, its re-rank of the
+  // same shortlist follows.
+  const int d = 390;
+  auto x = make_data(n, d, 13), q = make_data(nq, d, 14);
+  for (tq::Metric m : {tq::Metric::cosine, tq::Metric::l2, tq::Metric::ip})
+    for (double bits : {3.0, 3.5, 4.0})
+      for (int rb : {0, 4}) {
+        auto c = cfg_of(d, bits, m);
+        c.nlist = 8;
+        c.rerank_bits = rb;
+        tq::Index idx(c);
+        idx.add(n, x.data());
+        for (int np : {1, 3}) {
+          tq::SearchParams pf, pt = two_level(1);
+          pf.fast_scan = false;
+          pf.nprobe = pt.nprobe = np;
+          ASSERT_NE(idx.describe_search(pt).find("two-level"), std::string::npos) << idx.describe();
+          const auto ref = run(idx, q, 10, pf);
+          ScopedTwoLevelEps big(1e30f);
+          for (const auto& level : tq::simd::available_levels()) {
+            tq::simd::ScopedLevel sl(level);
+            const auto got = run(idx, q, 10, pt);
+            EXPECT_EQ(got.id, ref.id) << idx.describe() << " nprobe " << np << " " << level;
+            EXPECT_EQ(got.s, ref.s) << idx.describe() << " nprobe " << np << " " << level;
+          }
+        }
+      }
 }
 
 TEST(IndexTwoLevel, TheBoundKeepsTheFloatLutResultsAndScoresAreExact) {
   // With the default eps: the results are (nearly always) the float-LUT search's, and every score
   // returned is the float-LUT score of its vector (the second level scores exactly).
   const int d = 384;
-  const size_t n = small() ? 1500 : 4000, nq = 40;
+  const size_t n = small() ? 1500 : 4000, nq = 200;
   const int k = 10;
   auto x = make_data(n, d, 21), q = make_data(nq, d, 22);
-  for (tq::Metric m : {tq::Metric::cosine, tq::Metric::l2}) {
-    auto c = cfg_of(d, 4, m);
-    c.center = c.fit_scale = true;
-    tq::Index idx(c);
-    idx.add(n, x.data());
-    tq::SearchParams pf;
-    pf.fast_scan = false;
-    const auto all = run(idx, q, static_cast<int>(n), pf);  // every vector's float-LUT score
-    const auto ref = run(idx, q, k, pf);
-    const auto got = run(idx, q, k, two_level(1));
-    const auto one = run(idx, q, k, two_level(0));
-    size_t same = 0;
-    for (size_t i = 0; i < nq; ++i) {
-      for (int r = 0; r < k; ++r) {
-        const int64_t id = got.id[i * k + r];
-        ASSERT_GE(id, 0);
-        const auto* row = all.id.data() + i * n;
-        const size_t at = static_cast<size_t>(std::find(row, row + n, id) - row);
-        ASSERT_LT(at, n);
-        EXPECT_EQ(got.s[i * k + r], all.s[i * n + at]) << "query " << i << " rank " << r;
-        same += std::count(ref.id.begin() + i * k, ref.id.begin() + (i + 1) * k, id);
+  for (tq::Metric m : {tq::Metric::cosine, tq::Metric::l2})
+    for (int nlist : {0, 16}) {
+      auto c = cfg_of(d, 4, m);
+      c.center = c.fit_scale = nlist == 0;
+      c.nlist = nlist;
+      tq::Index idx(c);
+      idx.add(n, x.data());
+      // IVF: 4 of 16 lists; `all` scores every vector of the probed lists (the rest pad with -1).
+      tq::SearchParams pf, pt = two_level(1), po = two_level(0);
+      pf.fast_scan = false;
+      pf.nprobe = pt.nprobe = po.nprobe = nlist > 0 ? 4 : 1;
+      const auto all = run(idx, q, static_cast<int>(n), pf);  // every vector's float-LUT score
+      const auto ref = run(idx, q, k, pf);
+      const auto got = run(idx, q, k, pt);
+      const auto one = run(idx, q, k, po);
+      size_t same = 0;
+      for (size_t i = 0; i < nq; ++i) {
+        for (int r = 0; r < k; ++r) {
+          const int64_t id = got.id[i * k + r];
+          ASSERT_GE(id, 0);
+          const auto* row = all.id.data() + i * n;
+          const size_t at = static_cast<size_t>(std::find(row, row + n, id) - row);
+          ASSERT_LT(at, n);
+          EXPECT_EQ(got.s[i * k + r], all.s[i * n + at]) << "query " << i << " rank " << r;
+          same += std::count(ref.id.begin() + i * k, ref.id.begin() + (i + 1) * k, id);
+        }
       }
+      // The bound is probabilistic (RaBitQ's eps 1.9: on this data 5.3% of the estimates lie
+      // outside it, flat or IVF, before the uint8 rounding term widens it), but a vector is lost
+      // only when its estimate errs that far and its score is near the bar.
+      EXPECT_GE(static_cast<double>(same) / (nq * k), 0.99) << idx.describe();
+      // Against exact neighbours, the two-level search ranks at least as well as the single-level one
+      // (200 queries: one query is 0.005 of recall).
+      std::vector<float> gs(nq * k);
+      std::vector<int64_t> gi(nq * k);
+      tq::exact_search(m, n, d, x.data(), nq, q.data(), k, gs.data(), gi.data());
+      const Results gt{gs, gi};
+      EXPECT_GE(recall1(got, k, gt, k, k) + 0.02, recall1(one, k, gt, k, k)) << idx.describe();
     }
-    // The bound is probabilistic (RaBitQ's eps 1.9: about 3% of estimates lie outside it), but a
-    // vector is lost only when its estimate errs that far and its score is near the bar.
-    EXPECT_GE(static_cast<double>(same) / (nq * k), 0.99) << idx.describe();
-    // Against exact neighbours, the two-level search ranks at least as well as the single-level one.
-    std::vector<float> gs(nq * k);
-    std::vector<int64_t> gi(nq * k);
-    tq::exact_search(m, n, d, x.data(), nq, q.data(), k, gs.data(), gi.data());
-    const Results gt{gs, gi};
-    EXPECT_GE(recall1(got, k, gt, k, k) + 0.02, recall1(one, k, gt, k, k)) << idx.describe();
-  }
   // Fewer vectors than k: the shortlist never fills, so every vector is scored (the float-LUT
   // search's result, padded with id -1); an empty index returns only padding.
   auto c = cfg_of(d, 4, tq::Metric::l2);
@@ -2682,17 +2716,21 @@ TEST(IndexTwoLevel, WhereItAppliesAndBadParameters) {
   expect_throw(idx, two_level(-2), "two_level must be");
   // The sign plane is counted in memory: cmp / 2 bytes (400 channels: 100 groups) and two floats.
   EXPECT_DOUBLE_EQ(idx.memory_bytes_per_vector(), 400 * 16.0 / 32 + 16 + 100 * 16.0 / 32 + 8);
-  // Trellis codes and IVF have no sign plane.
+  // Trellis codes have no sign plane; IVF has one (on with auto), but not at 2 bits.
   auto ct = cfg_of(400, 4, tq::Metric::l2);
   ct.trellis = true;
   tq::Index tr(ct);
   tr.add(n, x.data());
   expect_throw(tr, two_level(1), "two_level 1 needs");
-  auto ci = cfg_of(400, 4, tq::Metric::l2);
-  ci.nlist = 4;
-  tq::Index iv(ci);
-  iv.add(n, x.data());
-  expect_throw(iv, two_level(1), "two_level 1 needs");
+  for (double bits : {4.0, 2.0}) {
+    auto ci = cfg_of(400, bits, tq::Metric::l2);
+    ci.nlist = 4;
+    tq::Index iv(ci);
+    iv.add(n, x.data());
+    EXPECT_EQ(iv.describe_search(two_level(-1)).find("two-level") != std::string::npos, bits == 4.0) << iv.describe();
+    if (bits == 2.0) expect_throw(iv, two_level(1), "two_level 1 needs");
+    else EXPECT_EQ(run(iv, q, 5, two_level(1)).id, run(iv, q, 5, two_level(-1)).id);
+  }
   // Sharded candidates come from the single-level scan: auto is that, 1 an error.
   tq::SearchParams pc;
   pc.k = 5;
@@ -2707,10 +2745,62 @@ TEST(IndexTwoLevel, WhereItAppliesAndBadParameters) {
                tq::Error);
 }
 
+namespace {
+// Checks every slot holding a vector against the definition of the sign plane (build_coarse):
+// bit j % 4 of group j / 4 (the fast layout's nibble of the slot) is the top bit of channel j's
+// index; cA = scale ||c||^2 / sum |c_j|; cB = (l2 ? 2 : 1) scale ||c|| sqrt(1 - a^2) /
+// (a sqrt(d - 1)), a = sum |c_j| / (||c|| sqrt d); IVF: cL = (ip, cosine: scale <Pi c_l, c>) -
+// (l2 ? 2 : 1) cA <Pi c_l, sign(c)>, c_l the slot's list centroid. Unused sign groups (up to a
+// multiple of 4) stay zero: their table entries are 0.
+void expect_plane_is_its_definition(const tq::Index& ix, const std::string& when) {
+  const tq::Index::Impl& I = ix.impl();
+  ASSERT_TRUE(I.coarse_ok) << when;
+  ASSERT_EQ(I.cblocks.size(), (I.slots + 31) / 32 * I.cmp * 16) << when;
+  const int d = ix.dim();
+  const bool l2 = I.cfg.metric == tq::Metric::l2;
+  const double mul = l2 ? 2 : 1;
+  std::vector<uint8_t> ind(static_cast<size_t>(d));
+  size_t held = 0;
+  for (size_t i = 0; i < I.slots; ++i) {
+    if (I.ids[i] < 0) continue;  // IVF padding
+    ++held;
+    I.get_indices(i, ind.data());
+    const float* rc = I.ivf() ? I.rcentroids.data() + I.list_of(i) * d : nullptr;
+    double cc = 0, ca = 0, ct = 0, cu = 0, rn = 0;
+    for (const tq::Segment& s : I.segs)
+      for (int j = s.begin; j < s.begin + s.len; ++j) {
+        const uint8_t byte = I.cblocks[(i / 32) * I.cmp * 16 + static_cast<size_t>(j / 4) * 16 + i % 16];
+        const int bit = (byte >> ((i % 32) < 16 ? 0 : 4) >> (j % 4)) & 1;
+        ASSERT_EQ(bit, ind[j] >> (s.bits - 1)) << when << ": slot " << i << " channel " << j;
+        const double c = s.cb->centroids[ind[j]];
+        cc += c * c;
+        ca += std::fabs(c);
+        if (rc != nullptr) {
+          ct += rc[j] * c;
+          cu += bit ? rc[j] : -rc[j];
+          rn += static_cast<double>(rc[j]) * rc[j];
+        }
+      }
+    const double a = ca / (std::sqrt(cc) * std::sqrt(static_cast<double>(d)));
+    EXPECT_NEAR(I.cA[i], I.scale[i] * cc / ca, 1e-4 * std::fabs(I.scale[i] * cc / ca)) << when << ": slot " << i;
+    const double cb = mul * I.scale[i] * std::sqrt(cc) * std::sqrt(1 - a * a) / (a * std::sqrt(d - 1.0));
+    EXPECT_NEAR(I.cB[i], cb, 1e-4 * cb) << when << ": slot " << i;
+    if (rc != nullptr) {
+      const double cl = (l2 ? 0.0 : I.scale[i] * ct) - mul * I.cA[i] * cu;
+      // float sums of d terms: within 1e-4 of the size of the terms (||Pi c_l|| ||c|| scale).
+      EXPECT_NEAR(I.cL[i], cl, 1e-4 * (1 + 4 * I.scale[i] * std::sqrt(rn * cc))) << when << ": slot " << i;
+    } else {
+      EXPECT_TRUE(I.cL.empty()) << when;
+    }
+  }
+  EXPECT_EQ(held, ix.size()) << when;
+  for (size_t b = 0; b * 32 < I.slots; ++b)
+    for (size_t g = I.cm; g < I.cmp; ++g)
+      for (size_t v = 0; v < 16; ++v) EXPECT_EQ(I.cblocks[b * I.cmp * 16 + g * 16 + v], 0) << when;
+}
+}  // namespace
+
 TEST(IndexTwoLevel, TheSignPlaneIsTheTopBitOfEachChannelsIndex) {
-  // build_coarse against the definition: bit j % 4 of group j / 4 (the fast layout's nibble of the
-  // slot) is the top bit of channel j's index; cA = scale ||c||^2 / sum |c_j| and
-  // cB = (l2 ? 2 : 1) scale ||c|| sqrt(1 - a^2) / (a sqrt(d - 1)), a = sum |c_j| / (||c|| sqrt d).
   const size_t n = 77;
   for (int d : {385, 400})
     for (double bits : {3.0, 3.5, 4.0})
@@ -2718,30 +2808,31 @@ TEST(IndexTwoLevel, TheSignPlaneIsTheTopBitOfEachChannelsIndex) {
         auto x = make_data(n, d, 51);
         tq::Index idx(cfg_of(d, bits, mt));
         idx.add(n, x.data());
-        const tq::Index::Impl& I = idx.impl();
-        ASSERT_TRUE(I.coarse_ok);
-        std::vector<uint8_t> ind(static_cast<size_t>(d));
-        for (size_t i = 0; i < n; ++i) {
-          I.get_indices(i, ind.data());
-          double cc = 0, ca = 0;
-          for (const tq::Segment& s : I.segs)
-            for (int j = s.begin; j < s.begin + s.len; ++j) {
-              const uint8_t byte = I.cblocks[(i / 32) * I.cmp * 16 + static_cast<size_t>(j / 4) * 16 + i % 16];
-              const int bit = (byte >> ((i % 32) < 16 ? 0 : 4) >> (j % 4)) & 1;
-              ASSERT_EQ(bit, ind[j] >> (s.bits - 1)) << "slot " << i << " channel " << j;
-              const double c = s.cb->centroids[ind[j]];
-              cc += c * c;
-              ca += std::fabs(c);
-            }
-          const double a = ca / (std::sqrt(cc) * std::sqrt(static_cast<double>(d)));
-          const double mul = mt == tq::Metric::l2 ? 2 : 1;
-          EXPECT_NEAR(I.cA[i], I.scale[i] * cc / ca, 1e-4 * std::fabs(I.scale[i] * cc / ca));
-          const double cb = mul * I.scale[i] * std::sqrt(cc) * std::sqrt(1 - a * a) / (a * std::sqrt(d - 1.0));
-          EXPECT_NEAR(I.cB[i], cb, 1e-4 * cb);
-        }
-        // Unused sign groups (up to a multiple of 4) stay zero: their table entries are 0.
-        for (size_t b = 0; b * 32 < n; ++b)
-          for (size_t g = I.cm; g < I.cmp; ++g)
-            for (size_t v = 0; v < 16; ++v) EXPECT_EQ(I.cblocks[b * I.cmp * 16 + g * 16 + v], 0);
+        expect_plane_is_its_definition(idx, idx.describe());
       }
+}
+
+TEST(IndexTwoLevel, TheIvfPlaneFollowsAddsRemovesAndLoads) {
+  // An IVF add moves every slot into its list: the plane of every slot holding a vector, and its
+  // list term, are their definitions after each batch, after remove_ids and after a load.
+  TempDir t;
+  const int d = 390;
+  const size_t N = 700;
+  auto x = make_data(N, d, 61);
+  for (tq::Metric mt : {tq::Metric::l2, tq::Metric::cosine, tq::Metric::ip}) {
+    auto c = cfg_of(d, 3.5, mt);
+    c.nlist = 5;
+    tq::Index idx(c);
+    idx.add(300, x.data());
+    expect_plane_is_its_definition(idx, "first batch");
+    idx.add(N - 300, x.data() + 300 * d);
+    expect_plane_is_its_definition(idx, "second batch");
+    std::vector<int64_t> ids(N);
+    for (size_t i = 0; i < N; ++i) ids[i] = static_cast<int64_t>(i);
+    const auto gone = ids_to_remove(ids);
+    ASSERT_GT(idx.remove_ids(gone.size(), gone.data()), 0u);
+    expect_plane_is_its_definition(idx, "remove_ids");
+    idx.save(t.path("ivf.tqi"));
+    expect_plane_is_its_definition(tq::Index::load(t.path("ivf.tqi")), "load");
+  }
 }

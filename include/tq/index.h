@@ -123,9 +123,10 @@ struct SearchParams {
   // Two-level scan (docs/design.md "Two-level scan"): a first pass over the sign of each
   // channel's code (1 bit per dimension) estimates every score with an error bound, and only
   // vectors whose bound reaches the current k-th best are scored with their full code (exact
-  // float LUTs; the re-rank stage then has nothing to add). -1: auto, on where the index keeps
-  // the sign plane (flat fast-scan indexes of dim >= 384 with 3 to 4 bits per channel, p.fast_scan);
-  // 0: off; 1: on (an error where the index has no sign plane, and in search_candidates).
+  // float LUTs; the re-rank stage then has nothing to add, a second-stage code still re-ranks).
+  // -1: auto, on where the index keeps the sign plane (fast-scan indexes, flat or IVF, of dim >= 384
+  // with 3 to 4 bits per channel, p.fast_scan); 0: off; 1: on (an error where the index has no
+  // sign plane, and in search_candidates).
   int two_level = -1;
 };
 

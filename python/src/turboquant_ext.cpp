@@ -536,8 +536,8 @@ NB_MODULE(_turboquant, m) {
            "fast_scan"_a = true, "nprobe"_a = 1, "two_level"_a = nb::none(),
            "Top-k of each row of q ((nq, dim) float32): (scores (nq, k) float32, ids (nq, k) int64), best first; "
            "missing results get id -1. threads 0: OpenMP default. nprobe: IVF lists scanned per query "
-           "(1..nlist; 1 for a flat index). two_level: None (auto: on for flat indexes of dim >= 384 with 3 to "
-           "4 bits per channel), True (an error on other indexes) or False: a first pass over 1 bit per "
+           "(1..nlist; 1 for a flat index). two_level: None (auto: on for fast-scan indexes, flat or IVF, of dim "
+           ">= 384 with 3 to 4 bits per channel), True (an error on other indexes) or False: a first pass over 1 bit per "
            "dimension, full codes only for the vectors that can still rank (docs/design.md).")
       .def("train",
            [](tq::Index& idx, const InArray& x) {

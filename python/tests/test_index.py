@@ -360,9 +360,9 @@ def test_train_center_and_candidates_merge_without_ray(rng):
 
 
 def test_two_level_search(tq_cli, tmp_path, rng):
-    """two_level: None (auto) scans in two levels at d >= 384 with 3-4 bits, as True does and as
-    `tq index search` does by default; False is the single-level scan, which sharded candidates
-    merge into; True on an index without the sign plane is an error."""
+    """two_level: None (auto) scans in two levels at d >= 384 with 3-4 bits, flat or IVF, as True
+    does and as `tq index search` does by default; False is the single-level scan, which sharded
+    candidates merge into; True on an index without the sign plane is an error."""
     from turboquant.sharded import candidate_positions, merge_candidates
 
     d = 400
@@ -399,6 +399,18 @@ def test_two_level_search(tq_cli, tmp_path, rng):
     s_m, i_m = merge_candidates(parts, 10)
     np.testing.assert_array_equal(i_m, i_off)
     assert s_m.tobytes() == s_off.tobytes()
+    # An IVF index keeps the plane too: auto is on, at any nprobe, and the CLI agrees.
+    ivf = tq.Index(d, bits=4, metric="l2", nlist=8)
+    ivf.add(x)
+    s_auto, i_auto = ivf.search(q, 10, nprobe=3)
+    s_on, i_on = ivf.search(q, 10, nprobe=3, two_level=True)
+    np.testing.assert_array_equal(i_auto, i_on)
+    assert s_auto.tobytes() == s_on.tobytes()
+    i_off = ivf.search(q, 10, nprobe=3, two_level=False)[1]
+    assert np.mean([len(set(a) & set(b)) / 10 for a, b in zip(i_on, i_off)]) >= 0.95
+    ivf.save(str(path))
+    out = run_cli(tq_cli, "index", "search", "--index", str(path), "-q", str(qp), "-k", "10", "--nprobe", "3")
+    np.testing.assert_array_equal(np.array(out["ids"]), i_auto)
     small = tq.Index(64, bits=4)
     small.add(clustered(rng, 100, 64))
     with pytest.raises(tq.Error, match="two_level 1 needs"):

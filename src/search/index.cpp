@@ -173,7 +173,7 @@ Index::Impl::Impl(const IndexConfig& c) : cfg(c) {
     rbytes = packed_bytes(static_cast<size_t>(d), cfg.rerank_bits);
     code_bytes += norm_bytes + rbytes;  // the record carries the second stage: [scale][codes]
   }
-  coarse_ok = fast_ok && cfg.nlist == 0 && d >= kTwoLevelMinDim &&
+  coarse_ok = fast_ok && d >= kTwoLevelMinDim &&
               std::all_of(segs.begin(), segs.end(), [](const Segment& s) { return s.bits >= kTwoLevelMinBits; });
   if (coarse_ok) {
     cm = (static_cast<size_t>(d) + 3) / 4;
@@ -187,13 +187,15 @@ void Index::Impl::build_coarse(size_t from) {
   const float inv_sqrt_d1 = 1.f / std::sqrt(static_cast<float>(d - 1));
   const float mul = cfg.metric == Metric::l2 ? 2.f : 1.f;
   // Per segment: each index's squared centroid and |centroid|; the top bit is the sign.
-  std::vector<std::array<float, 16>> c2(segs.size()), ab(segs.size());
+  std::vector<std::array<float, 16>> c2(segs.size()), ab(segs.size()), cv(segs.size());
   for (size_t sg = 0; sg < segs.size(); ++sg)
     for (size_t c = 0; c < segs[sg].cb->centroids.size(); ++c) {
       const float v = segs[sg].cb->centroids[c];
       c2[sg][c] = v * v;
       ab[sg][c] = std::fabs(v);
+      cv[sg][c] = v;
     }
+  const bool list_term = ivf();
   // The segment of each group (groups never straddle segments).
   std::vector<size_t> gseg(m);
   for (size_t g = 0, sg = 0; g < m; ++g) {
@@ -208,14 +210,18 @@ void Index::Impl::build_coarse(size_t from) {
   for (size_t b = b0; b < b1; ++b) {
     const uint8_t* fb = blocks.data() + b * mp * 16;
     uint8_t* cb = cblocks.data() + b * cmp * 16;
-    float cc[kBlock] = {}, ca[kBlock] = {};  // ||c||^2, sum |c_j|
+    // ||c||^2, sum |c_j|; IVF: <Pi c_l, c> and <Pi c_l, sign(c)>
+    float cc[kBlock] = {}, ca[kBlock] = {}, ct[kBlock] = {}, cu[kBlock] = {};
     uint8_t sbits[kBlock] = {};
+    // The rotated centroid of the block's list (IVF lists start on whole blocks).
+    const float* rc = list_term ? rcentroids.data() + list_of(b * kBlock) * static_cast<size_t>(d) : nullptr;
     for (size_t g = 0; g < m; ++g) {
       const Group& gr = groups[g];
       const size_t sg = gseg[g];
       const unsigned top = static_cast<unsigned>(segs[sg].bits - 1), mask = (1u << gr.bpd) - 1;
       const float* q2 = c2[sg].data();
       const float* qa = ab[sg].data();
+      const float* qv = cv[sg].data();
       const uint8_t* row = fb + g * 16;
       for (int u = 0; u < gr.ndims; ++u) {
         const int j = gr.dim0 + u, t = j & 3;
@@ -229,6 +235,14 @@ void Index::Impl::build_coarse(size_t from) {
           sbits[v] = static_cast<uint8_t>(sbits[v] | ((lo >> top) << t));
           sbits[v + 16] = static_cast<uint8_t>(sbits[v + 16] | ((hi >> top) << t));
         }
+        if (rc != nullptr)
+          for (size_t v = 0; v < 16; ++v) {
+            const unsigned lo = ((row[v] & 15u) >> sh) & mask, hi = ((row[v] >> 4) >> sh) & mask;
+            ct[v] += rc[j] * qv[lo];
+            ct[v + 16] += rc[j] * qv[hi];
+            cu[v] += (lo >> top) ? rc[j] : -rc[j];
+            cu[v + 16] += (hi >> top) ? rc[j] : -rc[j];
+          }
         if (t == 3 || j == d - 1) {
           uint8_t* o = cb + static_cast<size_t>(j / 4) * 16;
           for (size_t v = 0; v < 16; ++v) o[v] = static_cast<uint8_t>(sbits[v] | (sbits[v + 16] << 4));
@@ -246,6 +260,7 @@ void Index::Impl::build_coarse(size_t from) {
         cA[i] = 0.f;
         cB[i] = std::numeric_limits<float>::max();
       }
+      if (list_term) cL[i] = (mul == 1.f ? scale[i] * ct[v] : 0.f) - mul * cA[i] * cu[v];
     }
   }
 }
@@ -330,6 +345,7 @@ void Index::Impl::resize(size_t n_new) {
     cA.resize(padded, 0.f);
     cB.resize(std::min(cB.size(), n_new));
     cB.resize(padded, 0.f);
+    if (ivf()) cL.assign(padded, 0.f);  // all recomputed by build_coarse
   }
   slots = n_new;
 }
@@ -459,6 +475,7 @@ double Index::memory_bytes_per_vector() const noexcept {
   b += 4.0 + (I.has_norm ? 4.0 : 0.0) + 8.0;  // scale, norm, id
   if (I.rbytes > 0) b += static_cast<double>(I.rbytes) + 4.0;  // second-stage code and its scale
   if (I.coarse_ok) b += static_cast<double>(I.cmp) * 16.0 / kBlock + 8.0;  // sign plane and its factors
+  if (!I.cL.empty()) b += 4.0;                                             // and the list term (IVF)
   if (I.cfg.keep_vectors) b += 4.0 * I.d;
   if (!I.ivf() || I.n == 0) return b;
   // IVF: per slot (lists padded to whole blocks) plus the centroid tables, per vector.
@@ -908,7 +925,7 @@ void Index::add(size_t n, const float* x, const int64_t* ids, const AddProgress&
   for (size_t r = 0; r < n; ++r) I.ids[n0 + r] = ids ? ids[r] : first_id + static_cast<int64_t>(r);
   if (I.ivf()) I.relayout(n0, n, assign.data());
   I.n += n;
-  I.build_coarse(n0);
+  I.build_coarse(I.ivf() ? 0 : n0);  // an IVF add moves every slot
 }
 
 std::vector<int64_t> Index::ids() const {
@@ -1144,6 +1161,119 @@ void build_sign_lut(const Index::Impl& I, const float* y, float* clut, float* mi
   *eps_qn = two_level_eps() * static_cast<float>(std::sqrt(qn2));
 }
 
+// Two-level scan of one query (flat or IVF). Pass 1 scans the sign plane block by block: each
+// slot's estimate est and bound w = eps ||y|| cB + (l2 ? 2 : 1) cA cm step / 2 (the error bound
+// plus the uint8 tables' rounding), both shifted by the offset of the slot's list (IVF; flat
+// -0); the best r lower bounds est - w set a bar L that the r-th best score reaches (up to the
+// bound's failures), and every slot whose upper bound est + w is not below the bar as it
+// stands is kept. Pass 2 (two_level_pass2) scores those at or above the final L exactly.
+struct TwoLevelQuery {
+  std::vector<uint8_t> q8;  // the sign-plane uint8 tables of the query (cmp * 16 bytes)
+  float bias = 0, step = 1, half = 0, eps_qn = 0;
+  TopR lowk;                                   // the best lower bounds
+  std::vector<std::pair<float, uint32_t>> pend;  // (upper bound, slot) of the kept slots
+  size_t mark = 0;                             // pend's size after its last compaction
+  void reset(size_t r) {
+    lowk.reset(r);
+    pend.clear();
+    mark = 0;
+  }
+};
+
+// Per-thread scratch of the two-level scan: a chunk of kChunkBlocks blocks, and the float tables.
+struct TwoLevelScratch {
+  static constexpr size_t kChunkBlocks = 64;
+  std::vector<float> clut, cmins, sc, bmax, up, lo;
+  std::vector<uint32_t> acc;
+  explicit TwoLevelScratch(const Index::Impl& I)
+      : clut(I.cm * 16), cmins(I.cm), sc(kChunkBlocks * kBlock), bmax(kChunkBlocks), up(sc.size()), lo(sc.size()),
+        acc(sc.size()) {}
+  // t's sign-plane tables for the rotated query y.
+  void set_query(const Index::Impl& I, const float* y, TwoLevelQuery& t) {
+    t.q8.resize(I.cmp * 16);
+    build_sign_lut(I, y, clut.data(), cmins.data(), t.q8.data(), &t.bias, &t.step, &t.half, &t.eps_qn);
+  }
+  // Pass 1 over the nb <= kChunkBlocks plane blocks from block cb, of which the cnt slots from
+  // cb * kBlock are offered, off added to every bound, and the list term I.cL of each slot when
+  // list_term (IVF: t's tables are those of Pi q, its eps_qn that of Pi (q - c_l)).
+  void pass1(const Index::Impl& I, bool l2, TwoLevelQuery& t, size_t cb, size_t nb, size_t cnt, float off,
+             bool list_term = false) {
+    const size_t v0 = cb * kBlock;
+    fast_scan_u8(nb, I.cmp, I.cblocks.data() + cb * I.cmp * 16, t.q8.data(), acc.data());
+    fast_scan_scores(nb * kBlock, acc.data(), I.cA.data() + v0, l2 ? I.norm.data() + v0 : nullptr, t.bias, t.step,
+                     sc.data(), bmax.data());
+    const float e = t.eps_qn, h = t.half * (l2 ? 2.f : 1.f);
+    const float* cav = I.cA.data() + v0;
+    const float* cbv = I.cB.data() + v0;
+    if (list_term) {
+      const float* ctv = I.cL.data() + v0;
+      for (size_t r = 0; r < nb * kBlock; ++r) sc[r] += ctv[r];
+    }
+    for (size_t r = 0; r < nb * kBlock; ++r) {
+      const float w = e * cbv[r] + h * cav[r];
+      up[r] = sc[r] + w;
+      lo[r] = sc[r] - w;
+    }
+    for (size_t r0 = 0; r0 < cnt; r0 += kBlock) {
+      const size_t n32 = std::min(cnt, r0 + kBlock) - r0;
+      float mx = lo[r0];
+      for (size_t r = r0 + 1; r < r0 + n32; ++r) mx = std::max(mx, lo[r]);
+      t.lowk.offer_block(lo.data() + r0, n32, off, mx, static_cast<uint32_t>(v0 + r0));
+      for (uint32_t mask = mask_at_least(up.data() + r0, n32, off, t.lowk.threshold); mask != 0; mask &= mask - 1) {
+        const size_t r = r0 + static_cast<size_t>(__builtin_ctz(mask));
+        t.pend.emplace_back(up[r] + off, static_cast<uint32_t>(v0 + r));
+      }
+    }
+    // Drop what the bar has since ruled out, now and then (keeps pend near its final size).
+    if (t.pend.size() > 2 * t.mark + 4096) {
+      drop_below(t.pend, t.lowk.threshold);
+      t.mark = t.pend.size();
+    }
+  }
+  // Keeps the kept slots whose upper bound is at or above L.
+  static void drop_below(std::vector<std::pair<float, uint32_t>>& v, float L) {
+    v.erase(std::remove_if(v.begin(), v.end(), [L](const std::pair<float, uint32_t>& c) { return !(c.first >= L); }),
+            v.end());
+  }
+};
+
+// Pass 2 of the two-level scan: the slots t kept whose upper bound is at or above the final bar,
+// in runs of one key each (key_of(slot): the IVF list, or 0 for a flat index; pass 1 appends a
+// list's slots together), runs best upper bound first and each run best upper bound first, are
+// scored exactly (score(key, slot), after prepare(key) once per run that scores any) into top
+// until top's bar passes the next upper bound (every later one of the run is below it too).
+template <class KeyOf, class Prepare, class Score>
+void two_level_pass2(const Index::Impl& I, TwoLevelQuery& t, TopR& top, KeyOf key_of, Prepare prepare, Score score) {
+  auto& pd = t.pend;
+  TwoLevelScratch::drop_below(pd, t.lowk.threshold);
+  struct Run {
+    size_t b, e, key;
+  };
+  std::vector<Run> runs;
+  for (size_t i = 0; i < pd.size();) {
+    const size_t key = key_of(pd[i].second);
+    size_t j = i + 1;
+    while (j < pd.size() && key_of(pd[j].second) == key) ++j;
+    std::sort(pd.begin() + static_cast<std::ptrdiff_t>(i), pd.begin() + static_cast<std::ptrdiff_t>(j), TopR::cmp);
+    runs.push_back({i, j, key});
+    i = j;
+  }
+  std::sort(runs.begin(), runs.end(), [&](const Run& a, const Run& b) { return TopR::cmp(pd[a.b], pd[b.b]); });
+  for (const Run& run : runs) {
+    bool ready = false;
+    for (size_t ci = run.b; ci < run.e; ++ci) {
+      if (ci + 2 < run.e) I.prefetch_fast_rows(pd[ci + 2].second);
+      if (top.h.size() == top.cap && !(pd[ci].first >= top.threshold)) break;
+      if (!ready) {
+        prepare(run.key);
+        ready = true;
+      }
+      top.push(score(run.key, pd[ci].second), pd[ci].second);
+    }
+  }
+  t.mark = 0;
+}
+
 // List-major chunks: at most this many queries, and at most kIvfMaxChunkPairs (query, probe)
 // pairs (per thread: 8 bytes a pair, mp * 16 bytes of LUTs and r1 * 8 of candidates a query).
 constexpr size_t kIvfMaxChunk = 1024;
@@ -1172,12 +1302,15 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
     return;
   }
   const bool fast = I.fast_ok && p.fast_scan;
+  // two: per query, the sign planes of its lists, then exact float-LUT scores for the slots
+  // they cannot rule out (as exact as a float-LUT scan).
+  const bool two = two_level_search(I, p);
   const size_t rerank = p.rerank < 0 ? k + 16 : static_cast<size_t>(p.rerank);
   // Re-rank stage: the second-stage code when the index has one (any scan), else the float
   // LUT of the first code after a fast scan (a float-LUT scan is already exact).
   const bool stage2 = I.rbytes > 0 && rerank > 0;
   const size_t r2 = std::max(k, static_cast<size_t>(p.rerank_full));
-  const size_t r1 = (fast || stage2) && rerank > 0 ? std::max(r2, rerank) : r2;
+  const size_t r1 = ((fast && !two) || stage2) && rerank > 0 ? std::max(r2, rerank) : r2;
   const int threads = p.n_threads > 0 ? p.n_threads : omp_get_max_threads();
 
   // Coarse step, in batches of queries: probes[q][0..np) best first and their offsets.
@@ -1266,7 +1399,7 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
       1, std::min({kIvfMaxChunk, kIvfMaxChunkPairs / np, (nq + threads - 1) / threads}));
   const size_t n_chunks = (nq + chunk - 1) / chunk;
   const IvfScanOrder order = ivf_scan_order();
-  const bool list_major = fast && (order == IvfScanOrder::list_major ||
+  const bool list_major = fast && !two && (order == IvfScanOrder::list_major ||
                                    (order == IvfScanOrder::automatic && 2 * chunk * np >= LL));
 #pragma omp parallel num_threads(threads)
   {
@@ -1278,15 +1411,18 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
     std::vector<float> list_off(LL, 0.f);  // offset of each probed list of the current query
     TopR top;
     float bias = 0, delta = 1;
+    TwoLevelQuery tl;
+    std::unique_ptr<TwoLevelScratch> tls(two ? new TwoLevelScratch(I) : nullptr);
     auto internal = [&](size_t i, float dot) { return internal_score(I, l2, i, dot); };
     auto exact_lut_dot = [&](const float* lut, size_t i) { return exact_lut_score(I, lut, i); };
-    // Rotated query of list l: Pi q (ip, cosine: one LUT for every list) or Pi (q - c_l).
-    auto list_query = [&](const float* y, size_t l) {
-      if (!l2) return y;
+    // Pi (q - c_l), in yl.
+    auto residual_query = [&](const float* y, size_t l) {
       const float* rc = I.rcentroids.data() + l * d;
       for (size_t j = 0; j < d; ++j) yl[j] = y[j] - rc[j];
       return static_cast<const float*>(yl.data());
     };
+    // Rotated query of list l: Pi q (ip, cosine: one LUT for every list) or Pi (q - c_l).
+    auto list_query = [&](const float* y, size_t l) { return l2 ? residual_query(y, l) : y; };
     // Exact score from the codes of slot s in list l (any width): decoded dot product.
     auto exact_decoded = [&](const float* y, size_t s, size_t l, float off) {
       I.get_indices(s, idx.data());
@@ -1410,7 +1546,7 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
         }
         std::sort(cand.begin(), cand.end(), TopR::cmp);
         if (cand.size() > r2) cand.resize(r2);
-      } else if (fast && rerank > 0) {
+      } else if (fast && !two && rerank > 0) {
         if (!l2 && !flut_ready) build_luts(I, y, flut.data(), nullptr, nullptr, nullptr);
         for (auto& c : cand) {
           const size_t l = I.list_of(c.second);
@@ -1449,7 +1585,43 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
       }
     };
 
-    if (!list_major) {
+    if (two) {
+      // Pass 1 over the probed lists' sign planes, then pass 2 list by list with that list's
+      // float LUTs (ip, cosine: one for every list), as a float-LUT scan scores them.
+#pragma omp for schedule(dynamic, 4)
+      for (size_t qi = 0; qi < nq; ++qi) {
+        const float* y = qr + qi * d;
+        top.reset(r1);
+        tl.reset(r1);
+        if (!l2) build_luts(I, y, flut.data(), nullptr, nullptr, nullptr);
+        // One set of sign tables, of Pi q: the slots' list terms turn its sums into those of
+        // Pi (q - c_l), whose norm bounds the error.
+        tls->set_query(I, y, tl);
+        for (size_t j = 0; j < np; ++j) {
+          const size_t l = probes[qi * np + j];
+          const size_t lb = I.list_begin[l], ls = I.list_size[l];
+          if (ls == 0) continue;
+          list_off[l] = poff[qi * np + j];
+          const float* yr = residual_query(y, l);
+          double n2 = 0;
+          for (size_t t = 0; t < d; ++t) n2 += static_cast<double>(yr[t]) * yr[t];
+          tl.eps_qn = two_level_eps() * static_cast<float>(std::sqrt(n2));
+          const size_t b0 = lb / kBlock, b1 = (lb + ls + kBlock - 1) / kBlock;
+          for (size_t cb = b0; cb < b1; cb += kChunkBlocks) {
+            const size_t nb = std::min(kChunkBlocks, b1 - cb);
+            tls->pass1(I, l2, tl, cb, nb, std::min(lb + ls, (cb + nb) * kBlock) - cb * kBlock, list_off[l], true);
+          }
+        }
+        two_level_pass2(
+            I, tl, top, [&](size_t s) { return I.list_of(s); },
+            [&](size_t l) {
+              if (l2) build_luts(I, list_query(y, l), flut.data(), nullptr, nullptr, nullptr);
+            },
+            [&](size_t l, size_t s) { return internal(s, exact_lut_dot(flut.data(), s)) + list_off[l]; });
+        auto cand = top.sorted();
+        finish(qi, cand, true);
+      }
+    } else if (!list_major) {
 #pragma omp for schedule(dynamic, 4)
       for (size_t qi = 0; qi < nq; ++qi) {
         const float* y = qr + qi * d;
@@ -1572,7 +1744,7 @@ void search_impl(const Index::Impl& I, size_t nq, const float* q, const SearchPa
   TQ_CHECK(p.two_level != 1 || co == nullptr,
            "index search_candidates: the two-level scan is not for sharded candidates (two_level 1)");
   TQ_CHECK(p.two_level != 1 || two_level_search(I, p),
-           "index search: two_level 1 needs a flat fast-scan index of dim >= %d with 3 to 4 bits per channel",
+           "index search: two_level 1 needs a fast-scan index (flat or IVF) of dim >= %d with 3 to 4 bits per channel",
            kTwoLevelMinDim);
   // two: the sign-plane pass, then exact float-LUT scores for the vectors it cannot rule out.
   const bool two = co == nullptr && two_level_search(I, p);
@@ -1636,16 +1808,9 @@ void search_impl(const Index::Impl& I, size_t nq, const float* q, const SearchPa
     std::vector<uint32_t> acc(kChunkBlocks * kBlock);
     std::vector<float> sc(kChunkBlocks * kBlock), bmax(kChunkBlocks);
     std::vector<float> pstate(I.quant ? I.quant->query_state_floats() : 0);
-    // Two-level scan: the sign-plane LUTs (float, uint8), their bias, step and rounding bound,
-    // eps ||Pi q||, and the upper and lower bounds of a chunk.
-    std::vector<float> clut(two ? I.cm * 16 : 0), cmins(two ? I.cm : 0), up(two ? sc.size() : 0), lo(two ? sc.size() : 0);
-    std::vector<uint8_t> cq8(two ? kQueryBatch * I.cmp * 16 : 0);
-    std::vector<float> cbias(two ? kQueryBatch : 0), cstep(two ? kQueryBatch : 0), ceps(two ? kQueryBatch : 0),
-        chalf(two ? kQueryBatch : 0);
-    // Two-level pass 1: per query, the best lower bounds and the vectors kept for pass 2.
-    std::vector<TopR> lowk(two ? kQueryBatch : 0);
-    std::vector<std::vector<std::pair<float, uint32_t>>> pend(two ? kQueryBatch : 0);
-    std::vector<size_t> pend_mark(two ? kQueryBatch : 0, 0);
+    // Two-level scan: each query's pass-1 state and the thread's scratch.
+    std::vector<TwoLevelQuery> tl(two ? kQueryBatch : 0);
+    std::unique_ptr<TwoLevelScratch> tls(two ? new TwoLevelScratch(I) : nullptr);
 
     auto internal = [&](size_t i, float dot) { return internal_score(I, l2, i, dot); };
     auto exact_lut_dot = [&](const float* lut, size_t i) { return exact_lut_score(I, lut, i); };
@@ -1659,76 +1824,23 @@ void search_impl(const Index::Impl& I, size_t nq, const float* q, const SearchPa
           build_luts(I, qr.data() + (q0 + b) * d, flut.data() + b * I.m * I.lut_stride,
                      fast ? qlut.data() + b * I.mp * I.lut_stride : nullptr, &bias[b], &delta[b]);
       for (size_t b = 0; b < bq; ++b) top[b].reset(r1);
-      if (two)
-        for (size_t b = 0; b < bq; ++b)
-          build_sign_lut(I, qr.data() + (q0 + b) * d, clut.data(), cmins.data(), cq8.data() + b * I.cmp * 16,
-                         &cbias[b], &cstep[b], &chalf[b], &ceps[b]);
-
       if (two) {
-        // Pass 1, per chunk of 2048 vectors: the sign-plane sums give each vector's estimate est
-        // and its bound w = eps ||Pi q|| cB + (l2 ? 2 : 1) cA cm step / 2 (the error bound plus
-        // the uint8 tables' rounding); the best r2 lower bounds est - w set a bar L that the
-        // r2-th best score reaches (up to the bound's failures), and every vector whose upper
-        // bound est + w is not below the bar as it stands is kept. Pass 2: those at or above
-        // the final L, best upper bound first, are scored with their float LUTs until the
-        // shortlist's bar passes the next bound (all later ones are below it too).
-        const size_t nsb = (n + kBlock - 1) / kBlock;
-        // Keeps the kept vectors whose upper bound is at or above L.
-        auto drop_below = [](std::vector<std::pair<float, uint32_t>>& v, float L) {
-          v.erase(std::remove_if(v.begin(), v.end(), [L](const std::pair<float, uint32_t>& c) { return !(c.first >= L); }),
-                  v.end());
-        };
+        // Pass 1 over chunks of 2048 vectors, query by query; then pass 2 (one run: key 0).
         for (size_t b = 0; b < bq; ++b) {
-          lowk[b].reset(r2);
-          pend[b].clear();
+          tls->set_query(I, qr.data() + (q0 + b) * d, tl[b]);
+          tl[b].reset(r2);
         }
+        const size_t nsb = (n + kBlock - 1) / kBlock;
         for (size_t cb = 0; cb < nsb; cb += kChunkBlocks) {
           const size_t nb = std::min(kChunkBlocks, nsb - cb);
-          const size_t v0 = cb * kBlock, cnt = std::min(n, (cb + nb) * kBlock) - v0;
-          for (size_t b = 0; b < bq; ++b) {
-            fast_scan_u8(nb, I.cmp, I.cblocks.data() + cb * I.cmp * 16, cq8.data() + b * I.cmp * 16, acc.data());
-            fast_scan_scores(nb * kBlock, acc.data(), I.cA.data() + v0, l2 ? I.norm.data() + v0 : nullptr, cbias[b],
-                             cstep[b], sc.data(), bmax.data());
-            const float e = ceps[b], h = chalf[b] * (l2 ? 2.f : 1.f);
-            const float* cav = I.cA.data() + v0;
-            const float* cbv = I.cB.data() + v0;
-            for (size_t r = 0; r < nb * kBlock; ++r) {
-              const float w = e * cbv[r] + h * cav[r];
-              up[r] = sc[r] + w;
-              lo[r] = sc[r] - w;
-            }
-            TopR& lk = lowk[b];
-            auto& pd = pend[b];
-            for (size_t r0 = 0; r0 < cnt; r0 += kBlock) {
-              const size_t n32 = std::min(cnt, r0 + kBlock) - r0;
-              float mx = lo[r0];
-              for (size_t r = r0 + 1; r < r0 + n32; ++r) mx = std::max(mx, lo[r]);
-              lk.offer_block(lo.data() + r0, n32, -0.f, mx, static_cast<uint32_t>(v0 + r0));
-              for (uint32_t mask = mask_at_least(up.data() + r0, n32, -0.f, lk.threshold); mask != 0; mask &= mask - 1) {
-                const size_t r = r0 + static_cast<size_t>(__builtin_ctz(mask));
-                pd.emplace_back(up[r], static_cast<uint32_t>(v0 + r));
-              }
-            }
-            // Drop what the bar has since ruled out, now and then (keeps pend near its final size).
-            if (pd.size() > 2 * pend_mark[b] + 4096) {
-              drop_below(pd, lk.threshold);
-              pend_mark[b] = pd.size();
-            }
-          }
+          const size_t cnt = std::min(n, (cb + nb) * kBlock) - cb * kBlock;
+          for (size_t b = 0; b < bq; ++b) tls->pass1(I, l2, tl[b], cb, nb, cnt, -0.f);
         }
         for (size_t b = 0; b < bq; ++b) {
           const float* lut = flut.data() + b * I.m * I.lut_stride;
-          TopR& t = top[b];
-          auto& pd = pend[b];
-          drop_below(pd, lowk[b].threshold);
-          std::sort(pd.begin(), pd.end(), TopR::cmp);
-          for (size_t ci = 0; ci < pd.size(); ++ci) {
-            if (ci + 2 < pd.size()) I.prefetch_fast_rows(pd[ci + 2].second);
-            if (t.h.size() == t.cap && !(pd[ci].first >= t.threshold)) break;
-            const size_t i = pd[ci].second;
-            t.push(internal(i, exact_lut_dot(lut, i)), static_cast<uint32_t>(i));
-          }
-          pend_mark[b] = 0;
+          two_level_pass2(
+              I, tl[b], top[b], [](size_t) { return size_t{0}; }, [](size_t) {},
+              [&](size_t, size_t i) { return internal(i, exact_lut_dot(lut, i)); });
         }
       } else if (fast) {
         // Chunks of kChunkBlocks * kBlock (2048) vectors: 64 blocks of 32 in the fast layout,

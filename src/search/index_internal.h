@@ -68,12 +68,12 @@ enum class IvfScanOrder : int { automatic = 0, per_query = 1, list_major = 2 };
 void set_ivf_scan_order(IvfScanOrder o) noexcept;
 IvfScanOrder ivf_scan_order() noexcept;
 
-// Two-level flat search (index.cpp, docs/design.md "Two-level scan"): a vector is re-scored
+// Two-level search (index.cpp, docs/design.md "Two-level scan"): a vector is re-scored
 // with its full code when its sign-plane estimate plus eps * its error bound reaches the
 // shortlist's bar. kTwoLevelEps is the default eps; tests raise it (every vector re-scored: the
 // float-LUT search's result) with this process-wide override (<= 0: the default).
 constexpr float kTwoLevelEps = 1.9f;
-// Flat fast-scan indexes of at least this dimension with at least this many bits per channel
+// Fast-scan indexes (flat or IVF) of at least this dimension with at least this many bits per channel
 // (every segment) keep the sign plane (memory) and search in two levels by default
 // (SearchParams::two_level -1). At 2 bits the plane would add half the codes' memory for a
 // smaller gain (two channels a table lookup already), and below d = 384 the two-level scan was
@@ -162,7 +162,7 @@ struct Index::Impl {
   }
   // Slots per storage block: scale and norm are padded to whole blocks.
   size_t pad_block() const noexcept { return tc ? kTrellisBlock : kBlock; }
-  // Sign plane of the two-level flat scan (coarse): a flat fast-layout index whose segments
+  // Sign plane of the two-level scan (coarse): a fast-layout index (flat or IVF) whose segments
   // all have >= 3 bits and whose dim is >= kTwoLevelMinDim keeps, per slot, the top bit of each
   // channel's index (the sign of its centroid: Lloyd-Max codebooks are symmetric and sorted) in
   // the fast layout, four channels a group (cm groups, padded to cmp, a multiple of 4), and two
@@ -171,10 +171,17 @@ struct Index::Impl {
   // cA = scale ||c||^2 / sum_j |c_j|, and eps ||Pi q|| cB bounds its error (RaBitQ's bound for a
   // 1-bit code of c: cB = (l2 ? 2 : 1) scale ||c|| sqrt(1 - a^2) / (a sqrt(d - 1)),
   // a = sum |c_j| / (||c|| sqrt d)). Derived from the stored codes (build_coarse): not in the file.
+  // IVF: one set of sign tables per query, of Pi q, serves every list. The estimate is formed
+  // for the list query Pi (q - c_l) (c_l the slot's list centroid), whose norm bounds the error
+  // (l2 scores Pi (q - c_l); ip and cosine score scale <Pi q, c> = scale <Pi c_l, c> +
+  // scale <Pi (q - c_l), c>, and ||q - c_l|| is well below ||q|| when the lists fit the data):
+  // with u = <Pi c_l, sign(c)>, sum_j (Pi (q - c_l))_j sign_j = S - u, so the scan's cA S (l2:
+  // 2 cA S - norm^2) plus the list term cL = (ip, cosine: scale <Pi c_l, c>) - (l2 ? 2 : 1) cA u
+  // is the estimate.
   bool coarse_ok = false;
   size_t cm = 0, cmp = 0;
   std::vector<uint8_t> cblocks;  // ceil(slots / 32) * cmp * 16 bytes
-  std::vector<float> cA, cB;     // slots, padded with zeros to whole blocks
+  std::vector<float> cA, cB, cL;  // slots, padded with zeros to whole blocks (cL: IVF only)
   // (Re)computes the sign plane and factors of slots [from, slots) from the codes, scales and
   // norms (after add, remove and load).
   void build_coarse(size_t from);

@@ -3,8 +3,11 @@
 flat scan" reads it; tests/test_flat_bench_results.py recomputes it from the raw files):
 search_ab_*.jsonl (bench/index_ab.sh: median search time per build and file, and the ratio),
 crossover*.jsonl (crossover.sh: per d and bits the median over rounds of eval's search time with
---two-level on and off, and on / off), build_ab.jsonl (build times of the binaries before and
-after, medians) and the Fashion-MNIST comparison runs (../fashion/results.json, run2/, run3/).
+--two-level on and off, and on / off), build_ab.jsonl and ivf_build_ab.jsonl (build times of the
+binaries before and after, medians), ivf_load_ab.jsonl (bench/index_ab.sh load_s, medians), the Fashion-MNIST comparison runs (../fashion/results.json, run2/, run3/) and
+ivf_fashion_{l2,cosine}.jsonl (ivf.sh: per metric, d, bits and nprobe the median over rounds of
+eval's search time with --two-level on and off, on / off, and the recall both ways) and
+ivf_fashion_{l2,cosine}_lowd.jsonl (the same at d = 256 and 320, a build with the gate lowered).
 Usage: python3 bench/results/two_level/summarize.py"""
 import json
 import os
@@ -18,7 +21,7 @@ def jsonl(name):
 
 
 def summarize():
-    out = {"search_ab": {}, "crossover": {}, "build_ab": {}, "fashion_runs": []}
+    out = {"search_ab": {}, "crossover": {}, "build_ab": {}, "fashion_runs": [], "ivf": {}, "ivf_lowd": {}}
     for name in sorted(os.listdir(HERE)):
         if not (name.startswith("search_ab_") and name.endswith(".jsonl")):
             continue
@@ -42,11 +45,15 @@ def summarize():
             out["crossover"][f"d{d}_{bits}b"] = {"d": d, "bits": bits, "on_s": on, "off_s": off, "ratio": on / off,
                                                  "rounds": len(r10["on"]), "r10_on": r10["on"][0],
                                                  "r10_off": r10["off"][0]}
-    rows = jsonl("build_ab.jsonl")
+    rows = jsonl("build_ab.jsonl") + jsonl("ivf_build_ab.jsonl")
     for s in dict.fromkeys(r["set"] for r in rows):
         med = {b: statistics.median(r["build_s"] for r in rows if r["set"] == s and r["build"] == b)
                for b in ("before", "after")}
         out["build_ab"][s] = {"before_s": med["before"], "after_s": med["after"], "ratio": med["after"] / med["before"]}
+    rows = jsonl("ivf_load_ab.jsonl")
+    med = {b: statistics.median(r["load_s"] for r in rows if r["library"] == b) for b in ("before", "after")}
+    out["ivf_load_ab"] = {"file": rows[0]["file"], "before_s": med["before"], "after_s": med["after"],
+                          "ratio": med["after"] / med["before"], "runs_each": len(rows) // 2}
     fash = os.path.join(HERE, "..", "fashion")
     for rel in ("results.json", "run2/results.json", "run3/results.json"):
         j = json.load(open(os.path.join(fash, rel)))
@@ -60,6 +67,18 @@ def summarize():
     for key in ("two_level_over_single", "two_level_over_rabitqlib_4b", "rabitqlib_2b_over_tq_2b"):
         xs = [r[key] for r in out["fashion_runs"]]
         out[f"fashion_{key}_min"], out[f"fashion_{key}_max"] = min(xs), max(xs)
+    for key, suffix in (("ivf", ""), ("ivf_lowd", "_lowd")):
+        for metric in ("l2", "cosine"):
+            rows = jsonl(f"ivf_fashion_{metric}{suffix}.jsonl")
+            for d, bits, npr in sorted({(r["d"], r["bits"], r["nprobe"]) for r in rows}):
+                sel = [r for r in rows if (r["d"], r["bits"], r["nprobe"]) == (d, bits, npr)]
+                by = {tl: [r for r in sel if r["two_level"] == tl] for tl in ("on", "off")}
+                on = statistics.median(r["search_s"] for r in by["on"])
+                off = statistics.median(r["search_s"] for r in by["off"])
+                out[key][f"{metric}_d{d}_{bits}b_np{npr}"] = {
+                    "metric": metric, "d": d, "bits": bits, "nprobe": npr, "nlist": sel[0]["nlist"], "on_s": on,
+                    "off_s": off, "ratio": on / off, "rounds": len(by["on"]), "r10_on": by["on"][0]["recall_10_at_10"],
+                    "r10_off": by["off"][0]["recall_10_at_10"], "mem_b": by["on"][0]["memory_bytes_per_vector"]}
     return out
 
 
@@ -79,6 +98,22 @@ def crossover_table(summ):
     return "\n".join(lines) + "\n"
 
 
+def ivf_table(summ, key="ivf"):
+    """Markdown: per metric, d and width, the two-level / single-level search time at each nprobe,
+    and the R10@10 range both ways (key "ivf_lowd": the runs at d < 384)."""
+    iv = summ[key]
+    nps = sorted({e["nprobe"] for e in iv.values()})
+    lines = ["| metric | d | bits | " + " | ".join(f"nprobe {n}" for n in nps) + " | R10@10 single-level | two-level |",
+             "|---|---:|---:|" + "---:|" * len(nps) + "---|---|"]
+    for metric in ("l2", "cosine"):
+        for d, bits in sorted({(e["d"], e["bits"]) for e in iv.values() if e["metric"] == metric}):
+            es = [iv[f"{metric}_d{d}_{bits}b_np{n}"] for n in nps]
+            rng = lambda key: f"{min(e[key] for e in es):.4f}-{max(e[key] for e in es):.4f}"
+            lines.append(f"| {metric} | {d} | {bits} | " + " | ".join(f"{e['ratio']:.2f}" for e in es) +
+                         f" | {rng('r10_off')} | {rng('r10_on')} |")
+    return "\n".join(lines) + "\n"
+
+
 if __name__ == "__main__":
     summ = summarize()
     with open(os.path.join(HERE, "summary.json"), "w") as f:
@@ -86,4 +121,8 @@ if __name__ == "__main__":
         f.write("\n")
     with open(os.path.join(HERE, "crossover.md"), "w") as f:
         f.write(crossover_table(summ))
+    with open(os.path.join(HERE, "ivf.md"), "w") as f:
+        f.write(ivf_table(summ))
+    with open(os.path.join(HERE, "ivf_lowd.md"), "w") as f:
+        f.write(ivf_table(summ, "ivf_lowd"))
     print(json.dumps(summ, indent=1))
