@@ -541,6 +541,45 @@ static void test_index_ivf_trellis(void) {
   CHECK(strstr(tq_last_error(), "rerank_bits") != NULL);
 }
 
+/* The two-level scan through tq_search_params (d >= 384, 4 bits; flat and IVF). */
+static void test_index_two_level(void) {
+  enum { D = 400, N = 600, NQ = 8, K = 5 };
+  static float x[N * D], qv[NQ * D], s1[NQ * K], s2[NQ * K];
+  static int64_t i1[NQ * K], i2[NQ * K];
+  for (int i = 0; i < N * D; ++i) x[i] = frand();
+  for (int i = 0; i < NQ * D; ++i) qv[i] = x[i] + 0.1f * frand(); /* near the first rows */
+  for (int nlist = 0; nlist <= 4; nlist += 4) {
+    tq_index_options o = tq_index_options_default();
+    o.metric = "l2";
+    o.nlist = nlist;
+    tq_index* idx = NULL;
+    CHECK(tq_index_create(D, &o, &idx) == TQ_OK);
+    if (!idx) continue;
+    CHECK(tq_index_add(idx, N, x, NULL) == TQ_OK);
+    tq_search_params p = tq_search_params_default();
+    CHECK(p.two_level == -1);
+    p.k = K;
+    p.nprobe = nlist ? 2 : 1;
+    /* auto is on at this d and width: the same results as 1 */
+    CHECK(tq_index_search_with(idx, NQ, qv, &p, s1, i1) == TQ_OK);
+    p.two_level = 1;
+    CHECK(tq_index_search_with(idx, NQ, qv, &p, s2, i2) == TQ_OK);
+    CHECK(memcmp(i1, i2, sizeof i1) == 0 && memcmp(s1, s2, sizeof s1) == 0);
+    /* each query's nearest row is its own first, both ways */
+    p.two_level = 0;
+    CHECK(tq_index_search_with(idx, NQ, qv, &p, s2, i2) == TQ_OK);
+    for (int i = 0; i < NQ; ++i) CHECK(i1[i * K] == i && i2[i * K] == i);
+    p.two_level = 2;
+    CHECK(tq_index_search_with(idx, NQ, qv, &p, s1, i1) == TQ_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(tq_last_error(), "two_level") != NULL);
+    p.two_level = 1;
+    p.fast_scan = 0; /* the plane is read by the uint8 scan */
+    CHECK(tq_index_search_with(idx, NQ, qv, &p, s1, i1) == TQ_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(tq_last_error(), "two_level 1 needs") != NULL);
+    tq_index_free(idx);
+  }
+}
+
 int main(int argc, char** argv) {
   if (argc > 1) g_index_path = argv[1];
   if (argc > 2) g_models_dir = argv[2];
@@ -548,6 +587,7 @@ int main(int argc, char** argv) {
   test_codec();
   test_index();
   test_index_ivf_trellis();
+  test_index_two_level();
   test_kv();
   test_kv_for_model();
   printf("%d passed, %d failed\n", g_passed, g_failed);

@@ -126,6 +126,10 @@ typedef struct tq_search_params {
                       -1: k + 16 (default), 0: the scan scores */
   int rerank_full; /* candidates re-scored with the kept float vectors (keep_vectors); 0: off */
   int fast_scan;   /* 1: the uint8 SIMD scan where the codes allow it (default); 0: float tables */
+  int two_level;   /* a first pass over 1 bit per dimension, full codes only for the vectors that
+                      can still rank: -1 auto (default: on for fast-scan indexes, flat or IVF, of
+                      dim >= 384 with 3 to 4 bits per channel), 0 off, 1 on (an error on other
+                      indexes); `tq index search --two-level` (since 0.4) */
 } tq_search_params;
 tq_search_params tq_search_params_default(void);
 /* tq_index_search with every option; scores, ids: nq * p->k each. p NULL: the defaults. */

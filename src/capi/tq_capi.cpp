@@ -271,6 +271,7 @@ tq_search_params tq_search_params_default(void) {
   p.rerank = d.rerank;
   p.rerank_full = d.rerank_full;
   p.fast_scan = d.fast_scan ? 1 : 0;
+  p.two_level = d.two_level;
   return p;
 }
 
@@ -286,6 +287,7 @@ tq_status tq_index_search_with(const tq_index* idx, size_t nq, const float* q, c
     p.rerank = o.rerank;
     p.rerank_full = o.rerank_full;
     p.fast_scan = o.fast_scan != 0;
+    p.two_level = o.two_level;
     idx->idx.search(nq, q, p, scores, ids);
   });
 }
