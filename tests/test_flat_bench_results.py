@@ -195,6 +195,13 @@ lw = summ["ivf_lowd"]
 check(len(lw) == 56 and all(e["rounds"] == 2 and e["d"] in (256, 320) for e in lw.values()), "ivf lowd: 56 points, 2 rounds")
 spread([e["ratio"] for e in lw.values() if e["metric"] == "l2"], 0.20, 0.57, "ivf lowd l2", digits=2)
 spread([e["ratio"] for e in lw.values() if e["metric"] == "cosine"], 0.48, 1.21, "ivf lowd cosine", digits=2)
+# Short lists (nlist 1024, d = 784, 4 bits, 2 rounds): faster at every nprobe, both metrics.
+check(open(os.path.join(RES, "two_level", "ivf_n1024.md")).read() == summarize.ivf_table(summ, "ivf_n1024"),
+      "two_level/ivf_n1024.md is summarize.py's table")
+sl = summ["ivf_n1024"]
+check(len(sl) == 14 and all(e["nlist"] == 1024 and e["rounds"] == 2 for e in sl.values()), "ivf n1024: 14 points, 2 rounds")
+spread([e["ratio"] for e in sl.values() if e["metric"] == "l2"], 0.17, 0.46, "ivf n1024 l2", digits=2)
+spread([e["ratio"] for e in sl.values() if e["metric"] == "cosine"], 0.63, 0.86, "ivf n1024 cosine", digits=2)
 
 # 1M flat.
 j, m = rows("glove1m_flat/results.json")

@@ -7,7 +7,8 @@ crossover*.jsonl (crossover.sh: per d and bits the median over rounds of eval's 
 binaries before and after, medians), ivf_load_ab.jsonl (bench/index_ab.sh load_s, medians), the Fashion-MNIST comparison runs (../fashion/results.json, run2/, run3/) and
 ivf_fashion_{l2,cosine}.jsonl (ivf.sh: per metric, d, bits and nprobe the median over rounds of
 eval's search time with --two-level on and off, on / off, and the recall both ways) and
-ivf_fashion_{l2,cosine}_lowd.jsonl (the same at d = 256 and 320, a build with the gate lowered).
+ivf_fashion_{l2,cosine}_lowd.jsonl (the same at d = 256 and 320, a build with the gate lowered)
+and ivf_fashion_{l2,cosine}_n1024.jsonl (nlist 1024, d = 784, 4 bits).
 Usage: python3 bench/results/two_level/summarize.py"""
 import json
 import os
@@ -21,7 +22,8 @@ def jsonl(name):
 
 
 def summarize():
-    out = {"search_ab": {}, "crossover": {}, "build_ab": {}, "fashion_runs": [], "ivf": {}, "ivf_lowd": {}}
+    out = {"search_ab": {}, "crossover": {}, "build_ab": {}, "fashion_runs": [], "ivf": {}, "ivf_lowd": {},
+           "ivf_n1024": {}}
     for name in sorted(os.listdir(HERE)):
         if not (name.startswith("search_ab_") and name.endswith(".jsonl")):
             continue
@@ -67,7 +69,7 @@ def summarize():
     for key in ("two_level_over_single", "two_level_over_rabitqlib_4b", "rabitqlib_2b_over_tq_2b"):
         xs = [r[key] for r in out["fashion_runs"]]
         out[f"fashion_{key}_min"], out[f"fashion_{key}_max"] = min(xs), max(xs)
-    for key, suffix in (("ivf", ""), ("ivf_lowd", "_lowd")):
+    for key, suffix in (("ivf", ""), ("ivf_lowd", "_lowd"), ("ivf_n1024", "_n1024")):
         for metric in ("l2", "cosine"):
             rows = jsonl(f"ivf_fashion_{metric}{suffix}.jsonl")
             for d, bits, npr in sorted({(r["d"], r["bits"], r["nprobe"]) for r in rows}):
@@ -100,7 +102,7 @@ def crossover_table(summ):
 
 def ivf_table(summ, key="ivf"):
     """Markdown: per metric, d and width, the two-level / single-level search time at each nprobe,
-    and the R10@10 range both ways (key "ivf_lowd": the runs at d < 384)."""
+    and the R10@10 range both ways (key "ivf_lowd": the runs at d < 384; "ivf_n1024": nlist 1024)."""
     iv = summ[key]
     nps = sorted({e["nprobe"] for e in iv.values()})
     lines = ["| metric | d | bits | " + " | ".join(f"nprobe {n}" for n in nps) + " | R10@10 single-level | two-level |",
@@ -125,4 +127,6 @@ if __name__ == "__main__":
         f.write(ivf_table(summ))
     with open(os.path.join(HERE, "ivf_lowd.md"), "w") as f:
         f.write(ivf_table(summ, "ivf_lowd"))
+    with open(os.path.join(HERE, "ivf_n1024.md"), "w") as f:
+        f.write(ivf_table(summ, "ivf_n1024"))
     print(json.dumps(summ, indent=1))
