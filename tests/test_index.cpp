@@ -969,6 +969,79 @@ TEST(Ivf, FastScanWithinListsMatchesFloatLuts) {
   }
 }
 
+// The l2 fast scan reads one set of uint8 tables, of Pi q, for every list, plus each slot's list
+// term l2term = -2 scale <Pi c_l, c>: l2term is its definition after batches, remove_ids and a
+// load, and every scan score (rerank 0, every list probed, every vector returned) is the
+// float-LUT score of its vector within the tables' rounding, 2 scale m step / 2 (step: the
+// largest channel range of Pi q's tables / 255; 4 bits: one channel a group), at every SIMD level.
+TEST(Ivf, L2ScanScoresAreTheListQuerysWithinTheTablesRounding) {
+  TempDir t;
+  const int d = 64, nlist = 8;
+  const size_t n = 900, nq = 6;
+  auto x = make_data(n, d, 43), q = make_data(nq, d, 44);
+  tq::Index idx(ivf_cfg(d, 4, tq::Metric::l2, nlist));
+  auto expect_l2term = [&](const tq::Index& ix, const char* when) {
+    const tq::Index::Impl& I = ix.impl();
+    ASSERT_EQ(I.l2term.size(), I.scale.size()) << when;
+    std::vector<uint8_t> ind(d);
+    for (size_t s = 0; s < I.slots; ++s) {
+      if (I.ids[s] < 0) {
+        EXPECT_EQ(I.l2term[s], 0.f) << when;
+        continue;
+      }
+      I.get_indices(s, ind.data());
+      const float* rc = I.rcentroids.data() + I.list_of(s) * d;
+      double dot = 0, rn = 0;
+      for (int j = 0; j < d; ++j) {
+        dot += rc[j] * I.segs[0].cb->centroids[ind[j]];
+        rn += static_cast<double>(rc[j]) * rc[j];
+      }
+      EXPECT_NEAR(I.l2term[s], -2 * I.scale[s] * dot, 1e-5 * (1 + I.scale[s] * std::sqrt(rn * d))) << when << " " << s;
+    }
+  };
+  idx.add(400, x.data());
+  expect_l2term(idx, "first batch");
+  idx.add(n - 400, x.data() + 400 * d);
+  expect_l2term(idx, "second batch");
+  std::vector<int64_t> gone;
+  for (size_t i = 0; i < n; i += 7) gone.push_back(static_cast<int64_t>(i));
+  ASSERT_EQ(idx.remove_ids(gone.size(), gone.data()), gone.size());
+  expect_l2term(idx, "remove_ids");
+  idx.save(t.path("l2.tqi"));
+  const tq::Index ix = tq::Index::load(t.path("l2.tqi"));
+  expect_l2term(ix, "load");
+  const tq::Index::Impl& I = ix.impl();
+  const int k = static_cast<int>(ix.size());
+  tq::SearchParams pf, p0;
+  pf.fast_scan = false;
+  pf.nprobe = p0.nprobe = nlist;
+  p0.rerank = 0;
+  const auto ref = run(ix, q, k, pf);
+  const auto& cent = I.segs[0].cb->centroids;
+  const float crange = cent.back() - cent.front();
+  float smax = 0;
+  for (size_t s = 0; s < I.slots; ++s) smax = std::max(smax, I.scale[s]);
+  for (const auto& level : tq::simd::available_levels()) {
+    tq::simd::ScopedLevel sl(level);
+    const auto got = run(ix, q, k, p0);
+    for (size_t qi = 0; qi < nq; ++qi) {
+      std::vector<float> y(d);
+      I.rot->forward(1, q.data() + qi * d, y.data());
+      float ymax = 0;
+      for (float v : y) ymax = std::max(ymax, std::fabs(v));
+      const double tol = 2.0 * smax * d * (ymax * crange / 255.0) / 2 + 1e-3;
+      const int64_t* rid = ref.id.data() + qi * k;
+      for (int r = 0; r < k; ++r) {
+        const int64_t id = got.id[qi * k + r];
+        ASSERT_GE(id, 0) << level;
+        const size_t at = static_cast<size_t>(std::find(rid, rid + k, id) - rid);
+        ASSERT_LT(at, static_cast<size_t>(k));
+        EXPECT_NEAR(got.s[qi * k + r], ref.s[qi * k + at], tol) << level << " query " << qi << " id " << id;
+      }
+    }
+  }
+}
+
 // The list-major scan (each probed list scanned once for all the queries of a chunk probing
 // it, src/search/index.cpp) returns exactly what the per-query scan returns: the same ids and
 // the same score bits, for every metric, fast-scan width and second stage, with nprobe from 1

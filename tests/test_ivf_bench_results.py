@@ -165,6 +165,24 @@ for runs, want_best, want_sq, want_build, n_goal in (
     check(spread(vs_sq) == want_sq, f"{runs[0]}*: tq / SQ8 refine {want_sq} ({vs_sq})")
     check(sum(b >= 1.5 for b in best) == n_goal, f"{runs[0]}*: 1.5x in {n_goal} of 5 runs ({best})")
     check(spread(builds) == want_build, f"{runs[0]}*: build ratio {want_build} ({builds})")
+# One set of uint8 tables per query for l2 IVF (85-search-ivf.md, design.md): summary.json and
+# ab.md are summarize.py's; with the default re-rank 0.22-1.05x the time and the same recall at
+# every point; without a re-rank R@1@1 lower by 0.009-0.017; 4 bytes more per slot.
+sys.path.insert(0, os.path.join(ROOT, "bench", "results", "ivf_l2_tables"))
+import summarize as l2t  # noqa: E402
+ls = json.load(open(os.path.join(ROOT, "bench", "results", "ivf_l2_tables", "summary.json")))
+check(ls == json.loads(json.dumps(l2t.summarize())), "ivf_l2_tables/summary.json is summarize.py's output")
+check(open(os.path.join(ROOT, "bench", "results", "ivf_l2_tables", "ab.md")).read() == l2t.table(ls),
+      "ivf_l2_tables/ab.md is summarize.py's table")
+check(len(ls) == 24 and all(e["rounds"] == 3 for e in ls.values()), "ivf_l2_tables: 24 points, 3 rounds")
+rr = [e for e in ls.values() if e["rerank"] < 0]
+check((round(min(e["ratio"] for e in rr), 2), round(max(e["ratio"] for e in rr), 2)) == (0.22, 1.05),
+      "ivf_l2_tables: 0.22-1.05x with the default re-rank")
+check(all(e["r10_after"] == e["r10_before"] and e["r1_after"] == e["r1_before"] for e in rr),
+      "ivf_l2_tables: the same recall with the default re-rank")
+r0 = [e["r1_before"] - e["r1_after"] for e in ls.values() if e["rerank"] == 0 and e["nprobe"] == 64]
+check((round(min(r0), 3), round(max(r0), 3)) == (0.009, 0.017), f"ivf_l2_tables: R@1@1 without re-rank ({r0})")
+check(all(round(e["mem_after"] - e["mem_before"], 1) == 4.3 for e in ls.values()), "ivf_l2_tables: 4 B a slot")
 if failures:
     sys.exit(f"{len(failures)} failure(s)")
 print("ok")

@@ -265,6 +265,25 @@ void Index::Impl::build_coarse(size_t from) {
   }
 }
 
+void Index::Impl::build_l2term() {
+  if (!has_l2term()) return;
+  const size_t dd = static_cast<size_t>(d);
+#pragma omp parallel
+  {
+    std::vector<uint8_t> idx(dd);
+#pragma omp for schedule(static)
+    for (size_t s = 0; s < slots; ++s) {
+      if (ids[s] < 0) continue;  // padding (zero)
+      get_indices(s, idx.data());
+      const float* rc = rcentroids.data() + list_of(s) * dd;
+      float dot = 0;
+      for (const Segment& sg : segs)
+        for (int j = sg.begin; j < sg.begin + sg.len; ++j) dot += rc[j] * sg.cb->centroids[idx[j]];
+      l2term[s] = -2.f * scale[s] * dot;
+    }
+  }
+}
+
 uint8_t Index::Impl::refine_index(size_t sg, uint8_t c, float z) const noexcept {
   const int R = 1 << cfg.rerank_bits;
   const float w = rwid[sg][c];
@@ -347,6 +366,7 @@ void Index::Impl::resize(size_t n_new) {
     cB.resize(padded, 0.f);
     if (ivf()) cL.assign(padded, 0.f);  // all recomputed by build_coarse
   }
+  if (has_l2term()) l2term.assign(padded, 0.f);  // all recomputed by build_l2term
   slots = n_new;
 }
 
@@ -476,6 +496,7 @@ double Index::memory_bytes_per_vector() const noexcept {
   if (I.rbytes > 0) b += static_cast<double>(I.rbytes) + 4.0;  // second-stage code and its scale
   if (I.coarse_ok) b += static_cast<double>(I.cmp) * 16.0 / kBlock + 8.0;  // sign plane and its factors
   if (!I.cL.empty()) b += 4.0;                                             // and the list term (IVF)
+  if (!I.l2term.empty()) b += 4.0;                                         // the l2 scan's list term (IVF)
   if (I.cfg.keep_vectors) b += 4.0 * I.d;
   if (!I.ivf() || I.n == 0) return b;
   // IVF: per slot (lists padded to whole blocks) plus the centroid tables, per vector.
@@ -925,7 +946,7 @@ void Index::add(size_t n, const float* x, const int64_t* ids, const AddProgress&
   for (size_t r = 0; r < n; ++r) I.ids[n0 + r] = ids ? ids[r] : first_id + static_cast<int64_t>(r);
   if (I.ivf()) I.relayout(n0, n, assign.data());
   I.n += n;
-  I.build_coarse(I.ivf() ? 0 : n0);  // an IVF add moves every slot
+  I.derive(I.ivf() ? 0 : n0);  // an IVF add moves every slot
 }
 
 std::vector<int64_t> Index::ids() const {
@@ -985,7 +1006,7 @@ size_t Index::remove_ids(size_t n, const int64_t* ids) {
   }
   const size_t count = I.n - nk;
   I.n = nk;
-  I.build_coarse(0);
+  I.derive(0);
   return count;
 }
 
@@ -1404,7 +1425,7 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
 #pragma omp parallel num_threads(threads)
   {
     std::vector<float> flut(I.m * I.lut_stride), yl(d), sc(kChunkBlocks * kBlock), bmax(kChunkBlocks);
-    std::vector<uint8_t> qlut(4 * I.mp * 16), idx(d), idx1(d);
+    std::vector<uint8_t> qlut(I.mp * 16), idx(d), idx1(d);
     const bool refine = I.rbytes > 0 && I.cfg.rerank_refine;
     const bool refine4 = refine && I.fast_ok && I.segs.size() == 1 && I.segs[0].bits == 4 && I.cfg.rerank_bits == 4;
     std::vector<uint32_t> acc(4 * kChunkBlocks * kBlock);
@@ -1515,6 +1536,15 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
           const float off = offs[u];
           fast_scan_scores(nb * kBlock, accs[u], I.scale.data() + v0, l2 ? I.norm.data() + v0 : nullptr, qb[u], qd[u],
                            sc.data(), bmax.data());
+          if (l2)  // the tables are Pi q's: each slot's list term, and the blocks' best again
+            for (size_t bi = 0; bi < nb; ++bi) {
+              float mx = -std::numeric_limits<float>::infinity();
+              for (size_t r = bi * kBlock; r < (bi + 1) * kBlock; ++r) {
+                sc[r] += I.l2term[v0 + r];
+                mx = std::max(mx, sc[r]);
+              }
+              bmax[bi] = mx;
+            }
           for (size_t bi = 0; bi < nb; ++bi) {
             const size_t e0 = bi * kBlock, e1 = std::min(cnt, e0 + kBlock);
             t.offer_block(sc.data() + e0, e1 - e0, off, bmax[bi], static_cast<uint32_t>(v0 + e0));
@@ -1626,12 +1656,14 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
       for (size_t qi = 0; qi < nq; ++qi) {
         const float* y = qr + qi * d;
         top.reset(r1);
-        if (!l2) build_luts(I, y, flut.data(), fast ? qlut.data() : nullptr, &bias, &delta);
+        // One set of tables of Pi q (l2 fast scan: with the slots' list terms); the l2 float-LUT
+        // scan builds each list's tables of Pi (q - c_l).
+        if (!l2 || fast) build_luts(I, y, flut.data(), fast ? qlut.data() : nullptr, &bias, &delta);
         for (size_t j = 0; j < np; ++j) {
           const size_t l = probes[qi * np + j];
           const float off = poff[qi * np + j];
           if (I.list_size[l] == 0) continue;
-          if (l2) build_luts(I, list_query(y, l), flut.data(), fast ? qlut.data() : nullptr, &bias, &delta);
+          if (l2 && !fast) build_luts(I, list_query(y, l), flut.data(), nullptr, &bias, &delta);
           if (fast && j + 1 < np) {
             // The next probed list's first two blocks and their scales, while this one is scanned.
             const size_t nl = probes[qi * np + j + 1];
@@ -1668,9 +1700,8 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
       for (size_t c = 0; c < n_chunks; ++c) {
         const size_t q0 = c * chunk, nc = std::min(chunk, nq - q0);
         const uint32_t* pr = probes.data() + q0 * np;
-        if (!l2)
-          for (size_t i = 0; i < nc; ++i)
-            build_luts(I, qr + (q0 + i) * d, flut.data(), cq8.data() + i * m16, &cbias[i], &cdelta[i]);
+        for (size_t i = 0; i < nc; ++i)
+          build_luts(I, qr + (q0 + i) * d, flut.data(), cq8.data() + i * m16, &cbias[i], &cdelta[i]);
         for (size_t i = 0; i < nc; ++i) tops[i].reset(r1);
         std::fill(head.begin(), head.end(), 0u);
         for (size_t e = 0; e < nc * np; ++e) ++head[pr[e] + 1];
@@ -1679,7 +1710,7 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
         for (size_t e = 0; e < nc * np; ++e) pairs[fill[pr[e]]++] = {static_cast<uint32_t>(e / np), poff[q0 * np + e]};
         for (size_t l = 0; l < LL; ++l) {
           if (head[l] == head[l + 1] || I.list_size[l] == 0) continue;
-          // The list's queries four at a time (l2: their LUTs of this list built first).
+          // The list's queries four at a time.
           for (size_t e = head[l]; e < head[l + 1]; e += 4) {
             const size_t g = std::min<size_t>(4, head[l + 1] - e);
             TopR* ts[4];
@@ -1689,14 +1720,9 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
               const size_t i = pairs[e + u].first;
               ts[u] = &tops[i];
               offs[u] = pairs[e + u].second;
-              if (l2) {
-                build_luts(I, list_query(qr + (q0 + i) * d, l), flut.data(), qlut.data() + u * m16, &qb[u], &qd[u]);
-                q8s[u] = qlut.data() + u * m16;
-              } else {
-                q8s[u] = cq8.data() + i * m16;
-                qb[u] = cbias[i];
-                qd[u] = cdelta[i];
-              }
+              q8s[u] = cq8.data() + i * m16;
+              qb[u] = cbias[i];
+              qd[u] = cdelta[i];
             }
             scan_list(g, ts, q8s, qb, qd, l, offs);
           }

@@ -185,6 +185,19 @@ struct Index::Impl {
   // (Re)computes the sign plane and factors of slots [from, slots) from the codes, scales and
   // norms (after add, remove and load).
   void build_coarse(size_t from);
+  // IVF with l2, fast layout: the scan scores 2 scale <Pi (q - c_l), c> - ||x - c_l||^2 as
+  // 2 scale <Pi q, c> - ||x - c_l||^2 + l2term, l2term = -2 scale <Pi c_l, c> (c_l the slot's
+  // list centroid), so one set of uint8 tables per query, of Pi q, serves every list (otherwise
+  // each probed list needs its own tables of Pi (q - c_l)). Empty otherwise.
+  std::vector<float> l2term;  // slots, padded with zeros to whole blocks
+  bool has_l2term() const noexcept { return ivf() && fast_ok && cfg.metric == Metric::l2; }
+  void build_l2term();
+  // Everything derived from the stored codes (after add, remove and load): the sign plane of
+  // slots [from, slots) and the l2 list terms.
+  void derive(size_t from) {
+    build_coarse(from);
+    build_l2term();
+  }
   // codec prod
   std::unique_ptr<Quantizer> quant;
   std::vector<uint8_t> pcodes;  // n * quant->code_bytes()

@@ -573,7 +573,7 @@ Index Index::from_bytes(const uint8_t* data, size_t size, const std::string& nam
     }
   }
   I.n = n;
-  I.build_coarse(0);
+  I.derive(0);
   return index;
 }
 

@@ -13,8 +13,11 @@ Usage: python3 bench/results/two_level/summarize.py"""
 import json
 import os
 import statistics
+import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", ".."))
+import results_summary  # noqa: E402
 
 
 def jsonl(name):
@@ -118,15 +121,7 @@ def ivf_table(summ, key="ivf"):
 
 if __name__ == "__main__":
     summ = summarize()
-    with open(os.path.join(HERE, "summary.json"), "w") as f:
-        json.dump(summ, f, indent=1)
-        f.write("\n")
-    with open(os.path.join(HERE, "crossover.md"), "w") as f:
-        f.write(crossover_table(summ))
-    with open(os.path.join(HERE, "ivf.md"), "w") as f:
-        f.write(ivf_table(summ))
-    with open(os.path.join(HERE, "ivf_lowd.md"), "w") as f:
-        f.write(ivf_table(summ, "ivf_lowd"))
-    with open(os.path.join(HERE, "ivf_n1024.md"), "w") as f:
-        f.write(ivf_table(summ, "ivf_n1024"))
+    results_summary.write(HERE, summ, {"crossover.md": crossover_table(summ), "ivf.md": ivf_table(summ),
+                                       "ivf_lowd.md": ivf_table(summ, "ivf_lowd"),
+                                       "ivf_n1024.md": ivf_table(summ, "ivf_n1024")})
     print(json.dumps(summ, indent=1))
