@@ -5,6 +5,7 @@ flat_encode_ab/: the flat-index comparisons are well formed, and the statements 
 ("Vector search index") makes about them hold for the saved numbers."""
 import json
 import os
+import statistics
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -177,30 +178,35 @@ bab = summ["build_ab"]
 check(1.1 <= bab["fashion 4b l2"]["ratio"] <= 1.2, "Fashion 4-bit build 1.16x")
 check(open(os.path.join(RES, "two_level", "ivf.md")).read() == summarize.ivf_table(summ), "two_level/ivf.md is summarize.py's table")
 # In IVF lists (85-search-ivf.md "Two-level scan in IVF lists", design.md): 2 metrics x 2 dims x 2
-# widths x 7 nprobes, 3 rounds; two-level / single-level 0.17-0.66 (l2) and 0.52-0.95 (cosine),
-# recall within 0.0004; builds 0.98x, loading 1.26x, 579 B per vector in memory.
+# widths x 7 nprobes, 3 rounds; two-level / single-level 0.53-1.01 (l2) and 0.52-0.95 (cosine),
+# recall within 0.0004; builds 0.98x, loading 1.26x, 583 B per vector in memory (l2).
 iv = summ["ivf"]
 check(len(iv) == 56 and all(e["rounds"] == 3 and e["nlist"] == 256 for e in iv.values()), "ivf: 56 points, 3 rounds")
-spread([e["ratio"] for e in iv.values() if e["metric"] == "l2"], 0.17, 0.66, "ivf l2: two-level / single-level", digits=2)
+spread([e["ratio"] for e in iv.values() if e["metric"] == "l2"], 0.53, 1.01, "ivf l2: two-level / single-level", digits=2)
 spread([e["ratio"] for e in iv.values() if e["metric"] == "cosine"], 0.52, 0.95, "ivf cosine: two-level / single-level",
        digits=2)
 check(all(round(abs(e["r10_on"] - e["r10_off"]), 6) <= 0.0004 for e in iv.values()), "ivf: recall within 0.0004")
 spread([bab[s]["ratio"] for s in ("fashion ivf256 4b l2", "fashion ivf256 4b cosine")], 0.98, 0.98, "ivf builds", digits=2)
 check(round(summ["ivf_load_ab"]["ratio"], 2) == 1.26, "ivf load 1.26x")
-check(round(iv["l2_d784_4b_np1"]["mem_b"]) == 579, "ivf memory 579 B per vector")
-# Below the gate (a gate-lowered build, d = 256 and 320, 2 rounds): 0.20-0.57 (l2), 0.48-1.21 (cosine).
+check(round(iv["l2_d784_4b_np1"]["mem_b"]) == 583, "ivf memory 583 B per vector")
+# Below the gate (a gate-lowered build, d = 256 and 320, 2 rounds): 0.66-1.19 (l2), 0.48-1.21 (cosine).
 check(open(os.path.join(RES, "two_level", "ivf_lowd.md")).read() == summarize.ivf_table(summ, "ivf_lowd"),
       "two_level/ivf_lowd.md is summarize.py's table")
 lw = summ["ivf_lowd"]
 check(len(lw) == 56 and all(e["rounds"] == 2 and e["d"] in (256, 320) for e in lw.values()), "ivf lowd: 56 points, 2 rounds")
-spread([e["ratio"] for e in lw.values() if e["metric"] == "l2"], 0.20, 0.57, "ivf lowd l2", digits=2)
+spread([e["ratio"] for e in lw.values() if e["metric"] == "l2"], 0.66, 1.19, "ivf lowd l2", digits=2)
 spread([e["ratio"] for e in lw.values() if e["metric"] == "cosine"], 0.48, 1.21, "ivf lowd cosine", digits=2)
-# Short lists (nlist 1024, d = 784, 4 bits, 2 rounds): faster at every nprobe, both metrics.
+# Short lists (nlist 1024, d = 784, 4 bits, 2 rounds): faster at every nprobe, both metrics; the
+# retired first version (per-list float LUTs in pass 2) 1.03-1.22x at nprobe >= 8.
 check(open(os.path.join(RES, "two_level", "ivf_n1024.md")).read() == summarize.ivf_table(summ, "ivf_n1024"),
       "two_level/ivf_n1024.md is summarize.py's table")
 sl = summ["ivf_n1024"]
 check(len(sl) == 14 and all(e["nlist"] == 1024 and e["rounds"] == 2 for e in sl.values()), "ivf n1024: 14 points, 2 rounds")
-spread([e["ratio"] for e in sl.values() if e["metric"] == "l2"], 0.17, 0.46, "ivf n1024 l2", digits=2)
+spread([e["ratio"] for e in sl.values() if e["metric"] == "l2"], 0.71, 0.95, "ivf n1024 l2", digits=2)
+ret = [json.loads(line) for line in open(os.path.join(RES, "two_level", "retired_ivf_l2_n1024_list_luts.jsonl"))]
+ret_ratio = [statistics.median(r["search_s"] for r in ret if r["nprobe"] == n and r["two_level"] == "on") /
+             statistics.median(r["search_s"] for r in ret if r["nprobe"] == n and r["two_level"] == "off") for n in (8, 16, 32, 64)]
+spread(ret_ratio, 1.03, 1.22, "retired n1024 l2 at nprobe >= 8", digits=2)
 spread([e["ratio"] for e in sl.values() if e["metric"] == "cosine"], 0.63, 0.86, "ivf n1024 cosine", digits=2)
 
 # 1M flat.
@@ -216,7 +222,6 @@ check(R1(m[DEF4]) < R1(m["tq mse 4b corrected"]) and m[DEF4]["recall_10_at_10"] 
 
 # The encode A/B (80-search.md "Faster 4-bit encode on AVX2", design.md): summary.json holds the
 # medians of build_ab.jsonl; the 4-bit builds take 0.37-0.52x the time, the 2-bit one is unchanged.
-import statistics  # noqa: E402
 ab = [json.loads(line) for line in open(os.path.join(RES, "flat_encode_ab", "build_ab.jsonl"))]
 summ = load("flat_encode_ab/summary.json")
 for key, e in summ.items():

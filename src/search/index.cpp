@@ -1259,38 +1259,17 @@ struct TwoLevelScratch {
 };
 
 // Pass 2 of the two-level scan: the slots t kept whose upper bound is at or above the final bar,
-// in runs of one key each (key_of(slot): the IVF list, or 0 for a flat index; pass 1 appends a
-// list's slots together), runs best upper bound first and each run best upper bound first, are
-// scored exactly (score(key, slot), after prepare(key) once per run that scores any) into top
-// until top's bar passes the next upper bound (every later one of the run is below it too).
-template <class KeyOf, class Prepare, class Score>
-void two_level_pass2(const Index::Impl& I, TwoLevelQuery& t, TopR& top, KeyOf key_of, Prepare prepare, Score score) {
+// best upper bound first, are scored exactly (score(slot)) into top until top's bar passes the
+// next upper bound (every later one is below it too).
+template <class Score>
+void two_level_pass2(const Index::Impl& I, TwoLevelQuery& t, TopR& top, Score score) {
   auto& pd = t.pend;
   TwoLevelScratch::drop_below(pd, t.lowk.threshold);
-  struct Run {
-    size_t b, e, key;
-  };
-  std::vector<Run> runs;
-  for (size_t i = 0; i < pd.size();) {
-    const size_t key = key_of(pd[i].second);
-    size_t j = i + 1;
-    while (j < pd.size() && key_of(pd[j].second) == key) ++j;
-    std::sort(pd.begin() + static_cast<std::ptrdiff_t>(i), pd.begin() + static_cast<std::ptrdiff_t>(j), TopR::cmp);
-    runs.push_back({i, j, key});
-    i = j;
-  }
-  std::sort(runs.begin(), runs.end(), [&](const Run& a, const Run& b) { return TopR::cmp(pd[a.b], pd[b.b]); });
-  for (const Run& run : runs) {
-    bool ready = false;
-    for (size_t ci = run.b; ci < run.e; ++ci) {
-      if (ci + 2 < run.e) I.prefetch_fast_rows(pd[ci + 2].second);
-      if (top.h.size() == top.cap && !(pd[ci].first >= top.threshold)) break;
-      if (!ready) {
-        prepare(run.key);
-        ready = true;
-      }
-      top.push(score(run.key, pd[ci].second), pd[ci].second);
-    }
+  std::sort(pd.begin(), pd.end(), TopR::cmp);
+  for (size_t ci = 0; ci < pd.size(); ++ci) {
+    if (ci + 2 < pd.size()) I.prefetch_fast_rows(pd[ci + 2].second);
+    if (top.h.size() == top.cap && !(pd[ci].first >= top.threshold)) break;
+    top.push(score(pd[ci].second), pd[ci].second);
   }
   t.mark = 0;
 }
@@ -1436,6 +1415,14 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
     std::unique_ptr<TwoLevelScratch> tls(two ? new TwoLevelScratch(I) : nullptr);
     auto internal = [&](size_t i, float dot) { return internal_score(I, l2, i, dot); };
     auto exact_lut_dot = [&](const float* lut, size_t i) { return exact_lut_score(I, lut, i); };
+    // l2 with list terms (fast layout): the float LUTs of Pi q serve every list, as for ip.
+    const bool lterm = l2 && !I.l2term.empty();
+    // Float-LUT score of slot s whose list has offset off, flut holding Pi q's tables (ip,
+    // cosine, l2 with list terms) or its list's of Pi (q - c_l) (l2 without).
+    auto lut_score = [&](size_t s, float off) {
+      const float v = internal(s, exact_lut_dot(flut.data(), s));
+      return (lterm ? v + I.l2term[s] : v) + off;
+    };
     // Pi (q - c_l), in yl.
     auto residual_query = [&](const float* y, size_t l) {
       const float* rc = I.rcentroids.data() + l * d;
@@ -1444,17 +1431,6 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
     };
     // Rotated query of list l: Pi q (ip, cosine: one LUT for every list) or Pi (q - c_l).
     auto list_query = [&](const float* y, size_t l) { return l2 ? residual_query(y, l) : y; };
-    // Exact score from the codes of slot s in list l (any width): decoded dot product.
-    auto exact_decoded = [&](const float* y, size_t s, size_t l, float off) {
-      I.get_indices(s, idx.data());
-      const float* yy = list_query(y, l);
-      float dot = 0;
-      for (const Segment& sg : I.segs) {
-        const float* cent = sg.cb->centroids.data();
-        for (int j = sg.begin; j < sg.begin + sg.len; ++j) dot += yy[j] * cent[idx[j]];
-      }
-      return internal(s, dot) + off;
-    };
     // Score of slot s in list l from its second-stage code (same form, its own scale).
     // Slot s's second-stage score from its code's dot with the list query (its own scale).
     auto stage2_of = [&](size_t s, float dot, float off) {
@@ -1554,7 +1530,7 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
     };
 
     // Re-rank stages and output of query qi from its scan candidates (best first). flut_ready:
-    // flut already holds qi's float LUTs (ip, cosine).
+    // flut already holds the float LUTs of qi's Pi q.
     auto finish = [&](size_t qi, std::vector<std::pair<float, uint32_t>>& cand, bool flut_ready) {
       const float* y = qr + qi * d;
       for (size_t j = 0; j < np; ++j) list_off[probes[qi * np + j]] = poff[qi * np + j];
@@ -1577,13 +1553,9 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
         std::sort(cand.begin(), cand.end(), TopR::cmp);
         if (cand.size() > r2) cand.resize(r2);
       } else if (fast && !two && rerank > 0) {
-        if (!l2 && !flut_ready) build_luts(I, y, flut.data(), nullptr, nullptr, nullptr);
-        for (auto& c : cand) {
-          const size_t l = I.list_of(c.second);
-          const float off = list_off[l];
-          if (l2) c.first = exact_decoded(y, c.second, l, off);
-          else c.first = internal(c.second, exact_lut_dot(flut.data(), c.second)) + off;
-        }
+        // (a fast layout: l2 has list terms, so Pi q's float LUTs serve every metric)
+        if (!flut_ready) build_luts(I, y, flut.data(), nullptr, nullptr, nullptr);
+        for (auto& c : cand) c.first = lut_score(c.second, list_off[I.list_of(c.second)]);
         std::sort(cand.begin(), cand.end(), TopR::cmp);
         if (cand.size() > r2) cand.resize(r2);
       }
@@ -1616,14 +1588,14 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
     };
 
     if (two) {
-      // Pass 1 over the probed lists' sign planes, then pass 2 list by list with that list's
-      // float LUTs (ip, cosine: one for every list), as a float-LUT scan scores them.
+      // Pass 1 over the probed lists' sign planes, then pass 2 with the float LUTs of Pi q (l2:
+      // plus each slot's list term), as the float-LUT scan scores them.
 #pragma omp for schedule(dynamic, 4)
       for (size_t qi = 0; qi < nq; ++qi) {
         const float* y = qr + qi * d;
         top.reset(r1);
         tl.reset(r1);
-        if (!l2) build_luts(I, y, flut.data(), nullptr, nullptr, nullptr);
+        build_luts(I, y, flut.data(), nullptr, nullptr, nullptr);  // l2: with the slots' l2term
         // One set of sign tables, of Pi q: the slots' list terms turn its sums into those of
         // Pi (q - c_l), whose norm bounds the error.
         tls->set_query(I, y, tl);
@@ -1642,12 +1614,7 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
             tls->pass1(I, l2, tl, cb, nb, std::min(lb + ls, (cb + nb) * kBlock) - cb * kBlock, list_off[l], true);
           }
         }
-        two_level_pass2(
-            I, tl, top, [&](size_t s) { return I.list_of(s); },
-            [&](size_t l) {
-              if (l2) build_luts(I, list_query(y, l), flut.data(), nullptr, nullptr, nullptr);
-            },
-            [&](size_t l, size_t s) { return internal(s, exact_lut_dot(flut.data(), s)) + list_off[l]; });
+        two_level_pass2(I, tl, top, [&](size_t s) { return lut_score(s, list_off[I.list_of(s)]); });
         auto cand = top.sorted();
         finish(qi, cand, true);
       }
@@ -1656,14 +1623,15 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
       for (size_t qi = 0; qi < nq; ++qi) {
         const float* y = qr + qi * d;
         top.reset(r1);
-        // One set of tables of Pi q (l2 fast scan: with the slots' list terms); the l2 float-LUT
-        // scan builds each list's tables of Pi (q - c_l).
-        if (!l2 || fast) build_luts(I, y, flut.data(), fast ? qlut.data() : nullptr, &bias, &delta);
+        // One set of tables of Pi q (l2: with the slots' list terms); l2 without list terms (the
+        // float-LUT scan of a layout with more than 4 bits a group) builds each list's tables of
+        // Pi (q - c_l).
+        if (!l2 || lterm) build_luts(I, y, flut.data(), fast ? qlut.data() : nullptr, &bias, &delta);
         for (size_t j = 0; j < np; ++j) {
           const size_t l = probes[qi * np + j];
           const float off = poff[qi * np + j];
           if (I.list_size[l] == 0) continue;
-          if (l2 && !fast) build_luts(I, list_query(y, l), flut.data(), nullptr, &bias, &delta);
+          if (l2 && !lterm) build_luts(I, list_query(y, l), flut.data(), nullptr, &bias, &delta);
           if (fast && j + 1 < np) {
             // The next probed list's first two blocks and their scales, while this one is scanned.
             const size_t nl = probes[qi * np + j + 1];
@@ -1679,8 +1647,7 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
             scan_list(1, &tp, &q8, &bias, &delta, l, &off);
           } else {
             const size_t lb = I.list_begin[l], ls = I.list_size[l];
-            for (size_t s = lb; s < lb + ls; ++s)
-              top.push(internal(s, exact_lut_dot(flut.data(), s)) + off, static_cast<uint32_t>(s));
+            for (size_t s = lb; s < lb + ls; ++s) top.push(lut_score(s, off), static_cast<uint32_t>(s));
           }
         }
         auto cand = top.sorted();
@@ -1864,9 +1831,7 @@ void search_impl(const Index::Impl& I, size_t nq, const float* q, const SearchPa
         }
         for (size_t b = 0; b < bq; ++b) {
           const float* lut = flut.data() + b * I.m * I.lut_stride;
-          two_level_pass2(
-              I, tl[b], top[b], [](size_t) { return size_t{0}; }, [](size_t) {},
-              [&](size_t, size_t i) { return internal(i, exact_lut_dot(lut, i)); });
+          two_level_pass2(I, tl[b], top[b], [&](size_t i) { return internal(i, exact_lut_dot(lut, i)); });
         }
       } else if (fast) {
         // Chunks of kChunkBlocks * kBlock (2048) vectors: 64 blocks of 32 in the fast layout,
