@@ -2862,6 +2862,8 @@ void expect_plane_is_its_definition(const tq::Index& ix, const std::string& when
       const double cl = (l2 ? 0.0 : I.scale[i] * ct) - mul * I.cA[i] * cu;
       // float sums of d terms: within 1e-4 of the size of the terms (||Pi c_l|| ||c|| scale).
       EXPECT_NEAR(I.cL[i], cl, 1e-4 * (1 + 4 * I.scale[i] * std::sqrt(rn * cc))) << when << ": slot " << i;
+      if (l2)  // the l2 scan's list term, -2 scale <Pi c_l, c>
+        EXPECT_NEAR(I.l2term[i], -2 * I.scale[i] * ct, 1e-4 * (1 + 4 * I.scale[i] * std::sqrt(rn * cc))) << when << ": slot " << i;
     } else {
       EXPECT_TRUE(I.cL.empty()) << when;
     }

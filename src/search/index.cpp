@@ -261,12 +261,15 @@ void Index::Impl::build_coarse(size_t from) {
         cB[i] = std::numeric_limits<float>::max();
       }
       if (list_term) cL[i] = (mul == 1.f ? scale[i] * ct[v] : 0.f) - mul * cA[i] * cu[v];
+      // l2's scan list term from the same sum (build_l2term's, in the same order).
+      if (list_term && mul == 2.f && ids[i] >= 0) l2term[i] = -2.f * scale[i] * ct[v];
     }
   }
 }
 
 void Index::Impl::build_l2term() {
-  if (!has_l2term()) return;
+  // With a sign plane, build_coarse has set it from its block-wise sum.
+  if (!has_l2term() || coarse_ok) return;
   const size_t dd = static_cast<size_t>(d);
 #pragma omp parallel
   {

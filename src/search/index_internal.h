@@ -193,7 +193,8 @@ struct Index::Impl {
   bool has_l2term() const noexcept { return ivf() && fast_ok && cfg.metric == Metric::l2; }
   void build_l2term();
   // Everything derived from the stored codes (after add, remove and load): the sign plane of
-  // slots [from, slots) and the l2 list terms.
+  // slots [from, slots) and the l2 list terms (by build_coarse's block-wise pass where the index
+  // keeps a plane, else slot by slot).
   void derive(size_t from) {
     build_coarse(from);
     build_l2term();
