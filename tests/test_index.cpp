@@ -2819,7 +2819,7 @@ TEST(IndexTwoLevel, WhereItAppliesAndBadParameters) {
 }
 
 namespace {
-// Checks every slot holding a vector against the definition of the sign plane (build_coarse):
+// Checks every slot holding a vector against the definition of the sign plane (Impl::derive):
 // bit j % 4 of group j / 4 (the fast layout's nibble of the slot) is the top bit of channel j's
 // index; cA = scale ||c||^2 / sum |c_j|; cB = (l2 ? 2 : 1) scale ||c|| sqrt(1 - a^2) /
 // (a sqrt(d - 1)), a = sum |c_j| / (||c|| sqrt d); IVF: cL = (ip, cosine: scale <Pi c_l, c>) -

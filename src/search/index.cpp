@@ -181,8 +181,9 @@ Index::Impl::Impl(const IndexConfig& c) : cfg(c) {
   }
 }
 
-void Index::Impl::build_coarse(size_t from) {
-  if (!coarse_ok) return;
+void Index::Impl::derive(size_t from) {
+  const bool plane = coarse_ok, l2t = has_l2term();
+  if (!plane && !l2t) return;
   const float inv_sqrt_d = 1.f / std::sqrt(static_cast<float>(d));
   const float inv_sqrt_d1 = 1.f / std::sqrt(static_cast<float>(d - 1));
   const float mul = cfg.metric == Metric::l2 ? 2.f : 1.f;
@@ -209,7 +210,7 @@ void Index::Impl::build_coarse(size_t from) {
 #pragma omp parallel for schedule(static)
   for (size_t b = b0; b < b1; ++b) {
     const uint8_t* fb = blocks.data() + b * mp * 16;
-    uint8_t* cb = cblocks.data() + b * cmp * 16;
+    uint8_t* cb = plane ? cblocks.data() + b * cmp * 16 : nullptr;
     // ||c||^2, sum |c_j|; IVF: <Pi c_l, c> and <Pi c_l, sign(c)>
     float cc[kBlock] = {}, ca[kBlock] = {}, ct[kBlock] = {}, cu[kBlock] = {};
     uint8_t sbits[kBlock] = {};
@@ -226,6 +227,14 @@ void Index::Impl::build_coarse(size_t from) {
       for (int u = 0; u < gr.ndims; ++u) {
         const int j = gr.dim0 + u, t = j & 3;
         const unsigned sh = static_cast<unsigned>(u * gr.bpd);
+        if (!plane) {  // the l2 list terms alone (an IVF index: rc is set)
+          for (size_t v = 0; v < 16; ++v) {
+            const unsigned lo = ((row[v] & 15u) >> sh) & mask, hi = ((row[v] >> 4) >> sh) & mask;
+            ct[v] += rc[j] * qv[lo];
+            ct[v + 16] += rc[j] * qv[hi];
+          }
+          continue;
+        }
         for (size_t v = 0; v < 16; ++v) {
           const unsigned lo = ((row[v] & 15u) >> sh) & mask, hi = ((row[v] >> 4) >> sh) & mask;
           cc[v] += q2[lo];
@@ -252,6 +261,9 @@ void Index::Impl::build_coarse(size_t from) {
     }
     for (size_t v = 0; v < kBlock && b * kBlock + v < slots; ++v) {
       const size_t i = b * kBlock + v;
+      // l2's scan list term (padding slots keep their zero).
+      if (l2t && ids[i] >= 0) l2term[i] = -2.f * scale[i] * ct[v];
+      if (!plane) continue;
       const float a = cc[v] > 0 ? ca[v] * inv_sqrt_d / std::sqrt(cc[v]) : 0.f;  // cosine of c and its signs
       if (a > 0) {
         cA[i] = scale[i] * cc[v] / ca[v];
@@ -261,28 +273,6 @@ void Index::Impl::build_coarse(size_t from) {
         cB[i] = std::numeric_limits<float>::max();
       }
       if (list_term) cL[i] = (mul == 1.f ? scale[i] * ct[v] : 0.f) - mul * cA[i] * cu[v];
-      // l2's scan list term from the same sum (build_l2term's, in the same order).
-      if (list_term && mul == 2.f && ids[i] >= 0) l2term[i] = -2.f * scale[i] * ct[v];
-    }
-  }
-}
-
-void Index::Impl::build_l2term() {
-  // With a sign plane, build_coarse has set it from its block-wise sum.
-  if (!has_l2term() || coarse_ok) return;
-  const size_t dd = static_cast<size_t>(d);
-#pragma omp parallel
-  {
-    std::vector<uint8_t> idx(dd);
-#pragma omp for schedule(static)
-    for (size_t s = 0; s < slots; ++s) {
-      if (ids[s] < 0) continue;  // padding (zero)
-      get_indices(s, idx.data());
-      const float* rc = rcentroids.data() + list_of(s) * dd;
-      float dot = 0;
-      for (const Segment& sg : segs)
-        for (int j = sg.begin; j < sg.begin + sg.len; ++j) dot += rc[j] * sg.cb->centroids[idx[j]];
-      l2term[s] = -2.f * scale[s] * dot;
     }
   }
 }
@@ -367,9 +357,9 @@ void Index::Impl::resize(size_t n_new) {
     cA.resize(padded, 0.f);
     cB.resize(std::min(cB.size(), n_new));
     cB.resize(padded, 0.f);
-    if (ivf()) cL.assign(padded, 0.f);  // all recomputed by build_coarse
+    if (ivf()) cL.assign(padded, 0.f);  // all recomputed by derive
   }
-  if (has_l2term()) l2term.assign(padded, 0.f);  // all recomputed by build_l2term
+  if (has_l2term()) l2term.assign(padded, 0.f);  // all recomputed by derive
   slots = n_new;
 }
 

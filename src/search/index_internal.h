@@ -170,7 +170,7 @@ struct Index::Impl {
   // S = sum_j (Pi q)_j sign_j is cA * S (l2: 2 cA S - norm^2, as the fast-scan scorer forms it),
   // cA = scale ||c||^2 / sum_j |c_j|, and eps ||Pi q|| cB bounds its error (RaBitQ's bound for a
   // 1-bit code of c: cB = (l2 ? 2 : 1) scale ||c|| sqrt(1 - a^2) / (a sqrt(d - 1)),
-  // a = sum |c_j| / (||c|| sqrt d)). Derived from the stored codes (build_coarse): not in the file.
+  // a = sum |c_j| / (||c|| sqrt d)). Derived from the stored codes (derive): not in the file.
   // IVF: one set of sign tables per query, of Pi q, serves every list. The estimate is formed
   // for the list query Pi (q - c_l) (c_l the slot's list centroid), whose norm bounds the error
   // (l2 scores Pi (q - c_l); ip and cosine score scale <Pi q, c> = scale <Pi c_l, c> +
@@ -182,23 +182,16 @@ struct Index::Impl {
   size_t cm = 0, cmp = 0;
   std::vector<uint8_t> cblocks;  // ceil(slots / 32) * cmp * 16 bytes
   std::vector<float> cA, cB, cL;  // slots, padded with zeros to whole blocks (cL: IVF only)
-  // (Re)computes the sign plane and factors of slots [from, slots) from the codes, scales and
-  // norms (after add, remove and load).
-  void build_coarse(size_t from);
   // IVF with l2, fast layout: the scan scores 2 scale <Pi (q - c_l), c> - ||x - c_l||^2 as
   // 2 scale <Pi q, c> - ||x - c_l||^2 + l2term, l2term = -2 scale <Pi c_l, c> (c_l the slot's
   // list centroid), so one set of uint8 tables per query, of Pi q, serves every list (otherwise
   // each probed list needs its own tables of Pi (q - c_l)). Empty otherwise.
   std::vector<float> l2term;  // slots, padded with zeros to whole blocks
   bool has_l2term() const noexcept { return ivf() && fast_ok && cfg.metric == Metric::l2; }
-  void build_l2term();
-  // Everything derived from the stored codes (after add, remove and load): the sign plane of
-  // slots [from, slots) and the l2 list terms (by build_coarse's block-wise pass where the index
-  // keeps a plane, else slot by slot).
-  void derive(size_t from) {
-    build_coarse(from);
-    build_l2term();
-  }
+  // Everything derived from the stored codes, scales and norms (after add, remove and load), in
+  // one block-wise pass over the fast layout: the sign plane and factors of slots [from, slots)
+  // where the index keeps one, and the l2 list terms (IVF adds pass from = 0: they move slots).
+  void derive(size_t from);
   // codec prod
   std::unique_ptr<Quantizer> quant;
   std::vector<uint8_t> pcodes;  // n * quant->code_bytes()

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """summary.json and ab.md of run.sh's A/B (BENCHMARKS.md "One set of uint8 tables per query for
 l2 IVF" reads them; tests/test_flat_bench_results.py recomputes them): per d, re-rank and nprobe,
-the median over rounds of each build's search time, after / before, and the recall both ways.
+the median over rounds of each build's search time, after / before, and the recall both ways;
+and under "load_ab", per index file of bench/index_ab.sh's load_ab.jsonl, the median load_s of
+each build and after / before (the list terms computed at load).
 Usage: python3 bench/results/ivf_l2_tables/summarize.py"""
 import json
 import os
@@ -26,12 +28,25 @@ def summarize():
             "r10_before": by["before"][0]["recall_10_at_10"], "r10_after": by["after"][0]["recall_10_at_10"],
             "r1_before": by["before"][0]["recall_1_at_1"], "r1_after": by["after"][0]["recall_1_at_1"],
             "mem_before": by["before"][0]["memory_bytes_per_vector"], "mem_after": by["after"][0]["memory_bytes_per_vector"]}
+    loads = [json.loads(line) for line in open(os.path.join(HERE, "load_ab.jsonl"))]
+    out["load_ab"] = {}
+    for f in dict.fromkeys(r["file"] for r in loads):
+        med = {b: statistics.median(r["load_s"] for r in loads if r["file"] == f and r["library"] == b)
+               for b in ("before", "after")}
+        out["load_ab"][f.removesuffix(".tqi")] = {"runs_each": sum(r["file"] == f and r["library"] == "after" for r in loads),
+                             "before_s": med["before"], "after_s": med["after"], "ratio": med["after"] / med["before"]}
     return out
+
+
+def points(summ):
+    """The search A/B's entries of summ (without load_ab)."""
+    return {k: e for k, e in summ.items() if k != "load_ab"}
 
 
 def table(summ):
     """Markdown: one row per d and re-rank, after / before search time at each nprobe, and the
     recall before -> after at nprobe 64."""
+    summ = points(summ)
     nps = sorted({e["nprobe"] for e in summ.values()})
     lines = ["| d | re-rank | " + " | ".join(f"nprobe {n}" for n in nps) +
              " | R10@10 at nprobe 64, before -> after | R@1@1 at nprobe 64 |",
