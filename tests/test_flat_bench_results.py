@@ -3,6 +3,7 @@
 re-runs, glove/headline_{4,2}b.json (bench/search_vs_faiss.py, tq index eval) and
 flat_encode_ab/: the flat-index comparisons are well formed, and the statements BENCHMARKS.md
 ("Vector search index") makes about them hold for the saved numbers."""
+import importlib.util
 import json
 import os
 import statistics
@@ -243,6 +244,30 @@ check(len(med) == 4, "follow-up: 5 runs of each")
 for f, before, after, r in (("glove100_base.fvecs", 0.252, 0.236, 0.94), ("train.bvecs", 0.918, 0.770, 0.84)):
     a, b = med.get(("fitb", f), 0), med.get(("fitc", f), 0)
     check(round(a, 3) == before and round(b, 3) == after and b > 0 and round(b / a, 2) == r, f"follow-up {f}")
+
+# The trellis scan without VBMI (80-search.md "Trellis scan without VBMI", design.md,
+# docs/results.md): summary.json and ab.md are summarize.py's; 0.39-0.50x the search time; on
+# GloVe 100k about a third of rabitqlib's queries/s at 4 bits (it was about a fifth), at d = 784
+# about a ninth, with R10@10 above rabitqlib's at fewer bytes.
+spec = importlib.util.spec_from_file_location("trellis_avx2_summarize", os.path.join(RES, "trellis_avx2", "summarize.py"))
+tsum = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tsum)
+ts = load("trellis_avx2/summary.json")
+check(ts == json.loads(json.dumps(tsum.summarize())), "trellis_avx2/summary.json is summarize.py's output")
+check(open(os.path.join(RES, "trellis_avx2", "ab.md")).read() == tsum.table(ts), "trellis_avx2/ab.md is summarize.py's table")
+check(sorted(ts) == ["fashion_tc2", "fashion_tc4", "g100k_tc2", "g100k_tc4"] and
+      all(e["runs_each"] == 9 and e["args"] == "-k 64 -t 2" for e in ts.values()), "trellis_avx2: 4 files, 9 runs each, k = 64")
+spread([e["ratio"] for e in ts.values()], 0.39, 0.5, "trellis_avx2: after / before", digits=2)
+tj, tg = rows("trellis_avx2/glove/results.json")
+fj, tf = rows("trellis_avx2/fashion/results.json")
+check(tj["nq"] == 10000 and fj["nq"] == 1000, "trellis_avx2: queries")
+TR4, RQ4 = DEF4 + " trellis", "rabitqlib 4b (1 cluster)"
+check(round(tg[TR4]["qps"]) == 785 and round(tg[RQ4]["qps"]) == 2251, "trellis_avx2: GloVe QPS in the text")
+ratio(tg[TR4]["qps"], tg[RQ4]["qps"], 0.3, 0.37, "trellis_avx2: about a third of rabitqlib's queries/s")
+check(tg[TR4]["recall_10_at_10"] > tg[RQ4]["recall_10_at_10"] and tg[TR4]["bytes_per_vector"] == 52, "trellis_avx2: recall at 52 B")
+check(round(tf[TR4]["qps"]) == 166 and round(tf[RQ4]["qps"]) == 1489 and
+      round(tf[DEF4 + " two-level"]["qps"]) == 1812, "trellis_avx2: Fashion QPS in the text")
+ratio(tf[TR4]["qps"], tf[RQ4]["qps"], 0.1, 0.12, "trellis_avx2: about a ninth at d = 784")
 
 if failures:
     print(f"{len(failures)} statement(s) do not hold")

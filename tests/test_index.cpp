@@ -340,8 +340,9 @@ TEST(Index, FastScanKernelEqualsScalarReference) {
 }
 
 // The trellis scan (256-entry byte tables, blocks of 64 vectors) equals its reference at every
-// SIMD level: channel counts with and without a uint16 flush (> 256 channels), extreme
-// indices and entries.
+// SIMD level (AVX3_DL's byte permutes; the 16-entry shuffles of the XOR-differenced table rows
+// on AVX3, AVX2 and SSE4): channel counts with and without a uint16 flush (> 256 channels),
+// extreme indices and entries.
 TEST(Index, TrellisScanKernelEqualsScalarReference) {
   tq::Rng rng(8);
   for (size_t d : {1u, 7u, 100u, 256u, 300u, 784u}) {

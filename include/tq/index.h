@@ -251,7 +251,8 @@ void fast_scan_u8_multi_ref(size_t n_blocks, size_t m_groups, const uint8_t* cod
 
 // Trellis scan over blocks of 64 vectors (an index with trellis codes): codes: n_blocks * d * 64
 // bytes, for channel j the 64 vectors' table indices (windows); lut: d * 256 uint8; out:
-// n_blocks * 64 exact sums of lut[j * 256 + window]. SIMD on AVX-512 VBMI, else the reference.
+// n_blocks * 64 exact sums of lut[j * 256 + window]. SIMD on x86 (byte permutes with AVX-512
+// VBMI, 16-entry byte shuffles on AVX-512, AVX2 and SSE4), else the reference.
 void trellis_scan_u8(size_t n_blocks, size_t d, const uint8_t* codes, const uint8_t* lut, uint32_t* out) noexcept;
 void trellis_scan_u8_ref(size_t n_blocks, size_t d, const uint8_t* codes, const uint8_t* lut,
                          uint32_t* out) noexcept;

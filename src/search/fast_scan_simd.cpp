@@ -22,6 +22,7 @@
 #include <cstring>
 #include <algorithm>
 #include <limits>
+#include <vector>
 
 #include "search/index_internal.h"
 #include "tq/index.h"
@@ -261,7 +262,74 @@ void FastScanScores(size_t n, const uint32_t* HWY_RESTRICT acc, const float* HWY
 // looked up in the channel's 256-byte table by two two-table byte permutes (vpermi2b, 128
 // entries each, index bits 0-6) and a blend on bit 7, widened to uint16 sums, flushed to
 // uint32 every 256 channels (256 * 255 < 2^16): exact, equal to the reference. The permute
-// needs AVX-512 VBMI (the AVX3_DL target); other targets run the reference.
+// needs AVX-512 VBMI (the AVX3_DL target). The other x86 targets (AVX3, AVX2, SSE4) look the
+// table up 16 entries at a time with in-block byte shuffles (TrellisScanShuffle: x86's shuffle
+// semantics); the rest run the reference.
+#define TQ_TRELLIS_SHUFFLE (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_SSE4)
+#if TQ_TRELLIS_SHUFFLE
+// The table as 16 rows of 16 entries (row r: the indices with high nibble r). x86's byte
+// shuffle (pshufb) reads an index's low 4 bits and gives 0 where its bit 7 is set. In each half
+// of the table (rows 0-7 on the index, rows 8-15 on the index with bit 7 flipped) the selector
+// s_h = index + 16 (7 - h), saturated, for h = 7, 6, ..., 0 (each from the one before by a
+// saturating add of 16) has bit 7 clear exactly for rows r <= h, so the shuffle of row table
+// D_h = T_h ^ T_{h+1} (D_7 = T_7) with it, XORed over h, gives T_r's entry: the XORs of D_r..D_7
+// telescope. 3 operations per row (add, shuffle, XOR) instead of a row select and a shuffle.
+// The D tables are made per call (d * 256 bytes). Sums as FastScanU8Q's: whole uint16 lanes
+// and their odd bytes, the even bytes recovered at the flush (every 256 channels: 256 * 255 < 2^16).
+void TrellisScanShuffle(size_t n_blocks, size_t d, const uint8_t* HWY_RESTRICT codes, const uint8_t* HWY_RESTRICT lut,
+                        uint32_t* HWY_RESTRICT out) {
+  const hn::CappedTag<uint8_t, 64> d8;
+  const hn::Repartition<uint16_t, decltype(d8)> d16;
+  const hn::FixedTag<uint8_t, 16> d128;
+  using V8 = hn::Vec<decltype(d8)>;
+  using V16 = hn::Vec<decltype(d16)>;
+  const size_t N = hn::Lanes(d8);
+  thread_local std::vector<uint8_t> diff;
+  diff.resize(d * 256);
+  for (size_t j = 0; j < d; ++j)
+    for (size_t h = 0; h < 16; ++h) {
+      const auto t = hn::LoadU(d128, lut + j * 256 + 16 * h);
+      const auto d_h = h % 8 == 7 ? t : hn::Xor(t, hn::LoadU(d128, lut + j * 256 + 16 * (h + 1)));
+      hn::StoreU(d_h, d128, diff.data() + j * 256 + 16 * h);
+    }
+  const auto c10 = hn::Set(d8, 0x10), c80 = hn::Set(d8, 0x80);
+  HWY_ALIGN uint16_t all[64 / 2], odd[64 / 2];
+  for (size_t b = 0; b < n_blocks; ++b) {
+    const uint8_t* blk = codes + b * d * 64;
+    uint32_t* o = out + b * 64;
+    for (int v = 0; v < 64; ++v) o[v] = 0;
+    // One register of indices (N vectors) at a time through the channels: few live registers.
+    for (size_t r = 0; r < 64 / N; ++r)
+      for (size_t j0 = 0; j0 < d; j0 += 256) {
+        const size_t j1 = std::min(d, j0 + 256);
+        V16 a_all = hn::Zero(d16), a_odd = hn::Zero(d16);
+        for (size_t j = j0; j < j1; ++j) {
+          const uint8_t* tb = diff.data() + j * 256;
+          V8 lo = hn::LoadU(d8, blk + j * 64 + r * N);
+          V8 hi = hn::Xor(lo, c80);
+          V8 v = hn::Xor(hn::TableLookupBytesOr0(hn::LoadDup128(d8, tb + 16 * 7), lo),
+                         hn::TableLookupBytesOr0(hn::LoadDup128(d8, tb + 16 * 15), hi));
+          for (size_t h = 7; h-- > 0;) {
+            lo = hn::SaturatedAdd(lo, c10);
+            hi = hn::SaturatedAdd(hi, c10);
+            v = hn::Xor(v, hn::Xor(hn::TableLookupBytesOr0(hn::LoadDup128(d8, tb + 16 * h), lo),
+                                   hn::TableLookupBytesOr0(hn::LoadDup128(d8, tb + 16 * (h + 8)), hi)));
+          }
+          const auto w = hn::BitCast(d16, v);
+          a_all = hn::Add(a_all, w);
+          a_odd = hn::Add(a_odd, hn::ShiftRight<8>(w));
+        }
+        hn::Store(hn::Sub(a_all, hn::ShiftLeft<8>(a_odd)), d16, all);  // even bytes
+        hn::Store(a_odd, d16, odd);
+        for (size_t i = 0; i < N / 2; ++i) {
+          o[r * N + 2 * i] += all[i];
+          o[r * N + 2 * i + 1] += odd[i];
+        }
+      }
+  }
+}
+#endif
+
 void TrellisScanU8(size_t n_blocks, size_t d, const uint8_t* HWY_RESTRICT codes, const uint8_t* HWY_RESTRICT lut,
                    uint32_t* HWY_RESTRICT out) {
 #if HWY_TARGET == HWY_AVX3_DL
@@ -289,10 +357,13 @@ void TrellisScanU8(size_t n_blocks, size_t d, const uint8_t* HWY_RESTRICT codes,
     }
     for (int q = 0; q < 4; ++q) _mm512_storeu_si512(out + b * 64 + 16 * q, t[q]);
   }
+#elif TQ_TRELLIS_SHUFFLE
+  TrellisScanShuffle(n_blocks, d, codes, lut, out);
 #else
   trellis_scan_u8_ref(n_blocks, d, codes, lut, out);
 #endif
 }
+#undef TQ_TRELLIS_SHUFFLE
 
 // The uint8 LUTs (lut_to_u8, tq/index.h): lut_u8's steps on whole vectors. NaN is zeroed
 // explicitly (x86 min / max pick an operand by position when one is NaN), then the clamps to
