@@ -32,6 +32,19 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
+// A block header's fp16 scale as a float: F16C's conversion on the x86 targets that have it
+// (AVX2 and up), tq::fp16_to_fp32's bit arithmetic otherwise; the same value for every finite
+// or infinite scale.
+HWY_INLINE float Scale1(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+#if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL)
+  return _cvtsh_ss(h);
+#else
+  return tq::fp16_to_fp32(h);
+#endif
+}
+
 // The block header's fp16 scale(s) as floats (one or two lanes converted at once).
 HWY_INLINE void Scales2(const uint8_t* p, float& d, float& m) {
   const hn::CappedTag<float, 2> d2;
@@ -378,9 +391,7 @@ void Rows16Q5(const uint8_t* w, int in, const int16_t* xq, const float* xd, int 
     VF8 acc[NR];
     for (int r = 0; r < NR; ++r) acc[r] = hn::Zero(df);
     for (int b = 0; b < nb; ++b, blk += sizeof(BlockQ5_0)) {
-      uint16_t dh;
-      std::memcpy(&dh, blk, 2);
-      const float d = tq::fp16_to_fp32(dh);
+      const float d = Scale1(blk);
       uint16_t qh[2];
       std::memcpy(qh, blk + 2, 4);
       const auto hlo = hn::Set(d16, static_cast<int16_t>(qh[0])), hhi = hn::Set(d16, static_cast<int16_t>(qh[1]));
@@ -415,9 +426,7 @@ void Rows16Q8(const uint8_t* w, int in, const int16_t* xq, const float* xd, int 
     VF8 acc[NR];
     for (int r = 0; r < NR; ++r) acc[r] = hn::Zero(df);
     for (int b = 0; b < nb; ++b, blk += sizeof(BlockQ8_0)) {
-      uint16_t dh;
-      std::memcpy(&dh, blk, 2);
-      const float d = tq::fp16_to_fp32(dh);
+      const float d = Scale1(blk);
       const int8_t* qs = reinterpret_cast<const int8_t*>(blk + 2);
       const int16_t* xb = xq + static_cast<size_t>(b) * 32;
       V32 s0[NR], s1[NR];
@@ -498,9 +507,7 @@ void Rows16Q6K(const uint8_t* w, int in, const int16_t* xq, const float* xd, int
     VF8 acc[NR];
     for (int r = 0; r < NR; ++r) acc[r] = hn::Zero(df);
     for (int b = 0; b < nsb; ++b, blk += sizeof(BlockQ6_K)) {
-      uint16_t dh;
-      std::memcpy(&dh, blk + 208, 2);
-      const float d = tq::fp16_to_fp32(dh);
+      const float d = Scale1(blk + 208);
       const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
       for (int h = 0; h < 2; ++h) {
         for (int g = 0; g < 4; ++g) {
