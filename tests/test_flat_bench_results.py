@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """bench/results/{glove,fashion,glove1m_flat}/results.json, their run2/ and run_before_encode/
-re-runs, glove/headline_{4,2}b.json (bench/search_vs_faiss.py, tq index eval) and
-flat_encode_ab/: the flat-index comparisons are well formed, and the statements BENCHMARKS.md
+re-runs, glove/headline_{4,2}b.json (bench/search_vs_faiss.py, tq index eval), flat_encode_ab/
+and trellis_avx2/ (and qmatvec_f16c/, a decode-kernel A/B): the flat-index comparisons are well formed, and the statements BENCHMARKS.md
 ("Vector search index") makes about them hold for the saved numbers."""
 import importlib.util
 import json
@@ -268,6 +268,16 @@ check(tg[TR4]["recall_10_at_10"] > tg[RQ4]["recall_10_at_10"] and tg[TR4]["bytes
 check(round(tf[TR4]["qps"]) == 166 and round(tf[RQ4]["qps"]) == 1489 and
       round(tf[DEF4 + " two-level"]["qps"]) == 1812, "trellis_avx2: Fashion QPS in the text")
 ratio(tf[TR4]["qps"], tf[RQ4]["qps"], 0.1, 0.12, "trellis_avx2: about a ninth at d = 784")
+
+# Not a search result, kept here with the other summarize.py checks: the decode kernels' fp16
+# scale A/B (71-weight-formats.md "fp16 block scales with F16C", design.md): summary.json is
+# summarize.py's; the Q8_0 kernel takes 0.74-0.76x the time ("a third more" before).
+spec = importlib.util.spec_from_file_location("qmatvec_f16c_summarize", os.path.join(RES, "qmatvec_f16c", "summarize.py"))
+qsum = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(qsum)
+qs = load("qmatvec_f16c/summary.json")
+check(qs == json.loads(json.dumps(qsum.summarize())), "qmatvec_f16c/summary.json is summarize.py's output")
+spread([qs["Q8_0_640x2048"]["ratio"], qs["Q8_0_2048x640"]["ratio"]], 0.74, 0.76, "qmatvec_f16c: Q8_0", digits=2)
 
 if failures:
     print(f"{len(failures)} statement(s) do not hold")
