@@ -725,9 +725,7 @@ void BlocksQ6K(const uint8_t* p, float* dst, size_t nsb) {
   const size_t N = hn::Lanes(df);
   const auto m15 = hn::Set(di, 15), m3 = hn::Set(di, 3), k32 = hn::Set(di, 32);
   for (size_t b = 0; b < nsb; ++b, p += sizeof(BlockQ6_K)) {
-    uint16_t dh;
-    std::memcpy(&dh, p + 208, 2);
-    const float d = tq::fp16_to_fp32(dh);
+    const float d = Scale1(p + 208);
     const int8_t* sc = reinterpret_cast<const int8_t*>(p + 192);
     float* y = dst + b * kQK;
     for (int h = 0; h < 2; ++h) {

@@ -227,14 +227,17 @@ void Index::Impl::derive(size_t from) {
       for (int u = 0; u < gr.ndims; ++u) {
         const int j = gr.dim0 + u, t = j & 3;
         const unsigned sh = static_cast<unsigned>(u * gr.bpd);
-        if (!plane) {  // the l2 list terms alone (an IVF index: rc is set)
+        if (rc != nullptr)  // IVF: <Pi c_l, c>, and with a plane <Pi c_l, sign(c)>
           for (size_t v = 0; v < 16; ++v) {
             const unsigned lo = ((row[v] & 15u) >> sh) & mask, hi = ((row[v] >> 4) >> sh) & mask;
             ct[v] += rc[j] * qv[lo];
             ct[v + 16] += rc[j] * qv[hi];
+            if (plane) {
+              cu[v] += (lo >> top) ? rc[j] : -rc[j];
+              cu[v + 16] += (hi >> top) ? rc[j] : -rc[j];
+            }
           }
-          continue;
-        }
+        if (!plane) continue;  // the l2 list terms alone
         for (size_t v = 0; v < 16; ++v) {
           const unsigned lo = ((row[v] & 15u) >> sh) & mask, hi = ((row[v] >> 4) >> sh) & mask;
           cc[v] += q2[lo];
@@ -244,14 +247,6 @@ void Index::Impl::derive(size_t from) {
           sbits[v] = static_cast<uint8_t>(sbits[v] | ((lo >> top) << t));
           sbits[v + 16] = static_cast<uint8_t>(sbits[v + 16] | ((hi >> top) << t));
         }
-        if (rc != nullptr)
-          for (size_t v = 0; v < 16; ++v) {
-            const unsigned lo = ((row[v] & 15u) >> sh) & mask, hi = ((row[v] >> 4) >> sh) & mask;
-            ct[v] += rc[j] * qv[lo];
-            ct[v + 16] += rc[j] * qv[hi];
-            cu[v] += (lo >> top) ? rc[j] : -rc[j];
-            cu[v + 16] += (hi >> top) ? rc[j] : -rc[j];
-          }
         if (t == 3 || j == d - 1) {
           uint8_t* o = cb + static_cast<size_t>(j / 4) * 16;
           for (size_t v = 0; v < 16; ++v) o[v] = static_cast<uint8_t>(sbits[v] | (sbits[v + 16] << 4));
