@@ -3,6 +3,7 @@ markdown tables a BENCHMARKS.md section includes, by the summarize.py scripts un
 bench/results/ (each recomputed by a test, so what they write is exactly what they compute)."""
 import json
 import os
+import statistics
 
 
 def write(here, summ, tables):
@@ -13,3 +14,14 @@ def write(here, summ, tables):
     for name, text in tables.items():
         with open(os.path.join(here, name), "w") as f:
             f.write(text)
+
+
+def index_ab(rows, field, a="before", b="after"):
+    """Per index file of bench/index_ab.sh's JSON lines (rows), in first-seen order and keyed by
+    its name without ".tqi": the runs of b, the median field of each build and b / a."""
+    out = {}
+    for f in dict.fromkeys(r["file"] for r in rows):
+        med = {lib: statistics.median(r[field] for r in rows if r["file"] == f and r["library"] == lib) for lib in (a, b)}
+        out[f.removesuffix(".tqi")] = {"runs_each": sum(r["file"] == f and r["library"] == b for r in rows),
+                                       f"{a}_s": med[a], f"{b}_s": med[b], "ratio": med[b] / med[a]}
+    return out

@@ -29,12 +29,7 @@ def summarize():
             "r1_before": by["before"][0]["recall_1_at_1"], "r1_after": by["after"][0]["recall_1_at_1"],
             "mem_before": by["before"][0]["memory_bytes_per_vector"], "mem_after": by["after"][0]["memory_bytes_per_vector"]}
     loads = [json.loads(line) for line in open(os.path.join(HERE, "load_ab.jsonl"))]
-    out["load_ab"] = {}
-    for f in dict.fromkeys(r["file"] for r in loads):
-        med = {b: statistics.median(r["load_s"] for r in loads if r["file"] == f and r["library"] == b)
-               for b in ("before", "after")}
-        out["load_ab"][f.removesuffix(".tqi")] = {"runs_each": sum(r["file"] == f and r["library"] == "after" for r in loads),
-                             "before_s": med["before"], "after_s": med["after"], "ratio": med["after"] / med["before"]}
+    out["load_ab"] = results_summary.index_ab(loads, "load_s")
     return out
 
 

@@ -6,7 +6,6 @@ Usage: python3 bench/results/trellis_avx2/summarize.py"""
 import glob
 import json
 import os
-import statistics
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -21,14 +20,9 @@ def summarize():
     rows = []
     for path in sorted(glob.glob(os.path.join(HERE, "search_ab_*.jsonl"))):
         rows += [json.loads(line) for line in open(path)]
-    out = {}
-    for f in dict.fromkeys(r["file"] for r in rows):
-        med = {b: statistics.median(r["search_s"] for r in rows if r["file"] == f and r["library"] == b)
-               for b in ("before", "after")}
-        key = f.removesuffix(".tqi")
-        out[key] = {"runs_each": sum(r["file"] == f and r["library"] == "after" for r in rows),
-                    "args": rows[0]["args"], "before_s": med["before"], "after_s": med["after"],
-                    "ratio": med["after"] / med["before"]}
+    out = results_summary.index_ab(rows, "search_s")
+    for e in out.values():
+        e["args"] = rows[0]["args"]
     return out
 
 
