@@ -24,6 +24,14 @@ def load(rel):
     return json.load(open(os.path.join(RES, rel)))
 
 
+def summarize_module(name):
+    """bench/results/NAME/summarize.py as a module (each directory's has the same file name)."""
+    spec = importlib.util.spec_from_file_location(f"{name}_summarize", os.path.join(RES, name, "summarize.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def rows(rel):
     j = load(rel)
     check(j["threads"] == 2, f"{rel}: 2 threads")
@@ -249,9 +257,7 @@ for f, before, after, r in (("glove100_base.fvecs", 0.252, 0.236, 0.94), ("train
 # docs/results.md): summary.json and ab.md are summarize.py's; 0.39-0.50x the search time; on
 # GloVe 100k about a third of rabitqlib's queries/s at 4 bits (it was about a fifth), at d = 784
 # about a ninth, with R10@10 above rabitqlib's at fewer bytes.
-spec = importlib.util.spec_from_file_location("trellis_avx2_summarize", os.path.join(RES, "trellis_avx2", "summarize.py"))
-tsum = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(tsum)
+tsum = summarize_module("trellis_avx2")
 ts = load("trellis_avx2/summary.json")
 check(ts == json.loads(json.dumps(tsum.summarize())), "trellis_avx2/summary.json is summarize.py's output")
 check(open(os.path.join(RES, "trellis_avx2", "ab.md")).read() == tsum.table(ts), "trellis_avx2/ab.md is summarize.py's table")
@@ -272,9 +278,7 @@ ratio(tf[TR4]["qps"], tf[RQ4]["qps"], 0.1, 0.12, "trellis_avx2: about a ninth at
 # Not a search result, kept here with the other summarize.py checks: the decode kernels' fp16
 # scale A/B (71-weight-formats.md "fp16 block scales with F16C", design.md): summary.json is
 # summarize.py's; the Q8_0 kernel takes 0.74-0.76x the time ("a third more" before).
-spec = importlib.util.spec_from_file_location("qmatvec_f16c_summarize", os.path.join(RES, "qmatvec_f16c", "summarize.py"))
-qsum = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(qsum)
+qsum = summarize_module("qmatvec_f16c")
 qs = load("qmatvec_f16c/summary.json")
 check(qs == json.loads(json.dumps(qsum.summarize())), "qmatvec_f16c/summary.json is summarize.py's output")
 spread([qs["Q8_0_640x2048"]["ratio"], qs["Q8_0_2048x640"]["ratio"]], 0.74, 0.76, "qmatvec_f16c: Q8_0", digits=2)
