@@ -25,3 +25,20 @@ def index_ab(rows, field, a="before", b="after"):
         out[f.removesuffix(".tqi")] = {"runs_each": sum(r["file"] == f and r["library"] == b for r in rows),
                                        f"{a}_s": med[a], f"{b}_s": med[b], "ratio": med[b] / med[a]}
     return out
+
+
+def bench_ab(here, field, unit, name, runs=3, builds=("old", "new")):
+    """Per benchmark of Google Benchmark JSON runs bq_{build}_{i}.json (i = 1..runs, the builds
+    alternating) in here, keyed by name(benchmark name): the runs each build had, the median
+    field ("cpu_time" or "real_time", in the files' time unit, named by unit in the keys) of each
+    build's iterations (repetitions pooled; aggregates left out) and new / old."""
+    res = {}
+    for b in builds:
+        for i in range(1, runs + 1):
+            with open(os.path.join(here, f"bq_{b}_{i}.json")) as f:
+                for r in json.load(f)["benchmarks"]:
+                    if r.get("run_type", "iteration") == "iteration":
+                        res.setdefault(name(r["name"]), {}).setdefault(b, []).append(r[field])
+    a, b = builds
+    return {k: {"runs_each": runs, f"{a}_{unit}": statistics.median(v[a]), f"{b}_{unit}": statistics.median(v[b]),
+                "ratio": statistics.median(v[b]) / statistics.median(v[a])} for k, v in sorted(res.items())}

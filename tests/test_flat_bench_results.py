@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """bench/results/{glove,fashion,glove1m_flat}/results.json, their run2/ and run_before_encode/
 re-runs, glove/headline_{4,2}b.json (bench/search_vs_faiss.py, tq index eval), flat_encode_ab/
-and trellis_avx2/ (and qmatvec_f16c/, a decode-kernel A/B): the flat-index comparisons are well formed, and the statements BENCHMARKS.md
+and trellis_avx2/ (and qmatvec_f16c/, qmatvec_prefetch_avx2/ and the decode_prefetch_* runs of
+bench/results/gemma/, decode-kernel A/Bs): the flat-index comparisons are well formed, and the statements BENCHMARKS.md
 ("Vector search index") makes about them hold for the saved numbers."""
 import importlib.util
 import json
@@ -282,6 +283,29 @@ qsum = summarize_module("qmatvec_f16c")
 qs = load("qmatvec_f16c/summary.json")
 check(qs == json.loads(json.dumps(qsum.summarize())), "qmatvec_f16c/summary.json is summarize.py's output")
 spread([qs["Q8_0_640x2048"]["ratio"], qs["Q8_0_2048x640"]["ratio"]], 0.74, 0.76, "qmatvec_f16c: Q8_0", digits=2)
+
+# The same for the Highway decode kernels' weight prefetch (71-weight-formats.md "Weight prefetch
+# in the AVX2 / SSE4 decode kernels"): summary.json is summarize.py's; the kernels take about
+# 0.57-0.76x the time; whole decode 1.3x or more as fast, prefill unchanged within the runs'
+# noise and order (0.9-1.1x); the order check (a build against itself) near 1; the AVX2 kernels
+# within 10% of the AVX-512 ones.
+psum = summarize_module("qmatvec_prefetch_avx2")
+ps = load("qmatvec_prefetch_avx2/summary.json")
+check(ps == json.loads(json.dumps(psum.summarize())), "qmatvec_prefetch_avx2/summary.json is summarize.py's output")
+check(all(0.55 <= ps[k]["ratio"] <= 0.77 for k in ("GemmaStack_t1", "GemmaStack_t2", "GemmaHead_t1", "GemmaHead_t2")),
+      "qmatvec_prefetch_avx2: kernels 0.55-0.77x the time")
+check(ps["GemmaStack_t1"]["old_ms"] > 1.8 * ps["avx2_vs_avx3_dl"]["GemmaStack_t1"]["avx3dl_ms"],
+      "qmatvec_prefetch_avx2: before, about twice the AVX-512 kernels' time")
+check(all(0.9 <= ps["avx2_vs_avx3_dl"][k]["ratio"] <= 1.0 for k in ("GemmaStack_t1", "GemmaStack_t2")),
+      "qmatvec_prefetch_avx2: after, avx2 within 10% of avx3_dl")
+for f in ("decode_prefetch_avx2_t1", "decode_prefetch_avx2_t2", "decode_prefetch_sse4_t1",
+          "decode_prefetch_avx2_smollm2_t2"):
+    r = load(f"gemma/{f}.json")["ratios"][0]
+    check(r["decode_ratio_min"] > 1.3 and 0.9 < r["prefill_ratio_median"] < 1.1, f"{f}: decode >= 1.3x, prefill ~1 ({r})")
+rr = load("gemma/decode_prefetch_avx2_smollm2_t2_reversed.json")["ratios"][0]
+check(rr["decode_ratio_max"] < 1 / 1.3 and 0.95 < rr["prefill_ratio_median"] < 1.05, f"reversed order ({rr})")
+aa = load("gemma/decode_ab_order_aa_smollm2_t2.json")["ratios"][0]
+check(0.95 < aa["prefill_ratio_median"] < 1.05 and 0.95 < aa["decode_ratio_median"] < 1.05, f"A/A ({aa})")
 
 if failures:
     print(f"{len(failures)} statement(s) do not hold")

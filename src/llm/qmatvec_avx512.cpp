@@ -42,12 +42,10 @@ inline float h2f(const uint8_t* p) {
   return _cvtsh_ss(h);
 }
 
-// Software prefetch distance in bytes of the weight stream: the Gemma 3 270M output matrix
-// (178 MB of Q8_0, one thread, bench_qmatvec GemmaHead/1) took 1.42x less CPU time with 4096
-// bytes ahead than without, as little as a plain read of the same bytes (GemmaHeadRead/1);
-// 1024 bytes: 1.26x (measured with the 8-bit vpdpbusd version of these kernels).
-constexpr int kPrefetch = 4096;
-inline void prefetch(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetch, _MM_HINT_T0); }
+// The weight stream, kWeightPrefetch bytes ahead (qmatvec.h).
+inline void prefetch(const uint8_t* p) {
+  _mm_prefetch(reinterpret_cast<const char*>(p) + kWeightPrefetch, _MM_HINT_T0);
+}
 
 inline __m512i ldq(const int16_t* p) { return _mm512_loadu_si512(p); }
 

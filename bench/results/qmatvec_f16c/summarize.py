@@ -5,7 +5,6 @@ bench_qmatvec; per benchmark the median cpu_time of each build and new / old.
 Usage: python3 bench/results/qmatvec_f16c/summarize.py"""
 import json
 import os
-import statistics
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -14,14 +13,8 @@ import results_summary  # noqa: E402
 
 
 def summarize():
-    res = {}
-    for b in ("old", "new"):
-        for i in (1, 2, 3):
-            for r in json.load(open(os.path.join(HERE, f"bq_{b}_{i}.json")))["benchmarks"]:
-                res.setdefault(r["name"].replace("run_fmt/simd/", "").replace("/", "_"), {}).setdefault(b, []).append(
-                    r["cpu_time"])
-    return {k: {"runs_each": len(v["new"]), "old_us": statistics.median(v["old"]), "new_us": statistics.median(v["new"]),
-                "ratio": statistics.median(v["new"]) / statistics.median(v["old"])} for k, v in sorted(res.items())}
+    return results_summary.bench_ab(HERE, "cpu_time", "us",
+                                    lambda n: n.replace("run_fmt/simd/", "").replace("/", "_"))
 
 
 if __name__ == "__main__":
