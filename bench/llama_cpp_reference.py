@@ -268,6 +268,10 @@ def main():
         return
     import llama_cpp
     report["llama_cpp_python"] = llama_cpp.__version__
+    # What each engine ran with: llama.cpp's compiled instruction sets, tq's SIMD level override
+    # (TQ_SIMD; unset: the host's best) and OpenBLAS kernel choice.
+    report["llama_cpp_system_info"] = llama_cpp.llama_print_system_info().decode().strip()
+    report["tq_env"] = {k: os.environ.get(k, "") for k in ("TQ_SIMD", "OPENBLAS_CORETYPE")}
     # This llama.cpp applies a Walsh-Hadamard rotation to K and V when their cache type is
     # quantized (attn_rot_k / attn_rot_v in llama-kv-cache.cpp) unless LLAMA_ATTN_ROT_DISABLE=1:
     # its q8_0 / q4_0 are then the counterparts of tq's q8_0h / q4_0h, not of tq's q8_0 / q4_0.
@@ -350,7 +354,8 @@ def main():
             for r in tq["rows"]:
                 speed.append({"engine": "tq", "context": ctx, "cache": r["cache"], "prefill_tok_s": r["prefill_tok_s"],
                               "decode_tok_s": r["decode_tok_s"], "threads": args.speed_threads, "reps": args.reps,
-                              "decode_tokens": args.decode, "round": rnd, "kv_bytes": r.get("kv_bytes")})
+                              "decode_tokens": args.decode, "round": rnd, "kv_bytes": r.get("kv_bytes"),
+                              "prefill_matmul": tq.get("prefill_matmul"), "blas_core": tq.get("blas_core")})
                 print(f"tq        ctx {ctx} {r['cache']}: prefill {r['prefill_tok_s']:.1f} tok/s, "
                       f"decode {r['decode_tok_s']:.2f} tok/s")
             for row in speed:

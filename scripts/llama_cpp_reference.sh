@@ -17,7 +17,10 @@
 #   against a llama.cpp cache of another type; tq_cache_ratio: each tq cache against the first).
 #   TQ_REF_MODEL: the GGUF (default models/SmolLM2-135M-Instruct.Q4_1.gguf; e.g.
 #   models/gemma-3-270m-q4_k_m.gguf); TQ_REF_OUT: the report (default
-#   bench/results/llama_cpp_reference_c<ctx>.json).
+#   bench/results/llama_cpp_reference_c<ctx>.json); TQ_REF_ISA: the /proc/cpuinfo flag names
+#   to build llama.cpp for instead of the CPU's own, e.g. "avx avx2 fma f16c bmi2" for an
+#   AVX2-only llama.cpp on an AVX-512 host (give it its own TQ_REF_VENV, and run tq beside it
+#   with TQ_SIMD=avx2 OPENBLAS_CORETYPE=Haswell).
 # Then: bench/forward_ref64.py (float64 numpy forward pass) says which engine is nearer the
 # exact result where they differ (see BENCHMARKS.md, "Outside reference").
 set -euo pipefail
@@ -45,7 +48,7 @@ fi
 # (ggml_backend_amx_mul_mat), which is what a native build did on this project's machine.
 isa_flags() {
   local flags f out="-DGGML_NATIVE=OFF"
-  flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+  flags=" ${TQ_REF_ISA:-$(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2)} "
   for f in avx:AVX avx2:AVX2 fma:FMA f16c:F16C bmi2:BMI2 avx_vnni:AVX_VNNI avx512f:AVX512 \
            avx512vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16; do
     if [[ "$flags" == *" ${f%%:*} "* ]]; then out+=" -DGGML_${f#*:}=ON"; else out+=" -DGGML_${f#*:}=OFF"; fi

@@ -2,7 +2,8 @@
 """bench/results/{glove,fashion,glove1m_flat}/results.json, their run2/ and run_before_encode/
 re-runs, glove/headline_{4,2}b.json (bench/search_vs_faiss.py, tq index eval), flat_encode_ab/
 and trellis_avx2/ (and qmatvec_f16c/, qmatvec_prefetch_avx2/ and the decode_prefetch_* runs of
-bench/results/gemma/, decode-kernel A/Bs): the flat-index comparisons are well formed, and the statements BENCHMARKS.md
+bench/results/gemma/, decode-kernel A/Bs, and gemma/speed_vs_llama_cpp_avx2_xeon*, Gemma beside
+llama.cpp at AVX2): the flat-index comparisons are well formed, and the statements BENCHMARKS.md
 ("Vector search index") makes about them hold for the saved numbers."""
 import importlib.util
 import json
@@ -306,6 +307,26 @@ rr = load("gemma/decode_prefetch_avx2_smollm2_t2_reversed.json")["ratios"][0]
 check(rr["decode_ratio_max"] < 1 / 1.3 and 0.95 < rr["prefill_ratio_median"] < 1.05, f"reversed order ({rr})")
 aa = load("gemma/decode_ab_order_aa_smollm2_t2.json")["ratios"][0]
 check(0.95 < aa["prefill_ratio_median"] < 1.05 and 0.95 < aa["decode_ratio_median"] < 1.05, f"A/A ({aa})")
+
+# Gemma 3 270M beside llama.cpp with both engines at AVX2 (73-architectures.md, README, results.md):
+# the two saved runs and the first run's printed lines; each engine at AVX2 only.
+runs = {}
+for f in ("speed_vs_llama_cpp_avx2_xeon", "speed_vs_llama_cpp_avx2_xeon_run3"):
+    j = load(f"gemma/{f}.json")
+    check("AVX512" not in j["llama_cpp_system_info"] and "AVX2 = 1" in j["llama_cpp_system_info"] and
+          j["tq_env"] == {"TQ_SIMD": "avx2", "OPENBLAS_CORETYPE": "Haswell"}, f"{f}: both engines at AVX2")
+    for r in j["speed_ratio"]:
+        runs.setdefault(r["context"], []).append((r["prefill_ratio_median"], r["decode_ratio_median"]))
+with open(os.path.join(RES, "gemma", "speed_vs_llama_cpp_avx2_xeon_first_run.log")) as f:
+    for line in f:
+        if line.startswith("tq / llama.cpp ctx"):
+            w = line.split()
+            runs.setdefault(int(w[4]), []).append((float(w[7].rstrip("x,")), float(w[9].rstrip("x"))))
+for ctx, pf, dc in ((512, (1.34, 1.39), (1.31, 1.55)), (4096, (1.21, 1.22), (1.39, 1.71))):
+    rs = runs.get(ctx, [])
+    check(len(rs) == 3, f"avx2 llama.cpp: three runs at {ctx}")
+    spread([p for p, _ in rs], pf[0], pf[1], f"avx2 llama.cpp: prefill at {ctx}", digits=2)
+    spread([d for _, d in rs], dc[0], dc[1], f"avx2 llama.cpp: decode at {ctx}", digits=2)
 
 if failures:
     print(f"{len(failures)} statement(s) do not hold")
