@@ -299,6 +299,10 @@ check(ps["GemmaStack_t1"]["old_ms"] > 1.8 * ps["avx2_vs_avx3_dl"]["GemmaStack_t1
       "qmatvec_prefetch_avx2: before, about twice the AVX-512 kernels' time")
 check(all(0.9 <= ps["avx2_vs_avx3_dl"][k]["ratio"] <= 1.0 for k in ("GemmaStack_t1", "GemmaStack_t2")),
       "qmatvec_prefetch_avx2: after, avx2 within 10% of avx3_dl")
+fk = ps["float_kernels_avx3_dl"]
+check(len(fk) == 9 and all(0.95 <= v["ratio"] <= 1.05 for k, v in fk.items() if k.split("_")[0] in ("F32", "Q5")) and
+      all(0.75 <= v["ratio"] <= 0.8 for k, v in fk.items() if k.split("_")[0] in ("F16", "BF16")),
+      "qmatvec_prefetch_avx2: float kernels at avx3_dl no slower, F16 / BF16 faster")
 for f in ("decode_prefetch_avx2_t1", "decode_prefetch_avx2_t2", "decode_prefetch_sse4_t1",
           "decode_prefetch_avx2_smollm2_t2"):
     r = load(f"gemma/{f}.json")["ratios"][0]

@@ -6,7 +6,12 @@ are three alternating runs of each build's `bench_qmatvec --benchmark_filter='Ge
 layers and output matrix, one row of x; GemmaHead: the output matrix alone; _tN: N threads) the
 median wall time in ms of each build and new / old. Under "avx2_vs_avx3_dl": the new build
 at the avx2 level (bq_avx2_N.json) and at avx3_dl (bq_avx3dl_N.json, the AVX-512 kernels),
-GemmaStack only, alternating in a later run of 3; ratio avx3_dl / avx2.
+GemmaStack only, alternating in a later run of 3; ratio avx3_dl / avx2. Under
+"float_kernels_avx3_dl": the float-activation kernels (F32, F16, BF16, Q5_1, Q5_K), which
+prefetch at every level, at this host's own level (avx3_dl), one row of x, matrices of 1.3-5.2
+MB (`bench_qmatvec --benchmark_filter='run_fmt/simd/(F32|F16|BF16|Q5_1|Q5_K)/'
+--benchmark_min_time=0.3`, float_avx3dl/bq_{old,new}_N.json, 3 alternating runs): median CPU
+µs and new / old.
 Usage: python3 bench/results/qmatvec_prefetch_avx2/summarize.py"""
 import json
 import os
@@ -26,6 +31,8 @@ def name(n):
 def summarize():
     summ = results_summary.bench_ab(HERE, "real_time", "ms", name)
     summ["avx2_vs_avx3_dl"] = results_summary.bench_ab(HERE, "real_time", "ms", name, builds=("avx2", "avx3dl"))
+    summ["float_kernels_avx3_dl"] = results_summary.bench_ab(
+        os.path.join(HERE, "float_avx3dl"), "cpu_time", "us", lambda n: n.replace("run_fmt/simd/", "").replace("/", "_"))
     return summ
 
 
