@@ -1,37 +1,14 @@
 #!/usr/bin/env python3
 """bench/results/{glove,fashion,glove1m_flat}/results.json, their run2/ and run_before_encode/
 re-runs, glove/headline_{4,2}b.json (bench/search_vs_faiss.py, tq index eval), flat_encode_ab/
-and trellis_avx2/ (and qmatvec_f16c/, qmatvec_prefetch_avx2/ and the decode_prefetch_* runs of
-bench/results/gemma/, decode-kernel A/Bs, and gemma/speed_vs_llama_cpp_avx2_xeon*, Gemma beside
-llama.cpp at AVX2): the flat-index comparisons are well formed, and the statements BENCHMARKS.md
+and trellis_avx2/: the flat-index comparisons are well formed, and the statements BENCHMARKS.md
 ("Vector search index") makes about them hold for the saved numbers."""
-import importlib.util
 import json
 import os
 import statistics
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RES = os.path.join(ROOT, "bench", "results")
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what)
-
-
-def load(rel):
-    return json.load(open(os.path.join(RES, rel)))
-
-
-def summarize_module(name):
-    """bench/results/NAME/summarize.py as a module (each directory's has the same file name)."""
-    spec = importlib.util.spec_from_file_location(f"{name}_summarize", os.path.join(RES, name, "summarize.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from bench_results_lib import RES, check, finish, load, spread, summarize_module
 
 
 def rows(rel):
@@ -53,14 +30,6 @@ def rows(rel):
 def ratio(a, b, lo, hi, what):
     x = a / b
     check(lo <= x <= hi, f"{what}: {x:.2f} not in [{lo}, {hi}]")
-
-
-def spread(xs, lo, hi, what, med=None, digits=1):
-    """The text's "lo-hi" (and "median med") over the runs, to the digits it gives."""
-    xs = sorted(xs)
-    check(round(xs[0], digits) == lo and round(xs[-1], digits) == hi, f"{what}: {xs[0]:.3f}-{xs[-1]:.3f}, text {lo}-{hi}")
-    if med is not None:
-        check(round(xs[len(xs) // 2], digits) == med, f"{what}: median {xs[len(xs) // 2]:.3f}, text {med}")
 
 
 R1 = lambda r: r["recall_1_at_k"]["1"]  # noqa: E731
@@ -277,62 +246,4 @@ check(round(tf[TR4]["qps"]) == 166 and round(tf[RQ4]["qps"]) == 1489 and
       round(tf[DEF4 + " two-level"]["qps"]) == 1812, "trellis_avx2: Fashion QPS in the text")
 ratio(tf[TR4]["qps"], tf[RQ4]["qps"], 0.1, 0.12, "trellis_avx2: about a ninth at d = 784")
 
-# Not a search result, kept here with the other summarize.py checks: the decode kernels' fp16
-# scale A/B (71-weight-formats.md "fp16 block scales with F16C", design.md): summary.json is
-# summarize.py's; the Q8_0 kernel takes 0.74-0.76x the time ("a third more" before).
-qsum = summarize_module("qmatvec_f16c")
-qs = load("qmatvec_f16c/summary.json")
-check(qs == json.loads(json.dumps(qsum.summarize())), "qmatvec_f16c/summary.json is summarize.py's output")
-spread([qs["Q8_0_640x2048"]["ratio"], qs["Q8_0_2048x640"]["ratio"]], 0.74, 0.76, "qmatvec_f16c: Q8_0", digits=2)
-
-# The same for the Highway decode kernels' weight prefetch (71-weight-formats.md "Weight prefetch
-# in the AVX2 / SSE4 decode kernels"): summary.json is summarize.py's; the kernels take about
-# 0.57-0.76x the time; whole decode 1.3x or more as fast, prefill unchanged within the runs'
-# noise and order (0.9-1.1x); the order check (a build against itself) near 1; the AVX2 kernels
-# within 10% of the AVX-512 ones.
-psum = summarize_module("qmatvec_prefetch_avx2")
-ps = load("qmatvec_prefetch_avx2/summary.json")
-check(ps == json.loads(json.dumps(psum.summarize())), "qmatvec_prefetch_avx2/summary.json is summarize.py's output")
-check(all(0.55 <= ps[k]["ratio"] <= 0.77 for k in ("GemmaStack_t1", "GemmaStack_t2", "GemmaHead_t1", "GemmaHead_t2")),
-      "qmatvec_prefetch_avx2: kernels 0.55-0.77x the time")
-check(ps["GemmaStack_t1"]["old_ms"] > 1.8 * ps["avx2_vs_avx3_dl"]["GemmaStack_t1"]["avx3dl_ms"],
-      "qmatvec_prefetch_avx2: before, about twice the AVX-512 kernels' time")
-check(all(0.9 <= ps["avx2_vs_avx3_dl"][k]["ratio"] <= 1.0 for k in ("GemmaStack_t1", "GemmaStack_t2")),
-      "qmatvec_prefetch_avx2: after, avx2 within 10% of avx3_dl")
-fk = ps["float_kernels_avx3_dl"]
-check(len(fk) == 9 and all(0.95 <= v["ratio"] <= 1.05 for k, v in fk.items() if k.split("_")[0] in ("F32", "Q5")) and
-      all(0.75 <= v["ratio"] <= 0.8 for k, v in fk.items() if k.split("_")[0] in ("F16", "BF16")),
-      "qmatvec_prefetch_avx2: float kernels at avx3_dl no slower, F16 / BF16 faster")
-for f in ("decode_prefetch_avx2_t1", "decode_prefetch_avx2_t2", "decode_prefetch_sse4_t1",
-          "decode_prefetch_avx2_smollm2_t2"):
-    r = load(f"gemma/{f}.json")["ratios"][0]
-    check(r["decode_ratio_min"] > 1.3 and 0.9 < r["prefill_ratio_median"] < 1.1, f"{f}: decode >= 1.3x, prefill ~1 ({r})")
-rr = load("gemma/decode_prefetch_avx2_smollm2_t2_reversed.json")["ratios"][0]
-check(rr["decode_ratio_max"] < 1 / 1.3 and 0.95 < rr["prefill_ratio_median"] < 1.05, f"reversed order ({rr})")
-aa = load("gemma/decode_ab_order_aa_smollm2_t2.json")["ratios"][0]
-check(0.95 < aa["prefill_ratio_median"] < 1.05 and 0.95 < aa["decode_ratio_median"] < 1.05, f"A/A ({aa})")
-
-# Gemma 3 270M beside llama.cpp with both engines at AVX2 (73-architectures.md, README, results.md):
-# the two saved runs and the first run's printed lines; each engine at AVX2 only.
-runs = {}
-for f in ("speed_vs_llama_cpp_avx2_xeon", "speed_vs_llama_cpp_avx2_xeon_run3"):
-    j = load(f"gemma/{f}.json")
-    check("AVX512" not in j["llama_cpp_system_info"] and "AVX2 = 1" in j["llama_cpp_system_info"] and
-          j["tq_env"] == {"TQ_SIMD": "avx2", "OPENBLAS_CORETYPE": "Haswell"}, f"{f}: both engines at AVX2")
-    for r in j["speed_ratio"]:
-        runs.setdefault(r["context"], []).append((r["prefill_ratio_median"], r["decode_ratio_median"]))
-with open(os.path.join(RES, "gemma", "speed_vs_llama_cpp_avx2_xeon_first_run.log")) as f:
-    for line in f:
-        if line.startswith("tq / llama.cpp ctx"):
-            w = line.split()
-            runs.setdefault(int(w[4]), []).append((float(w[7].rstrip("x,")), float(w[9].rstrip("x"))))
-for ctx, pf, dc in ((512, (1.34, 1.39), (1.31, 1.55)), (4096, (1.21, 1.22), (1.39, 1.71))):
-    rs = runs.get(ctx, [])
-    check(len(rs) == 3, f"avx2 llama.cpp: three runs at {ctx}")
-    spread([p for p, _ in rs], pf[0], pf[1], f"avx2 llama.cpp: prefill at {ctx}", digits=2)
-    spread([d for _, d in rs], dc[0], dc[1], f"avx2 llama.cpp: decode at {ctx}", digits=2)
-
-if failures:
-    print(f"{len(failures)} statement(s) do not hold")
-    sys.exit(1)
-print("flat bench results: all statements hold")
+finish("flat bench results")
