@@ -27,6 +27,11 @@ def index_ab(rows, field, a="before", b="after"):
     return out
 
 
+def fmt_name(n):
+    """bench_qmatvec's run_fmt/simd/Q8_0/640x2048 -> Q8_0_640x2048 (a bench_ab key)."""
+    return n.replace("run_fmt/simd/", "").replace("/", "_")
+
+
 def bench_ab(here, field, unit, name, runs=3, builds=("old", "new")):
     """Per benchmark of Google Benchmark JSON runs bq_{build}_{i}.json (i = 1..runs, the builds
     alternating) in here, keyed by name(benchmark name): the runs each build had, the median

@@ -1,5 +1,6 @@
 """Helpers of the tests that check saved benchmark results against what BENCHMARKS.md says of
-them (tests/test_flat_bench_results.py, tests/test_model_bench_results.py): a failure list,
+them (tests/test_flat_bench_results.py, tests/test_model_bench_results.py,
+tests/test_ivf_bench_results.py): a failure list,
 loading under bench/results/, a directory's summarize.py as a module, the text's ranges."""
 import importlib.util
 import json

@@ -9,17 +9,11 @@ import os
 import statistics
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from bench_results_lib import ROOT, check, failures
+
 PATH = os.path.join(ROOT, "bench", "results", "ivf", "glove100k", "results.json")
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 from ivf_vs_faiss import qps_at  # noqa: E402  (numpy only; faiss is imported where it is used)
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what)
 
 
 j = json.load(open(PATH))

@@ -13,8 +13,7 @@ import results_summary  # noqa: E402
 
 
 def summarize():
-    return results_summary.bench_ab(HERE, "cpu_time", "us",
-                                    lambda n: n.replace("run_fmt/simd/", "").replace("/", "_"))
+    return results_summary.bench_ab(HERE, "cpu_time", "us", results_summary.fmt_name)
 
 
 if __name__ == "__main__":

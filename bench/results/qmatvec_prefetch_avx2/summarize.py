@@ -31,8 +31,8 @@ def name(n):
 def summarize():
     summ = results_summary.bench_ab(HERE, "real_time", "ms", name)
     summ["avx2_vs_avx3_dl"] = results_summary.bench_ab(HERE, "real_time", "ms", name, builds=("avx2", "avx3dl"))
-    summ["float_kernels_avx3_dl"] = results_summary.bench_ab(
-        os.path.join(HERE, "float_avx3dl"), "cpu_time", "us", lambda n: n.replace("run_fmt/simd/", "").replace("/", "_"))
+    summ["float_kernels_avx3_dl"] = results_summary.bench_ab(os.path.join(HERE, "float_avx3dl"), "cpu_time", "us",
+                                                             results_summary.fmt_name)
     return summ
 
 
