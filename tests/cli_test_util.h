@@ -26,9 +26,16 @@ struct RunResult {
   std::string out, err;
 };
 
+// The OPENBLAS_CORETYPE the user set (nullptr if none; tests/test_main.cpp may set one too).
+inline const char* user_blas_core() {
+  const char* c = ::getenv("OPENBLAS_CORETYPE");
+  return ::getenv("TQ_TEST_BLAS_SET") || !c || !*c ? nullptr : c;
+}
+
 // Runs `tq args...` (no shell: arguments passed verbatim) in cwd (or the current directory),
-// stdin from /dev/null, TQ_PROGRESS=progress (default "0": no progress output; nullptr: unset,
-// so tq picks by stderr, here a file), stdout and stderr captured through temp files.
+// with the user's OPENBLAS_CORETYPE (none if only tests/test_main.cpp set it), stdin from
+// /dev/null, TQ_PROGRESS=progress (default "0": no progress output; nullptr: unset, so tq
+// picks by stderr, here a file), stdout and stderr captured through temp files.
 inline RunResult run_tq(const std::vector<std::string>& args, const std::string& cwd = "",
                         const char* progress = "0") {
   static int counter = 0;
@@ -51,6 +58,10 @@ inline RunResult run_tq(const std::vector<std::string>& args, const std::string&
     const int in = ::open("/dev/null", O_RDONLY);
     if (in >= 0) ::dup2(in, 0);
     if (!cwd.empty() && ::chdir(cwd.c_str()) != 0) ::_exit(127);
+    if (::getenv("TQ_TEST_BLAS_SET")) {  // set by tests/test_main.cpp, not by the user: tq chooses
+      ::unsetenv("OPENBLAS_CORETYPE");
+      ::unsetenv("TQ_TEST_BLAS_SET");
+    }
     if (progress) ::setenv("TQ_PROGRESS", progress, 1);
     else ::unsetenv("TQ_PROGRESS");
     ::execv(argv[0], argv.data());

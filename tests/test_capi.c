@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "tq/tq.h"
 
@@ -33,6 +34,9 @@ static float frand(void) {
 static void test_errors(void) {
   tq_quantizer* q = NULL;
   CHECK(strcmp(tq_version(), "") != 0);
+  CHECK(tq_blas_core() != NULL && strlen(tq_blas_core()) > 0);
+  if (getenv("OPENBLAS_CORETYPE") && *getenv("OPENBLAS_CORETYPE")) /* OpenBLAS takes a set kernel set */
+    CHECK(strcasecmp(tq_blas_core(), getenv("OPENBLAS_CORETYPE")) == 0);
   CHECK(tq_quantizer_create("nope", 64, 4, NULL, 1, &q) == TQ_ERR_INVALID_ARGUMENT);
   CHECK(q == NULL);
   CHECK(strstr(tq_last_error(), "nope") != NULL); /* the library's message names the bad kind */

@@ -9,6 +9,9 @@
 #include <numeric>
 #include <vector>
 
+#include <strings.h>
+
+#include "common/blas_core.h"
 #include "tq/bitpack.h"
 #include "tq/codebook.h"
 #include "tq/common.h"
@@ -534,6 +537,29 @@ TEST(Simd, LevelsReachHighwayDispatch) {
   }
   tq::simd::set_level("auto");
   EXPECT_EQ(tq::simd::dispatched_target(), best);
+}
+
+// OpenBLAS's SSE3 Prescott fallback is replaced on CPUs with AVX2 (SkylakeX with AVX-512),
+// a kernel set OpenBLAS picked for the CPU is kept; the tests themselves never run on the
+// fallback where a better set exists (tests/test_main.cpp).
+TEST(Simd, BlasKernelsForTheCpu) {
+  __builtin_cpu_init();
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const char* want = avx512 ? "SkylakeX" : avx2 ? "Haswell" : nullptr;
+  for (const char* fallback : {"Prescott", "prescott"}) {
+    const char* got = tq::blas_core_for_cpu(fallback);
+    EXPECT_EQ(got ? std::string(got) : "", want ? std::string(want) : "") << fallback;
+  }
+  for (const char* picked : {"SkylakeX", "Haswell", "Zen", "Cooperlake", "Core2", ""})
+    EXPECT_EQ(tq::blas_core_for_cpu(picked), nullptr) << picked;
+  EXPECT_EQ(tq::blas_core_for_cpu(nullptr), nullptr);
+  const std::string running = tq::simd::blas_core();
+  EXPECT_FALSE(running.empty());
+  const char* forced = std::getenv("OPENBLAS_CORETYPE");
+  if (forced && *forced) EXPECT_EQ(strcasecmp(running.c_str(), forced), 0) << running << " vs " << forced;
+  else if (avx2) EXPECT_NE(strcasecmp(running.c_str(), "Prescott"), 0);
 }
 
 TEST(Errors, CheckedArithmetic) {

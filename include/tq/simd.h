@@ -20,6 +20,12 @@ bool use_scalar() noexcept;
 // The Highway target HWY_DYNAMIC_DISPATCH calls now, lower case (e.g. "avx2"); at level
 // "scalar" still the best one (the `_ref` kernels run instead of dispatching).
 std::string dispatched_target();
+// The kernel set OpenBLAS (which the float GEMMs of k-means, IVF, rotations and prefill call)
+// picked when it was loaded, in its own words (e.g. "SkylakeX", "Haswell", "Prescott"): float
+// summation order, hence results' last digits, and GEMM speed depend on it. It reads
+// OPENBLAS_CORETYPE when loaded; `tq` and the Python package set that variable when OpenBLAS
+// fell back to its SSE3 "Prescott" kernels on a CPU with AVX2 (docs/design.md).
+const char* blas_core() noexcept;
 
 // RAII: switch level for a scope (tests).
 class ScopedLevel {

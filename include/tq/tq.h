@@ -41,6 +41,13 @@ const char* tq_last_error(void);
 const char* tq_status_name(tq_status s);
 /* The library version, e.g. "0.3.0". */
 const char* tq_version(void);
+/* The kernel set OpenBLAS picked when it was loaded (e.g. "SkylakeX", "Haswell"). Never NULL.
+ * "Prescott" on a CPU with AVX2 means OpenBLAS did not know the CPU model and fell back to its
+ * SSE3 kernels: k-means, IVF and prefill GEMMs run several times slower. OpenBLAS reads
+ * OPENBLAS_CORETYPE only when it is loaded, so an embedding program sets it (SkylakeX on
+ * AVX-512, Haswell on AVX2) in the environment it starts with; `tq` and the Python package do
+ * that themselves. */
+const char* tq_blas_core(void);
 
 /* ---- codec: TurboQuant quantizers (tq/quantizer.h) ------------------------------------- */
 

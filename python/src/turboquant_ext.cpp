@@ -239,6 +239,10 @@ NB_MODULE(_turboquant, m) {
   nb::exception<tq::Error>(m, "Error", PyExc_ValueError);
   m.attr("__version__") = TQ_VERSION_STRING;
   m.def("simd_level", &tq::simd::current_level, "The SIMD level the kernels dispatch to (e.g. 'AVX3_DL').");
+  m.def("blas_core", []() { return std::string(tq::simd::blas_core()); },
+        "The kernel set OpenBLAS picked when it was loaded (e.g. 'SkylakeX'); float GEMMs (k-means, IVF, "
+        "prefill) run on it. 'Prescott' on a CPU with AVX2 means OpenBLAS did not know the CPU and the "
+        "package could not set OPENBLAS_CORETYPE before it loaded (see the package docstring).");
   m.def("kv_types", &tq::kv_type_names, "Names of the KV cache element formats (f16, q8_0, tq1..tq8, ...).");
 
   // ---- Codebook

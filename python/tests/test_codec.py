@@ -130,3 +130,32 @@ def test_encode_reads_arrays_in_place_and_empty_batches():
     assert q.encode(x).shape == (3, q.code_bytes)
     assert q.encode(np.zeros((0, 32), np.float32)).shape == (0, q.code_bytes)
     assert "Quantizer" in repr(q) and "Rotation" in repr(q.rotation) and "Codebook" in repr(q.codebook)
+
+
+def _blas_core_in_child(**env):
+    """blas_core() of a fresh interpreter importing the package with env over this one's
+    (without the OPENBLAS_CORETYPE that this process's import may have set)."""
+    import os
+    import subprocess
+    import sys
+
+    e = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "TQ_NO_REEXEC")}
+    e.update(env)
+    out = subprocess.run([sys.executable, "-c", "import turboquant; print(turboquant.blas_core())"],
+                         env=e, capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def test_blas_kernels():
+    """Importing the package never leaves OpenBLAS on its SSE3 Prescott fallback on a CPU with
+    AVX2 (it sets OPENBLAS_CORETYPE before the library loads, as tq does); a value the user set
+    is kept, and TQ_NO_REEXEC=1 leaves OpenBLAS's own choice."""
+    with open("/proc/cpuinfo") as f:
+        flags = set(next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), []))
+    assert _blas_core_in_child(OPENBLAS_CORETYPE="Haswell").lower() == "haswell"
+    got = _blas_core_in_child()
+    assert got
+    if {"avx2", "fma"} <= flags:
+        assert got.lower() != "prescott"
+    own = _blas_core_in_child(TQ_NO_REEXEC="1")
+    assert own and (own.lower() == got.lower() or own.lower() == "prescott")

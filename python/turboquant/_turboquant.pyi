@@ -15,6 +15,11 @@ class Error(ValueError):
 def simd_level() -> str:
     """The SIMD level the kernels dispatch to (e.g. 'AVX3_DL')."""
 
+def blas_core() -> str:
+    """
+    The kernel set OpenBLAS picked when it was loaded (e.g. 'SkylakeX'); float GEMMs (k-means, IVF, prefill) run on it. 'Prescott' on a CPU with AVX2 means OpenBLAS did not know the CPU and the package could not set OPENBLAS_CORETYPE before it loaded (see the package docstring).
+    """
+
 def kv_types() -> list[str]:
     """Names of the KV cache element formats (f16, q8_0, tq1..tq8, ...)."""
 

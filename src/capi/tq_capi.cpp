@@ -1,5 +1,6 @@
 // The C API (include/tq/tq.h): opaque handles over the C++ objects, every call wrapped so
 // that no exception crosses into C; a failure sets the thread-local last-error message.
+#include "tq/simd.h"
 #include "tq/tq.h"
 
 #include <cmath>
@@ -90,6 +91,7 @@ const char* tq_status_name(tq_status s) {
 }
 
 const char* tq_version(void) { return TQ_VERSION_STRING; }
+const char* tq_blas_core(void) { return tq::simd::blas_core(); }
 
 // ---- codec
 

@@ -98,6 +98,12 @@ std::string current_level() {
   return st.targets.empty() ? "scalar" : st.targets.front().first;
 }
 
+extern "C" char* openblas_get_corename(void);
+const char* blas_core() noexcept {
+  const char* c = openblas_get_corename();
+  return c ? c : "";
+}
+
 bool use_scalar() noexcept { return state().scalar.load(std::memory_order_relaxed); }
 
 ScopedLevel::ScopedLevel(const std::string& level) {

@@ -260,7 +260,8 @@ void setup(CLI::App& app) {
       const uint64_t fs = tq::file_size(o->output);
       if (o->json) {
         tq::cli::print_json({{"index", idx.describe()}, {"n", idx.size()}, {"dim", idx.dim()},
-                             {"nlist", idx.nlist()}, {"build_s", t}, {"bytes_per_vector", idx.code_bytes()},
+                             {"nlist", idx.nlist()}, {"build_s", t}, {"blas_core", tq::simd::blas_core()},
+                             {"bytes_per_vector", idx.code_bytes()},
                              {"disk_bytes_per_vector", idx.size() ? static_cast<double>(fs) / idx.size() : 0.0},
                              {"memory_bytes_per_vector", idx.memory_bytes_per_vector()},
                              {"file_bytes", fs}, {"output", o->output}});
@@ -590,7 +591,8 @@ void setup(CLI::App& app) {
       if (o->json) {
         nlohmann::json j = {{"index", f["search"]}, {"n", x.n}, {"nq", q.n}, {"dim", x.d},
                             {"bits", o->b.bits}, {"metric", o->b.metric}, {"threads", threads},
-                            {"simd", tq::simd::current_level()}, {"k", k}, {"k_max", K}, {"nlist", o->b.ivf},
+                            {"simd", tq::simd::current_level()}, {"blas_core", tq::simd::blas_core()},
+                            {"k", k}, {"k_max", K}, {"nlist", o->b.ivf},
                             {"nprobe", f["nprobe"]}, {"recall_1_at_k", f["recall_1_at_k"]},
                             {"recall_10_at_10", f["recall_10_at_10"]},
                             {"recall_10_at_10_search_k", f["recall_10_at_10_search_k"]},

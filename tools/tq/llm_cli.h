@@ -211,12 +211,12 @@ struct Loaded {
   LlamaModel model;
 };
 
-// OMP_WAIT_POLICY / GOMP_SPINCOUNT and OPENBLAS_CORETYPE for the model commands are set by the
-// launcher (tools/tq_launcher/main.cpp) before this module, libgomp and OpenBLAS are loaded.
-extern "C" char* openblas_get_corename(void);
+// OMP_WAIT_POLICY / GOMP_SPINCOUNT (model commands) and OPENBLAS_CORETYPE (every command) are
+// set by the launcher (tools/tq_launcher/main.cpp) before this module, libgomp and OpenBLAS
+// are loaded.
 // The kernel set OpenBLAS runs with (its own name for it), for the JSON of model commands:
 // float summation, hence results in their last digits, and prefill speed depend on it.
-inline std::string blas_core() { return openblas_get_corename(); }
+inline std::string blas_core() { return tq::simd::blas_core(); }
 // How prefill multiplies the weights of the integer-activation types (Q4_0, Q4_1, Q5_0, Q8_0,
 // Q4_K, Q6_K; every matrix of SmolLM2 and Gemma 3), for the same JSON: "int16 <level>" (the
 // integer GEMM of llm::qgemm on AVX-512 levels; blas_core does not matter for them) or

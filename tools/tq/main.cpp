@@ -15,9 +15,8 @@
 
 
 
-extern "C" char* openblas_get_corename(void);
 // For the launcher's probe (a child process): the kernel set OpenBLAS picked in this environment.
-extern "C" __attribute__((visibility("default"))) const char* tq_blas_core() { return openblas_get_corename(); }
+extern "C" __attribute__((visibility("default"))) const char* tq_cli_blas_core() { return tq::simd::blas_core(); }
 
 // The entry point the launcher (tools/tq_launcher) calls once the module is loaded.
 extern "C" __attribute__((visibility("default"))) int tq_cli_main(int argc, char** argv) {

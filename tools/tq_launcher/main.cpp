@@ -3,22 +3,21 @@
 // when they are loaded are in the environment. This executable links neither, so nothing has
 // read the environment yet when it sets them; the CLI does not re-execute itself.
 //
-// For the model commands (generate, perplexity, niah, logits, serve, calibrate, bench model /
-// attention), unless TQ_NO_REEXEC is set to something other than 0 (the settings as given):
-//  - OMP_WAIT_POLICY=passive with GOMP_SPINCOUNT=3000 (only when the user set neither): an idle
-//    OpenMP worker spins briefly (libgomp: 3000 polls, tens of microseconds), then sleeps.
-//    Decode forks and joins ~250 parallel regions per token; sleeping at once (passive, no
-//    spin) made 2-thread decode slower than 1 thread (63 vs 92 tok/s on a quiet machine, 512
-//    context), the short spin gives 141 tok/s; unbounded spinning (active) starved the working
-//    thread when other jobs shared the 2 cores (1.7 vs 10.2 tok/s). With a busy process on one
-//    of the 2 cores the short spin still loses to pure passive (44 vs 75 tok/s): set
-//    OMP_WAIT_POLICY=passive GOMP_SPINCOUNT=0 on an oversubscribed machine (docs/design.md).
-//  - OPENBLAS_CORETYPE: OpenBLAS (DYNAMIC_ARCH) picks kernels from the CPU model; on CPUs it
-//    does not know (VMs reporting a generic "Intel Xeon Processor") it may fall back to
-//    Prescott (SSE3) kernels: 12 GFLOPS vs 62 with its SkylakeX kernels, measured on such a VM.
-//    Unless the user set it, a child process (fork, no exec) loads the module and asks
-//    OpenBLAS which kernels it chose; on Prescott with AVX-512 (AVX2 + FMA) this process sets
-//    SkylakeX (Haswell) before loading the module itself.
+// Unless TQ_NO_REEXEC is set to something other than 0 (the settings as given):
+//  - for the model commands (generate, perplexity, niah, logits, serve, calibrate, bench model /
+//    attention), OMP_WAIT_POLICY=passive with GOMP_SPINCOUNT=3000 (only when the user set
+//    neither): an idle OpenMP worker spins briefly (libgomp: 3000 polls, tens of microseconds),
+//    then sleeps. Decode forks and joins ~250 parallel regions per token; sleeping at once
+//    (passive, no spin) made 2-thread decode slower than 1 thread (63 vs 92 tok/s on a quiet
+//    machine, 512 context), the short spin gives 141 tok/s; unbounded spinning (active) starved
+//    the working thread when other jobs shared the 2 cores (1.7 vs 10.2 tok/s). With a busy
+//    process on one of the 2 cores the short spin still loses to pure passive (44 vs 75 tok/s):
+//    set OMP_WAIT_POLICY=passive GOMP_SPINCOUNT=0 on an oversubscribed machine (docs/design.md).
+//  - for every command, OPENBLAS_CORETYPE (src/common/blas_core.h): OpenBLAS picks kernels from
+//    the CPU model and on models it does not know falls back to its Prescott (SSE3) kernels.
+//    Unless the user set it, a child process (fork, no exec) loads the module and asks OpenBLAS
+//    which kernels it chose; on Prescott with AVX-512 (AVX2 + FMA) this process sets SkylakeX
+//    (Haswell) before loading the module itself. The probe costs about 13 ms per run.
 #include <dlfcn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -28,6 +27,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+
+#include "common/blas_core.h"
 
 namespace {
 
@@ -80,7 +81,7 @@ std::string blas_core_of_child(const std::string& dir) {
   if (pid == 0) {
     close(fd[0]);
     if (void* h = load_cli(dir, nullptr))
-      if (auto core = reinterpret_cast<const char* (*)()>(dlsym(h, "tq_blas_core"))) {
+      if (auto core = reinterpret_cast<const char* (*)()>(dlsym(h, "tq_cli_blas_core"))) {
         const char* c = core();
         if (c && write(fd[1], c, strlen(c)) < 0) _exit(1);
       }
@@ -96,27 +97,23 @@ std::string blas_core_of_child(const std::string& dir) {
   return out;
 }
 
-void set_runtime_env(const std::string& dir) {
+void set_runtime_env(const std::string& dir, bool model) {
   if (const char* no = std::getenv("TQ_NO_REEXEC"); no && *no && std::strcmp(no, "0") != 0) return;
-  if (!std::getenv("OMP_WAIT_POLICY") && !std::getenv("GOMP_SPINCOUNT")) {
+  if (model && !std::getenv("OMP_WAIT_POLICY") && !std::getenv("GOMP_SPINCOUNT")) {
     setenv("OMP_WAIT_POLICY", "passive", 1);
     setenv("GOMP_SPINCOUNT", "3000", 1);
   }
   if (std::getenv("OPENBLAS_CORETYPE")) return;
   __builtin_cpu_init();
-  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (!avx512 && !avx2) return;
-  const std::string core = blas_core_of_child(dir);
-  if (core == "Prescott" || core == "prescott") setenv("OPENBLAS_CORETYPE", avx512 ? "SkylakeX" : "Haswell", 1);
+  if (!__builtin_cpu_supports("avx2")) return;  // nothing better to ask for
+  if (const char* core = tq::blas_core_for_cpu(blas_core_of_child(dir).c_str())) setenv("OPENBLAS_CORETYPE", core, 1);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string dir = exe_dir();
-  if (model_command(argc, argv)) set_runtime_env(dir);
+  set_runtime_env(dir, model_command(argc, argv));
   std::string err;
   void* h = load_cli(dir, &err);
   auto cli_main = h ? reinterpret_cast<int (*)(int, char**)>(dlsym(h, "tq_cli_main")) : nullptr;

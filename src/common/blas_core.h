@@ -1,0 +1,29 @@
+// Which OpenBLAS kernel set to ask for on this CPU. OpenBLAS (Debian's 0.3.21, built with
+// DYNAMIC_ARCH) picks its kernels from the CPU model when it is loaded; on models it does not
+// know (a VM reporting a generic "Intel Xeon Processor", or CPUs newer than the library) it
+// falls back to its SSE3 "Prescott" kernels: sgemm at 12 GFLOPS where its SkylakeX kernels
+// reach 62 on the same VM, and an IVF build of GloVe 100k (k-means, nlist 1024) takes 2.8x the
+// time. The variable it reads, OPENBLAS_CORETYPE, must be set before it loads, so the callers
+// ask a process that has loaded it (tools/tq_launcher: a forked child; tests/test_main.cpp:
+// itself, then re-executes; python/turboquant/__init__.py: a subprocess) and set the variable
+// this returns. Header-only: the launcher links neither OpenBLAS nor the library.
+#pragma once
+
+#include <strings.h>
+
+namespace tq {
+
+// The OPENBLAS_CORETYPE to set when OpenBLAS picked `detected` on this CPU, or nullptr to keep
+// its choice: only the Prescott fallback on a CPU with AVX-512 (F, BW, VL, DQ: "SkylakeX") or
+// AVX2 with FMA ("Haswell") is replaced.
+inline const char* blas_core_for_cpu(const char* detected) {
+  if (!detected || strcasecmp(detected, "Prescott") != 0) return nullptr;
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+    return "SkylakeX";
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+  return nullptr;
+}
+
+}  // namespace tq
