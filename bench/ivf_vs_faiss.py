@@ -5,10 +5,11 @@ threads, in the same run; memory per vector, build time, and the load time of a 
 (memory-mapped) tq index.
 
 Not a build dependency and not in CI. Setup: bash scripts/bench-search-setup.sh
-Run:  bash scripts/bench-ivf.sh [glove|glove1m] [out dir]      (the wrapper), or
+Run:  bash scripts/bench-ivf.sh [glove|glove1m|fashion|fashion1m] [out dir]      (the wrapper), or
       python bench/ivf_vs_faiss.py --dataset glove --threads 2 --tq build/tq --out bench/results/ivf/glove100k
 Datasets: those of bench/search_vs_faiss.py (glove: the 100k GloVe set; glove1m: the GloVe
-base replicated 10x with Gaussian noise, named as what it is).
+base replicated 10x with Gaussian noise, named as what it is; fashion1m: 1M vectors at d = 784,
+Fashion-MNIST's images and mixes of two).
 Writes <out>/results.json (every curve point, with its command or parameters) and
 <out>/recall_qps.png.
 """
@@ -174,7 +175,7 @@ def write_md(out, path):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dataset", default="glove", choices=["glove", "glove1m", "fashion"])
+    ap.add_argument("--dataset", default="glove", choices=["glove", "glove1m", "fashion", "fashion1m"])
     ap.add_argument("--glove-dir", default=os.path.join(os.path.dirname(REPO), "shared", "data", "glove100"),
                     help="the GloVe-100 files (as in bench/search_vs_faiss.py)")
     ap.add_argument("--nq", type=int, default=1000)

@@ -11,6 +11,10 @@ Datasets:
             as queries, L2; exact ground truth computed here with faiss.IndexFlatL2)
   glove1m   the GloVe base replicated 10x with small Gaussian perturbations (1M vectors,
             cosine; exact ground truth for --nq queries computed here with IndexFlatIP)
+  fashion1m 1M vectors at d = 784 (L2): the 60k Fashion-MNIST train images, then 940k mixes
+            t a + (1 - t) b of two random train images, t ~ U(0.5, 1) (seed 2026), so the
+            neighbours form a continuum rather than clusters of copies; the test images as
+            queries; exact ground truth for --nq queries computed here with IndexFlatL2
 --pad-dim D appends zeros to base and queries up to D dimensions (same neighbours, same
 cosines and distances): rabitqlib pads every vector to a multiple of 64 dimensions and codes
 each padded coordinate with --bits bits, so on GloVe-100 its 4 bits are 4 x 128 code bits per
@@ -115,6 +119,31 @@ def load_dataset(args):
             write_vecs(gp, exact_gt(normalize(xb), normalize(xq), "ip", 100, args.threads))
         xb, xq = read_vecs(bp, np.float32), read_vecs(qp, np.float32)
         return dict(name="GloVe-100 x10 (1M, perturbed)", metric="cosine", base_path=bp, query_path=qp,
+                    gt_path=gp, xb=xb, xq=xq, gt=read_vecs(gp, np.int32))
+    if args.dataset == "fashion1m":
+        fdir = os.path.join(REPO, "data", "fashion-mnist")
+        bp = os.path.join(cache, "fashion1m_base.fvecs")
+        qp = os.path.join(cache, f"fashion1m_q{args.nq}.fvecs")
+        gp = os.path.join(cache, f"fashion1m_gt{args.nq}.ivecs")
+        if not os.path.exists(gp):
+            if not os.path.exists(os.path.join(fdir, "train.bvecs")):
+                sys.exit("run scripts/fetch-fashion-mnist.sh first")
+            x = read_vecs(os.path.join(fdir, "train.bvecs"), np.uint8).astype(np.float32)
+            rng = np.random.default_rng(2026)
+            n_mix = 1_000_000 - len(x)
+            xb = np.empty((1_000_000, x.shape[1]), dtype=np.float32)
+            xb[:len(x)] = x
+            for s in range(0, n_mix, 100_000):  # in slices: the whole at once needs 3x the memory
+                m = min(100_000, n_mix - s)
+                a, b = rng.integers(0, len(x), m), rng.integers(0, len(x), m)
+                t = rng.uniform(0.5, 1.0, (m, 1)).astype(np.float32)
+                xb[len(x) + s:len(x) + s + m] = t * x[a] + (1 - t) * x[b]
+            write_vecs(bp, xb)
+            xq = read_vecs(os.path.join(fdir, "test.bvecs"), np.uint8).astype(np.float32)[:args.nq]
+            write_vecs(qp, xq)
+            write_vecs(gp, exact_gt(xb, xq, "l2", 100, args.threads))
+        xb, xq = read_vecs(bp, np.float32), read_vecs(qp, np.float32)
+        return dict(name="Fashion-MNIST 60k + 940k mixes (1M)", metric="l2", base_path=bp, query_path=qp,
                     gt_path=gp, xb=xb, xq=xq, gt=read_vecs(gp, np.int32))
     sys.exit(f"unknown dataset {args.dataset}")
 
@@ -362,7 +391,7 @@ def write_report(args, ds, res):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dataset", default="glove", choices=["glove", "fashion", "glove1m"])
+    ap.add_argument("--dataset", default="glove", choices=["glove", "fashion", "glove1m", "fashion1m"])
     ap.add_argument("--glove-dir", default=os.path.join(os.path.dirname(REPO), "shared", "data", "glove100"))
     ap.add_argument("--tq", default=os.path.join(REPO, "build", "tq"))
     ap.add_argument("--build-reps", type=int, default=0,

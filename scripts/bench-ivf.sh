@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # IVF comparison (not in CI): tq IVF vs FAISS IVF-RaBitQ, IVF-PQ fast scan and HNSW, same run,
 # same threads. Needs the bench venv (scripts/bench-search-setup.sh) and a Release build/tq.
-# Usage: bash scripts/bench-ivf.sh [glove|glove1m] [out-dir] [extra args for bench/ivf_vs_faiss.py]
+# Usage: bash scripts/bench-ivf.sh [glove|glove1m|fashion|fashion1m] [out-dir] [extra args for bench/ivf_vs_faiss.py]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DS=${1:-glove}

@@ -47,6 +47,8 @@ def _choose_blas_kernels():
         want = "Haswell"
     else:
         return
+    if not os.path.basename(sys.executable or "").startswith("python"):
+        return  # an embedding program: nothing to run the probe with
     import subprocess
 
     probe = ("import ctypes; f = ctypes.CDLL('libopenblas.so.0').openblas_get_corename; "
