@@ -2,11 +2,14 @@
 // DYNAMIC_ARCH) picks its kernels from the CPU model when it is loaded; on models it does not
 // know (a VM reporting a generic "Intel Xeon Processor", or CPUs newer than the library) it
 // falls back to its SSE3 "Prescott" kernels: sgemm at 12 GFLOPS where its SkylakeX kernels
-// reach 62 on the same VM, and an IVF build of GloVe 100k (k-means, nlist 1024) takes 2.8x the
-// time. The variable it reads, OPENBLAS_CORETYPE, must be set before it loads, so the callers
-// ask a process that has loaded it (tools/tq_launcher: a forked child; tests/test_main.cpp:
-// itself, then re-executes; python/turboquant/__init__.py: a subprocess) and set the variable
-// this returns. Header-only: the launcher links neither OpenBLAS nor the library.
+// reach 62 on the same VM, and an IVF build (k-means, nlist 1024) of GloVe 100k or
+// Fashion-MNIST takes 3-4x the time (BENCHMARKS.md, "OpenBLAS's kernels for the index
+// commands"). The variable it reads, OPENBLAS_CORETYPE, must be set before it loads, so the
+// callers ask a process that has loaded it (tools/tq_launcher: a forked child;
+// tests/test_main.cpp: itself, then re-executes; python/turboquant/__init__.py: a subprocess)
+// and set the variable this returns. Header-only: the launcher links neither OpenBLAS nor the
+// library.
+
 #pragma once
 
 #include <strings.h>
