@@ -22,9 +22,11 @@
 #include <string>
 #include <vector>
 
+#include "common/blas_core.h"
 #include "tq/common.h"
 #include "tq/kv_cache.h"
 #include "tq/kv_spec.h"
+#include "tq/simd.h"
 
 namespace {
 double wall_s() {
@@ -42,6 +44,7 @@ double median(std::vector<double> x) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  tq::rerun_with_blas_kernels(argv, tq::simd::blas_core());  // the OpenBLAS kernels tq runs on
   if (argc != 8 && argc != 9) {
     std::fprintf(stderr, "usage: %s SPEC CONTEXT QUERIES STEPS KERNEL THREADS SLIDING_WINDOW [FLUSH_MB]\n", argv[0]);
     return 2;

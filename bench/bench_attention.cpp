@@ -12,9 +12,11 @@
 #include <tuple>
 #include <vector>
 
+#include "bench_main.h"
 #include "tq/common.h"
 #include "tq/kv_cache.h"
 #include "tq/kv_spec.h"
+#include "tq/simd.h"
 
 namespace {
 
@@ -130,8 +132,5 @@ void register_all() {
 
 int main(int argc, char** argv) {
   register_all();
-  benchmark::Initialize(&argc, argv);
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
+  return run_benchmarks(argc, argv);
 }

@@ -4,8 +4,10 @@
 
 #include <vector>
 
+#include "bench_main.h"
 #include "tq/distortion.h"
 #include "tq/quantizer.h"
+#include "tq/simd.h"
 
 namespace {
 
@@ -64,4 +66,4 @@ BENCHMARK(BM_Score)->Apply(Args);
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) { return run_benchmarks(argc, argv); }

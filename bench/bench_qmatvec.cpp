@@ -15,6 +15,7 @@
 #include <tuple>
 #include <vector>
 
+#include "bench_main.h"
 #include "llm/qmatvec.h"
 #include "tq/common.h"
 #include "tq/gguf.h"
@@ -323,4 +324,4 @@ BENCHMARK(run_quantize_x16)->Name("QuantizeX16_2048")->Arg(0)->Arg(1)->Unit(benc
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) { return run_benchmarks(argc, argv); }

@@ -559,7 +559,9 @@ TEST(Simd, BlasKernelsForTheCpu) {
   EXPECT_FALSE(running.empty());
   const char* forced = std::getenv("OPENBLAS_CORETYPE");
   if (forced && *forced) EXPECT_EQ(strcasecmp(running.c_str(), forced), 0) << running << " vs " << forced;
-  else if (avx2) EXPECT_NE(strcasecmp(running.c_str(), "Prescott"), 0);
+  else if (avx2 && !(std::getenv("TQ_NO_REEXEC") && std::strcmp(std::getenv("TQ_NO_REEXEC"), "0") != 0 &&
+                     *std::getenv("TQ_NO_REEXEC")))
+    EXPECT_NE(strcasecmp(running.c_str(), "Prescott"), 0);
 }
 
 TEST(Errors, CheckedArithmetic) {

@@ -8,9 +8,12 @@
 #include <cstdlib>
 #include <set>
 #include <vector>
+#include "common/blas_core.h"
 #include "tq/index.h"
 #include "tq/vecs.h"
+#include "tq/simd.h"
 int main(int argc, char** argv) {
+  tq::rerun_with_blas_kernels(argv, tq::simd::blas_core());  // the OpenBLAS kernels tq runs on
   if (argc != 8) {
     std::fprintf(stderr, "usage: %s INDEX QUERIES GT NPROBE RERANK THREADS REPS\n", argv[0]);
     return 2;

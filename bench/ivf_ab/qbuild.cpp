@@ -7,9 +7,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <omp.h>
+#include "common/blas_core.h"
 #include "tq/index.h"
 #include "tq/vecs.h"
+#include "tq/simd.h"
 int main(int argc, char** argv) {
+  tq::rerun_with_blas_kernels(argv, tq::simd::blas_core());  // the OpenBLAS kernels tq runs on
   if (argc != 6 && argc != 7) {
     std::fprintf(stderr, "usage: %s BASE N NLIST KMEANS_ITERS THREADS [OUT.tqi]\n", argv[0]);
     return 2;

@@ -13,10 +13,13 @@
 #include <set>
 #include <string>
 #include <vector>
+#include "common/blas_core.h"
 #include "search/index_internal.h"
 #include "tq/index.h"
 #include "tq/vecs.h"
+#include "tq/simd.h"
 int main(int argc, char** argv) {
+  tq::rerun_with_blas_kernels(argv, tq::simd::blas_core());  // the OpenBLAS kernels tq runs on
   if (argc < 9) {
     std::fprintf(stderr, "usage: qorder INDEX QUERIES GT NPROBE RERANK THREADS REPS BATCH [ORDERS]\n");
     return 2;

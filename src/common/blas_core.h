@@ -7,12 +7,18 @@
 // commands"). The variable it reads, OPENBLAS_CORETYPE, must be set before it loads, so the
 // callers ask a process that has loaded it (tools/tq_launcher: a forked child;
 // tests/test_main.cpp: itself, then re-executes; python/turboquant/__init__.py: a subprocess)
-// and set the variable this returns. Header-only: the launcher links neither OpenBLAS nor the
-// library.
+// and set the variable this returns; the test and benchmark binaries, which link OpenBLAS, run
+// themselves again (rerun_with_blas_kernels). Header-only: the launcher links neither OpenBLAS
+// nor the library.
 
 #pragma once
 
 #include <strings.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 namespace tq {
 
@@ -27,6 +33,22 @@ inline const char* blas_core_for_cpu(const char* detected) {
     return "SkylakeX";
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
   return nullptr;
+}
+
+// For a program that links OpenBLAS, given the kernel set it picked (tq::simd::blas_core()):
+// unless OPENBLAS_CORETYPE or TQ_NO_REEXEC (other than 0) is set, when blas_core_for_cpu names a
+// better set, sets OPENBLAS_CORETYPE to it (and `marker`, when given, to the same) and executes
+// the program again with the same arguments. Returns when there is nothing to do, or when the
+// exec failed (said on stderr; the run goes on with the kernels it has).
+inline void rerun_with_blas_kernels(char** argv, const char* picked, const char* marker = nullptr) {
+  if (const char* no = std::getenv("TQ_NO_REEXEC"); no && *no && std::strcmp(no, "0") != 0) return;
+  if (std::getenv("OPENBLAS_CORETYPE")) return;
+  const char* core = blas_core_for_cpu(picked);
+  if (!core) return;
+  setenv("OPENBLAS_CORETYPE", core, 1);
+  if (marker) setenv(marker, core, 1);
+  execv("/proc/self/exe", argv);
+  std::fprintf(stderr, "%s: could not run again with OPENBLAS_CORETYPE=%s; OpenBLAS runs %s\n", argv[0], core, picked);
 }
 
 }  // namespace tq
