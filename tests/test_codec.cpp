@@ -559,8 +559,7 @@ TEST(Simd, BlasKernelsForTheCpu) {
   EXPECT_FALSE(running.empty());
   const char* forced = std::getenv("OPENBLAS_CORETYPE");
   if (forced && *forced) EXPECT_EQ(strcasecmp(running.c_str(), forced), 0) << running << " vs " << forced;
-  else if (avx2 && !(std::getenv("TQ_NO_REEXEC") && std::strcmp(std::getenv("TQ_NO_REEXEC"), "0") != 0 &&
-                     *std::getenv("TQ_NO_REEXEC")))
+  else if (avx2 && !tq::env_as_given())
     EXPECT_NE(strcasecmp(running.c_str(), "Prescott"), 0);
 }
 

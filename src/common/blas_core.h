@@ -35,14 +35,20 @@ inline const char* blas_core_for_cpu(const char* detected) {
   return nullptr;
 }
 
+// True when TQ_NO_REEXEC is set to something other than 0: the environment stays as the user
+// gave it (no OPENBLAS_CORETYPE chosen, no run again; the launcher's OpenMP settings neither).
+inline bool env_as_given() {
+  const char* no = std::getenv("TQ_NO_REEXEC");
+  return no && *no && std::strcmp(no, "0") != 0;
+}
+
 // For a program that links OpenBLAS, given the kernel set it picked (tq::simd::blas_core()):
-// unless OPENBLAS_CORETYPE or TQ_NO_REEXEC (other than 0) is set, when blas_core_for_cpu names a
+// unless OPENBLAS_CORETYPE is set or env_as_given(), when blas_core_for_cpu names a
 // better set, sets OPENBLAS_CORETYPE to it (and `marker`, when given, to the same) and executes
 // the program again with the same arguments. Returns when there is nothing to do, or when the
 // exec failed (said on stderr; the run goes on with the kernels it has).
 inline void rerun_with_blas_kernels(char** argv, const char* picked, const char* marker = nullptr) {
-  if (const char* no = std::getenv("TQ_NO_REEXEC"); no && *no && std::strcmp(no, "0") != 0) return;
-  if (std::getenv("OPENBLAS_CORETYPE")) return;
+  if (env_as_given() || std::getenv("OPENBLAS_CORETYPE")) return;
   const char* core = blas_core_for_cpu(picked);
   if (!core) return;
   setenv("OPENBLAS_CORETYPE", core, 1);

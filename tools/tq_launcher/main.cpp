@@ -98,14 +98,13 @@ std::string blas_core_of_child(const std::string& dir) {
 }
 
 void set_runtime_env(const std::string& dir, bool model) {
-  if (const char* no = std::getenv("TQ_NO_REEXEC"); no && *no && std::strcmp(no, "0") != 0) return;
+  if (tq::env_as_given()) return;
   if (model && !std::getenv("OMP_WAIT_POLICY") && !std::getenv("GOMP_SPINCOUNT")) {
     setenv("OMP_WAIT_POLICY", "passive", 1);
     setenv("GOMP_SPINCOUNT", "3000", 1);
   }
-  if (std::getenv("OPENBLAS_CORETYPE")) return;
-  __builtin_cpu_init();
-  if (!__builtin_cpu_supports("avx2")) return;  // nothing better to ask for
+  // The probe only where the fallback would be replaced: a CPU with AVX2 and FMA.
+  if (std::getenv("OPENBLAS_CORETYPE") || !tq::blas_core_for_cpu("Prescott")) return;
   if (const char* core = tq::blas_core_for_cpu(blas_core_of_child(dir).c_str())) setenv("OPENBLAS_CORETYPE", core, 1);
 }
 
