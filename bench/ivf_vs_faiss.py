@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Recall-QPS curves: tq IVF (tq index eval --ivf --nprobe sweep) against FAISS IndexIVFRaBitQ,
-IndexIVFRaBitQFastScan, IndexIVFPQFastScan and IndexHNSWFlat, on the same data, the same
+IndexIVFRaBitQFastScan, IndexIVFPQFastScan and IndexHNSWFlat, and rabitqlib's IvfIndex (RaBitQ's
+reference implementation, on FAISS's coarse k-means), on the same data, the same
 threads, in the same run; memory per vector, build time, and the load time of a saved
 (memory-mapped) tq index.
 
@@ -14,6 +15,7 @@ Writes <out>/results.json (every curve point, with its command or parameters) an
 <out>/recall_qps.png.
 """
 import argparse
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -21,9 +23,14 @@ import sys
 import tempfile
 import time
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import blas_env  # noqa: E402
+
+if __name__ == "__main__":
+    blas_env.rerun_with_blas_kernels()  # before numpy or faiss loads an OpenBLAS
+
+import numpy as np  # noqa: E402
+
 import search_vs_faiss as svf  # noqa: E402  (data loading, ground truth, recall helpers)
 
 REPO = svf.REPO
@@ -130,6 +137,43 @@ def faiss_curve(args, ds, label, family, make, sweep, set_param, bytes_per_vecto
     return cur
 
 
+def rabitqlib_curve(args, ds, nlist, bits, cents, km_s, sweep):
+    """rabitqlib's own IVF (IvfIndex, nlist clusters) on the given coarse centroids: each vector
+    goes to its nearest centroid (l2; inner product for cosine, on normalised data, as FAISS's IVF
+    quantizer assigns), the assignment timed and added to km_s. B/vector: rabitqlib's saved file / n."""
+    import faiss
+    import rabitqlib
+    faiss.omp_set_num_threads(args.threads)
+    xb, xq = faiss_data(ds)
+    n, d = xb.shape
+    cos = ds["metric"] == "cosine"
+    t0 = time.perf_counter()
+    qz = faiss.IndexFlatIP(d) if cos else faiss.IndexFlatL2(d)
+    qz.add(cents)
+    _, assign = qz.search(xb, 1)
+    ix = rabitqlib.IvfIndex(d, n, nlist, int(bits), "ip" if cos else "l2")
+    ix.build(xb, cents, assign[:, 0].astype(np.uint32), num_threads=args.threads)
+    build = time.perf_counter() - t0 + km_s
+    pts = []
+    for v in sweep:
+        res, ts = svf.timed_search(lambda q, v=v: ix.search(q, 10, v, num_threads=args.threads), xq, args.reps)
+        ids = np.asarray(res[1] if isinstance(res, tuple) and len(res) > 1 else res)
+        if ids.dtype.kind == "f":  # (ids, dists) order varies by version: pick the integer array
+            ids = np.asarray(res[0])
+        ids = ids.astype(np.int64)
+        pts.append(dict(param=f"{v}", qps=len(xq) / ts, recall_10_at_10=r10_of(ids, ds["gt"]),
+                        recall_1_at_1=float(np.mean(ids[:, 0] == ds["gt"][:, 0]))))
+    with tempfile.TemporaryDirectory(dir=os.path.join(REPO, "data", "bench")) as td:
+        f = os.path.join(td, "rabitqlib.ivf")
+        ix.save(f)
+        bpv = os.path.getsize(f) / n
+    label = f"rabitqlib IVF{nlist} {bits:g}b"
+    print(f"  {label}: build {build:.1f}s (k-means {km_s:.1f}s included)", file=sys.stderr, flush=True)
+    return dict(method=label, family="rabitqlib-ivf", build_s=build, kmeans_s=km_s, memory_bytes_per_vector=bpv,
+                bytes_note="rabitqlib's saved file / n", initializer=ix.initializer, points=pts,
+                cmd="rabitqlib " + importlib.metadata.version("rabitqlib"), load_avg_after=os.getloadavg())
+
+
 def qps_at(points, target):
     """QPS at recall target by linear interpolation between the two bracketing points."""
     pts = sorted(points, key=lambda p: p["recall_10_at_10"])
@@ -148,7 +192,9 @@ def write_md(out, path):
     and the interpolated QPS at a few recalls, from results.json."""
     res = out["results"]
     lines = [f"{out['dataset']}, n={out['n']}, nq={out['nq']}, metric={out['metric']}, threads={out['threads']}, "
-             f"nlist={out['nlist']}, faiss {out['faiss']}, load average at the end {out.get('load_avg_end', '?')}", "",
+             f"nlist={out['nlist']}, faiss {out['faiss']}"
+             + (f" (OpenBLAS {out['faiss_blas_core']})" if out.get("faiss_blas_core") else "")
+             + f", load average at the end {out.get('load_avg_end', '?')}", "",
              "| method | B/vector in memory | build s (wall) | QPS at R10@10 = 0.9 | points (param: R10@10 / QPS) |",
              "|---|---|---|---|---|"]
     for r in res:
@@ -206,7 +252,8 @@ def main():
     ap.add_argument("--hnsw-m", type=int, default=32)
     ap.add_argument("--hnsw-efc", type=int, default=40, help="HNSW efConstruction (FAISS's default 40)")
     ap.add_argument("--ef", type=lambda s: [int(v) for v in s.split(",")], default=[10, 16, 32, 64, 128, 256])
-    ap.add_argument("--skip", default="", help="comma list of families to skip: hnsw,ivfpq,ivfrabitq,ivfrabitqfs")
+    ap.add_argument("--skip", default="",
+                    help="comma list of families to skip: hnsw,ivfpq,ivfrabitq,ivfrabitqfs,rabitqlib")
     ap.add_argument("--out", required=True)
     ap.add_argument("--md-only", action="store_true", help="only rewrite <out>/results.md from <out>/results.json")
     args = ap.parse_args()
@@ -297,6 +344,18 @@ def main():
                                                f"faiss-ivfpqfs-refine-sq{sb}", lambda dd, qt=qt: mk_refine_sq(dd, qt),
                                                nprobe, set_nprobe_refine, m * 4 / 8 + 8 + d * sb / 8, cur["build_s"]))
                 del base
+        if "rabitqlib" not in skip:
+            try:
+                import rabitqlib  # noqa: F401
+            except ImportError:
+                print("  rabitqlib missing (scripts/bench-search-setup.sh installs it): its IVF skipped",
+                      file=sys.stderr)
+            else:
+                if args.shared_kmeans:
+                    rc, rk = cents, km_s
+                else:  # its own k-means, FAISS's, as the shared one would be
+                    rc, rk = faiss_kmeans(args, ds, nlist)
+                res.append(rabitqlib_curve(args, ds, nlist, bi, rc, rk, nprobe))
     if "hnsw" not in skip:
         def set_ef(ix, v):
             ix.hnsw.efSearch = v
@@ -315,7 +374,8 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     out = dict(dataset=ds["name"], n=n, nq=len(ds["xq"]), dim=d, metric=ds["metric"], threads=args.threads,
                nlist=nlist, shared_kmeans_s=km_s if args.shared_kmeans else None,
-               load_avg=os.getloadavg(), argv=sys.argv[1:], date=time.strftime("%Y-%m-%d %H:%M"), faiss=faiss.__version__, results=res,
+               load_avg=os.getloadavg(), argv=sys.argv[1:], date=time.strftime("%Y-%m-%d %H:%M"), faiss=faiss.__version__,
+               faiss_blas_core=blas_env.faiss_blas_core(), results=res,
                tq_load=load, summary=summary)
     out["load_avg_end"] = os.getloadavg()
     with open(os.path.join(args.out, "results.json"), "w") as f:

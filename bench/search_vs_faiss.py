@@ -30,7 +30,13 @@ import subprocess
 import sys
 import time
 
-import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import blas_env  # noqa: E402
+
+if __name__ == "__main__":
+    blas_env.rerun_with_blas_kernels()  # before numpy or faiss loads an OpenBLAS
+
+import numpy as np  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KS = [1, 2, 4, 8, 16, 32, 64]
@@ -324,12 +330,13 @@ def write_report(args, ds, res):
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(dict(dataset=ds["name"], n=len(ds["xb"]), d=ds["xb"].shape[1], nq=len(ds["xq"]), threads=args.threads,
-                       date=time.strftime("%Y-%m-%d"), results=res), f, indent=1)
+                       date=time.strftime("%Y-%m-%d"), faiss_blas_core=blas_env.faiss_blas_core(), results=res), f, indent=1)
     import faiss
     simd = sorted({r["simd"] for r in res if r.get("simd")})
     lines = [f"Dataset: {ds['name']}, n={len(ds['xb'])}, nq={len(ds['xq'])}, metric={ds['metric']}, "
              f"threads={args.threads}, date {time.strftime('%Y-%m-%d')}; tq SIMD {'/'.join(simd) or '-'}, "
-             f"faiss {faiss.__version__} ({faiss.get_compile_options().strip()}); QPS: median of "
+             f"faiss {faiss.__version__} ({faiss.get_compile_options().strip()}, OpenBLAS {blas_env.faiss_blas_core()}); "
+             f"QPS: median of "
              f"{args.reps} (tq) and {args.faiss_reps} (FAISS, rabitqlib) searches", "",
              "| method | bits/dim | code bits/vec | bytes/vec | R@1@1 | R@1@2 | R@1@4 | R@1@16 | R@1@64 | R10@10 | train s | build s | QPS |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -21,48 +21,9 @@ kernels OpenBLAS picks and, on that fallback on a CPU with AVX2, sets ``OPENBLAS
 ``TQ_NO_REEXEC=1``, is kept. ``blas_core()`` names the kernels in use.
 """
 
-import os
-import sys
+from . import _blas_env
 
-
-def _choose_blas_kernels():
-    """Sets OPENBLAS_CORETYPE where OpenBLAS would fall back to Prescott on an AVX2 CPU; the same
-    rule as src/common/blas_core.h (the launcher and the test binary)."""
-    if os.environ.get("OPENBLAS_CORETYPE") or os.environ.get("TQ_NO_REEXEC", "0") not in ("", "0"):
-        return
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        with open("/proc/self/maps") as f:
-            if "libopenblas.so" in f.read():  # already loaded: the variable would not be read
-                return
-        with open("/proc/cpuinfo") as f:
-            flags = next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), [])
-    except OSError:
-        return
-    has = set(flags)
-    if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= has:
-        want = "SkylakeX"
-    elif {"avx2", "fma"} <= has:
-        want = "Haswell"
-    else:
-        return
-    if not os.path.basename(sys.executable or "").startswith("python"):
-        return  # an embedding program: nothing to run the probe with
-    import subprocess
-
-    probe = ("import ctypes; f = ctypes.CDLL('libopenblas.so.0').openblas_get_corename; "
-             "f.restype = ctypes.c_char_p; print(f().decode())")
-    try:
-        got = subprocess.run([sys.executable, "-I", "-S", "-c", probe], capture_output=True, text=True,
-                             timeout=60, env=dict(os.environ, OPENBLAS_NUM_THREADS="1")).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return
-    if got.lower() == "prescott":
-        os.environ["OPENBLAS_CORETYPE"] = want
-
-
-_choose_blas_kernels()
+_blas_env.choose()
 
 from ._turboquant import (  # noqa: E402, F401
     Codebook,
