@@ -1143,20 +1143,23 @@ void build_sign_lut(const Index::Impl& I, const float* y, float* clut, float* mi
                     float* step, float* half, float* eps_qn) {
   const size_t d = static_cast<size_t>(I.d);
   float maxrange = 0, bsum = 0;
-  double qn2 = 0;
   for (size_t g = 0; g < I.cm; ++g) {
     float* t = clut + g * 16;
     const size_t j0 = 4 * g, nd = std::min<size_t>(4, d - j0);
+    // Entry c = ((0 + s_0) + s_1) + ... + s_{nd-1}, s_u = bit u of c ? y_u : -y_u, built channel
+    // by channel (the first 2^u entries hold the sums of channels < u): the same additions in
+    // the same order as summing each entry on its own. Bits of c from nd up repeat entry c mod 2^nd.
+    t[0] = 0.f + -y[j0];
+    t[1] = 0.f + y[j0];
+    size_t have = 2;
+    for (size_t u = 1; u < nd; ++u, have *= 2)
+      for (size_t c = 0; c < have; ++c) {
+        t[c + have] = t[c] + y[j0 + u];
+        t[c] = t[c] + -y[j0 + u];
+      }
+    for (size_t c = have; c < 16; ++c) t[c] = t[c % have];
     float a = 0;
-    for (int c = 0; c < 16; ++c) {
-      float e = 0;
-      for (size_t u = 0; u < nd; ++u) e += ((c >> u) & 1) ? y[j0 + u] : -y[j0 + u];
-      t[c] = e;
-    }
-    for (size_t u = 0; u < nd; ++u) {
-      a += std::fabs(y[j0 + u]);
-      qn2 += static_cast<double>(y[j0 + u]) * y[j0 + u];
-    }
+    for (size_t u = 0; u < nd; ++u) a += std::fabs(y[j0 + u]);
     mins[g] = -a;
     bsum += -a;
     maxrange = std::max(maxrange, 2 * a);
@@ -1167,7 +1170,7 @@ void build_sign_lut(const Index::Impl& I, const float* y, float* clut, float* mi
   *bias = bsum;
   *step = st;
   *half = static_cast<float>(I.cm) * st * 0.5f;
-  *eps_qn = two_level_eps() * static_cast<float>(std::sqrt(qn2));
+  *eps_qn = two_level_eps() * static_cast<float>(std::sqrt(sqnorm(I.d, y)));
 }
 
 // Two-level scan of one query (flat or IVF). Pass 1 scans the sign plane block by block: each
@@ -1592,10 +1595,7 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
           const size_t lb = I.list_begin[l], ls = I.list_size[l];
           if (ls == 0) continue;
           list_off[l] = poff[qi * np + j];
-          const float* yr = residual_query(y, l);
-          double n2 = 0;
-          for (size_t t = 0; t < d; ++t) n2 += static_cast<double>(yr[t]) * yr[t];
-          tl.eps_qn = two_level_eps() * static_cast<float>(std::sqrt(n2));
+          tl.eps_qn = two_level_eps() * static_cast<float>(std::sqrt(sqnorm(I.d, residual_query(y, l))));
           const size_t b0 = lb / kBlock, b1 = (lb + ls + kBlock - 1) / kBlock;
           for (size_t cb = b0; cb < b1; cb += kChunkBlocks) {
             const size_t nb = std::min(kChunkBlocks, b1 - cb);
