@@ -1069,6 +1069,43 @@ float exact_lut_score(const Index::Impl& I, const float* lut, size_t i) {
   return (s0 + s1) + (s2 + s3);
 }
 
+// The score exact_lut_score gives slot i with the float tables build_luts makes of y, computed
+// from y and the codebooks instead: for an index with a sign plane (coarse_ok: the fast layout,
+// one channel of 3 or 4 bits a group, so group g is channel g). Table entry c of group g is
+// 0 + y_g cent[c], the product itself (a -0 product as +0, which adds alike to a sum started at
+// +0), and each partial sum takes the same products in the same order (groups g mod 4 up to the
+// last multiple of 4, the rest in s0): the same float, with no tables to build per query and y
+// and the codebooks in L1 instead of d * 16 floats of tables.
+float exact_code_score(const Index::Impl& I, const float* y, size_t i) {
+  const uint8_t* p = I.fast_row(i);
+  const int sh = I.fast_shift(i);
+  const size_t m4 = I.m & ~size_t{3};
+  float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  auto one = [&](size_t g, const float* cent) {
+    const float v = y[g] * cent[(p[g * 16] >> sh) & 15];
+    switch (g < m4 ? g & 3 : 0) {
+      case 0: s0 += v; break;
+      case 1: s1 += v; break;
+      case 2: s2 += v; break;
+      default: s3 += v;
+    }
+  };
+  for (const Segment& sg : I.segs) {
+    const float* cent = sg.cb->centroids.data();
+    const size_t g1 = static_cast<size_t>(sg.begin + sg.len);
+    size_t g = static_cast<size_t>(sg.begin);
+    for (; g < g1 && (g & 3) != 0; ++g) one(g, cent);
+    for (; g + 4 <= std::min(g1, m4); g += 4) {
+      s0 += y[g] * cent[(p[g * 16] >> sh) & 15];
+      s1 += y[g + 1] * cent[(p[(g + 1) * 16] >> sh) & 15];
+      s2 += y[g + 2] * cent[(p[(g + 2) * 16] >> sh) & 15];
+      s3 += y[g + 3] * cent[(p[(g + 3) * 16] >> sh) & 15];
+    }
+    for (; g < g1; ++g) one(g, cent);
+  }
+  return (s0 + s1) + (s2 + s3);
+}
+
 // Float LUTs of a rotated query y: lut[g][code] = sum_t y[dim0 + t] * cent[(code >> t bpd) & mask]
 // (m * lut_stride floats; trellis codes: lut[j][w] = y[j] * tc->lut[w]). q8 != nullptr (fast
 // layout or trellis scan): also the uint8 LUTs (mp * lut_stride bytes), per-group minimum as
@@ -1414,6 +1451,11 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
       const float v = internal(s, exact_lut_dot(flut.data(), s));
       return (lterm ? v + I.l2term[s] : v) + off;
     };
+    // The same score from the codes and y = Pi q (the two-level scan: exact_code_score).
+    auto code_score = [&](const float* y, size_t s, float off) {
+      const float v = internal(s, exact_code_score(I, y, s));
+      return (lterm ? v + I.l2term[s] : v) + off;
+    };
     // Pi (q - c_l), in yl.
     auto residual_query = [&](const float* y, size_t l) {
       const float* rc = I.rcentroids.data() + l * d;
@@ -1579,14 +1621,13 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
     };
 
     if (two) {
-      // Pass 1 over the probed lists' sign planes, then pass 2 with the float LUTs of Pi q (l2:
-      // plus each slot's list term), as the float-LUT scan scores them.
+      // Pass 1 over the probed lists' sign planes, then pass 2 with the float-LUT scores of Pi q,
+      // taken from the codes (exact_code_score; l2: plus each slot's list term).
 #pragma omp for schedule(dynamic, 4)
       for (size_t qi = 0; qi < nq; ++qi) {
         const float* y = qr + qi * d;
         top.reset(r1);
         tl.reset(r1);
-        build_luts(I, y, flut.data(), nullptr, nullptr, nullptr);  // l2: with the slots' l2term
         // One set of sign tables, of Pi q: the slots' list terms turn its sums into those of
         // Pi (q - c_l), whose norm bounds the error.
         tls->set_query(I, y, tl);
@@ -1602,7 +1643,7 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
             tls->pass1(I, l2, tl, cb, nb, std::min(lb + ls, (cb + nb) * kBlock) - cb * kBlock, list_off[l], true);
           }
         }
-        two_level_pass2(I, tl, top, [&](size_t s) { return lut_score(s, list_off[I.list_of(s)]); });
+        two_level_pass2(I, tl, top, [&](size_t s) { return code_score(y, s, list_off[I.list_of(s)]); });
         auto cand = top.sorted();
         finish(qi, cand, true);
       }
@@ -1800,7 +1841,7 @@ void search_impl(const Index::Impl& I, size_t nq, const float* q, const SearchPa
     for (size_t qb = 0; qb < n_qb; ++qb) {
       const size_t q0 = qb * kQueryBatch, q1 = std::min(nq, q0 + kQueryBatch);
       const size_t bq = q1 - q0;
-      if (!I.quant)
+      if (!I.quant && !two)  // (the two-level scan scores from the codes: exact_code_score)
         for (size_t b = 0; b < bq; ++b)
           build_luts(I, qr.data() + (q0 + b) * d, flut.data() + b * I.m * I.lut_stride,
                      fast ? qlut.data() + b * I.mp * I.lut_stride : nullptr, &bias[b], &delta[b]);
@@ -1818,8 +1859,8 @@ void search_impl(const Index::Impl& I, size_t nq, const float* q, const SearchPa
           for (size_t b = 0; b < bq; ++b) tls->pass1(I, l2, tl[b], cb, nb, cnt, -0.f);
         }
         for (size_t b = 0; b < bq; ++b) {
-          const float* lut = flut.data() + b * I.m * I.lut_stride;
-          two_level_pass2(I, tl[b], top[b], [&](size_t i) { return internal(i, exact_lut_dot(lut, i)); });
+          const float* y = qr.data() + (q0 + b) * d;
+          two_level_pass2(I, tl[b], top[b], [&](size_t i) { return internal(i, exact_code_score(I, y, i)); });
         }
       } else if (fast) {
         // Chunks of kChunkBlocks * kBlock (2048) vectors: 64 blocks of 32 in the fast layout,
