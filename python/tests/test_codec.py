@@ -159,3 +159,38 @@ def test_blas_kernels():
         assert got.lower() != "prescott"
     own = _blas_core_in_child(TQ_NO_REEXEC="1")
     assert own and (own.lower() == got.lower() or own.lower() == "prescott")
+
+
+def test_blas_rule_for_another_library():
+    """turboquant._blas_env.choose as the benchmark scripts call it for the OpenBLAS that FAISS's
+    wheel bundles (bench/blas_env.py: a library path and a module for the probe to import
+    first): in a fresh interpreter that has loaded no OpenBLAS, it sets OPENBLAS_CORETYPE exactly
+    where that library falls back to Prescott on an AVX2 CPU, to the package's own choice, and
+    keeps a value already set or TQ_NO_REEXEC=1."""
+    import os
+    import subprocess
+    import sys
+
+    path = os.path.join(os.path.dirname(tq.__file__), "_blas_env.py")
+
+    def child(**env):
+        e = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "TQ_NO_REEXEC")}
+        e.update(env)
+        # The file alone, loaded by path as bench/blas_env.py loads it (importing the package
+        # would run its own choice first).
+        prog = ("import importlib.util, os; s = importlib.util.spec_from_file_location('b', %r); "
+                "b = importlib.util.module_from_spec(s); s.loader.exec_module(b); "
+                "print(b.choose('libopenblas.so.0', probe_import='ctypes'), os.environ.get('OPENBLAS_CORETYPE'))"
+                % path)
+        out = subprocess.run([sys.executable, "-c", prog], env=e, capture_output=True, text=True, check=True)
+        return out.stdout.split()
+
+    own = _blas_core_in_child(TQ_NO_REEXEC="1").lower()
+    picked = _blas_core_in_child()
+    got = child()
+    if own == "prescott" and picked.lower() != "prescott":
+        assert [g.lower() for g in got] == [picked.lower(), picked.lower()]
+    else:
+        assert got == ["None", "None"]
+    assert child(OPENBLAS_CORETYPE="Haswell") == ["None", "Haswell"]
+    assert child(TQ_NO_REEXEC="1") == ["None", "None"]
