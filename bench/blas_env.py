@@ -2,8 +2,8 @@
 
 FAISS's wheel bundles its own OpenBLAS (0.3.15 in faiss-cpu 1.15.1), which falls back to its
 SSE3 "Prescott" kernels on CPU models it does not know, as Debian's does: on the Emerald Rapids
-VM FAISS's k-means of Fashion-MNIST (256 lists) took 6.5 s on them and 1.5 s on its SkylakeX
-kernels. tq replaces that fallback (src/common/blas_core.h); the comparison scripts apply the
+VM FAISS's k-means of Fashion-MNIST (256 lists) took 5.6 s on them and 1.4 s on its SkylakeX
+kernels (medians of 3, bench/results/blas_core/faiss_kmeans.py). tq replaces that fallback (src/common/blas_core.h); the comparison scripts apply the
 same rule (python/turboquant/_blas_env.py, loaded by path: no build needed) to FAISS's library
 before anything loads an OpenBLAS, running the script again when they set the variable.
 Call rerun_with_blas_kernels() before importing numpy or faiss. TQ_NO_REEXEC=1 keeps the
