@@ -229,6 +229,19 @@ for run, (w_faiss, w_rq) in want_1m.items():
     check(tq1["build_s"] < min(r["build_s"] for r in others), f"{run}: build")
     check(round(tq1["memory_bytes_per_vector"], 1) == 551.2 and fam["faiss-ivfpqfs"]["memory_bytes_per_vector"] == 400
           and round(fam["rabitqlib-ivf"]["memory_bytes_per_vector"]) == 434, f"{run}: bytes in memory")
+# 3 bits at 1M x 784 (the same section): recalls, tq / rabitqlib 1.90 / 1.71 / 1.48 at 0.80-0.90,
+# 6.6x FAISS at 0.80 (none reaches 0.85), and the bytes: 551.2 in memory as at 4 bits, 312 on disk.
+fj = json.load(open(os.path.join(ROOT, "bench", "results", "ivf", "fashion1m_3bit", "results.json")))
+best = {r["family"]: max(p["recall_10_at_10"] for p in r["points"]) for r in fj["results"]}
+check(round(best["tq-ivf"], 3) == 0.937 and round(best["rabitqlib-ivf"], 3) == 0.941
+      and round(best["faiss-ivfrabitq"], 3) == 0.812 and round(best["faiss-ivfrabitqfs"], 3) == 0.818,
+      f"fashion1m_3bit: recalls {best}")
+check(ratios(fj, ["rabitqlib-ivf"], (0.8, 0.85, 0.9)) == [1.90, 1.71, 1.48], "fashion1m_3bit: tq / rabitqlib")
+check(ratios(fj, ["faiss-ivf"], (0.8, 0.85)) == [6.61, None], "fashion1m_3bit: tq / best FAISS IVF")
+t3 = [r for r in fj["results"] if r["family"] == "tq-ivf"][0]
+check(round(t3["memory_bytes_per_vector"], 1) == 551.2 and round(t3["disk_bytes_per_vector"]) == 312
+      and round([r for r in fj["results"] if r["family"] == "rabitqlib-ivf"][0]["memory_bytes_per_vector"]) == 334,
+      "fashion1m_3bit: bytes")
 # The same host at 60k and 100k (85-search-ivf.md, "tq IVF beside rabitqlib's IVF at 60k and
 # 100k"): Fashion-MNIST 0.80-1.04x rabitqlib's queries/s at 0.80-0.95, 1.66-1.99x the best FAISS
 # IVF's at 0.80-0.90 and 3.6-4.1x at 0.95; GloVe 1.27 / 1.67 and 1.34 / 1.70 at 0.80 / 0.85.
