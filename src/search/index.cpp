@@ -1445,17 +1445,14 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
     auto exact_lut_dot = [&](const float* lut, size_t i) { return exact_lut_score(I, lut, i); };
     // l2 with list terms (fast layout): the float LUTs of Pi q serve every list, as for ip.
     const bool lterm = l2 && !I.l2term.empty();
-    // Float-LUT score of slot s whose list has offset off, flut holding Pi q's tables (ip,
-    // cosine, l2 with list terms) or its list's of Pi (q - c_l) (l2 without).
-    auto lut_score = [&](size_t s, float off) {
-      const float v = internal(s, exact_lut_dot(flut.data(), s));
+    // Score of slot s whose list has offset off from its float-LUT dot (l2: plus its list term).
+    auto list_score = [&](size_t s, float dot, float off) {
+      const float v = internal(s, dot);
       return (lterm ? v + I.l2term[s] : v) + off;
     };
-    // The same score from the codes and y = Pi q (the two-level scan: exact_code_score).
-    auto code_score = [&](const float* y, size_t s, float off) {
-      const float v = internal(s, exact_code_score(I, y, s));
-      return (lterm ? v + I.l2term[s] : v) + off;
-    };
+    // The same with the dot from flut, holding Pi q's tables (ip, cosine, l2 with list terms) or
+    // its list's of Pi (q - c_l) (l2 without).
+    auto lut_score = [&](size_t s, float off) { return list_score(s, exact_lut_dot(flut.data(), s), off); };
     // Pi (q - c_l), in yl.
     auto residual_query = [&](const float* y, size_t l) {
       const float* rc = I.rcentroids.data() + l * d;
@@ -1643,7 +1640,8 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
             tls->pass1(I, l2, tl, cb, nb, std::min(lb + ls, (cb + nb) * kBlock) - cb * kBlock, list_off[l], true);
           }
         }
-        two_level_pass2(I, tl, top, [&](size_t s) { return code_score(y, s, list_off[I.list_of(s)]); });
+        two_level_pass2(I, tl, top,
+                        [&](size_t s) { return list_score(s, exact_code_score(I, y, s), list_off[I.list_of(s)]); });
         auto cand = top.sorted();
         finish(qi, cand, true);
       }

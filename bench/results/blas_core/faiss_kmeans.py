@@ -33,7 +33,6 @@ def main():
     sys.path.insert(0, os.path.join(REPO, "bench"))
     import blas_env
     env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "TQ_NO_REEXEC")}
-    probe = dict(env)
     lib = blas_env.faiss_openblas()
     rule = blas_env._rule()
     os.environ.pop("OPENBLAS_CORETYPE", None)
@@ -42,7 +41,7 @@ def main():
         sys.exit("FAISS's OpenBLAS does not fall back here: nothing to compare")
     runs = []
     for r in range(args.rounds):
-        for side in (("own", probe), ("set", dict(env, OPENBLAS_CORETYPE=want)))[:: 1 if r % 2 == 0 else -1]:
+        for side in (("own", env), ("set", dict(env, OPENBLAS_CORETYPE=want)))[:: 1 if r % 2 == 0 else -1]:
             out = subprocess.run([sys.executable, "-c", CHILD], env=side[1], capture_output=True, text=True, check=True)
             core, s = out.stdout.split()
             runs.append(dict(round=r + 1, kernels=side[0], blas_core=core, kmeans_s=float(s)))
