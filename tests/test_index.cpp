@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -335,6 +336,78 @@ TEST(Index, FastScanKernelEqualsScalarReference) {
       std::fill(got.begin(), got.end(), 0xDEADBEEF);
       tq::fast_scan_u8(nb, mg, codes.data(), lut.data(), got.data());
       EXPECT_EQ(got, ref) << "level " << level << " groups " << mg;
+    }
+  }
+}
+
+// The vector layout's transpose into the fast layout equals its reference at every SIMD level,
+// and the reference is the fast layout itself: scanning the transposed blocks gives the sums of
+// the vectors' own codes. Group counts below one register (the byte-by-byte tail), between,
+// and several registers with a tail (d = 784's 784 groups).
+TEST(Index, VectorToFastLayoutEqualsScalarReference) {
+  tq::Rng rng(11);
+  for (size_t mg : {4u, 12u, 28u, 128u, 136u, 784u}) {
+    const size_t nb = 3, vb = mg / 2;
+    std::vector<uint8_t> vec(nb * 32 * vb), lut(mg * 16);
+    for (auto& c : vec) c = static_cast<uint8_t>(rng.below(256));
+    for (auto& t : lut) t = static_cast<uint8_t>(rng.below(256));
+    std::vector<uint8_t> ref(nb * mg * 16), got(nb * mg * 16);
+    tq::vector_to_fast_layout_ref(nb, mg, vec.data(), ref.data());
+    // The reference against its definition: the fast scan of its blocks is each vector's LUT sum.
+    std::vector<uint32_t> acc(nb * 32);
+    tq::fast_scan_u8_ref(nb, mg, ref.data(), lut.data(), acc.data());
+    for (size_t v = 0; v < nb * 32; ++v) {
+      uint32_t s = 0;
+      for (size_t g = 0; g < mg; ++g) s += lut[g * 16 + ((vec[v * vb + g / 2] >> ((g & 1) * 4)) & 15)];
+      ASSERT_EQ(acc[v], s) << "vector " << v << " groups " << mg;
+    }
+    for (const auto& level : tq::simd::available_levels()) {
+      tq::simd::ScopedLevel sl(level);
+      std::fill(got.begin(), got.end(), uint8_t{0xA5});
+      tq::vector_to_fast_layout(nb, mg, vec.data(), got.data());
+      EXPECT_EQ(got, ref) << "level " << level << " groups " << mg;
+    }
+  }
+}
+
+// The vector layout's dot product in 16 partial sums equals its reference bit for bit at every
+// SIMD level, for ranges that start and end off a multiple of 16 (a 3.5-bit index's second
+// segment starts at (d + 1) / 2), shorter than 16, and a 3-bit table (8 centroids, codes < 8);
+// and the reference is the dot product (to float rounding).
+TEST(Index, CodeDotLanesEqualsScalarReference) {
+  tq::Rng rng(12);
+  const size_t d = 800;
+  std::vector<float> y(d);
+  for (auto& v : y) v = static_cast<float>(rng.normal());
+  std::vector<uint8_t> codes(d / 2);
+  for (auto& c : codes) c = static_cast<uint8_t>(rng.below(256));
+  std::vector<uint8_t> codes3(d / 2);
+  for (auto& c : codes3) c = static_cast<uint8_t>(rng.below(8) | (rng.below(8) << 4));
+  std::array<float, 16> cent{};
+  for (auto& c : cent) c = static_cast<float>(rng.normal());
+  std::array<float, 16> cent3{};
+  for (size_t c = 0; c < 8; ++c) cent3[c] = static_cast<float>(rng.normal());
+  const std::vector<std::pair<size_t, size_t>> ranges = {{0, 800}, {0, 392}, {392, 784}, {5, 11}, {3, 797}, {16, 32}, {0, 0}};
+  for (const bool three : {false, true}) {
+    const uint8_t* cd = three ? codes3.data() : codes.data();
+    const float* ct = three ? cent3.data() : cent.data();
+    for (const auto& [g0, g1] : ranges) {
+      float ref[16], got[16];
+      for (size_t l = 0; l < 16; ++l) ref[l] = got[l] = static_cast<float>(l) * 0.25f;  // a sum carried in
+      tq::code_dot_lanes_ref(g0, g1, y.data(), cd, ct, ref);
+      double exact = 0;
+      for (size_t l = 0; l < 16; ++l) exact += static_cast<double>(l) * 0.25;
+      for (size_t g = g0; g < g1; ++g) exact += static_cast<double>(y[g]) * ct[(cd[g / 2] >> ((g & 1) * 4)) & 15];
+      EXPECT_NEAR(tq::reduce_lanes16(ref), exact, 1e-3) << g0 << ".." << g1;
+      for (const auto& level : tq::simd::available_levels()) {
+        tq::simd::ScopedLevel sl(level);
+        std::copy(std::begin(ref), std::end(ref), got);
+        for (size_t l = 0; l < 16; ++l) got[l] = static_cast<float>(l) * 0.25f;
+        tq::code_dot_lanes(g0, g1, y.data(), cd, ct, got);
+        for (size_t l = 0; l < 16; ++l)
+          EXPECT_EQ(std::memcmp(&got[l], &ref[l], sizeof(float)), 0)
+              << "level " << level << " lane " << l << " range " << g0 << ".." << g1 << " 3-bit " << three;
+      }
     }
   }
 }

@@ -249,6 +249,22 @@ void fast_scan_u8_multi(size_t n_blocks, size_t m_groups, const uint8_t* codes, 
 void fast_scan_u8_multi_ref(size_t n_blocks, size_t m_groups, const uint8_t* codes, size_t nq,
                             const uint8_t* const* luts, uint32_t* const* outs) noexcept;
 
+// The fast layout (codes above) of n_blocks blocks of 32 vectors held in the vector layout:
+// vector v of block b at vec + (b * 32 + v) * m_groups / 2, group g in nibble g % 2 (low for
+// even g) of its byte g / 2. fast: n_blocks * m_groups * 16 bytes. m_groups is a multiple of 4.
+void vector_to_fast_layout(size_t n_blocks, size_t m_groups, const uint8_t* vec, uint8_t* fast) noexcept;
+void vector_to_fast_layout_ref(size_t n_blocks, size_t m_groups, const uint8_t* vec, uint8_t* fast) noexcept;
+// The dot product of y with a vector's centroids in the vector layout, in 16 partial sums:
+// lanes[g % 16] += y[g] * cent[code g] for g in [g0, g1), each lane in increasing g (code g:
+// nibble g % 2 of codes[g / 2]; cent: 16 floats, entries past the codebook's never read).
+// SIMD with 16 float lanes (AVX-512), else the reference; the same floats either way.
+// reduce_lanes16: their sum, lanes i and i + w added for w = 8, 4, 2, 1 (the same order).
+void code_dot_lanes(size_t g0, size_t g1, const float* y, const uint8_t* codes, const float* cent,
+                    float* lanes) noexcept;
+void code_dot_lanes_ref(size_t g0, size_t g1, const float* y, const uint8_t* codes, const float* cent,
+                        float* lanes) noexcept;
+float reduce_lanes16(const float* lanes) noexcept;
+
 // Trellis scan over blocks of 64 vectors (an index with trellis codes): codes: n_blocks * d * 64
 // bytes, for channel j the 64 vectors' table indices (windows); lut: d * 256 uint8; out:
 // n_blocks * 64 exact sums of lut[j * 256 + window]. SIMD on x86 (byte permutes with AVX-512

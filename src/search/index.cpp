@@ -175,6 +175,13 @@ Index::Impl::Impl(const IndexConfig& c) : cfg(c) {
   }
   coarse_ok = fast_ok && d >= kTwoLevelMinDim &&
               std::all_of(segs.begin(), segs.end(), [](const Segment& s) { return s.bits >= kTwoLevelMinBits; });
+  vl = coarse_ok;
+  if (vl)
+    for (const Segment& s : segs) {
+      std::array<float, 16> c{};
+      std::copy(s.cb->centroids.begin(), s.cb->centroids.end(), c.begin());
+      cent16.push_back(c);
+    }
   if (coarse_ok) {
     cm = (static_cast<size_t>(d) + 3) / 4;
     cmp = (cm + 3) / 4 * 4;
@@ -209,7 +216,8 @@ void Index::Impl::derive(size_t from) {
   const size_t b0 = from / kBlock, b1 = (slots + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static)
   for (size_t b = b0; b < b1; ++b) {
-    const uint8_t* fb = blocks.data() + b * mp * 16;
+    thread_local std::vector<uint8_t> tr;
+    const uint8_t* fb = fast_blocks(b, 1, tr);
     uint8_t* cb = plane ? cblocks.data() + b * cmp * 16 : nullptr;
     // ||c||^2, sum |c_j|; IVF: <Pi c_l, c> and <Pi c_l, sign(c)>
     float cc[kBlock] = {}, ca[kBlock] = {}, ct[kBlock] = {}, cu[kBlock] = {};
@@ -287,7 +295,7 @@ void Index::Impl::get_indices(size_t i, uint8_t* idx) const noexcept {
     for (size_t j = 0; j < m; ++j) idx[j] = w[j * kTrellisBlock] & mask;
     return;
   }
-  if (fast_ok) {
+  if (fast_ok && !vl) {
     const uint8_t* base = fast_row(i);
     const int sh = fast_shift(i);
     for (size_t g = 0; g < m; ++g) {
@@ -431,6 +439,8 @@ void Index::Impl::rebuild(const std::vector<size_t>& src) {
         const uint8_t* w = old_gcodes.data() + (s / kTrellisBlock) * m * kTrellisBlock + s % kTrellisBlock;
         uint8_t* o = trellis_row(t);
         for (size_t j = 0; j < m; ++j) o[j * kTrellisBlock] = w[j * kTrellisBlock];
+      } else if (vl) {
+        std::memcpy(blocks.data() + t * vbytes(), old_blocks.data() + s * vbytes(), vbytes());
       } else if (fast_ok) {
         for (size_t g = 0; g < m; ++g) {
           const uint8_t bb = old_blocks[(s / kBlock) * mp * 16 + g * 16 + (s % 16)];
@@ -449,6 +459,13 @@ void Index::Impl::rebuild(const std::vector<size_t>& src) {
       if (cfg.keep_vectors) std::memcpy(vectors.data() + t * dd, old_vectors.data() + s * dd, dd * sizeof(float));
     }
   }
+}
+
+const uint8_t* Index::Impl::fast_blocks(size_t b, size_t nb, std::vector<uint8_t>& scratch) const {
+  if (!vl) return blocks.data() + b * mp * 16;
+  scratch.resize(nb * mp * 16);
+  vector_to_fast_layout(nb, mp, blocks.data() + b * mp * 16, scratch.data());
+  return scratch.data();
 }
 
 float Index::Impl::round_norm(float v) const noexcept {
@@ -1046,6 +1063,11 @@ float exact_lut_score(const Index::Impl& I, const float* lut, size_t i) {
       s3 += lut[(g + 3) * 256 + w[(g + 3) * B]];
     }
     for (; g < m; ++g) s0 += lut[g * 256 + w[g * B]];
+  } else if (I.vl) {  // 16 partial sums, as exact_code_score
+    const uint8_t* p = I.vrow(i);
+    float lanes[16] = {};
+    for (; g < m; ++g) lanes[g % 16] += lut[g * 16 + ((p[g / 2] >> ((g & 1) * 4)) & 15)];
+    return reduce_lanes16(lanes);
   } else if (I.fast_ok) {
     const uint8_t* p = I.fast_row(i);
     const int sh = I.fast_shift(i);
@@ -1070,40 +1092,21 @@ float exact_lut_score(const Index::Impl& I, const float* lut, size_t i) {
 }
 
 // The score exact_lut_score gives slot i with the float tables build_luts makes of y, computed
-// from y and the codebooks instead: for an index with a sign plane (coarse_ok: the fast layout,
-// one channel of 3 or 4 bits a group, so group g is channel g). Table entry c of group g is
-// 0 + y_g cent[c], the product itself (a -0 product as +0, which adds alike to a sum started at
-// +0), and each partial sum takes the same products in the same order (groups g mod 4 up to the
-// last multiple of 4, the rest in s0): the same float, with no tables to build per query and y
-// and the codebooks in L1 instead of d * 16 floats of tables.
+// from y and the codebooks instead: for an index with a sign plane (coarse_ok: the vector
+// layout, one channel of 3 or 4 bits a group, so group g is channel g). Table entry c of group g
+// is 0 + y_g cent[c], the product itself (a -0 product as +0, which adds alike to a partial sum
+// started at +0), and both sum channel g into partial sum g % 16 in increasing g, then add the
+// 16 alike (code_dot_lanes, reduce_lanes16): the same float, with no tables to build per query,
+// y and the codebooks in L1 instead of d * 16 floats of tables, and 16 channels a step.
 float exact_code_score(const Index::Impl& I, const float* y, size_t i) {
-  const uint8_t* p = I.fast_row(i);
-  const int sh = I.fast_shift(i);
-  const size_t m4 = I.m & ~size_t{3};
-  float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-  auto one = [&](size_t g, const float* cent) {
-    const float v = y[g] * cent[(p[g * 16] >> sh) & 15];
-    switch (g < m4 ? g & 3 : 0) {
-      case 0: s0 += v; break;
-      case 1: s1 += v; break;
-      case 2: s2 += v; break;
-      default: s3 += v;
-    }
-  };
-  for (const Segment& sg : I.segs) {
-    const float* cent = sg.cb->centroids.data();
-    const size_t g1 = static_cast<size_t>(sg.begin + sg.len);
-    size_t g = static_cast<size_t>(sg.begin);
-    for (; g < g1 && (g & 3) != 0; ++g) one(g, cent);
-    for (; g + 4 <= std::min(g1, m4); g += 4) {
-      s0 += y[g] * cent[(p[g * 16] >> sh) & 15];
-      s1 += y[g + 1] * cent[(p[(g + 1) * 16] >> sh) & 15];
-      s2 += y[g + 2] * cent[(p[(g + 2) * 16] >> sh) & 15];
-      s3 += y[g + 3] * cent[(p[(g + 3) * 16] >> sh) & 15];
-    }
-    for (; g < g1; ++g) one(g, cent);
+  const uint8_t* p = I.vrow(i);
+  alignas(64) float lanes[16] = {};
+  for (size_t sg = 0; sg < I.segs.size(); ++sg) {
+    const Segment& s = I.segs[sg];
+    code_dot_lanes(static_cast<size_t>(s.begin), static_cast<size_t>(s.begin + s.len), y, p, I.cent16[sg].data(),
+                   lanes);
   }
-  return (s0 + s1) + (s2 + s3);
+  return reduce_lanes16(lanes);
 }
 
 // Float LUTs of a rotated query y: lut[g][code] = sum_t y[dim0 + t] * cent[(code >> t bpd) & mask]
@@ -1295,7 +1298,7 @@ void two_level_pass2(const Index::Impl& I, TwoLevelQuery& t, TopR& top, Score sc
   TwoLevelScratch::drop_below(pd, t.lowk.threshold);
   std::sort(pd.begin(), pd.end(), TopR::cmp);
   for (size_t ci = 0; ci < pd.size(); ++ci) {
-    if (ci + 2 < pd.size()) I.prefetch_fast_rows(pd[ci + 2].second);
+    if (ci + 2 < pd.size()) I.prefetch_codes(pd[ci + 2].second);
     if (top.h.size() == top.cap && !(pd[ci].first >= top.threshold)) break;
     top.push(score(pd[ci].second), pd[ci].second);
   }
@@ -1436,6 +1439,7 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
     const bool refine = I.rbytes > 0 && I.cfg.rerank_refine;
     const bool refine4 = refine && I.fast_ok && I.segs.size() == 1 && I.segs[0].bits == 4 && I.cfg.rerank_bits == 4;
     std::vector<uint32_t> acc(4 * kChunkBlocks * kBlock);
+    std::vector<uint8_t> fastb;  // vector layout: the scanned blocks transposed (fast_blocks)
     std::vector<float> list_off(LL, 0.f);  // offset of each probed list of the current query
     TopR top;
     float bias = 0, delta = 1;
@@ -1471,22 +1475,32 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
       const float* yy = list_query(y, l);
       if (!refine4) unpack_bits(d, I.cfg.rerank_bits, I.rcodes.data() + s * I.rbytes, idx.data());
       if (refine4) {
-        // 4-bit first code in the fast layout (channel j = group j, a nibble of byte j * 16 of
-        // the slot's block) and a 4-bit refinement (channel j: nibble j % 2 of byte j / 2),
-        // read together without unpacking: tab[(c << 4) | k].
-        const uint8_t* base = I.fast_row(s);
-        const int sh = I.fast_shift(s);
+        // 4-bit first code (channel j = group j: a nibble of byte j * 16 of the slot's block in
+        // the fast layout, nibble j % 2 of byte j / 2 of its row in the vector layout) and a
+        // 4-bit refinement (channel j: nibble j % 2 of byte j / 2), read together without
+        // unpacking: tab[(c << 4) | k].
         const uint8_t* rc = I.rcodes.data() + s * I.rbytes;
         const float* tab = I.rtab[0].data();
         float d0 = 0, d1 = 0;
         size_t j = 0;
-        for (; j + 2 <= d; j += 2) {
-          const uint8_t r = rc[j / 2];
-          const unsigned c0 = (base[j * 16] >> sh) & 15u, c1 = (base[(j + 1) * 16] >> sh) & 15u;
-          d0 += yy[j] * tab[(c0 << 4) | (r & 15u)];
-          d1 += yy[j + 1] * tab[(c1 << 4) | (r >> 4)];
+        if (I.vl) {
+          const uint8_t* base = I.vrow(s);
+          for (; j + 2 <= d; j += 2) {
+            const uint8_t r = rc[j / 2], c = base[j / 2];
+            d0 += yy[j] * tab[((c & 15u) << 4) | (r & 15u)];
+            d1 += yy[j + 1] * tab[(c & 0xF0u) | (r >> 4)];
+          }
+        } else {
+          const uint8_t* base = I.fast_row(s);
+          const int sh = I.fast_shift(s);
+          for (; j + 2 <= d; j += 2) {
+            const uint8_t r = rc[j / 2];
+            const unsigned c0 = (base[j * 16] >> sh) & 15u, c1 = (base[(j + 1) * 16] >> sh) & 15u;
+            d0 += yy[j] * tab[(c0 << 4) | (r & 15u)];
+            d1 += yy[j + 1] * tab[(c1 << 4) | (r >> 4)];
+          }
         }
-        if (j < d) d0 += yy[j] * tab[(((base[j * 16] >> sh) & 15u) << 4) | (rc[j / 2] & 15u)];
+        if (j < d) d0 += yy[j] * tab[(static_cast<unsigned>(I.group_code(s, j)) << 4) | (rc[j / 2] & 15u)];
         return stage2_of(s, d0 + d1, off);
       }
       if (refine) {
@@ -1533,7 +1547,7 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
       for (size_t cb = b0; cb < b1; cb += kChunkBlocks) {
         const size_t nb = std::min(kChunkBlocks, b1 - cb);
         const size_t v0 = cb * kBlock, v1 = std::min(lb + ls, (cb + nb) * kBlock);
-        const uint8_t* codes = I.blocks.data() + cb * I.mp * 16;
+        const uint8_t* codes = I.fast_blocks(cb, nb, fastb);
         if (g == 1) fast_scan_u8(nb, I.mp, codes, q8s[0], accs[0]);
         else fast_scan_u8_multi(nb, I.mp, codes, g, q8s, accs);
         const size_t cnt = v1 - v0;
@@ -1568,7 +1582,7 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
         // The candidates' codes are scattered: prefetch the one four ahead (its fast-layout
         // block rows when the first code is read too, and its second-stage bytes).
         auto prefetch2 = [&](size_t s) {
-          if (refine) I.prefetch_fast_rows(s);
+          if (refine) I.prefetch_codes(s);
           __builtin_prefetch(I.rcodes.data() + s * I.rbytes);
         };
         // In slot order, so candidates of one block share its rows while they are cached.
@@ -1664,7 +1678,7 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
             const size_t nl = probes[qi * np + j + 1];
             const size_t nb0 = I.list_begin[nl] / kBlock;
             const size_t nbl = std::min<size_t>(2, (I.list_size[nl] + kBlock - 1) / kBlock);
-            const uint8_t* pb = I.blocks.data() + nb0 * I.mp * 16;
+            const uint8_t* pb = I.blocks.data() + nb0 * I.mp * 16;  // either layout: whole blocks
             for (size_t o = 0; o < nbl * I.mp * 16; o += 64) __builtin_prefetch(pb + o);
             for (size_t o = 0; o < nbl * kBlock; o += 16) __builtin_prefetch(I.scale.data() + nb0 * kBlock + o);
           }
@@ -1826,6 +1840,7 @@ void search_impl(const Index::Impl& I, size_t nq, const float* q, const SearchPa
     std::vector<float> bias(kQueryBatch), delta(kQueryBatch);
     std::vector<TopR> top(kQueryBatch);
     std::vector<uint32_t> acc(kChunkBlocks * kBlock);
+    std::vector<uint8_t> fastb;  // vector layout: the scanned blocks transposed (fast_blocks)
     std::vector<float> sc(kChunkBlocks * kBlock), bmax(kChunkBlocks);
     std::vector<float> pstate(I.quant ? I.quant->query_state_floats() : 0);
     // Two-level scan: each query's pass-1 state and the thread's scratch.
@@ -1868,10 +1883,11 @@ void search_impl(const Index::Impl& I, size_t nq, const float* q, const SearchPa
         for (size_t cb = 0; cb < nsb; cb += chunk) {
           const size_t nb = std::min(chunk, nsb - cb);
           const size_t v0 = cb * vb, cnt = std::min(n, (cb + nb) * vb) - v0;
+          const uint8_t* codes = tfast ? nullptr : I.fast_blocks(cb, nb, fastb);  // once for the batch
           for (size_t b = 0; b < bq; ++b) {
             const uint8_t* q8 = qlut.data() + b * I.mp * I.lut_stride;
             if (tfast) trellis_scan_u8(nb, d, I.gcodes.data() + cb * d * vb, q8, acc.data());
-            else fast_scan_u8(nb, I.mp, I.blocks.data() + cb * I.mp * 16, q8, acc.data());
+            else fast_scan_u8(nb, I.mp, codes, q8, acc.data());
             // Scores for whole blocks (padding vectors score garbage and are skipped below).
             fast_scan_scores(nb * vb, acc.data(), I.scale.data() + v0, l2 ? I.norm.data() + v0 : nullptr, bias[b],
                              delta[b], sc.data(), bmax.data());
@@ -1950,9 +1966,9 @@ void search_impl(const Index::Impl& I, size_t nq, const float* q, const SearchPa
         if (fast && !two && rerank > 0) {
           const float* lut = flut.data() + b * I.m * I.lut_stride;
           // Prefetch the code rows of the candidate after next.
-          for (size_t ci = 0; ci < cand.size() && ci < 2; ++ci) I.prefetch_fast_rows(cand[ci].second);
+          for (size_t ci = 0; ci < cand.size() && ci < 2; ++ci) I.prefetch_codes(cand[ci].second);
           for (size_t ci = 0; ci < cand.size(); ++ci) {
-            if (ci + 2 < cand.size()) I.prefetch_fast_rows(cand[ci + 2].second);
+            if (ci + 2 < cand.size()) I.prefetch_codes(cand[ci + 2].second);
             cand[ci].first = internal(cand[ci].second, exact_lut_dot(lut, cand[ci].second));
           }
           std::sort(cand.begin(), cand.end(), TopR::cmp);
