@@ -1,6 +1,7 @@
 // Codec tests: codebooks against turboquant.md, rotations, bit packing, quantizers,
 // SIMD vs scalar exactness, bad input.
 #include <gtest/gtest.h>
+#include <hwy/targets.h>
 
 #include <cmath>
 #include <cstring>
@@ -537,6 +538,19 @@ TEST(Simd, LevelsReachHighwayDispatch) {
   }
   tq::simd::set_level("auto");
   EXPECT_EQ(tq::simd::dispatched_target(), best);
+}
+
+// A level switch settles Highway's pick of the dispatched target before it returns, on the
+// calling thread: the next dispatch reads it and does not pick again. (Highway 1.0.3 leaves the
+// pick to the next dispatch, whose first step publishes every detected target as chosen: a
+// thread dispatching at that moment ran a better level's kernel, and a KV cache test built with
+// two threads failed about one process in ten.)
+TEST(Simd, ALevelSwitchSettlesHighwaysPick) {
+  for (const auto& level : tq::simd::available_levels()) {
+    tq::simd::ScopedLevel sl(level);
+    EXPECT_TRUE(hwy::GetChosenTarget().IsInitialized()) << level;
+  }
+  EXPECT_TRUE(hwy::GetChosenTarget().IsInitialized()) << "back to the outer level";
 }
 
 // OpenBLAS's SSE3 Prescott fallback is replaced on CPUs with AVX2 (SkylakeX with AVX-512),

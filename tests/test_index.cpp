@@ -2961,6 +2961,63 @@ TEST(IndexTwoLevel, TheSignPlaneIsTheTopBitOfEachChannelsIndex) {
       }
 }
 
+// release_sign_plane (ShardedIndex shards): the codes return to the fast layout and the
+// index searches in one level exactly as an index with the plane does with two_level 0 (ids
+// and scores), through adds and removes after the release; memory drops by the plane and its
+// factors, two_level 1 becomes an error, the saved file is byte for byte the same, and a loaded
+// index holds a plane again. Flat and IVF, 4 and 3.5 bits.
+TEST(IndexTwoLevel, ReleasingThePlaneKeepsTheSingleLevelSearch) {
+  TempDir t;
+  const int d = 390;
+  const size_t N = 700;
+  auto x = make_data(N + 200, d, 71), q = make_data(12, d, 72);
+  for (const int nlist : {0, 5}) {
+    for (const double bits : {4.0, 3.5}) {
+      auto c = cfg_of(d, bits, nlist ? tq::Metric::cosine : tq::Metric::l2);
+      c.nlist = nlist;
+      tq::Index keep(c), rel(c);
+      keep.add(N, x.data());
+      rel.add(N, x.data());
+      ASSERT_TRUE(rel.has_sign_plane());
+      const double mem = rel.memory_bytes_per_vector();
+      rel.release_sign_plane();
+      EXPECT_FALSE(rel.has_sign_plane());
+      const size_t cmp = ((static_cast<size_t>(d) + 3) / 4 + 3) / 4 * 4;
+      const double plane = static_cast<double>(cmp) * 16.0 / 32 + 8.0 + (nlist ? 4.0 : 0.0);
+      if (nlist == 0) EXPECT_DOUBLE_EQ(mem - rel.memory_bytes_per_vector(), plane);
+      else EXPECT_LT(rel.memory_bytes_per_vector(), mem - plane * 0.9);  // IVF: per slot, padding included
+      EXPECT_THROW(run(rel, q, 10, two_level(1)), tq::Error);
+      auto p = two_level(0);
+      p.nprobe = nlist ? 3 : 1;
+      auto same = [&](const char* what) {
+        const auto a = run(keep, q, 10, p), b = run(rel, q, 10, p);
+        EXPECT_EQ(a.id, b.id) << what;
+        EXPECT_EQ(a.s, b.s) << what;
+        tq::SearchParams dflt;  // auto: one level on the released index
+        dflt.nprobe = p.nprobe;
+        const auto r = run(rel, q, 10, dflt);
+        EXPECT_EQ(r.id, a.id) << what;
+      };
+      same("released");
+      keep.add(200, x.data() + N * d);
+      rel.add(200, x.data() + N * d);
+      EXPECT_FALSE(rel.has_sign_plane());
+      same("an add after");
+      std::vector<int64_t> ids(N + 200);
+      for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i);
+      const auto gone = ids_to_remove(ids);
+      ASSERT_EQ(keep.remove_ids(gone.size(), gone.data()), rel.remove_ids(gone.size(), gone.data()));
+      same("remove_ids after");
+      keep.save(t.path("keep.tqi"));
+      rel.save(t.path("rel.tqi"));
+      EXPECT_EQ(slurp(t.path("keep.tqi")), slurp(t.path("rel.tqi")));
+      EXPECT_TRUE(tq::Index::load(t.path("rel.tqi")).has_sign_plane());
+      rel.release_sign_plane();  // again: a no-op
+      same("released twice");
+    }
+  }
+}
+
 TEST(IndexTwoLevel, TheIvfPlaneFollowsAddsRemovesAndLoads) {
   // An IVF add moves every slot into its list: the plane of every slot holding a vector, and its
   // list term, are their definitions after each batch, after remove_ids and after a load.

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """bench/results/ivf/glove100k/{,run2/,run3/}, glove1m_rerank{,6}/, glove1m_v5{,b}/ and
-glove1m_v6{,b,c,d,e}/, glove1m_v7{,b,c,d,e}/, fashion1m{,_run2}/, fashion60k_ivf256{,_vl}/run{1,2,3}/,
+glove1m_v6{,b,c,d,e}/, glove1m_v7{,b,c,d,e}/, fashion1m{,_run2,_vl/run1,_vl/run2}/, fashion60k_ivf256{,_vl}/run{1,2,3}/,
 glove100k_xeon/run{1,2}/results.json, bench/results/vlayout/*.jsonl
 (bench/ivf_vs_faiss.py): the saved comparisons are well formed, their summaries follow from their
 points, and the statements BENCHMARKS.md makes about them hold for the saved numbers (qps_at is the
@@ -208,7 +208,10 @@ def ratios(fj, fams, targets):
 
 
 want_1m = {"fashion1m": ([1.79, 1.95, 3.15], [2.47, 2.29, 2.12, 2.05]),
-           "fashion1m_run2": ([1.29, 1.41, 2.22], [1.97, 1.82, 1.83, 1.97])}
+           "fashion1m_run2": ([1.29, 1.41, 2.22], [1.97, 1.82, 1.83, 1.97]),
+           # with the vector layout (85-search-ivf.md, "With the vector layout")
+           "fashion1m_vl/run1": ([1.51, 1.60, 2.61], [2.84, 2.65, 2.30, 1.86]),
+           "fashion1m_vl/run2": ([1.79, 2.09, 3.69], [3.88, 3.67, 3.34, 2.66])}
 for run, (w_faiss, w_rq) in want_1m.items():
     fj = json.load(open(os.path.join(ROOT, "bench", "results", "ivf", run, "results.json")))
     check(fj["n"] == 1000000 and fj["dim"] == 784 and fj["nq"] == 1000 and fj["threads"] == 2 and fj["nlist"] == 2048,
@@ -219,7 +222,7 @@ for run, (w_faiss, w_rq) in want_1m.items():
     others = [r for r in fj["results"] if r["family"].startswith("faiss-ivf")]
     best = {r["family"]: max(p["recall_10_at_10"] for p in r["points"]) for r in fj["results"]}
     check(best["tq-ivf"] > max(best[r["family"]] for r in others), f"{run}: tq best recall")
-    check(round(best["tq-ivf"], 3) == 0.966 and round(best["rabitqlib-ivf"], 3) in (0.963, 0.964),
+    check(round(best["tq-ivf"], 3) == 0.966 and round(best["rabitqlib-ivf"], 3) in (0.963, 0.964, 0.965),
           f"{run}: best recalls {best}")
     got = ratios(fj, ["faiss-ivf"], (0.8, 0.85, 0.9))
     check(got == w_faiss, f"{run}: tq / best FAISS IVF at 0.80 / 0.85 / 0.90 {w_faiss} ({got})")
@@ -286,7 +289,7 @@ for f, want in (("pass2_codes_ivf256_np1", 0.657), ("pass2_codes_ivf256_np4", 0.
 # The vector layout against the fast layout (docs/design.md, "Two-level scan";
 # bench/results/vlayout/README.md): search time after / before, medians.
 for f, want in (("ivf2_np1", 0.681), ("ivf2_np4", 0.690), ("ivf2_np16", 0.789), ("flat2_auto", 0.864),
-                ("ivf2_off", 1.279), ("flat2_off", 1.129)):
+                ("ivf2_off", 1.279), ("flat2_off", 1.129), ("f1m_np8", 0.657), ("f1m_np32", 0.787)):
     rows = [json.loads(x) for x in open(os.path.join(ROOT, "bench", "results", "vlayout", f + ".jsonl"))]
     m = {lib: statistics.median(x["search_s"] for x in rows if x["library"] == lib) for lib in ("fast", "vl")}
     check(round(m["vl"] / m["fast"], 3) == want, f"vlayout {f}: vl / fast {m['vl'] / m['fast']:.3f}, text {want}")

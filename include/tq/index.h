@@ -125,8 +125,8 @@ struct SearchParams {
   // vectors whose bound reaches the current k-th best are scored with their full code (exact
   // float LUTs; the re-rank stage then has nothing to add, a second-stage code still re-ranks).
   // -1: auto, on where the index keeps the sign plane (fast-scan indexes, flat or IVF, of dim >= 384
-  // with 3 to 4 bits per channel, p.fast_scan); 0: off; 1: on (an error where the index has no
-  // sign plane, and in search_candidates).
+  // with 3 to 4 bits per channel, unless release_sign_plane() freed it; p.fast_scan); 0: off; 1: on
+  // (an error where the index has no sign plane, and in search_candidates).
   int two_level = -1;
 };
 
@@ -161,6 +161,16 @@ class Index {
   // those vectors with what it had fitted (center, IVF centroids, which stay). O(size()) per
   // call: batch the ids. Not concurrent with search() or add().
   size_t remove_ids(size_t n, const int64_t* ids);
+  // Frees the sign plane of the two-level scan where the index keeps one (fast-scan widths of 3
+  // or 4 bits, dim >= 384) and returns its codes to the fast layout: it then searches in one
+  // level only (SearchParams::two_level 1 is an error there), at the single-level scan's full
+  // speed, in less memory (d = 784, 4 bits: 106 B a vector less). For an index that never
+  // searches in two levels, as a ShardedIndex shard (search_candidates). Adds, removes and saves
+  // work as before and write the same file; a loaded index holds a plane again. A no-op where
+  // there is none. Not concurrent with search() or add().
+  void release_sign_plane();
+  // Whether the index holds the sign plane (and searches in two levels by default).
+  bool has_sign_plane() const noexcept;
   // The ids held, size() of them, in slot order: a flat index's insertion order (the slots
   // search_candidates returns index it), an IVF index's list by list.
   std::vector<int64_t> ids() const;

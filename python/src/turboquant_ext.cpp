@@ -505,6 +505,18 @@ NB_MODULE(_turboquant, m) {
           "Remove every vector whose id is in ids ((n,) int64; ids not held are skipped) and return how "
           "many went. The others keep their codes and order: the index searches and saves as one given "
           "only them. O(ntotal) per call, so pass the ids in one array.")
+      .def(
+          "release_sign_plane",
+          [](tq::Index& idx) {
+            nb::gil_scoped_release nogil;
+            idx.release_sign_plane();
+          },
+          "Free the two-level scan's sign plane (indexes of dim >= 384 at 3 to 4 bits keep one) and return "
+          "the codes to the fast-scan layout: the index then searches in one level only (two_level=True is "
+          "an error), in less memory. For indexes that never search in two levels, as ShardedIndex shards. "
+          "Adds, removes and saves work as before; a loaded index holds a plane again.")
+      .def_prop_ro("has_sign_plane", &tq::Index::has_sign_plane,
+                   "Whether the index holds the two-level scan's sign plane.")
       .def_prop_ro(
           "ids",
           [](const tq::Index& idx) {

@@ -399,6 +399,20 @@ def test_two_level_search(tq_cli, tmp_path, rng):
     s_m, i_m = merge_candidates(parts, 10)
     np.testing.assert_array_equal(i_m, i_off)
     assert s_m.tobytes() == s_off.tobytes()
+    # ShardedIndex's shards free the sign plane (never read by search_candidates): the same
+    # candidates, in less memory; two_level=True is then an error.
+    assert shards[0].has_sign_plane
+    before = shards[0].memory_bytes_per_vector
+    shards[0].release_sign_plane()
+    assert not shards[0].has_sign_plane
+    assert before - shards[0].memory_bytes_per_vector == pytest.approx(400 / 8 + 8)  # the plane and 2 floats
+    parts = [candidate_positions(sh.search_candidates(q, 10), np.arange(s, len(x), 2, dtype=np.int64))
+             for s, sh in enumerate(shards)]
+    s_m, i_m = merge_candidates(parts, 10)
+    np.testing.assert_array_equal(i_m, i_off)
+    assert s_m.tobytes() == s_off.tobytes()
+    with pytest.raises(tq.Error, match="two_level 1 needs"):
+        shards[0].search(q, 5, two_level=True)
     # An IVF index keeps the plane too: auto is on, at any nprobe, and the CLI agrees.
     ivf = tq.Index(d, bits=4, metric="l2", nlist=8)
     ivf.add(x)

@@ -193,6 +193,15 @@ class Index:
         Remove every vector whose id is in ids ((n,) int64; ids not held are skipped) and return how many went. The others keep their codes and order: the index searches and saves as one given only them. O(ntotal) per call, so pass the ids in one array.
         """
 
+    def release_sign_plane(self) -> None:
+        """
+        Free the two-level scan's sign plane (indexes of dim >= 384 at 3 to 4 bits keep one) and return the codes to the fast-scan layout: the index then searches in one level only (two_level=True is an error), in less memory. For indexes that never search in two levels, as ShardedIndex shards. Adds, removes and saves work as before; a loaded index holds a plane again.
+        """
+
+    @property
+    def has_sign_plane(self) -> bool:
+        """Whether the index holds the two-level scan's sign plane."""
+
     @property
     def ids(self) -> NDArray[numpy.int64]:
         """

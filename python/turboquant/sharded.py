@@ -80,6 +80,9 @@ class _Shard:
 
     def __init__(self, dim, bits, metric, options, path=None):
         self.index = Index.load(path) if path else Index(dim, bits, metric, **options)
+        # A shard searches in one level (search_candidates): the two-level scan's sign plane
+        # would be memory never read, and its codes' layout a transpose per scan.
+        self.index.release_sign_plane()
         self.pos = np.zeros(0, dtype=np.int64)
 
     def set_positions(self, path, shard, n_shards, next_position):

@@ -54,6 +54,11 @@ State& state() {
 
 // Highway's supported switch: hwy::DisableTargets(mask) takes the masked targets out of
 // SupportedTargets() and resets the dispatch cache (the next HWY_DYNAMIC_DISPATCH picks again).
+// That next pick is not safe to make from several threads at once (Highway 1.0.3): it runs
+// SupportedTargets(), which first publishes every detected target as the chosen one and only
+// then the masked set, so another thread dispatching in between ran a better level's kernel
+// (the sliding-window test saw KV caches built partly with AVX-512 code while sse4 was set, one
+// process in ten). So the pick is made here, on the calling thread, before this returns.
 // A level keeps its own target and every worse one: it disables the better ones, whose bits are
 // the lower ones (Highway numbers targets best first within an architecture).
 void apply_locked(State& st, const std::string& level) {
@@ -71,6 +76,7 @@ void apply_locked(State& st, const std::string& level) {
     hwy::DisableTargets(it->second - 1);
     st.scalar = false;
   }
+  hwy::GetChosenTarget().Update(hwy::SupportedTargets());
   st.level = level;
 }
 

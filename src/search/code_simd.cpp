@@ -29,18 +29,22 @@
 #ifndef TQ_CODE_SIMD_REF_ONCE
 #define TQ_CODE_SIMD_REF_ONCE
 namespace tq {
+namespace {
+// Byte h of the 32 vectors at v (vb bytes each), groups 2h (low nibbles) and 2h + 1 (high),
+// into the fast layout's rows 2h and 2h + 1 at o.
+void transpose_byte(const uint8_t* v, size_t vb, size_t h, uint8_t* o) noexcept {
+  for (size_t j = 0; j < 16; ++j) {
+    const unsigned lo = v[j * vb + h], hi = v[(j + 16) * vb + h];
+    o[2 * h * 16 + j] = static_cast<uint8_t>((lo & 15u) | (hi << 4));
+    o[(2 * h + 1) * 16 + j] = static_cast<uint8_t>((lo >> 4) | (hi & 0xF0u));
+  }
+}
+}  // namespace
+
 void vector_to_fast_layout_ref(size_t n_blocks, size_t m_groups, const uint8_t* vec, uint8_t* fast) noexcept {
   const size_t vb = m_groups / 2;  // bytes per vector
-  for (size_t b = 0; b < n_blocks; ++b) {
-    const uint8_t* v = vec + b * 32 * vb;
-    uint8_t* o = fast + b * m_groups * 16;
-    for (size_t h = 0; h < vb; ++h)  // groups 2h (low nibbles) and 2h + 1 (high)
-      for (size_t j = 0; j < 16; ++j) {
-        const unsigned lo = v[j * vb + h], hi = v[(j + 16) * vb + h];
-        o[2 * h * 16 + j] = static_cast<uint8_t>((lo & 15u) | (hi << 4));
-        o[(2 * h + 1) * 16 + j] = static_cast<uint8_t>((lo >> 4) | (hi & 0xF0u));
-      }
-  }
+  for (size_t b = 0; b < n_blocks; ++b)
+    for (size_t h = 0; h < vb; ++h) transpose_byte(vec + b * 32 * vb, vb, h, fast + b * m_groups * 16);
 }
 
 void code_dot_lanes_ref(size_t g0, size_t g1, const float* y, const uint8_t* codes, const float* cent,
@@ -62,15 +66,6 @@ HWY_BEFORE_NAMESPACE();
 namespace tq {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
-
-// Groups 2h and 2h + 1 of the 32 vectors at v (vb bytes each) into rows 2h and 2h + 1 at o.
-inline void TransposeOneByte(const uint8_t* v, size_t vb, size_t h, uint8_t* o) {
-  for (size_t j = 0; j < 16; ++j) {
-    const unsigned lo = v[j * vb + h], hi = v[(j + 16) * vb + h];
-    o[2 * h * 16 + j] = static_cast<uint8_t>((lo & 15u) | (hi << 4));
-    o[(2 * h + 1) * 16 + j] = static_cast<uint8_t>((lo >> 4) | (hi & 0xF0u));
-  }
-}
 
 void VectorToFastLayout(size_t n_blocks, size_t m_groups, const uint8_t* HWY_RESTRICT vec, uint8_t* HWY_RESTRICT fast) {
 #if HWY_TARGET == HWY_SCALAR
@@ -111,7 +106,7 @@ void VectorToFastLayout(size_t n_blocks, size_t m_groups, const uint8_t* HWY_RES
         }
       }
     }
-    for (size_t h = full; h < vb; ++h) TransposeOneByte(v, vb, h, o);
+    for (size_t h = full; h < vb; ++h) transpose_byte(v, vb, h, o);  // the tail
   }
 #endif
 }

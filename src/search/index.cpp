@@ -175,7 +175,7 @@ Index::Impl::Impl(const IndexConfig& c) : cfg(c) {
   }
   coarse_ok = fast_ok && d >= kTwoLevelMinDim &&
               std::all_of(segs.begin(), segs.end(), [](const Segment& s) { return s.bits >= kTwoLevelMinBits; });
-  vl = coarse_ok;
+  vl = lanes16 = coarse_ok;
   if (vl)
     for (const Segment& s : segs) {
       std::array<float, 16> c{};
@@ -490,6 +490,24 @@ size_t Index::list_size(int l) const {
   TQ_CHECK(impl_->ivf() && l >= 0 && l < impl_->cfg.nlist, "index: list %d outside [0, %d)", l, impl_->cfg.nlist);
   return impl_->list_size[static_cast<size_t>(l)];
 }
+
+void Index::release_sign_plane() {
+  Impl& I = *impl_;
+  if (!I.coarse_ok) return;
+  if (I.vl) {  // back to the fast layout, the same bytes per block
+    std::vector<uint8_t> fast(I.blocks.size());
+    vector_to_fast_layout(I.blocks.size() / (I.mp * 16), I.mp, I.blocks.data(), fast.data());
+    I.blocks.swap(fast);
+  }
+  I.vl = false;
+  I.coarse_ok = false;
+  std::vector<uint8_t>().swap(I.cblocks);
+  std::vector<float>().swap(I.cA);
+  std::vector<float>().swap(I.cB);
+  std::vector<float>().swap(I.cL);
+}
+
+bool Index::has_sign_plane() const noexcept { return impl_->coarse_ok; }
 
 double Index::memory_bytes_per_vector() const noexcept {
   const Impl& I = *impl_;
@@ -922,9 +940,9 @@ void Index::add(size_t n, const float* x, const int64_t* ids, const AddProgress&
           overflow |= !std::isfinite(I.norm[i]);
         }
       }
-      // Codes. Fast layout: whole fresh blocks (no earlier vector in them) are written row by
-      // row (16 bytes per group) from the chunk's group codes; a block shared with vectors of
-      // an earlier add() is updated nibble by nibble.
+      // Codes. Fast or vector layout: whole fresh blocks (no earlier vector in them) are written
+      // at once from the chunk's group codes (write_block); a block shared with vectors of an
+      // earlier add() is updated nibble by nibble.
       size_t r = 0;
       while (r < cnt) {
         const size_t i = i0 + r;
@@ -937,7 +955,7 @@ void Index::add(size_t n, const float* x, const int64_t* ids, const AddProgress&
         std::fill(gc.begin(), gc.end(), uint8_t{0});
         for (size_t v = 0; v < nv; ++v)
           for (size_t g = 0; g < I.m; ++g) gc[v * I.m + g] = I.pack_group(cidx.data() + (r + v) * d, g);
-        I.write_fast_block(i, gc.data());
+        I.write_block(i, gc.data());
         r += nv;
       }
     }
@@ -1047,8 +1065,8 @@ float internal_score(const Index::Impl& I, bool l2, size_t i, float dot) {
   return l2 ? 2.f * s - I.norm[i] * I.norm[i] : s;
 }
 
-// Exact float-LUT score of vector i, four partial sums. Fast layout: the vector's codes are one
-// nibble every 16 bytes of its block.
+// Exact float-LUT score of vector i, four partial sums (lanes16: sixteen, as exact_code_score).
+// Fast layout: the vector's codes are one nibble every 16 bytes of its block.
 float exact_lut_score(const Index::Impl& I, const float* lut, size_t i) {
   float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
   const size_t m = I.m, st = I.lut_stride;
@@ -1063,10 +1081,16 @@ float exact_lut_score(const Index::Impl& I, const float* lut, size_t i) {
       s3 += lut[(g + 3) * 256 + w[(g + 3) * B]];
     }
     for (; g < m; ++g) s0 += lut[g * 256 + w[g * B]];
-  } else if (I.vl) {  // 16 partial sums, as exact_code_score
-    const uint8_t* p = I.vrow(i);
+  } else if (I.lanes16) {  // 16 partial sums, as exact_code_score, in either layout
     float lanes[16] = {};
-    for (; g < m; ++g) lanes[g % 16] += lut[g * 16 + ((p[g / 2] >> ((g & 1) * 4)) & 15)];
+    if (I.vl) {
+      const uint8_t* p = I.vrow(i);
+      for (; g < m; ++g) lanes[g % 16] += lut[g * 16 + ((p[g / 2] >> ((g & 1) * 4)) & 15)];
+    } else {
+      const uint8_t* p = I.fast_row(i);
+      const int sh = I.fast_shift(i);
+      for (; g < m; ++g) lanes[g % 16] += lut[g * 16 + ((p[g * 16] >> sh) & 15)];
+    }
     return reduce_lanes16(lanes);
   } else if (I.fast_ok) {
     const uint8_t* p = I.fast_row(i);
@@ -1579,8 +1603,8 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
       const float* y = qr + qi * d;
       for (size_t j = 0; j < np; ++j) list_off[probes[qi * np + j]] = poff[qi * np + j];
       if (stage2) {
-        // The candidates' codes are scattered: prefetch the one four ahead (its fast-layout
-        // block rows when the first code is read too, and its second-stage bytes).
+        // The candidates' codes are scattered: prefetch the one four ahead (its first code's
+        // lines when that code is read too, and its second-stage bytes).
         auto prefetch2 = [&](size_t s) {
           if (refine) I.prefetch_codes(s);
           __builtin_prefetch(I.rcodes.data() + s * I.rbytes);

@@ -187,6 +187,10 @@ struct Index::Impl {
   // cache lines at d = 784). Same bytes per block as the fast layout; the uint8 scans of the
   // full codes (single-level search) read it transposed block by block (fast_blocks).
   bool vl = false;
+  // The float-LUT score sums channel g into partial sum g % 16 (as the vector layout's
+  // exact_code_score does) where the configuration keeps a sign plane, released or not
+  // (Index::release_sign_plane), so a released index scores exactly as one that keeps it.
+  bool lanes16 = false;
   std::vector<std::array<float, 16>> cent16;  // vl: each segment's centroids, padded with zeros to 16
   size_t cm = 0, cmp = 0;
   std::vector<uint8_t> cblocks;  // ceil(slots / 32) * cmp * 16 bytes
@@ -254,9 +258,10 @@ struct Index::Impl {
     for (int t = 0; t < gr.ndims; ++t) c |= static_cast<unsigned>(idx[gr.dim0 + t]) << (t * gr.bpd);
     return static_cast<uint8_t>(c);
   }
-  // Fast layout: writes the whole block of slots [b0, b0 + 32) (b0 a multiple of 32) row by row
-  // from their group codes, slot b0 + v's m codes at gc + v * m (zeros for empty slots).
-  void write_fast_block(size_t b0, const uint8_t* gc) noexcept {
+  // Fast or vector layout: writes the whole block of slots [b0, b0 + 32) (b0 a multiple of 32)
+  // from their group codes (fast layout: row by row), slot b0 + v's m codes at gc + v * m
+  // (zeros for empty slots).
+  void write_block(size_t b0, const uint8_t* gc) noexcept {
     uint8_t* blk = blocks.data() + (b0 / kBlock) * mp * 16;
     if (vl) {  // slot by slot, the padding groups' nibbles zero
       std::fill(blk, blk + mp * 16, uint8_t{0});

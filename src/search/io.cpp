@@ -535,7 +535,7 @@ Index Index::from_bytes(const uint8_t* data, size_t size, const std::string& nam
         }
       }
       if (I.fast_ok)
-        for (size_t b0 = t0; b0 < t1; b0 += kBlock) I.write_fast_block(b0, gc.data() + (b0 - t0) * I.m);
+        for (size_t b0 = t0; b0 < t1; b0 += kBlock) I.write_block(b0, gc.data() + (b0 - t0) * I.m);
     }
   }
   for (size_t ri = 0; ri < n; ++ri) {
