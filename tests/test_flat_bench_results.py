@@ -128,6 +128,22 @@ for rel in ("fashion/results.json", "fashion/run2/results.json", "fashion/run3/r
 # the single-level runs 0.58-0.60x rabitqlib's (rabitqlib 1.67-1.73x tq's).
 spread([f[F4T]["qps"] / f[F4OFF]["qps"] for f in fr], 1.79, 2.27, "two-level / single-level", 1.92, digits=2)
 spread([f[F4T]["qps"] / f["rabitqlib 4b (1 cluster)"]["qps"] for f in fr], 0.99, 1.45, "two-level / rabitqlib", 1.32, digits=2)
+# With the vector layout on the AVX-512 host (80-search.md, "With the vector layout"): three runs,
+# two-level 1.33-1.52x rabitqlib's 4 bits (median 1.46x) and 2.33-3.21x the single-level scan
+# (median 2.81x), tq's R10@10 0.9487 in each, its ids as the single-level scan's.
+vx = []
+for r in (1, 2, 3):
+    rel = f"fashion/vl_xeon/run{r}/results.json"
+    j = load(rel)
+    v = {x["method"]: x for x in j["results"]}
+    vx.append(v)
+    check(j["threads"] == 2 and j["n"] == 60000 and j["nq"] == 1000, f"{rel}: run parameters")
+    check(all(x.get("simd") == "avx3_dl" for x in j["results"] if x["family"] == "tq"), f"{rel}: tq at avx3_dl")
+    check(round(v[F4T]["recall_10_at_10"], 4) == 0.9487 and R1(v[F4T]) == R1(v[F4OFF]), f"{rel}: tq recall")
+    check(abs(v[F4T]["recall_10_at_10"] - v["rabitqlib 4b (1 cluster)"]["recall_10_at_10"]) <= 0.005, f"{rel}: level recall")
+spread([v[F4T]["qps"] / v["rabitqlib 4b (1 cluster)"]["qps"] for v in vx], 1.33, 1.52, "vl: two-level / rabitqlib", 1.46,
+       digits=2)
+spread([v[F4T]["qps"] / v[F4OFF]["qps"] for v in vx], 2.33, 3.21, "vl: two-level / single-level", 2.81, digits=2)
 fruns = [rows("fashion/single_level/results.json")[1], rows("fashion/single_level/run_before_encode/results.json")[1]]
 spread([o["rabitqlib 4b (1 cluster)"]["qps"] / o[DEF4]["qps"] for o in fruns], 1.67, 1.73, "single-level: rabitqlib / tq", digits=2)
 spread([o[DEF4]["qps"] / o["rabitqlib 4b (1 cluster)"]["qps"] for o in fruns], 0.58, 0.6, "single-level: tq / rabitqlib", digits=2)
