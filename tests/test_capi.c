@@ -472,6 +472,8 @@ static void test_index_ivf_trellis(void) {
   }
   CHECK(tq_index_search_with(NULL, NQ, qv, NULL, s1, i1) == TQ_ERR_NULL_POINTER);
   CHECK(tq_index_nlist(NULL) == 0);
+  CHECK(tq_index_has_sign_plane(NULL) == 0);
+  CHECK(tq_index_release_sign_plane(NULL) == TQ_ERR_NULL_POINTER);
 
   /* fit_scale and center -1 (the defaults): on for a flat mse index, off for IVF, as the CLI */
   {
@@ -580,6 +582,21 @@ static void test_index_two_level(void) {
     p.fast_scan = 0; /* the plane is read by the uint8 scan */
     CHECK(tq_index_search_with(idx, NQ, qv, &p, s1, i1) == TQ_ERR_INVALID_ARGUMENT);
     CHECK(strstr(tq_last_error(), "two_level 1 needs") != NULL);
+    /* Releasing the plane: the single-level results unchanged, auto is now one level, 1 an error */
+    p.fast_scan = 1;
+    p.two_level = 0;
+    CHECK(tq_index_search_with(idx, NQ, qv, &p, s1, i1) == TQ_OK);
+    CHECK(tq_index_has_sign_plane(idx) == 1);
+    CHECK(tq_index_release_sign_plane(idx) == TQ_OK);
+    CHECK(tq_index_has_sign_plane(idx) == 0);
+    CHECK(tq_index_release_sign_plane(idx) == TQ_OK); /* again: a no-op */
+    CHECK(tq_index_search_with(idx, NQ, qv, &p, s2, i2) == TQ_OK);
+    CHECK(memcmp(i1, i2, sizeof i1) == 0 && memcmp(s1, s2, sizeof s1) == 0);
+    p.two_level = -1;
+    CHECK(tq_index_search_with(idx, NQ, qv, &p, s2, i2) == TQ_OK);
+    CHECK(memcmp(i1, i2, sizeof i1) == 0 && memcmp(s1, s2, sizeof s1) == 0);
+    p.two_level = 1;
+    CHECK(tq_index_search_with(idx, NQ, qv, &p, s2, i2) == TQ_ERR_INVALID_ARGUMENT);
     tq_index_free(idx);
   }
 }

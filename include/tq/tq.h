@@ -144,6 +144,15 @@ tq_status tq_index_search_with(const tq_index* idx, size_t nq, const float* q, c
                                float* scores, int64_t* ids);
 /* IVF lists (0 for a flat index or a NULL handle). */
 int tq_index_nlist(const tq_index* idx);
+/* Frees the two-level scan's sign plane (indexes of dim >= 384 at 3 to 4 bits keep one) and
+ * returns the codes to the fast-scan layout: the index then searches in one level only
+ * (two_level 1 is an error), with the results two_level 0 gave, in less memory (dim 784, 4 bits:
+ * 106 B a vector). For an index that never searches in two levels. A no-op where there is none;
+ * saves write the same file, and a loaded index holds a plane again. Not concurrent with a
+ * search or an add. */
+tq_status tq_index_release_sign_plane(tq_index* idx);
+/* 1 when the index holds the sign plane, else 0 (also for a NULL handle). */
+int tq_index_has_sign_plane(const tq_index* idx);
 /* Atomic save; load validates every field and the checksum. */
 tq_status tq_index_save(const tq_index* idx, const char* path);
 tq_status tq_index_load(const char* path, tq_index** out);

@@ -305,6 +305,13 @@ tq_status tq_index_search(const tq_index* idx, size_t nq, const float* q, int k,
 
 int tq_index_nlist(const tq_index* idx) { return idx ? idx->idx.nlist() : 0; }
 
+tq_status tq_index_release_sign_plane(tq_index* idx) {
+  TQ_CAPI_NONNULL(idx, "tq_index_release_sign_plane");
+  return guard([&] { idx->idx.release_sign_plane(); });
+}
+
+int tq_index_has_sign_plane(const tq_index* idx) { return idx && idx->idx.has_sign_plane() ? 1 : 0; }
+
 tq_status tq_index_save(const tq_index* idx, const char* path) {
   TQ_CAPI_NONNULL(idx, "tq_index_save");
   TQ_CAPI_NONNULL(path, "tq_index_save");
