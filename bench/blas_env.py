@@ -43,13 +43,10 @@ def rerun_with_blas_kernels():
 
 def faiss_blas_core():
     """The kernels FAISS's OpenBLAS runs (once faiss is imported), or None."""
-    import ctypes
     lib = faiss_openblas()
     if not lib:
         return None
     try:
-        f = ctypes.CDLL(lib).openblas_get_corename
-        f.restype = ctypes.c_char_p
-        return f().decode()
+        return _rule().corename(lib)
     except (OSError, AttributeError):
         return None

@@ -13,6 +13,16 @@ import os
 import sys
 
 
+def corename(lib):
+    """The kernel set the OpenBLAS library `lib` (a name or path dlopen finds) runs, loading it
+    into this process."""
+    import ctypes
+
+    f = ctypes.CDLL(lib).openblas_get_corename
+    f.restype = ctypes.c_char_p
+    return f().decode()
+
+
 def choose(lib="libopenblas.so.0", probe_import=None):
     """Sets OPENBLAS_CORETYPE for `lib` (a name or path dlopen finds) where the rule says so and
     returns the value set, else None (nothing to do, or the library is loaded already).
@@ -41,8 +51,8 @@ def choose(lib="libopenblas.so.0", probe_import=None):
         return None  # an embedding program: nothing to run the probe with
     import subprocess
 
-    probe = (f"import ctypes; f = ctypes.CDLL({lib!r}).openblas_get_corename; "
-             "f.restype = ctypes.c_char_p; print(f().decode())")
+    # corename(lib) in a fresh interpreter, where nothing has loaded an OpenBLAS yet.
+    probe = f"import runpy; print(runpy.run_path({os.path.abspath(__file__)!r})['corename']({lib!r}))"
     if probe_import:
         probe = f"import {probe_import}; " + probe
     try:

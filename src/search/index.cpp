@@ -175,8 +175,8 @@ Index::Impl::Impl(const IndexConfig& c) : cfg(c) {
   }
   coarse_ok = fast_ok && d >= kTwoLevelMinDim &&
               std::all_of(segs.begin(), segs.end(), [](const Segment& s) { return s.bits >= kTwoLevelMinBits; });
-  vl = lanes16 = coarse_ok;
-  if (vl)
+  lanes16 = coarse_ok;
+  if (lanes16)
     for (const Segment& s : segs) {
       std::array<float, 16> c{};
       std::copy(s.cb->centroids.begin(), s.cb->centroids.end(), c.begin());
@@ -295,7 +295,7 @@ void Index::Impl::get_indices(size_t i, uint8_t* idx) const noexcept {
     for (size_t j = 0; j < m; ++j) idx[j] = w[j * kTrellisBlock] & mask;
     return;
   }
-  if (fast_ok && !vl) {
+  if (fast_ok && !vl()) {
     const uint8_t* base = fast_row(i);
     const int sh = fast_shift(i);
     for (size_t g = 0; g < m; ++g) {
@@ -439,7 +439,7 @@ void Index::Impl::rebuild(const std::vector<size_t>& src) {
         const uint8_t* w = old_gcodes.data() + (s / kTrellisBlock) * m * kTrellisBlock + s % kTrellisBlock;
         uint8_t* o = trellis_row(t);
         for (size_t j = 0; j < m; ++j) o[j * kTrellisBlock] = w[j * kTrellisBlock];
-      } else if (vl) {
+      } else if (vl()) {
         std::memcpy(blocks.data() + t * vbytes(), old_blocks.data() + s * vbytes(), vbytes());
       } else if (fast_ok) {
         for (size_t g = 0; g < m; ++g) {
@@ -462,7 +462,7 @@ void Index::Impl::rebuild(const std::vector<size_t>& src) {
 }
 
 const uint8_t* Index::Impl::fast_blocks(size_t b, size_t nb, std::vector<uint8_t>& scratch) const {
-  if (!vl) return blocks.data() + b * mp * 16;
+  if (!vl()) return blocks.data() + b * mp * 16;
   scratch.resize(nb * mp * 16);
   vector_to_fast_layout(nb, mp, blocks.data() + b * mp * 16, scratch.data());
   return scratch.data();
@@ -494,13 +494,10 @@ size_t Index::list_size(int l) const {
 void Index::release_sign_plane() {
   Impl& I = *impl_;
   if (!I.coarse_ok) return;
-  if (I.vl) {  // back to the fast layout, the same bytes per block
-    std::vector<uint8_t> fast(I.blocks.size());
-    vector_to_fast_layout(I.blocks.size() / (I.mp * 16), I.mp, I.blocks.data(), fast.data());
-    I.blocks.swap(fast);
-  }
-  I.vl = false;
-  I.coarse_ok = false;
+  std::vector<uint8_t> fast;  // back to the fast layout, the same bytes per block
+  I.fast_blocks(0, I.blocks.size() / (I.mp * 16), fast);
+  I.blocks.swap(fast);
+  I.coarse_ok = false;  // and so the vector layout
   std::vector<uint8_t>().swap(I.cblocks);
   std::vector<float>().swap(I.cA);
   std::vector<float>().swap(I.cB);
@@ -1083,7 +1080,7 @@ float exact_lut_score(const Index::Impl& I, const float* lut, size_t i) {
     for (; g < m; ++g) s0 += lut[g * 256 + w[g * B]];
   } else if (I.lanes16) {  // 16 partial sums, as exact_code_score, in either layout
     float lanes[16] = {};
-    if (I.vl) {
+    if (I.vl()) {
       const uint8_t* p = I.vrow(i);
       for (; g < m; ++g) lanes[g % 16] += lut[g * 16 + ((p[g / 2] >> ((g & 1) * 4)) & 15)];
     } else {
@@ -1507,7 +1504,7 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
         const float* tab = I.rtab[0].data();
         float d0 = 0, d1 = 0;
         size_t j = 0;
-        if (I.vl) {
+        if (I.vl()) {
           const uint8_t* base = I.vrow(s);
           for (; j + 2 <= d; j += 2) {
             const uint8_t r = rc[j / 2], c = base[j / 2];

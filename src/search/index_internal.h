@@ -180,18 +180,18 @@ struct Index::Impl {
   // 2 cA S - norm^2) plus the list term cL = (ip, cosine: scale <Pi c_l, c>) - (l2 ? 2 : 1) cA u
   // is the estimate.
   bool coarse_ok = false;
-  // The vector layout (indexes with a sign plane): blocks holds slot i's mp group codes
-  // together, two a byte (group g: the low nibble of byte g / 2 for even g, else the high one),
-  // at vrow(i), so the second pass of the two-level scan reads a kept vector's codes from
-  // mp / 2 contiguous bytes instead of one byte in each of mp 16-byte rows of its block (196
-  // cache lines at d = 784). Same bytes per block as the fast layout; the uint8 scans of the
-  // full codes (single-level search) read it transposed block by block (fast_blocks).
-  bool vl = false;
+  // The vector layout, held exactly while the index keeps a sign plane: blocks holds slot i's
+  // mp group codes together, two a byte (group g: the low nibble of byte g / 2 for even g, else
+  // the high one), at vrow(i), so the second pass of the two-level scan reads a kept vector's
+  // codes from mp / 2 contiguous bytes instead of one byte in each of mp 16-byte rows of its
+  // block (196 cache lines at d = 784). Same bytes per block as the fast layout; the uint8 scans
+  // of the full codes (single-level search) read it transposed block by block (fast_blocks).
+  bool vl() const noexcept { return coarse_ok; }
   // The float-LUT score sums channel g into partial sum g % 16 (as the vector layout's
   // exact_code_score does) where the configuration keeps a sign plane, released or not
   // (Index::release_sign_plane), so a released index scores exactly as one that keeps it.
   bool lanes16 = false;
-  std::vector<std::array<float, 16>> cent16;  // vl: each segment's centroids, padded with zeros to 16
+  std::vector<std::array<float, 16>> cent16;  // lanes16: each segment's centroids, padded with zeros to 16
   size_t cm = 0, cmp = 0;
   std::vector<uint8_t> cblocks;  // ceil(slots / 32) * cmp * 16 bytes
   std::vector<float> cA, cB, cL;  // slots, padded with zeros to whole blocks (cL: IVF only)
@@ -221,7 +221,7 @@ struct Index::Impl {
   // Prefetch slot i's codes (fast layout: one 64-byte line per 4 groups; vector layout: its
   // bytes' lines); nothing in the other layouts.
   void prefetch_codes(size_t i) const noexcept {
-    if (vl) {
+    if (vl()) {
       const uintptr_t a = reinterpret_cast<uintptr_t>(vrow(i)), e = a + vbytes();
       for (uintptr_t p = a & ~uintptr_t{63}; p < e; p += 64) __builtin_prefetch(reinterpret_cast<const void*>(p));
       return;
@@ -231,12 +231,12 @@ struct Index::Impl {
     for (size_t g = 0; g < m; g += 4) __builtin_prefetch(p + g * 16);
   }
   uint8_t group_code(size_t i, size_t g) const noexcept {
-    if (vl) return static_cast<uint8_t>((vrow(i)[g / 2] >> ((g & 1) * 4)) & 15);
+    if (vl()) return static_cast<uint8_t>((vrow(i)[g / 2] >> ((g & 1) * 4)) & 15);
     if (fast_ok) return static_cast<uint8_t>((fast_row(i)[g * 16] >> fast_shift(i)) & 15);
     return gcodes[i * m + g];
   }
   void set_group_code(size_t i, size_t g, uint8_t c) noexcept {
-    if (vl) {
+    if (vl()) {
       uint8_t& b = blocks[i * vbytes() + g / 2];
       if ((g & 1) == 0) b = static_cast<uint8_t>((b & 0xF0) | (c & 15));
       else b = static_cast<uint8_t>((b & 0x0F) | (c << 4));
@@ -263,7 +263,7 @@ struct Index::Impl {
   // (zeros for empty slots).
   void write_block(size_t b0, const uint8_t* gc) noexcept {
     uint8_t* blk = blocks.data() + (b0 / kBlock) * mp * 16;
-    if (vl) {  // slot by slot, the padding groups' nibbles zero
+    if (vl()) {  // slot by slot, the padding groups' nibbles zero
       std::fill(blk, blk + mp * 16, uint8_t{0});
       for (size_t v = 0; v < kBlock; ++v)
         for (size_t g = 0; g < m; ++g) blk[v * vbytes() + g / 2] |= static_cast<uint8_t>(gc[v * m + g] << ((g & 1) * 4));
