@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "tq/bitpack.h"
 #include "tq/common.h"
 #include "tq/error.h"
 #include "tq/fileio.h"
@@ -371,43 +372,67 @@ TEST(Index, VectorToFastLayoutEqualsScalarReference) {
 }
 
 // The vector layout's dot product in 16 partial sums equals its reference bit for bit at every
-// SIMD level, for ranges that start and end off a multiple of 16 (a 3.5-bit index's second
-// segment starts at (d + 1) / 2), shorter than 16, and a 3-bit table (8 centroids, codes < 8);
-// and the reference is the dot product (to float rounding).
+// SIMD level, for 4-bit and 3-bit packed codes (3 bits: the 16-channel steps start at every bit
+// offset), ranges that start and end off a multiple of 16 (a 3.5-bit index's second segment
+// starts at (d + 1) / 2), shorter than 16, and empty; the codes are copied to a buffer of their
+// exact size (no byte past them is read: ASan); and the reference is the dot product (to float
+// rounding).
 TEST(Index, CodeDotLanesEqualsScalarReference) {
   tq::Rng rng(12);
   const size_t d = 800;
   std::vector<float> y(d);
   for (auto& v : y) v = static_cast<float>(rng.normal());
-  std::vector<uint8_t> codes(d / 2);
-  for (auto& c : codes) c = static_cast<uint8_t>(rng.below(256));
-  std::vector<uint8_t> codes3(d / 2);
-  for (auto& c : codes3) c = static_cast<uint8_t>(rng.below(8) | (rng.below(8) << 4));
   std::array<float, 16> cent{};
   for (auto& c : cent) c = static_cast<float>(rng.normal());
-  std::array<float, 16> cent3{};
-  for (size_t c = 0; c < 8; ++c) cent3[c] = static_cast<float>(rng.normal());
-  const std::vector<std::pair<size_t, size_t>> ranges = {{0, 800}, {0, 392}, {392, 784}, {5, 11}, {3, 797}, {16, 32}, {0, 0}};
-  for (const bool three : {false, true}) {
-    const uint8_t* cd = three ? codes3.data() : codes.data();
-    const float* ct = three ? cent3.data() : cent.data();
+  const std::vector<std::pair<size_t, size_t>> ranges = {{0, 800}, {0, 392}, {392, 784}, {5, 11},  {3, 797},
+                                                         {1, 800}, {2, 799}, {7, 700}, {16, 32}, {0, 0}};
+  for (const int bits : {4, 3}) {
     for (const auto& [g0, g1] : ranges) {
+      std::vector<uint8_t> idx(g1 - g0);
+      for (auto& c : idx) c = static_cast<uint8_t>(rng.below(1u << bits));
+      std::vector<uint8_t> codes(tq::packed_bytes(idx.size(), bits));
+      tq::pack_bits(idx.size(), bits, idx.data(), codes.data());
       float ref[16], got[16];
-      for (size_t l = 0; l < 16; ++l) ref[l] = got[l] = static_cast<float>(l) * 0.25f;  // a sum carried in
-      tq::code_dot_lanes_ref(g0, g1, y.data(), cd, ct, ref);
+      for (size_t l = 0; l < 16; ++l) ref[l] = static_cast<float>(l) * 0.25f;  // a sum carried in
+      tq::code_dot_lanes_ref(g0, g1, bits, y.data(), codes.data(), cent.data(), ref);
       double exact = 0;
       for (size_t l = 0; l < 16; ++l) exact += static_cast<double>(l) * 0.25;
-      for (size_t g = g0; g < g1; ++g) exact += static_cast<double>(y[g]) * ct[(cd[g / 2] >> ((g & 1) * 4)) & 15];
+      for (size_t g = g0; g < g1; ++g) exact += static_cast<double>(y[g]) * cent[idx[g - g0]];
       EXPECT_NEAR(tq::reduce_lanes16(ref), exact, 1e-3) << g0 << ".." << g1;
       for (const auto& level : tq::simd::available_levels()) {
         tq::simd::ScopedLevel sl(level);
-        std::copy(std::begin(ref), std::end(ref), got);
         for (size_t l = 0; l < 16; ++l) got[l] = static_cast<float>(l) * 0.25f;
-        tq::code_dot_lanes(g0, g1, y.data(), cd, ct, got);
+        tq::code_dot_lanes(g0, g1, bits, y.data(), codes.data(), cent.data(), got);
         for (size_t l = 0; l < 16; ++l)
           EXPECT_EQ(std::memcmp(&got[l], &ref[l], sizeof(float)), 0)
-              << "level " << level << " lane " << l << " range " << g0 << ".." << g1 << " 3-bit " << three;
+              << "level " << level << " lane " << l << " range " << g0 << ".." << g1 << " bits " << bits;
       }
+    }
+  }
+}
+
+// 3-bit codes widened to nibbles (a register of 64-bit words, then word by word) equal the
+// reference at every SIMD level, and the reference is unpack_bits' indices, for counts below,
+// at and past a register (16 indices a 64-bit lane) with tails of whole words and fewer, odd and
+// even; the input is exactly packed_bytes long (no byte past it is read: ASan) and nothing past
+// (n + 1) / 2 output bytes is written.
+TEST(Index, Bits3ToNibblesEqualsScalarReference) {
+  tq::Rng rng(13);
+  for (size_t n : {0u, 1u, 2u, 15u, 16u, 17u, 32u, 47u, 127u, 128u, 129u, 150u, 256u, 392u, 784u, 801u, 1000u}) {
+    std::vector<uint8_t> idx(n);
+    for (auto& c : idx) c = static_cast<uint8_t>(rng.below(8));
+    std::vector<uint8_t> in(tq::packed_bytes(n, 3));
+    tq::pack_bits(n, 3, idx.data(), in.data());
+    std::vector<uint8_t> ref((n + 1) / 2 + 1, 0xA5), got(ref.size(), 0xA5);
+    tq::bits3_to_nibbles_ref(n, in.data(), ref.data());
+    for (size_t t = 0; t < n; ++t) ASSERT_EQ((ref[t / 2] >> ((t & 1) * 4)) & 15, idx[t]) << n << " " << t;
+    if (n % 2 == 1) EXPECT_EQ(ref[n / 2] >> 4, 0) << n;
+    EXPECT_EQ(ref.back(), 0xA5) << n;
+    for (const auto& level : tq::simd::available_levels()) {
+      tq::simd::ScopedLevel sl(level);
+      std::fill(got.begin(), got.end(), uint8_t{0xA5});
+      tq::bits3_to_nibbles(n, in.data(), got.data());
+      EXPECT_EQ(got, ref) << "level " << level << " n " << n;
     }
   }
 }
@@ -2020,7 +2045,8 @@ TEST(Index, DescriptionAndBytesSayWhatIsUsed) {
     EXPECT_EQ(idx.file_bytes(), 128 + 200 * (idx.code_bytes() + 8));
   }
   // 3-bit channels take a nibble each in the fast-scan layout (the same memory as 4 bits)
-  // but 3 bits in the file; see docs/design.md for why the layout is not narrower.
+  // but 3 bits in the file; see docs/design.md for why the layout is not narrower. (Indexes
+  // with a sign plane, d >= 384, hold them packed: IndexTwoLevel.WhereItAppliesAndBadParameters.)
   tq::Index b3(cfg_of(d, 3, tq::Metric::cosine)), b4(cfg_of(d, 4, tq::Metric::cosine));
   b3.add(200, x.data());
   b4.add(200, x.data());
@@ -2790,13 +2816,16 @@ TEST(IndexTwoLevel, TheBoundKeepsTheFloatLutResultsAndScoresAreExact) {
 
 TEST(IndexTwoLevel, ThePlaneFollowsAddsLoadsAndRemoves) {
   // The sign plane is derived from the stored codes: batches sharing blocks, a loaded file and an
-  // index after remove_ids search as an index built at once from the same vectors.
+  // index after remove_ids search as an index built at once from the same vectors, whose saved
+  // file is byte for byte the batches'. 4 bits, and 3.5 (packed rows of 195 channels of 4 bits
+  // and 195 of 3, the second segment from an odd channel).
   TempDir t;
   const int d = 390;
   const size_t N = 1001;
   auto x = make_data(N, d, 31), q = make_data(12, d, 32);
-  for (tq::Metric m : {tq::Metric::l2, tq::Metric::cosine}) {
-    auto c = cfg_of(d, 4, m);
+  for (const auto& [m, bits] : {std::pair{tq::Metric::l2, 4.0}, std::pair{tq::Metric::cosine, 4.0},
+                                std::pair{tq::Metric::l2, 3.5}, std::pair{tq::Metric::ip, 3.5}}) {
+    auto c = cfg_of(d, bits, m);
     tq::Index once(c), batches(c);
     once.add(N, x.data());
     size_t at = 0;
@@ -2809,6 +2838,8 @@ TEST(IndexTwoLevel, ThePlaneFollowsAddsLoadsAndRemoves) {
     EXPECT_EQ(r.id, ref.id);
     EXPECT_EQ(r.s, ref.s);
     once.save(t.path("a.tqi"));
+    batches.save(t.path("b.tqi"));
+    EXPECT_EQ(slurp(t.path("a.tqi")), slurp(t.path("b.tqi"))) << bits;
     const tq::Index loaded = tq::Index::load(t.path("a.tqi"));
     r = run(loaded, q, 10, two_level(1));
     EXPECT_EQ(r.id, ref.id);
@@ -2863,6 +2894,15 @@ TEST(IndexTwoLevel, WhereItAppliesAndBadParameters) {
   expect_throw(idx, two_level(-2), "two_level must be");
   // The sign plane is counted in memory: cmp / 2 bytes (400 channels: 100 groups) and two floats.
   EXPECT_DOUBLE_EQ(idx.memory_bytes_per_vector(), 400 * 16.0 / 32 + 16 + 100 * 16.0 / 32 + 8);
+  // With a plane the codes are held packed (the vector layout): 3-bit channels take 3 bits in
+  // memory, 3.5 bits 200 channels of 4 and 200 of 3.
+  for (const double bits : {3.0, 3.5}) {
+    tq::Index b(cfg_of(400, bits, tq::Metric::l2));
+    b.add(n, x.data());
+    ASSERT_TRUE(b.has_sign_plane());
+    EXPECT_DOUBLE_EQ(b.memory_bytes_per_vector(), (bits == 3.0 ? 150 : 100 + 75) + 16 + 100 * 16.0 / 32 + 8) << bits;
+    EXPECT_EQ(b.code_bytes(), (bits == 3.0 ? 150u : 175u) + 4u) << bits;  // the file's record: f16 scale and norm
+  }
   // Trellis codes have no sign plane; IVF has one (on with auto), but not at 2 bits.
   auto ct = cfg_of(400, 4, tq::Metric::l2);
   ct.trellis = true;
@@ -2982,10 +3022,18 @@ TEST(IndexTwoLevel, ReleasingThePlaneKeepsTheSingleLevelSearch) {
       const double mem = rel.memory_bytes_per_vector();
       rel.release_sign_plane();
       EXPECT_FALSE(rel.has_sign_plane());
-      const size_t cmp = ((static_cast<size_t>(d) + 3) / 4 + 3) / 4 * 4;
+      // Per slot: the plane and its factors (IVF: and the list term) go; the codes go from their
+      // packed rows (3.5 bits: 195 channels of 4 bits, 195 of 3) to a nibble a channel.
+      const size_t cmp = ((static_cast<size_t>(d) + 3) / 4 + 3) / 4 * 4, mp = (static_cast<size_t>(d) + 3) / 4 * 4;
+      const size_t packed = bits == 4.0 ? tq::packed_bytes(d, 4) : tq::packed_bytes(195, 4) + tq::packed_bytes(195, 3);
       const double plane = static_cast<double>(cmp) * 16.0 / 32 + 8.0 + (nlist ? 4.0 : 0.0);
-      if (nlist == 0) EXPECT_DOUBLE_EQ(mem - rel.memory_bytes_per_vector(), plane);
-      else EXPECT_LT(rel.memory_bytes_per_vector(), mem - plane * 0.9);  // IVF: per slot, padding included
+      const double net = plane - (static_cast<double>(mp) / 2 - static_cast<double>(packed));
+      double slots = N;  // IVF: lists padded to whole blocks
+      if (nlist > 0) {
+        slots = 0;
+        for (int l = 0; l < nlist; ++l) slots += static_cast<double>((rel.list_size(l) + 31) / 32 * 32);
+      }
+      EXPECT_NEAR(mem - rel.memory_bytes_per_vector(), net * slots / N, 1e-9) << nlist << " " << bits;
       EXPECT_THROW(run(rel, q, 10, two_level(1)), tq::Error);
       auto p = two_level(0);
       p.nprobe = nlist ? 3 : 1;

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """bench/results/ivf/glove100k/{,run2/,run3/}, glove1m_rerank{,6}/, glove1m_v5{,b}/ and
-glove1m_v6{,b,c,d,e}/, glove1m_v7{,b,c,d,e}/, fashion1m{,_run2,_vl/run1,_vl/run2}/, fashion60k_ivf256{,_vl}/run{1,2,3}/,
-glove100k_xeon/run{1,2}/results.json, bench/results/vlayout/*.jsonl
+glove1m_v6{,b,c,d,e}/, glove1m_v7{,b,c,d,e}/, fashion1m{,_run2,_vl/run1,_vl/run2,_3bit,_3bit_packed/run1,_3bit_packed/run2}/, fashion60k_ivf256{,_vl}/run{1,2,3}/,
+glove100k_xeon/run{1,2}/results.json, bench/results/vlayout/*.jsonl, bench/results/vl3bit/*.jsonl
 (bench/ivf_vs_faiss.py): the saved comparisons are well formed, their summaries follow from their
 points, and the statements BENCHMARKS.md makes about them hold for the saved numbers (qps_at is the
 bench's own, so the summary is recomputed the same way)."""
@@ -232,19 +232,28 @@ for run, (w_faiss, w_rq) in want_1m.items():
     check(tq1["build_s"] < min(r["build_s"] for r in others), f"{run}: build")
     check(round(tq1["memory_bytes_per_vector"], 1) == 551.2 and fam["faiss-ivfpqfs"]["memory_bytes_per_vector"] == 400
           and round(fam["rabitqlib-ivf"]["memory_bytes_per_vector"]) == 434, f"{run}: bytes in memory")
-# 3 bits at 1M x 784 (the same section): recalls, tq / rabitqlib 1.90 / 1.71 / 1.48 at 0.80-0.90,
-# 6.6x FAISS at 0.80 (none reaches 0.85), and the bytes: 551.2 in memory as at 4 bits, 312 on disk.
-fj = json.load(open(os.path.join(ROOT, "bench", "results", "ivf", "fashion1m_3bit", "results.json")))
-best = {r["family"]: max(p["recall_10_at_10"] for p in r["points"]) for r in fj["results"]}
-check(round(best["tq-ivf"], 3) == 0.937 and round(best["rabitqlib-ivf"], 3) == 0.941
-      and round(best["faiss-ivfrabitq"], 3) == 0.812 and round(best["faiss-ivfrabitqfs"], 3) == 0.818,
-      f"fashion1m_3bit: recalls {best}")
-check(ratios(fj, ["rabitqlib-ivf"], (0.8, 0.85, 0.9)) == [1.90, 1.71, 1.48], "fashion1m_3bit: tq / rabitqlib")
-check(ratios(fj, ["faiss-ivf"], (0.8, 0.85)) == [6.61, None], "fashion1m_3bit: tq / best FAISS IVF")
-t3 = [r for r in fj["results"] if r["family"] == "tq-ivf"][0]
-check(round(t3["memory_bytes_per_vector"], 1) == 551.2 and round(t3["disk_bytes_per_vector"]) == 312
-      and round([r for r in fj["results"] if r["family"] == "rabitqlib-ivf"][0]["memory_bytes_per_vector"]) == 334,
-      "fashion1m_3bit: bytes")
+# 3 bits at 1M x 784 (the same section), two runs with the codes packed at 3 bits in memory:
+# recalls, tq / rabitqlib 2.73 / 2.69 / 2.26 and 3.81 / 3.66 / 3.21 at 0.80-0.90, 7.8x and 10.6x
+# FAISS at 0.80 (none reaches 0.85), and the bytes: 450.2 in memory (551.2 at 4 bits), 312 on
+# disk. The run before, a nibble a code in memory (docs/history.md): 1.90 / 1.71 / 1.48, 6.61x,
+# 551.2 in memory.
+for run, w_rq, w_fa, rq_best, mem in (
+        ("fashion1m_3bit", [1.90, 1.71, 1.48], 6.61, 0.941, 551.2),
+        ("fashion1m_3bit_packed/run1", [2.73, 2.69, 2.26], 7.79, 0.938, 450.2),
+        ("fashion1m_3bit_packed/run2", [3.81, 3.66, 3.21], 10.59, 0.936, 450.2)):
+    fj = json.load(open(os.path.join(ROOT, "bench", "results", "ivf", run, "results.json")))
+    check(fj["n"] == 1000000 and fj["dim"] == 784 and fj["nq"] == 1000 and fj["threads"] == 2 and fj["nlist"] == 2048
+          and fj.get("faiss_blas_core") == "SkylakeX", f"{run}: parameters")
+    best = {r["family"]: max(p["recall_10_at_10"] for p in r["points"]) for r in fj["results"]}
+    check(round(best["tq-ivf"], 3) == 0.937 and round(best["rabitqlib-ivf"], 3) == rq_best
+          and round(best["faiss-ivfrabitq"], 3) == 0.812 and round(best["faiss-ivfrabitqfs"], 3) == 0.818,
+          f"{run}: recalls {best}")
+    check(ratios(fj, ["rabitqlib-ivf"], (0.8, 0.85, 0.9)) == w_rq, f"{run}: tq / rabitqlib")
+    check(ratios(fj, ["faiss-ivf"], (0.8, 0.85)) == [w_fa, None], f"{run}: tq / best FAISS IVF")
+    t3 = [r for r in fj["results"] if r["family"] == "tq-ivf"][0]
+    check(round(t3["memory_bytes_per_vector"], 1) == mem and round(t3["disk_bytes_per_vector"]) == 312
+          and round([r for r in fj["results"] if r["family"] == "rabitqlib-ivf"][0]["memory_bytes_per_vector"]) == 334,
+          f"{run}: bytes")
 # The same host at 60k and 100k (85-search-ivf.md, "tq IVF beside rabitqlib's IVF at 60k and
 # 100k"): Fashion-MNIST with the vector layout 1.02-1.33x rabitqlib's queries/s at 0.80-0.95 (per
 # run 1.14-1.17, 1.02-1.27, 1.09-1.33), 1.94-2.38x the best FAISS IVF's at 0.80-0.90 and 4.3-5.5x
@@ -293,6 +302,17 @@ for f, want in (("ivf2_np1", 0.681), ("ivf2_np4", 0.690), ("ivf2_np16", 0.789), 
     rows = [json.loads(x) for x in open(os.path.join(ROOT, "bench", "results", "vlayout", f + ".jsonl"))]
     m = {lib: statistics.median(x["search_s"] for x in rows if x["library"] == lib) for lib in ("fast", "vl")}
     check(round(m["vl"] / m["fast"], 3) == want, f"vlayout {f}: vl / fast {m['vl'] / m['fast']:.3f}, text {want}")
+# 3-bit codes packed in the vector layout (docs/design.md, bench/results/vl3bit/README.md): time
+# (search_s; load_s for load3) packed / nibble rows, medians per file.
+for f, fname, field, want in (("ivf3_np1", "ivf256_3.tqi", "search_s", 0.978), ("ivf3_np4", "ivf256_3.tqi", "search_s", 0.950),
+                              ("ivf3_np16", "ivf256_3.tqi", "search_s", 0.930), ("flat3_auto", "flat3.tqi", "search_s", 0.982),
+                              ("ivf3_off", "ivf256_3.tqi", "search_s", 1.147), ("flat_off", "flat3.tqi", "search_s", 0.906),
+                              ("flat_off", "flat4.tqi", "search_s", 0.744), ("load3", "flat3.tqi", "load_s", 0.969),
+                              ("load3", "ivf256_3.tqi", "load_s", 1.034)):
+    rows = [json.loads(x) for x in open(os.path.join(ROOT, "bench", "results", "vl3bit", f + ".jsonl"))]
+    m = {lib: statistics.median(x[field] for x in rows if x["library"] == lib and x["file"] == fname)
+         for lib in ("nibble", "packed")}
+    check(round(m["packed"] / m["nibble"], 3) == want, f"vl3bit {f} {fname}: packed / nibble {m['packed'] / m['nibble']:.3f}, text {want}")
 # FAISS's own OpenBLAS kernels against those the scripts set (85-search-ivf.md, "OpenBLAS's
 # kernels"; docs/design.md): its k-means of Fashion-MNIST 5.6 s against 1.4 s, medians of 3.
 fk = json.load(open(os.path.join(ROOT, "bench", "results", "blas_core", "faiss_kmeans.json")))

@@ -259,19 +259,26 @@ void fast_scan_u8_multi(size_t n_blocks, size_t m_groups, const uint8_t* codes, 
 void fast_scan_u8_multi_ref(size_t n_blocks, size_t m_groups, const uint8_t* codes, size_t nq,
                             const uint8_t* const* luts, uint32_t* const* outs) noexcept;
 
-// The fast layout (codes above) of n_blocks blocks of 32 vectors held in the vector layout:
-// vector v of block b at vec + (b * 32 + v) * m_groups / 2, group g in nibble g % 2 (low for
-// even g) of its byte g / 2. fast: n_blocks * m_groups * 16 bytes. m_groups is a multiple of 4.
+// The fast layout (codes above) of n_blocks blocks of 32 vectors of nibbles: vector v of block
+// b at vec + (b * 32 + v) * m_groups / 2, group g in nibble g % 2 (low for even g) of its byte
+// g / 2. fast: n_blocks * m_groups * 16 bytes. m_groups is a multiple of 4.
 void vector_to_fast_layout(size_t n_blocks, size_t m_groups, const uint8_t* vec, uint8_t* fast) noexcept;
 void vector_to_fast_layout_ref(size_t n_blocks, size_t m_groups, const uint8_t* vec, uint8_t* fast) noexcept;
-// The dot product of y with a vector's centroids in the vector layout, in 16 partial sums:
-// lanes[g % 16] += y[g] * cent[code g] for g in [g0, g1), each lane in increasing g (code g:
-// nibble g % 2 of codes[g / 2]; cent: 16 floats, entries past the codebook's never read).
-// SIMD with 16 float lanes (AVX-512), else the reference; the same floats either way.
+// n 3-bit indices packed as pack_bits packs them (in: packed_bytes(n, 3) bytes, none read past)
+// as n nibbles (index t in nibble t % 2 of out[t / 2]; out: (n + 1) / 2 bytes, a last odd
+// nibble's partner 0). SIMD (16 indices a 64-bit lane), else the reference, index by index.
+void bits3_to_nibbles(size_t n, const uint8_t* in, uint8_t* out) noexcept;
+void bits3_to_nibbles_ref(size_t n, const uint8_t* in, uint8_t* out) noexcept;
+// The dot product of y with a vector's centroids, in 16 partial sums: lanes[g % 16] +=
+// y[g] * cent[code g] for g in [g0, g1), each lane in increasing g; code g is index g - g0 of
+// the bits-bit codes at codes, packed as pack_bits packs them (bits 3 or 4 on the SIMD path;
+// cent: 16 floats, entries past the codebook's never read; no byte past the codes is read).
+// SIMD with 16 float lanes (AVX-512) for 3-bit codes and for 4-bit codes whose channels from
+// the first multiple of 16 start on a whole byte, else the reference; the same floats either way.
 // reduce_lanes16: their sum, lanes i and i + w added for w = 8, 4, 2, 1 (the same order).
-void code_dot_lanes(size_t g0, size_t g1, const float* y, const uint8_t* codes, const float* cent,
+void code_dot_lanes(size_t g0, size_t g1, int bits, const float* y, const uint8_t* codes, const float* cent,
                     float* lanes) noexcept;
-void code_dot_lanes_ref(size_t g0, size_t g1, const float* y, const uint8_t* codes, const float* cent,
+void code_dot_lanes_ref(size_t g0, size_t g1, int bits, const float* y, const uint8_t* codes, const float* cent,
                         float* lanes) noexcept;
 float reduce_lanes16(const float* lanes) noexcept;
 

@@ -136,6 +136,7 @@ Index::Impl::Impl(const IndexConfig& c) : cfg(c) {
     for (int j = s.begin; j < s.begin + s.len; j += per)
       groups.push_back({j, std::min(per, s.begin + s.len - j), s.bits});
     if (s.bits > 4) fast_ok = false;
+    s.voff = seg_bytes;
     seg_bytes += packed_bytes(static_cast<size_t>(s.len), s.bits);
   }
   m = groups.size();
@@ -310,6 +311,10 @@ void Index::Impl::get_indices(size_t i, uint8_t* idx) const noexcept {
     }
     return;
   }
+  if (vl()) {  // the row is the segments' packed codes
+    for (const Segment& s : segs) unpack_bits(static_cast<size_t>(s.len), s.bits, vrow(i) + s.voff, idx + s.begin);
+    return;
+  }
   for (size_t g = 0; g < m; ++g) {
     const Group& gr = groups[g];
     const uint8_t c = group_code(i, g);
@@ -324,6 +329,10 @@ void Index::Impl::set_indices(size_t i, const uint8_t* idx) noexcept {
     for (size_t j = 0; j < m; ++j) w[j * kTrellisBlock] = static_cast<uint8_t>(tc->window(idx, static_cast<int>(j)));
     return;
   }
+  if (vl()) {
+    for (const Segment& s : segs) pack_bits(static_cast<size_t>(s.len), s.bits, idx + s.begin, vrow(i) + s.voff);
+    return;
+  }
   for (size_t g = 0; g < m; ++g) set_group_code(i, g, pack_group(idx, g));
 }
 
@@ -332,7 +341,7 @@ void Index::Impl::resize(size_t n_new) {
     pcodes.resize(checked_mul(n_new, quant->code_bytes(), "index codes"), 0);
   } else if (fast_ok) {
     const size_t nb = (n_new + kBlock - 1) / kBlock;
-    blocks.resize(checked_mul(checked_mul(nb, mp, "index blocks"), 16, "index blocks"), 0);
+    blocks.resize(checked_mul(nb, block_bytes(), "index blocks"), 0);
   } else if (tc) {
     const size_t nb = (n_new + kTrellisBlock - 1) / kTrellisBlock;
     gcodes.resize(checked_mul(checked_mul(nb, m, "index codes"), kTrellisBlock, "index codes"), 0);
@@ -463,9 +472,37 @@ void Index::Impl::rebuild(const std::vector<size_t>& src) {
 
 const uint8_t* Index::Impl::fast_blocks(size_t b, size_t nb, std::vector<uint8_t>& scratch) const {
   if (!vl()) return blocks.data() + b * mp * 16;
-  scratch.resize(nb * mp * 16);
-  vector_to_fast_layout(nb, mp, blocks.data() + b * mp * 16, scratch.data());
+  const size_t fb = nb * mp * 16;  // the fast layout's bytes
+  if (nibble_rows()) {
+    scratch.resize(fb);
+    vector_to_fast_layout(nb, mp, blocks.data() + b * block_bytes(), scratch.data());
+    return scratch.data();
+  }
+  // Block by block, its rows widened to nibbles in the scratch past the fast layout (one
+  // block's: mp * 16 bytes, in L1 when it is transposed).
+  scratch.resize(fb + mp * 16);
+  uint8_t* w = scratch.data() + fb;
+  for (size_t k = 0; k < nb; ++k) {
+    for (size_t v = 0; v < kBlock; ++v) nibble_row((b + k) * kBlock + v, w + v * (mp / 2));
+    vector_to_fast_layout(1, mp, w, scratch.data() + k * mp * 16);
+  }
   return scratch.data();
+}
+
+void Index::Impl::nibble_row(size_t i, uint8_t* out) const noexcept {
+  std::fill(out, out + mp / 2, uint8_t{0});
+  for (const Segment& s : segs) {
+    const uint8_t* src = vrow(i) + s.voff;
+    const size_t len = static_cast<size_t>(s.len), b = static_cast<size_t>(s.begin);
+    if (b % 2 == 0 && s.bits == 4) {
+      std::memcpy(out + b / 2, src, (len + 1) / 2);
+    } else if (b % 2 == 0 && s.bits == 3) {
+      bits3_to_nibbles(len, src, out + b / 2);
+    } else {  // a segment from an odd channel (after an odd-length one, whose last high nibble is 0)
+      for (size_t t = 0; t < len; ++t)
+        out[(b + t) / 2] |= static_cast<uint8_t>(read_code(src, t * static_cast<size_t>(s.bits), s.bits) << (((b + t) & 1) * 4));
+    }
+  }
 }
 
 float Index::Impl::round_norm(float v) const noexcept {
@@ -494,8 +531,10 @@ size_t Index::list_size(int l) const {
 void Index::release_sign_plane() {
   Impl& I = *impl_;
   if (!I.coarse_ok) return;
-  std::vector<uint8_t> fast;  // back to the fast layout, the same bytes per block
-  I.fast_blocks(0, I.blocks.size() / (I.mp * 16), fast);
+  std::vector<uint8_t> fast;  // back to the fast layout (3-bit channels: a nibble each)
+  I.fast_blocks(0, I.blocks.size() / I.block_bytes(), fast);
+  fast.resize(I.blocks.size() / I.block_bytes() * I.mp * 16);  // less fast_blocks' one block of nibble rows
+  fast.shrink_to_fit();
   I.blocks.swap(fast);
   I.coarse_ok = false;  // and so the vector layout
   std::vector<uint8_t>().swap(I.cblocks);
@@ -510,7 +549,7 @@ double Index::memory_bytes_per_vector() const noexcept {
   const Impl& I = *impl_;
   double b = 0;
   if (I.quant) b += static_cast<double>(I.quant->code_bytes());
-  else if (I.fast_ok) b += static_cast<double>(I.mp) * 16.0 / kBlock;
+  else if (I.fast_ok) b += static_cast<double>(I.vl() ? I.vbytes() : I.mp * 16 / kBlock);
   else b += static_cast<double>(I.m);
   b += 4.0 + (I.has_norm ? 4.0 : 0.0) + 8.0;  // scale, norm, id
   if (I.rbytes > 0) b += static_cast<double>(I.rbytes) + 4.0;  // second-stage code and its scale
@@ -1082,7 +1121,11 @@ float exact_lut_score(const Index::Impl& I, const float* lut, size_t i) {
     float lanes[16] = {};
     if (I.vl()) {
       const uint8_t* p = I.vrow(i);
-      for (; g < m; ++g) lanes[g % 16] += lut[g * 16 + ((p[g / 2] >> ((g & 1) * 4)) & 15)];
+      for (const Segment& s : I.segs) {
+        size_t bit = s.voff * 8;
+        for (g = static_cast<size_t>(s.begin); g < static_cast<size_t>(s.begin + s.len); ++g, bit += s.bits)
+          lanes[g % 16] += lut[g * 16 + read_code(p, bit, s.bits)];
+      }
     } else {
       const uint8_t* p = I.fast_row(i);
       const int sh = I.fast_shift(i);
@@ -1124,8 +1167,8 @@ float exact_code_score(const Index::Impl& I, const float* y, size_t i) {
   alignas(64) float lanes[16] = {};
   for (size_t sg = 0; sg < I.segs.size(); ++sg) {
     const Segment& s = I.segs[sg];
-    code_dot_lanes(static_cast<size_t>(s.begin), static_cast<size_t>(s.begin + s.len), y, p, I.cent16[sg].data(),
-                   lanes);
+    code_dot_lanes(static_cast<size_t>(s.begin), static_cast<size_t>(s.begin + s.len), s.bits, y, p + s.voff,
+                   I.cent16[sg].data(), lanes);
   }
   return reduce_lanes16(lanes);
 }
@@ -1699,8 +1742,8 @@ void search_ivf(const Index::Impl& I, size_t nq, const float* q, const float* qn
             const size_t nl = probes[qi * np + j + 1];
             const size_t nb0 = I.list_begin[nl] / kBlock;
             const size_t nbl = std::min<size_t>(2, (I.list_size[nl] + kBlock - 1) / kBlock);
-            const uint8_t* pb = I.blocks.data() + nb0 * I.mp * 16;  // either layout: whole blocks
-            for (size_t o = 0; o < nbl * I.mp * 16; o += 64) __builtin_prefetch(pb + o);
+            const uint8_t* pb = I.blocks.data() + nb0 * I.block_bytes();  // either layout: whole blocks
+            for (size_t o = 0; o < nbl * I.block_bytes(); o += 64) __builtin_prefetch(pb + o);
             for (size_t o = 0; o < nbl * kBlock; o += 16) __builtin_prefetch(I.scale.data() + nb0 * kBlock + o);
           }
           if (fast) {
@@ -1849,10 +1892,15 @@ void search_impl(const Index::Impl& I, size_t nq, const float* q, const SearchPa
     return;
   }
   const size_t n = I.n;
-  const size_t kQueryBatch = 8;
   const size_t kChunkBlocks = 64;  // 2048 vectors per pass over the codes
-  const size_t n_qb = (nq + kQueryBatch - 1) / kQueryBatch;
   const int threads = p.n_threads > 0 ? p.n_threads : omp_get_max_threads();
+  // Queries scanned together, each chunk of codes read once for them: 8, and up to 32 where the
+  // chunk is widened and transposed first (the vector layout's single-level scan), while every
+  // thread still gets a batch.
+  const size_t kQueryBatch = fast && !two && I.vl()
+                                 ? std::clamp<size_t>((nq + static_cast<size_t>(threads) - 1) / static_cast<size_t>(threads), 8, 32)
+                                 : 8;
+  const size_t n_qb = (nq + kQueryBatch - 1) / kQueryBatch;
 
 #pragma omp parallel num_threads(threads)
   {

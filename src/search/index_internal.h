@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "tq/bitpack.h"
 #include "tq/codebook.h"
 #include "tq/index.h"
 #include "tq/quantizer.h"
@@ -19,11 +20,32 @@
 
 namespace tq {
 
-// A run of rotated channels [begin, begin + len) quantized with `bits` bits each.
+// A run of rotated channels [begin, begin + len) quantized with `bits` bits each. voff: the
+// byte offset of its packed codes in a record's codes (the segments' packed bytes in order, as
+// the file holds them and the vector layout's rows).
 struct Segment {
   int begin = 0, len = 0, bits = 0;
   const Codebook* cb = nullptr;
+  size_t voff = 0;
 };
+
+// The bits-bit code (bits <= 8) at bit `bit` of p, in include/tq/bitpack.h's order; only the
+// one or two bytes holding it are read or written.
+inline unsigned read_code(const uint8_t* p, size_t bit, int bits) noexcept {
+  const unsigned sh = static_cast<unsigned>(bit & 7);
+  unsigned v = p[bit >> 3];
+  if (sh + static_cast<unsigned>(bits) > 8) v |= static_cast<unsigned>(p[(bit >> 3) + 1]) << 8;
+  return (v >> sh) & ((1u << bits) - 1);
+}
+inline void write_code(uint8_t* p, size_t bit, int bits, unsigned c) noexcept {
+  const unsigned sh = static_cast<unsigned>(bit & 7), mask = ((1u << bits) - 1) << sh, v = (c << sh) & mask;
+  uint8_t& b0 = p[bit >> 3];
+  b0 = static_cast<uint8_t>((b0 & ~mask) | v);
+  if (sh + static_cast<unsigned>(bits) > 8) {
+    uint8_t& b1 = p[(bit >> 3) + 1];
+    b1 = static_cast<uint8_t>((b1 & ~(mask >> 8)) | (v >> 8));
+  }
+}
 
 // Channels [dim0, dim0 + ndims) of one segment, bpd bits each, read as one group code
 // code = sum_t idx[dim0 + t] << (t * bpd); one lookup table per group.
@@ -116,7 +138,7 @@ struct Index::Impl {
   size_t code_bytes = 0;   // persisted bytes per vector
 
   size_t n = 0;
-  std::vector<uint8_t> blocks;  // fast or vector layout: ceil(n / 32) * mp * 16 bytes
+  std::vector<uint8_t> blocks;  // fast or vector layout: ceil(n / 32) * block_bytes()
   std::vector<uint8_t> gcodes;  // other widths: n * m bytes
   std::vector<float> scale;     // n (padded with zeros to whole blocks): multiplies <Pi q, c>
   std::vector<float> norm;      // n (padded likewise): ||x|| (l2 only)
@@ -181,11 +203,13 @@ struct Index::Impl {
   // is the estimate.
   bool coarse_ok = false;
   // The vector layout, held exactly while the index keeps a sign plane: blocks holds slot i's
-  // mp group codes together, two a byte (group g: the low nibble of byte g / 2 for even g, else
-  // the high one), at vrow(i), so the second pass of the two-level scan reads a kept vector's
-  // codes from mp / 2 contiguous bytes instead of one byte in each of mp 16-byte rows of its
-  // block (196 cache lines at d = 784). Same bytes per block as the fast layout; the uint8 scans
-  // of the full codes (single-level search) read it transposed block by block (fast_blocks).
+  // channel indices together at vrow(i), each segment packed at its width from its voff (3 or 4
+  // bits a channel: one channel a group; the bytes of its file record's codes), so the second
+  // pass of the two-level scan reads a kept vector's codes from seg_bytes contiguous bytes
+  // instead of one byte in each of mp 16-byte rows of its block (196 cache lines at d = 784),
+  // and 3-bit channels take 3 bits (the fast layout gives each a nibble). The uint8 scans of the
+  // full codes (single-level search) read it widened to nibbles and transposed block by block
+  // (fast_blocks).
   bool vl() const noexcept { return coarse_ok; }
   // The float-LUT score sums channel g into partial sum g % 16 (as the vector layout's
   // exact_code_score does) where the configuration keeps a sign plane, released or not
@@ -215,9 +239,17 @@ struct Index::Impl {
   // slots, high for the rest) of byte fast_row(i)[g * 16].
   const uint8_t* fast_row(size_t i) const noexcept { return blocks.data() + (i / kBlock) * mp * 16 + (i % 16); }
   static int fast_shift(size_t i) noexcept { return (i % kBlock) < 16 ? 0 : 4; }
-  // Vector layout (vl): slot i's mp / 2 bytes of group codes.
-  size_t vbytes() const noexcept { return mp / 2; }
+  // Vector layout (vl): slot i's seg_bytes bytes of codes.
+  size_t vbytes() const noexcept { return seg_bytes; }
   const uint8_t* vrow(size_t i) const noexcept { return blocks.data() + i * vbytes(); }
+  uint8_t* vrow(size_t i) noexcept { return blocks.data() + i * vbytes(); }
+  // Bytes of a block of 32 slots in blocks (fast or vector layout).
+  size_t block_bytes() const noexcept { return vl() ? kBlock * vbytes() : mp * 16; }
+  // Vector layout: the bit of vector g's row where channel (group) g's code starts, and its width.
+  std::pair<size_t, int> vl_bit(size_t g) const noexcept {
+    const Segment& s = segs[segs.size() > 1 && g >= static_cast<size_t>(segs[1].begin) ? 1 : 0];
+    return {s.voff * 8 + (g - static_cast<size_t>(s.begin)) * static_cast<size_t>(s.bits), s.bits};
+  }
   // Prefetch slot i's codes (fast layout: one 64-byte line per 4 groups; vector layout: its
   // bytes' lines); nothing in the other layouts.
   void prefetch_codes(size_t i) const noexcept {
@@ -231,15 +263,17 @@ struct Index::Impl {
     for (size_t g = 0; g < m; g += 4) __builtin_prefetch(p + g * 16);
   }
   uint8_t group_code(size_t i, size_t g) const noexcept {
-    if (vl()) return static_cast<uint8_t>((vrow(i)[g / 2] >> ((g & 1) * 4)) & 15);
+    if (vl()) {
+      const auto [bit, bits] = vl_bit(g);
+      return static_cast<uint8_t>(read_code(vrow(i), bit, bits));
+    }
     if (fast_ok) return static_cast<uint8_t>((fast_row(i)[g * 16] >> fast_shift(i)) & 15);
     return gcodes[i * m + g];
   }
   void set_group_code(size_t i, size_t g, uint8_t c) noexcept {
     if (vl()) {
-      uint8_t& b = blocks[i * vbytes() + g / 2];
-      if ((g & 1) == 0) b = static_cast<uint8_t>((b & 0xF0) | (c & 15));
-      else b = static_cast<uint8_t>((b & 0x0F) | (c << 4));
+      const auto [bit, bits] = vl_bit(g);
+      write_code(vrow(i), bit, bits, c);
     } else if (fast_ok) {
       uint8_t& b = blocks[(i / kBlock) * mp * 16 + g * 16 + (i % 16)];
       if ((i % kBlock) < 16) b = static_cast<uint8_t>((b & 0xF0) | (c & 15));
@@ -262,19 +296,25 @@ struct Index::Impl {
   // from their group codes (fast layout: row by row), slot b0 + v's m codes at gc + v * m
   // (zeros for empty slots).
   void write_block(size_t b0, const uint8_t* gc) noexcept {
-    uint8_t* blk = blocks.data() + (b0 / kBlock) * mp * 16;
-    if (vl()) {  // slot by slot, the padding groups' nibbles zero
-      std::fill(blk, blk + mp * 16, uint8_t{0});
+    if (vl()) {  // slot by slot (a group code is its channel's index)
       for (size_t v = 0; v < kBlock; ++v)
-        for (size_t g = 0; g < m; ++g) blk[v * vbytes() + g / 2] |= static_cast<uint8_t>(gc[v * m + g] << ((g & 1) * 4));
+        for (const Segment& s : segs)
+          pack_bits(static_cast<size_t>(s.len), s.bits, gc + v * m + s.begin, vrow(b0 + v) + s.voff);
       return;
     }
+    uint8_t* blk = blocks.data() + (b0 / kBlock) * mp * 16;
     for (size_t g = 0; g < m; ++g)
       for (size_t j = 0; j < 16; ++j) blk[g * 16 + j] = static_cast<uint8_t>(gc[j * m + g] | (gc[(j + 16) * m + g] << 4));
   }
   // The fast layout of storage blocks [b, b + nb) for the uint8 scan of the full codes: the
-  // storage itself, or (vector layout) those blocks transposed into scratch (resized to fit).
+  // storage itself, or (vector layout) those blocks' rows widened to nibbles (nibble_row) and
+  // transposed into scratch (resized to fit).
   const uint8_t* fast_blocks(size_t b, size_t nb, std::vector<uint8_t>& scratch) const;
+  // Vector layout: slot i's channel indices as nibbles (mp / 2 bytes, channel g in nibble g % 2
+  // of byte g / 2, the padding nibbles zero), the rows vector_to_fast_layout reads. A 4-bit
+  // index's rows already are, when mp / 2 == seg_bytes (nibble_rows).
+  void nibble_row(size_t i, uint8_t* out) const noexcept;
+  bool nibble_rows() const noexcept { return segs.size() == 1 && segs[0].bits == 4 && vbytes() == mp / 2; }
   // Grow storage to n_new slots (zero-filled).
   void resize(size_t n_new);
   // IVF: set the centroids (nlist * d) and derived tables.

@@ -256,10 +256,15 @@ void Index::save(const std::string& path) const {
       put_norm(rec, I.norm[i], I.cfg.norm);
       rec += I.norm_bytes;
     }
-    I.get_indices(i, idx.data());
-    for (const Segment& s : I.segs) {
-      pack_bits(static_cast<size_t>(s.len), s.bits, idx.data() + s.begin, rec);
-      rec += packed_bytes(static_cast<size_t>(s.len), s.bits);
+    if (I.vl()) {  // the row is the record's codes
+      std::memcpy(rec, I.vrow(i), I.seg_bytes);
+      rec += I.seg_bytes;
+    } else {
+      I.get_indices(i, idx.data());
+      for (const Segment& s : I.segs) {
+        pack_bits(static_cast<size_t>(s.len), s.bits, idx.data() + s.begin, rec);
+        rec += packed_bytes(static_cast<size_t>(s.len), s.bits);
+      }
     }
     if (I.rbytes > 0) {
       put_norm(rec, I.rscale[i], I.cfg.norm);
