@@ -2046,7 +2046,7 @@ TEST(Index, DescriptionAndBytesSayWhatIsUsed) {
   }
   // 3-bit channels take a nibble each in the fast-scan layout (the same memory as 4 bits)
   // but 3 bits in the file; see docs/design.md for why the layout is not narrower. (Indexes
-  // with a sign plane, d >= 384, hold them packed: IndexTwoLevel.WhereItAppliesAndBadParameters.)
+  // with a sign plane, d >= 320, hold them packed: IndexTwoLevel.WhereItAppliesAndBadParameters.)
   tq::Index b3(cfg_of(d, 3, tq::Metric::cosine)), b4(cfg_of(d, 4, tq::Metric::cosine));
   b3.add(200, x.data());
   b4.add(200, x.data());
@@ -2875,13 +2875,24 @@ TEST(IndexTwoLevel, WhereItAppliesAndBadParameters) {
       EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
     }
   };
-  // dim 383 and 2 or 5 bits per channel: no sign plane, auto is the single-level scan, 1 an error.
-  auto x383 = make_data(n, 383, 42);
-  for (auto [d, bits] : {std::pair{383, 4.0}, std::pair{400, 2.0}, std::pair{400, 2.5}, std::pair{400, 5.0}}) {
-    tq::Index idx(cfg_of(d, bits, tq::Metric::l2));
-    idx.add(n, d == 383 ? x383.data() : x.data());
-    EXPECT_EQ(idx.describe_search(two_level(-1)).find("two-level"), std::string::npos) << idx.describe();
-    if (d == 400) expect_throw(idx, two_level(1), "two_level 1 needs");
+  // Flat below dim 320, IVF below 191, and 2 or 5 bits per channel: no sign plane, auto is the
+  // single-level scan, 1 an error; flat at 320 and IVF at 192 keep one.
+  auto x319 = make_data(n, 320, 42);
+  for (auto [d, nlist, bits, plane] : {std::tuple{319, 0, 4.0, false}, std::tuple{320, 0, 3.0, true},
+                                       std::tuple{191, 4, 4.0, false}, std::tuple{192, 4, 3.0, true},
+                                       std::tuple{319, 4, 3.0, true}, std::tuple{400, 0, 2.0, false},
+                                       std::tuple{400, 0, 2.5, false}, std::tuple{400, 0, 5.0, false}}) {
+    auto c = cfg_of(d, bits, tq::Metric::l2);
+    c.nlist = nlist;
+    tq::Index idx(c);
+    std::vector<float> xd(n * static_cast<size_t>(d));
+    const std::vector<float>& src = d <= 320 ? x319 : x;
+    const size_t sd = d <= 320 ? 320 : 400;
+    for (size_t i = 0; i < n; ++i) std::copy_n(src.data() + i * sd, d, xd.data() + i * static_cast<size_t>(d));
+    idx.add(n, xd.data());
+    EXPECT_EQ(idx.has_sign_plane(), plane) << idx.describe();
+    EXPECT_EQ(idx.describe_search(two_level(-1)).find("two-level") != std::string::npos, plane) << idx.describe();
+    if (!plane) expect_throw(idx, two_level(1), "two_level 1 needs");
   }
   tq::Index idx(cfg_of(400, 4, tq::Metric::l2));
   idx.add(n, x.data());

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """bench/results/ivf/glove100k/{,run2/,run3/}, glove1m_rerank{,6}/, glove1m_v5{,b}/ and
 glove1m_v6{,b,c,d,e}/, glove1m_v7{,b,c,d,e}/, fashion1m{,_run2,_vl/run1,_vl/run2,_3bit,_3bit_packed/run1,_3bit_packed/run2}/, fashion60k_ivf256{,_vl}/run{1,2,3}/,
-glove100k_xeon/run{1,2}/results.json, bench/results/vlayout/*.jsonl, bench/results/vl3bit/*.jsonl
+glove100k_xeon/run{1,2}/results.json, bench/results/vlayout/*.jsonl, bench/results/vl3bit/*.jsonl,
+bench/results/two_level/gate_vl{,_run2}/
 (bench/ivf_vs_faiss.py): the saved comparisons are well formed, their summaries follow from their
 points, and the statements BENCHMARKS.md makes about them hold for the saved numbers (qps_at is the
 bench's own, so the summary is recomputed the same way)."""
@@ -313,6 +314,40 @@ for f, fname, field, want in (("ivf3_np1", "ivf256_3.tqi", "search_s", 0.978), (
     m = {lib: statistics.median(x[field] for x in rows if x["library"] == lib and x["file"] == fname)
          for lib in ("nibble", "packed")}
     check(round(m["packed"] / m["nibble"], 3) == want, f"vl3bit {f} {fname}: packed / nibble {m['packed'] / m['nibble']:.3f}, text {want}")
+# The two-level gate with the vector layout (85-search-ivf.md, "The gate with the vector layout"):
+# two-level / single-level time per run, recall within 0.0006 (0.0008 at d = 128), and the gates the text draws:
+# flat pays from d = 320 (every ratio < 0.9 there, > 1 at 256 and below), IVF from 192 (< 0.9).
+gate = {}
+for run in ("gate_vl", "gate_vl_run2"):
+    dd = os.path.join(ROOT, "bench", "results", "two_level", run)
+    for f in sorted(os.listdir(dd)):
+        if not f.endswith(".jsonl") or f in ("recall.jsonl", "memory.jsonl"):
+            continue
+        rows = [json.loads(x) for x in open(os.path.join(dd, f))]
+        m = {lib: statistics.median(x["search_s"] for x in rows if x["library"] == lib) for lib in ("single", "two")}
+        check(sum(x["library"] == "two" for x in rows) == 6, f"{run}/{f}: runs")
+        kind, d, bits = f[:-6].rsplit("_", 2)
+        gate.setdefault((kind, int(d), int(bits)), []).append(round(m["two"] / m["single"], 2))
+    rec = {}
+    for x in (json.loads(y) for y in open(os.path.join(dd, "recall.jsonl"))):
+        rec.setdefault((x["d"], x["bits"], x["index"], x["nprobe"]), []).append(x["recall_10_at_10"])
+    check(all(len(v) == 2 and round(abs(v[0] - v[1]), 4) <= (0.0006 if k[0] >= 192 else 0.0008) for k, v in rec.items()),
+          f"{run}: recall")
+want_gate = {("flat", 320, 3): [0.84, 0.81], ("flat", 320, 4): [0.88, 0.87], ("flat", 256, 3): [1.03, 1.01],
+             ("flat", 256, 4): [1.08, 1.09], ("flat", 192, 3): [1.26, 1.23], ("flat", 192, 4): [1.28, 1.3],
+             ("flat", 128, 3): [1.8], ("flat", 128, 4): [1.85],
+             ("ivf256_np4", 192, 3): [0.48, 0.8], ("ivf256_np4", 192, 4): [0.54, 0.86],
+             ("ivf256_np16", 192, 3): [0.71, 0.62], ("ivf256_np16", 192, 4): [0.71, 0.64],
+             ("ivf256_np4", 256, 3): [0.51, 0.33], ("ivf256_np4", 256, 4): [0.54, 0.78],
+             ("ivf256_np16", 256, 3): [0.48, 0.59], ("ivf256_np16", 256, 4): [0.53, 0.54],
+             ("ivf256_np4", 320, 3): [0.59, 0.34], ("ivf256_np4", 320, 4): [0.34, 0.47],
+             ("ivf256_np16", 320, 3): [0.55, 0.69], ("ivf256_np16", 320, 4): [0.36, 0.48],
+             ("ivf256_np4", 128, 3): [0.7], ("ivf256_np4", 128, 4): [0.93],
+             ("ivf256_np16", 128, 3): [0.84], ("ivf256_np16", 128, 4): [1.0]}
+check(gate == want_gate, f"gate_vl: ratios {gate}")
+check(all(r < 0.9 for (k, d, b), v in gate.items() for r in v if k == "flat" and d >= 320)
+      and all(r > 1 for (k, d, b), v in gate.items() for r in v if k == "flat" and d < 320)
+      and all(r < 0.9 for (k, d, b), v in gate.items() for r in v if k != "flat" and d >= 192), "gate_vl: the gates")
 # FAISS's own OpenBLAS kernels against those the scripts set (85-search-ivf.md, "OpenBLAS's
 # kernels"; docs/design.md): its k-means of Fashion-MNIST 5.6 s against 1.4 s, medians of 3.
 fk = json.load(open(os.path.join(ROOT, "bench", "results", "blas_core", "faiss_kmeans.json")))

@@ -124,7 +124,7 @@ struct SearchParams {
   // channel's code (1 bit per dimension) estimates every score with an error bound, and only
   // vectors whose bound reaches the current k-th best are scored with their full code (exact
   // float LUTs; the re-rank stage then has nothing to add, a second-stage code still re-ranks).
-  // -1: auto, on where the index keeps the sign plane (fast-scan indexes, flat or IVF, of dim >= 384
+  // -1: auto, on where the index keeps the sign plane (fast-scan indexes of dim >= 320, IVF >= 192,
   // with 3 to 4 bits per channel, unless release_sign_plane() freed it; p.fast_scan); 0: off; 1: on
   // (an error where the index has no sign plane, and in search_candidates).
   int two_level = -1;
@@ -162,7 +162,7 @@ class Index {
   // call: batch the ids. Not concurrent with search() or add().
   size_t remove_ids(size_t n, const int64_t* ids);
   // Frees the sign plane of the two-level scan where the index keeps one (fast-scan widths of 3
-  // or 4 bits, dim >= 384) and returns its codes to the fast layout: it then searches in one
+  // or 4 bits, dim >= 320, IVF >= 192) and returns its codes to the fast layout: it then searches in one
   // level only (SearchParams::two_level 1 is an error there), at the single-level scan's full
   // speed, in less memory (d = 784, 4 bits: 106 B a vector less). For an index that never
   // searches in two levels, as a ShardedIndex shard (search_candidates). Adds, removes and saves

@@ -134,8 +134,8 @@ typedef struct tq_search_params {
   int rerank_full; /* candidates re-scored with the kept float vectors (keep_vectors); 0: off */
   int fast_scan;   /* 1: the uint8 SIMD scan where the codes allow it (default); 0: float tables */
   int two_level;   /* a first pass over 1 bit per dimension, full codes only for the vectors that
-                      can still rank: -1 auto (default: on for fast-scan indexes, flat or IVF, of
-                      dim >= 384 with 3 to 4 bits per channel), 0 off, 1 on (an error on other
+                      can still rank: -1 auto (default: on for fast-scan indexes of dim >= 320,
+                      IVF >= 192, with 3 to 4 bits per channel), 0 off, 1 on (an error on other
                       indexes); `tq index search --two-level` (since 0.4) */
 } tq_search_params;
 tq_search_params tq_search_params_default(void);
@@ -144,7 +144,7 @@ tq_status tq_index_search_with(const tq_index* idx, size_t nq, const float* q, c
                                float* scores, int64_t* ids);
 /* IVF lists (0 for a flat index or a NULL handle). */
 int tq_index_nlist(const tq_index* idx);
-/* Frees the two-level scan's sign plane (indexes of dim >= 384 at 3 to 4 bits keep one) and
+/* Frees the two-level scan's sign plane (indexes of dim >= 320, IVF >= 192, at 3 to 4 bits keep one) and
  * returns the codes to the fast-scan layout: the index then searches in one level only
  * (two_level 1 is an error), with the results two_level 0 gave, in less memory (dim 784, 4 bits:
  * 106 B a vector). For an index that never searches in two levels. A no-op where there is none;

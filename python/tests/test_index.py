@@ -360,7 +360,7 @@ def test_train_center_and_candidates_merge_without_ray(rng):
 
 
 def test_two_level_search(tq_cli, tmp_path, rng):
-    """two_level: None (auto) scans in two levels at d >= 384 with 3-4 bits, flat or IVF, as True
+    """two_level: None (auto) scans in two levels at d >= 320 (IVF: 192) with 3-4 bits, as True
     does and as `tq index search` does by default; False is the single-level scan, which sharded
     candidates merge into; True on an index without the sign plane is an error."""
     from turboquant.sharded import candidate_positions, merge_candidates

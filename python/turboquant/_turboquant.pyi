@@ -195,7 +195,7 @@ class Index:
 
     def release_sign_plane(self) -> None:
         """
-        Free the two-level scan's sign plane (indexes of dim >= 384 at 3 to 4 bits keep one) and return the codes to the fast-scan layout: the index then searches in one level only (two_level=True is an error), in less memory. For indexes that never search in two levels, as ShardedIndex shards. Adds, removes and saves work as before; a loaded index holds a plane again.
+        Free the two-level scan's sign plane (indexes of dim >= 320, IVF >= 192, at 3 to 4 bits keep one) and return the codes to the fast-scan layout: the index then searches in one level only (two_level=True is an error), in less memory. For indexes that never search in two levels, as ShardedIndex shards. Adds, removes and saves work as before; a loaded index holds a plane again.
         """
 
     @property
@@ -216,7 +216,7 @@ class Index:
 
     def search(self, q: Annotated[NDArray, dict(device='cpu', writable=False)], k: int = 10, *, threads: int = 0, rerank: int = -1, rerank_full: int = 0, fast_scan: bool = True, nprobe: int = 1, two_level: bool | None = None) -> tuple:
         """
-        Top-k of each row of q ((nq, dim) float32): (scores (nq, k) float32, ids (nq, k) int64), best first; missing results get id -1. threads 0: OpenMP default. nprobe: IVF lists scanned per query (1..nlist; 1 for a flat index). two_level: None (auto: on for fast-scan indexes, flat or IVF, of dim >= 384 with 3 to 4 bits per channel), True (an error on other indexes) or False: a first pass over 1 bit per dimension, full codes only for the vectors that can still rank (docs/design.md).
+        Top-k of each row of q ((nq, dim) float32): (scores (nq, k) float32, ids (nq, k) int64), best first; missing results get id -1. threads 0: OpenMP default. nprobe: IVF lists scanned per query (1..nlist; 1 for a flat index). two_level: None (auto: on for fast-scan indexes of dim >= 320, IVF >= 192, with 3 to 4 bits per channel), True (an error on other indexes) or False: a first pass over 1 bit per dimension, full codes only for the vectors that can still rank (docs/design.md).
         """
 
     def train(self, x: Annotated[NDArray, dict(device='cpu', writable=False)]) -> None:

@@ -174,7 +174,7 @@ Index::Impl::Impl(const IndexConfig& c) : cfg(c) {
     rbytes = packed_bytes(static_cast<size_t>(d), cfg.rerank_bits);
     code_bytes += norm_bytes + rbytes;  // the record carries the second stage: [scale][codes]
   }
-  coarse_ok = fast_ok && d >= kTwoLevelMinDim &&
+  coarse_ok = fast_ok && d >= (ivf() ? kTwoLevelMinDimIvf : kTwoLevelMinDim) &&
               std::all_of(segs.begin(), segs.end(), [](const Segment& s) { return s.bits >= kTwoLevelMinBits; });
   lanes16 = coarse_ok;
   if (lanes16)
@@ -1842,8 +1842,8 @@ void search_impl(const Index::Impl& I, size_t nq, const float* q, const SearchPa
   TQ_CHECK(p.two_level != 1 || co == nullptr,
            "index search_candidates: the two-level scan is not for sharded candidates (two_level 1)");
   TQ_CHECK(p.two_level != 1 || two_level_search(I, p),
-           "index search: two_level 1 needs a fast-scan index (flat or IVF) of dim >= %d with 3 to 4 bits per channel",
-           kTwoLevelMinDim);
+           "index search: two_level 1 needs a fast-scan index of dim >= %d (IVF: %d) with 3 to 4 bits per channel",
+           kTwoLevelMinDim, kTwoLevelMinDimIvf);
   // two: the sign-plane pass, then exact float-LUT scores for the vectors it cannot rule out.
   const bool two = co == nullptr && two_level_search(I, p);
   const size_t rerank = p.rerank < 0 ? k + 16 : static_cast<size_t>(p.rerank);

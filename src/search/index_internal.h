@@ -96,13 +96,14 @@ IvfScanOrder ivf_scan_order() noexcept;
 // shortlist's bar. kTwoLevelEps is the default eps; tests raise it (every vector re-scored: the
 // float-LUT search's result) with this process-wide override (<= 0: the default).
 constexpr float kTwoLevelEps = 1.9f;
-// Fast-scan indexes (flat or IVF) of at least this dimension with at least this many bits per channel
-// (every segment) keep the sign plane (memory) and search in two levels by default
-// (SearchParams::two_level -1). At 2 bits the plane would add half the codes' memory for a
-// smaller gain (two channels a table lookup already), and below d = 384 the two-level scan was
-// slower or level (docs/design.md; bench/results/two_level/crossover.sh measures with both
-// lowered to 2).
-constexpr int kTwoLevelMinDim = 384;
+// Fast-scan indexes of at least this dimension (flat; IVF: kTwoLevelMinDimIvf) with at least
+// this many bits per channel (every segment) keep the sign plane (memory) and search in two
+// levels by default (SearchParams::two_level -1). At 2 bits the plane would add half the codes'
+// memory for a smaller gain (two channels a table lookup already); below these dimensions the
+// two-level scan was slower or level (docs/design.md; bench/results/two_level/gate_vl.sh
+// measures against a build with the dimensions lowered to 2).
+constexpr int kTwoLevelMinDim = 320;
+constexpr int kTwoLevelMinDimIvf = 192;
 constexpr int kTwoLevelMinBits = 3;
 void set_two_level_eps(float eps) noexcept;
 float two_level_eps() noexcept;
@@ -186,7 +187,7 @@ struct Index::Impl {
   // Slots per storage block: scale and norm are padded to whole blocks.
   size_t pad_block() const noexcept { return tc ? kTrellisBlock : kBlock; }
   // Sign plane of the two-level scan (coarse): a fast-layout index (flat or IVF) whose segments
-  // all have >= 3 bits and whose dim is >= kTwoLevelMinDim keeps, per slot, the top bit of each
+  // all have >= 3 bits and whose dim is >= kTwoLevelMinDim (IVF: kTwoLevelMinDimIvf) keeps, per slot, the top bit of each
   // channel's index (the sign of its centroid: Lloyd-Max codebooks are symmetric and sorted) in
   // the fast layout, four channels a group (cm groups, padded to cmp, a multiple of 4), and two
   // factors of its code c (codebook units): the estimate of the internal score from

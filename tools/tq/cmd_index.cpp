@@ -212,7 +212,7 @@ void add_search_options(CLI::App* sub, SearchOpts& o, bool with_k) {
   sub->add_flag("--no-fast-scan", o.no_fast_scan, "score with float LUTs instead of the uint8 SIMD scan");
   sub->add_option("--two-level", o.two_level,
                   "first pass over 1 bit per dimension, full codes only for vectors that can still rank\n"
-                  "(auto: on for fast-scan indexes, flat or IVF, of dim >= 384 with 3 to 4 bits per channel; on | off)")
+                  "(auto: on for fast-scan indexes of dim >= 320, IVF >= 192, with 3 to 4 bits per channel; on | off)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "on", "off"}));
   if (with_k)
