@@ -511,8 +511,8 @@ NB_MODULE(_turboquant, m) {
             nb::gil_scoped_release nogil;
             idx.release_sign_plane();
           },
-          "Free the two-level scan's sign plane (indexes of dim >= 320, IVF >= 192, at 3 to 4 bits keep one) and return "
-          "the codes to the fast-scan layout: the index then searches in one level only (two_level=True is "
+          "Free the two-level scan's sign plane (indexes of dim >= 320, IVF >= 192, at 3 to 4 bits keep one) "
+          "and return the codes to the fast-scan layout: the index then searches in one level only (two_level=True is "
           "an error), in less memory. For indexes that never search in two levels, as ShardedIndex shards. "
           "Adds, removes and saves work as before; a loaded index holds a plane again.")
       .def_prop_ro("has_sign_plane", &tq::Index::has_sign_plane,
@@ -552,9 +552,9 @@ NB_MODULE(_turboquant, m) {
            "fast_scan"_a = true, "nprobe"_a = 1, "two_level"_a = nb::none(),
            "Top-k of each row of q ((nq, dim) float32): (scores (nq, k) float32, ids (nq, k) int64), best first; "
            "missing results get id -1. threads 0: OpenMP default. nprobe: IVF lists scanned per query "
-           "(1..nlist; 1 for a flat index). two_level: None (auto: on for fast-scan indexes of dim >= 320, IVF "
-           ">= 192, with 3 to 4 bits per channel), True (an error on other indexes) or False: a first pass over 1 bit per "
-           "dimension, full codes only for the vectors that can still rank (docs/design.md).")
+           "(1..nlist; 1 for a flat index). two_level: None (auto: on for fast-scan indexes of dim >= 320, "
+           "IVF >= 192, with 3 to 4 bits per channel), True (an error on other indexes) or False: a first pass "
+           "over 1 bit per dimension, full codes only for the vectors that can still rank (docs/design.md).")
       .def("train",
            [](tq::Index& idx, const InArray& x) {
              size_t n = 0;

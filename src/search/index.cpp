@@ -500,7 +500,8 @@ void Index::Impl::nibble_row(size_t i, uint8_t* out) const noexcept {
       bits3_to_nibbles(len, src, out + b / 2);
     } else {  // a segment from an odd channel (after an odd-length one, whose last high nibble is 0)
       for (size_t t = 0; t < len; ++t)
-        out[(b + t) / 2] |= static_cast<uint8_t>(read_code(src, t * static_cast<size_t>(s.bits), s.bits) << (((b + t) & 1) * 4));
+        out[(b + t) / 2] |=
+            static_cast<uint8_t>(read_code(src, t * static_cast<size_t>(s.bits), s.bits) << (((b + t) & 1) * 4));
     }
   }
 }
@@ -1897,9 +1898,8 @@ void search_impl(const Index::Impl& I, size_t nq, const float* q, const SearchPa
   // Queries scanned together, each chunk of codes read once for them: 8, and up to 32 where the
   // chunk is widened and transposed first (the vector layout's single-level scan), while every
   // thread still gets a batch.
-  const size_t kQueryBatch = fast && !two && I.vl()
-                                 ? std::clamp<size_t>((nq + static_cast<size_t>(threads) - 1) / static_cast<size_t>(threads), 8, 32)
-                                 : 8;
+  const size_t per_thread = (nq + static_cast<size_t>(threads) - 1) / static_cast<size_t>(threads);
+  const size_t kQueryBatch = fast && !two && I.vl() ? std::clamp<size_t>(per_thread, 8, 32) : 8;
   const size_t n_qb = (nq + kQueryBatch - 1) / kQueryBatch;
 
 #pragma omp parallel num_threads(threads)

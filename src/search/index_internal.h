@@ -187,10 +187,10 @@ struct Index::Impl {
   // Slots per storage block: scale and norm are padded to whole blocks.
   size_t pad_block() const noexcept { return tc ? kTrellisBlock : kBlock; }
   // Sign plane of the two-level scan (coarse): a fast-layout index (flat or IVF) whose segments
-  // all have >= 3 bits and whose dim is >= kTwoLevelMinDim (IVF: kTwoLevelMinDimIvf) keeps, per slot, the top bit of each
-  // channel's index (the sign of its centroid: Lloyd-Max codebooks are symmetric and sorted) in
-  // the fast layout, four channels a group (cm groups, padded to cmp, a multiple of 4), and two
-  // factors of its code c (codebook units): the estimate of the internal score from
+  // all have >= 3 bits and whose dim is >= kTwoLevelMinDim (IVF: kTwoLevelMinDimIvf) keeps, per
+  // slot, the top bit of each channel's index (the sign of its centroid: Lloyd-Max codebooks are
+  // symmetric and sorted) in the fast layout, four channels a group (cm groups, padded to cmp, a
+  // multiple of 4), and two factors of its code c (codebook units): the estimate of the internal score from
   // S = sum_j (Pi q)_j sign_j is cA * S (l2: 2 cA S - norm^2, as the fast-scan scorer forms it),
   // cA = scale ||c||^2 / sum_j |c_j|, and eps ||Pi q|| cB bounds its error (RaBitQ's bound for a
   // 1-bit code of c: cB = (l2 ? 2 : 1) scale ||c|| sqrt(1 - a^2) / (a sqrt(d - 1)),
