@@ -5,7 +5,7 @@
 // bits3_to_nibbles: 3-bit indices widened to nibbles, 16 in each 64-bit lane of a register
 // (four rounds of masks and shifts that each move the upper half of every field group up: 48
 // bits -> 2 x 24 at 0 and 32 -> 4 x 12 -> 8 x 6 -> 16 x 3 at every nibble), the step before
-// the transpose for indexes with 3-bit segments.
+// the transpose for indexes with 3-bit segments; the scalar target runs the reference.
 //
 // vector_to_fast_layout: the fast-scan layout of blocks of 32 vectors of nibbles (the
 // single-level scans read it), a byte transpose of 16 vectors at a time: 16 registers of N
@@ -51,14 +51,6 @@ void transpose_byte(const uint8_t* v, size_t vb, size_t h, uint8_t* o) noexcept 
 }
 inline unsigned code_at(const uint8_t* p, size_t t, int bits) noexcept {
   return read_code(p, t * static_cast<size_t>(bits), bits);
-}
-
-// 16 3-bit fields (the low 48 bits of x, field k at bit 3k) as 16 nibbles (field k at bit 4k).
-inline uint64_t spread3to4(uint64_t x) noexcept {
-  x = (x & 0xFFFFFFull) | ((x & 0xFFFFFF000000ull) << 8);
-  x = (x & 0x00000FFF00000FFFull) | ((x & 0x00FFF00000FFF000ull) << 4);
-  x = (x & 0x003F003F003F003Full) | ((x & 0x0FC00FC00FC00FC0ull) << 2);
-  return (x & 0x0707070707070707ull) | ((x & 0x3838383838383838ull) << 1);
 }
 
 // Bytes 0..5 of p, and byte 6 when sh > 0 (16 3-bit codes from bit sh < 8 of p end in it), in
@@ -121,17 +113,6 @@ void bits3_to_nibbles_ref(size_t n, const uint8_t* in, uint8_t* out) noexcept {
     out[t / 2] = static_cast<uint8_t>(code_at(in, t, 3) | (t + 1 < n ? code_at(in, t + 1, 3) << 4 : 0u));
 }
 
-namespace {
-// bits3_to_nibbles 16 indices a step in a 64-bit word (the scalar target).
-void bits3_to_nibbles_words(size_t n, const uint8_t* in, uint8_t* out) noexcept {
-  size_t t = 0;
-  for (; t + 16 <= n; t += 16) {
-    const uint64_t w = spread3to4(load_codes3(in + t / 8 * 3, 0));
-    std::memcpy(out + t / 2, &w, 8);
-  }
-  if (t < n) bits3_to_nibbles_ref(n - t, in + t / 8 * 3, out + t / 2);
-}
-}  // namespace
 
 float reduce_lanes16(const float* lanes) noexcept {
   float t[16];
@@ -194,12 +175,12 @@ void VectorToFastLayout(size_t n_blocks, size_t m_groups, const uint8_t* HWY_RES
 
 // 16 indices (6 bytes) per 64-bit lane: a register of 32-bit words from 6 N64 input bytes is
 // permuted so that 64-bit lane j holds words 3 (j / 2) and 3 (j / 2) + 1 (j even) or the two
-// after them shifted down by 16 bits (j odd): bytes 6 j .. 6 j + 5 at its bottom; then the
-// four rounds of spread3to4 in every lane. The last register's input and output go through a
-// buffer, so no byte past either is touched.
+// after them shifted down by 16 bits (j odd): bytes 6 j .. 6 j + 5 at its bottom; then four
+// rounds of masks and shifts in every lane (file comment). The last register's input and output
+// go through a buffer, so no byte past either is touched.
 void Bits3ToNibbles(size_t n, const uint8_t* HWY_RESTRICT in, uint8_t* HWY_RESTRICT out) {
 #if HWY_TARGET == HWY_SCALAR
-  bits3_to_nibbles_words(n, in, out);
+  bits3_to_nibbles_ref(n, in, out);
 #else
   const hn::ScalableTag<uint64_t> d64;
   const hn::Repartition<uint32_t, decltype(d64)> d32;

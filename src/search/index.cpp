@@ -1899,21 +1899,21 @@ void search_impl(const Index::Impl& I, size_t nq, const float* q, const SearchPa
   // chunk is widened and transposed first (the vector layout's single-level scan), while every
   // thread still gets a batch.
   const size_t per_thread = (nq + static_cast<size_t>(threads) - 1) / static_cast<size_t>(threads);
-  const size_t kQueryBatch = fast && !two && I.vl() ? std::clamp<size_t>(per_thread, 8, 32) : 8;
-  const size_t n_qb = (nq + kQueryBatch - 1) / kQueryBatch;
+  const size_t qbatch = fast && !two && I.vl() ? std::clamp<size_t>(per_thread, 8, 32) : 8;
+  const size_t n_qb = (nq + qbatch - 1) / qbatch;
 
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<float> flut(kQueryBatch * I.m * I.lut_stride);
-    std::vector<uint8_t> qlut(fast ? kQueryBatch * I.mp * I.lut_stride : 0);
-    std::vector<float> bias(kQueryBatch), delta(kQueryBatch);
-    std::vector<TopR> top(kQueryBatch);
+    std::vector<float> flut(qbatch * I.m * I.lut_stride);
+    std::vector<uint8_t> qlut(fast ? qbatch * I.mp * I.lut_stride : 0);
+    std::vector<float> bias(qbatch), delta(qbatch);
+    std::vector<TopR> top(qbatch);
     std::vector<uint32_t> acc(kChunkBlocks * kBlock);
     std::vector<uint8_t> fastb;  // vector layout: the scanned blocks transposed (fast_blocks)
     std::vector<float> sc(kChunkBlocks * kBlock), bmax(kChunkBlocks);
     std::vector<float> pstate(I.quant ? I.quant->query_state_floats() : 0);
     // Two-level scan: each query's pass-1 state and the thread's scratch.
-    std::vector<TwoLevelQuery> tl(two ? kQueryBatch : 0);
+    std::vector<TwoLevelQuery> tl(two ? qbatch : 0);
     std::unique_ptr<TwoLevelScratch> tls(two ? new TwoLevelScratch(I) : nullptr);
 
     auto internal = [&](size_t i, float dot) { return internal_score(I, l2, i, dot); };
@@ -1921,7 +1921,7 @@ void search_impl(const Index::Impl& I, size_t nq, const float* q, const SearchPa
 
 #pragma omp for schedule(dynamic, 1)
     for (size_t qb = 0; qb < n_qb; ++qb) {
-      const size_t q0 = qb * kQueryBatch, q1 = std::min(nq, q0 + kQueryBatch);
+      const size_t q0 = qb * qbatch, q1 = std::min(nq, q0 + qbatch);
       const size_t bq = q1 - q0;
       if (!I.quant && !two)  // (the two-level scan scores from the codes: exact_code_score)
         for (size_t b = 0; b < bq; ++b)

@@ -30,21 +30,12 @@ struct Segment {
 };
 
 // The bits-bit code (bits <= 8) at bit `bit` of p, in include/tq/bitpack.h's order; only the
-// one or two bytes holding it are read or written.
+// one or two bytes holding it are read.
 inline unsigned read_code(const uint8_t* p, size_t bit, int bits) noexcept {
   const unsigned sh = static_cast<unsigned>(bit & 7);
   unsigned v = p[bit >> 3];
   if (sh + static_cast<unsigned>(bits) > 8) v |= static_cast<unsigned>(p[(bit >> 3) + 1]) << 8;
   return (v >> sh) & ((1u << bits) - 1);
-}
-inline void write_code(uint8_t* p, size_t bit, int bits, unsigned c) noexcept {
-  const unsigned sh = static_cast<unsigned>(bit & 7), mask = ((1u << bits) - 1) << sh, v = (c << sh) & mask;
-  uint8_t& b0 = p[bit >> 3];
-  b0 = static_cast<uint8_t>((b0 & ~mask) | v);
-  if (sh + static_cast<unsigned>(bits) > 8) {
-    uint8_t& b1 = p[(bit >> 3) + 1];
-    b1 = static_cast<uint8_t>((b1 & ~(mask >> 8)) | (v >> 8));
-  }
 }
 
 // Channels [dim0, dim0 + ndims) of one segment, bpd bits each, read as one group code
@@ -271,11 +262,9 @@ struct Index::Impl {
     if (fast_ok) return static_cast<uint8_t>((fast_row(i)[g * 16] >> fast_shift(i)) & 15);
     return gcodes[i * m + g];
   }
+  // Fast layout or gcodes (the vector layout's rows are written whole: set_indices, write_block).
   void set_group_code(size_t i, size_t g, uint8_t c) noexcept {
-    if (vl()) {
-      const auto [bit, bits] = vl_bit(g);
-      write_code(vrow(i), bit, bits, c);
-    } else if (fast_ok) {
+    if (fast_ok) {
       uint8_t& b = blocks[(i / kBlock) * mp * 16 + g * 16 + (i % 16)];
       if ((i % kBlock) < 16) b = static_cast<uint8_t>((b & 0xF0) | (c & 15));
       else b = static_cast<uint8_t>((b & 0x0F) | (c << 4));
