@@ -149,6 +149,62 @@ TEST(IndexCli, IvfBadInputIsOneCleanError) {
   }
 }
 
+// --two-level off frees the sign plane (tq index search after the load, eval after the build):
+// the same results as the single-level scan of an index that keeps it, in the fast layout's memory.
+TEST(IndexCli, TwoLevelOffFreesTheSignPlane) {
+  Data D;
+  const int d = 320;  // the flat gate (kTwoLevelMinDim)
+  const size_t n = 400, nq = 6;
+  tq::Rng r(5);
+  std::vector<float> x(n * d), q(nq * d);
+  for (auto& v : x) v = static_cast<float>(r.normal());
+  for (auto& v : q) v = static_cast<float>(r.normal());
+  const std::string base = D.path("b320.fvecs"), qs = D.path("q320.fvecs"), gt = D.path("g320.ivecs"),
+                    idx = D.path("i320.tqi");
+  tq::write_fvecs(base, n, d, x.data());
+  tq::write_fvecs(qs, nq, d, q.data());
+  std::vector<float> es(nq * 10);
+  std::vector<int64_t> eids(nq * 10);
+  tq::exact_search(tq::Metric::cosine, n, d, x.data(), nq, q.data(), 10, es.data(), eids.data());
+  const std::vector<int32_t> g(eids.begin(), eids.end());
+  tq::write_ivecs(gt, nq, 10, g.data());
+  json_of(tq_test::run_tq({"index", "build", "-i", base, "-o", idx, "--bits", "3", "--json"}));
+  auto search = [&](const std::string& tl) {
+    return json_of(tq_test::run_tq({"index", "search", "--index", idx, "-q", qs, "-k", "10", "--two-level", tl,
+                                    "--json"}));
+  };
+  const auto on = search("auto"), off = search("off");
+  EXPECT_NE(on["index"].get<std::string>().find("two-level"), std::string::npos) << on["index"];
+  EXPECT_EQ(off["index"].get<std::string>().find("two-level"), std::string::npos) << off["index"];
+  // Memory per vector: 3-bit codes packed (120 B) + the plane (40 B) and its two factors, or a
+  // nibble a channel (160 B) without them; float scale and id either way (cosine: no norm).
+  EXPECT_DOUBLE_EQ(on["memory_bytes_per_vector"].get<double>(), 120.0 + 40 + 8 + 4 + 8);
+  EXPECT_DOUBLE_EQ(off["memory_bytes_per_vector"].get<double>(), 160.0 + 4 + 8);
+  // The single-level scan of the freed index is that of the index keeping its plane: same ids
+  // and scores.
+  auto loaded = tq::Index::load(idx);
+  ASSERT_TRUE(loaded.has_sign_plane());
+  tq::SearchParams p;
+  p.k = 10;
+  p.two_level = 0;
+  std::vector<float> ls(nq * 10);
+  std::vector<int64_t> lids(nq * 10);
+  loaded.search(nq, d, q.data(), p, ls.data(), lids.data());
+  for (size_t i = 0; i < nq; ++i)
+    for (size_t j = 0; j < 10; ++j) {
+      EXPECT_EQ(off["ids"][i][j].get<int64_t>(), lids[i * 10 + j]);
+      EXPECT_FLOAT_EQ(off["scores"][i][j].get<float>(), ls[i * 10 + j]);
+    }
+  auto eval = [&](const std::string& tl) {
+    return json_of(tq_test::run_tq({"index", "eval", "--base", base, "-q", qs, "--gt", gt, "--bits", "3", "--reps",
+                                    "1", "--two-level", tl, "--json"}));
+  };
+  const auto eon = eval("auto"), eoff = eval("off");
+  EXPECT_DOUBLE_EQ(eon["memory_bytes_per_vector"].get<double>(), 120.0 + 40 + 8 + 4 + 8);
+  EXPECT_DOUBLE_EQ(eoff["memory_bytes_per_vector"].get<double>(), 160.0 + 4 + 8);
+  EXPECT_EQ(eoff["index"].get<std::string>().find("two-level"), std::string::npos) << eoff["index"];
+}
+
 // Defaults: a flat index is centred and scale-fitted unless told otherwise; IVF is neither.
 TEST(IndexCli, FlatDefaultsAreCenterAndFitScale) {
   Data D;

@@ -2,10 +2,11 @@
 """bench/results/ivf/glove100k/{,run2/,run3/}, glove1m_rerank{,6}/, glove1m_v5{,b}/ and
 glove1m_v6{,b,c,d,e}/, glove1m_v7{,b,c,d,e}/, fashion1m{,_run2,_vl/run1,_vl/run2,_3bit,_3bit_packed/run1,_3bit_packed/run2}/, fashion60k_ivf256{,_vl}/run{1,2,3}/,
 glove100k_xeon/run{1,2}/results.json, bench/results/vlayout/*.jsonl, bench/results/vl3bit/*.jsonl,
-bench/results/two_level/gate_vl{,_run2}/
+bench/results/two_level/gate_vl{,_run2}/, bench/results/release_off/run{1,2}/
 (bench/ivf_vs_faiss.py): the saved comparisons are well formed, their summaries follow from their
 points, and the statements BENCHMARKS.md makes about them hold for the saved numbers (qps_at is the
 bench's own, so the summary is recomputed the same way)."""
+import importlib.util
 import json
 import os
 import statistics
@@ -348,6 +349,32 @@ check(gate == want_gate, f"gate_vl: ratios {gate}")
 check(all(r < 0.9 for (k, d, b), v in gate.items() for r in v if k == "flat" and d >= 320)
       and all(r > 1 for (k, d, b), v in gate.items() for r in v if k == "flat" and d < 320)
       and all(r < 0.9 for (k, d, b), v in gate.items() for r in v if k != "flat" and d >= 192), "gate_vl: the gates")
+# `--two-level off` frees the plane (85-search-ivf.md): table.md follows from the runs, each run
+# holds its rounds, and the text's ranges hold: IVF 0.66-0.93x, flat 3 bits 0.73-0.88x, flat 4
+# bits level (0.9-1.1), load 1.00-1.18x; memory as the table says and equal in both runs.
+_spec = importlib.util.spec_from_file_location(
+    "release_off_summarize", os.path.join(ROOT, "bench", "results", "release_off", "summarize.py"))
+release_off = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(release_off)
+check(release_off.RUNS == ["run1", "run2"], f"release_off: runs {release_off.RUNS}")
+check(open(os.path.join(ROOT, "bench", "results", "release_off", "table.md")).read() == release_off.table(),
+      "release_off: table.md is summarize.py's")
+for run in release_off.RUNS:
+    for jsonl, fname, _ in release_off.SEARCHES:
+        rows = [json.loads(x) for x in open(os.path.join(ROOT, "bench", "results", "release_off", run, jsonl + ".jsonl"))]
+        n = {lib: sum(r["file"] == fname and r["library"] == lib for r in rows) for lib in ("keep", "release")}
+        check(n["keep"] == n["release"] == (6 if jsonl == "flat_off" else 9), f"release_off {run}/{jsonl} {fname}: runs {n}")
+rr = {(j, f): [round(release_off.ratio(r, j, f), 2) for r in release_off.RUNS] for j, f, _ in release_off.SEARCHES}
+ivf_r = [v for (j, f), vs in rr.items() if j.startswith(("ivf", "p256")) for v in vs]
+check(min(ivf_r) == 0.66 and max(ivf_r) == 0.93, f"release_off: IVF {ivf_r}")
+check(rr[("flat_off", "flat3.tqi")] == [0.73, 0.88], f"release_off: flat 3 bits {rr[('flat_off', 'flat3.tqi')]}")
+check(all(0.9 <= v <= 1.1 for v in rr[("flat_off", "flat4.tqi")]), f"release_off: flat 4 bits {rr[('flat_off', 'flat4.tqi')]}")
+load_r = [v for (j, f), vs in rr.items() if j == "load_off" for v in vs]
+check(min(load_r) == 1.0 and max(load_r) == 1.18, f"release_off: load {load_r}")
+mem = [release_off.memory(r) for r in release_off.RUNS]
+check(mem[0] == mem[1] and round(mem[0][("flat4", "auto")]) == 514 and round(mem[0][("flat4", "off")]) == 408
+      and round(mem[0][("p256_ivf256_4", "auto")]) == 214 and round(mem[0][("p256_ivf256_4", "off")]) == 167,
+      f"release_off: memory {mem[0]}")
 # FAISS's own OpenBLAS kernels against those the scripts set (85-search-ivf.md, "OpenBLAS's
 # kernels"; docs/design.md): its k-means of Fashion-MNIST 5.6 s against 1.4 s, medians of 3.
 fk = json.load(open(os.path.join(ROOT, "bench", "results", "blas_core", "faiss_kmeans.json")))

@@ -554,7 +554,8 @@ NB_MODULE(_turboquant, m) {
            "missing results get id -1. threads 0: OpenMP default. nprobe: IVF lists scanned per query "
            "(1..nlist; 1 for a flat index). two_level: None (auto: on for fast-scan indexes of dim >= 320, "
            "IVF >= 192, with 3 to 4 bits per channel), True (an error on other indexes) or False: a first pass "
-           "over 1 bit per dimension, full codes only for the vectors that can still rank (docs/design.md).")
+           "over 1 bit per dimension, full codes only for the vectors that can still rank (docs/design.md). An "
+           "index searched only with False is faster and smaller after release_sign_plane().")
       .def("train",
            [](tq::Index& idx, const InArray& x) {
              size_t n = 0;

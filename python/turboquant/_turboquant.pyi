@@ -216,7 +216,7 @@ class Index:
 
     def search(self, q: Annotated[NDArray, dict(device='cpu', writable=False)], k: int = 10, *, threads: int = 0, rerank: int = -1, rerank_full: int = 0, fast_scan: bool = True, nprobe: int = 1, two_level: bool | None = None) -> tuple:
         """
-        Top-k of each row of q ((nq, dim) float32): (scores (nq, k) float32, ids (nq, k) int64), best first; missing results get id -1. threads 0: OpenMP default. nprobe: IVF lists scanned per query (1..nlist; 1 for a flat index). two_level: None (auto: on for fast-scan indexes of dim >= 320, IVF >= 192, with 3 to 4 bits per channel), True (an error on other indexes) or False: a first pass over 1 bit per dimension, full codes only for the vectors that can still rank (docs/design.md).
+        Top-k of each row of q ((nq, dim) float32): (scores (nq, k) float32, ids (nq, k) int64), best first; missing results get id -1. threads 0: OpenMP default. nprobe: IVF lists scanned per query (1..nlist; 1 for a flat index). two_level: None (auto: on for fast-scan indexes of dim >= 320, IVF >= 192, with 3 to 4 bits per channel), True (an error on other indexes) or False: a first pass over 1 bit per dimension, full codes only for the vectors that can still rank (docs/design.md). An index searched only with False is faster and smaller after release_sign_plane().
         """
 
     def train(self, x: Annotated[NDArray, dict(device='cpu', writable=False)]) -> None:

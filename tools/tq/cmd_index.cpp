@@ -212,7 +212,8 @@ void add_search_options(CLI::App* sub, SearchOpts& o, bool with_k) {
   sub->add_flag("--no-fast-scan", o.no_fast_scan, "score with float LUTs instead of the uint8 SIMD scan");
   sub->add_option("--two-level", o.two_level,
                   "first pass over 1 bit per dimension, full codes only for vectors that can still rank\n"
-                  "(auto: on for fast-scan indexes of dim >= 320, IVF >= 192, with 3 to 4 bits per channel; on | off)")
+                  "(auto: on for fast-scan indexes of dim >= 320, IVF >= 192, with 3 to 4 bits per channel; on;\n"
+                  "off: one level, and such an index frees its sign plane once loaded or built: less memory)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "on", "off"}));
   if (with_k)
@@ -416,7 +417,8 @@ void setup(CLI::App& app) {
     auto o = std::make_shared<O>();
     auto* sub = tq::cli::subcommand(*grp, "search",
         "Top-k search of every query in --queries against an index file; prints one line per\n"
-        "query (id:score ...) or, with --json, {\"k\", \"ids\": [[...]], \"scores\": [[...]]}.\n"
+        "query (id:score ...) or, with --json, {\"k\", \"ids\": [[...]], \"scores\": [[...]]} with\n"
+        "load_s, search_s and memory_bytes_per_vector (the index as searched).\n"
         "Scores: similarity for ip/cosine (higher is nearer), squared distance for l2.\n"
         "Example: tq index search --index base.tqi --queries query.fvecs -k 10 --json");
     sub->add_option("--index", o->index, "index file (from tq index build)")->required();
@@ -428,6 +430,7 @@ void setup(CLI::App& app) {
     sub->callback([o] {
       const double tl0 = tq::wall_seconds();
       auto idx = tq::Index::load(o->index);
+      if (o->s.two_level == "off") idx.release_sign_plane();  // never searched: its memory back
       const double load_s = tq::wall_seconds() - tl0;
       TQ_CHECK(idx.nlist() > 0 || o->s.nprobe == 1, "search: --nprobe %d needs an IVF index (tq index build --ivf NLIST)",
                o->s.nprobe);
@@ -448,7 +451,9 @@ void setup(CLI::App& app) {
         }
         tq::cli::print_json({{"index", idx.describe_search(params_of(o->s, o->s.k, o->s.threads))}, {"k", k}, {"nq", q.n},
                              {"nprobe", o->s.nprobe},
-                             {"load_s", load_s}, {"search_s", t}, {"ids", jid}, {"scores", js}});
+                             {"load_s", load_s}, {"search_s", t},
+                             {"memory_bytes_per_vector", idx.memory_bytes_per_vector()}, {"ids", jid},
+                             {"scores", js}});
         return;
       }
       for (size_t i = 0; i < q.n; ++i) {
@@ -531,6 +536,7 @@ void setup(CLI::App& app) {
         build_cpus.push_back(c);
         idx = std::move(fresh);
       }
+      if (o->s.two_level == "off") idx->release_sign_plane();  // as tq index search does
       std::sort(builds.begin(), builds.end());
       std::sort(build_cpus.begin(), build_cpus.end());
       const double bs = builds[builds.size() / 2];
