@@ -437,6 +437,95 @@ TEST(Index, Bits3ToNibblesEqualsScalarReference) {
   }
 }
 
+// derive_block (the sign plane and the factors an index derives from its codes) equals its
+// reference at every SIMD level, bit for bit: one-channel groups at 3 and 4 bits over two
+// segments (a 3.5-bit index: tables 0 and 1) with and without IVF's list centroid, d not a
+// multiple of 4 (the plane's last row written at j = d - 1), no plane (IVF's l2 list terms
+// alone, groups of two 2-bit digits), and sums that start nonzero; and the reference is what
+// the definition says, slot by slot.
+TEST(Index, DeriveBlockEqualsScalarReference) {
+  tq::Rng rng(14);
+  std::vector<float> tabs(96);
+  for (auto& t : tabs) t = static_cast<float>(rng.normal());
+  for (const size_t d : {1u, 4u, 7u, 64u, 197u, 784u}) {
+    for (const int bits : {2, 3, 4}) {
+      // Digits: one channel a row (3, 4 bits; the second half on table 1), or two 2-bit digits a row.
+      std::vector<tq::PlaneDigit> dg;
+      for (size_t j = 0; j < d; ++j) {
+        tq::PlaneDigit p;
+        p.row = static_cast<uint32_t>(bits == 2 ? j / 2 : j);
+        p.j = static_cast<uint32_t>(j);
+        p.sh = static_cast<uint8_t>(bits == 2 ? (j % 2) * 2 : 0);
+        p.mask = static_cast<uint8_t>((1u << bits) - 1);
+        p.top = static_cast<uint8_t>(bits - 1);
+        p.tab = static_cast<uint8_t>(bits != 2 && j >= (d + 1) / 2 ? 1 : 0);
+        dg.push_back(p);
+      }
+      const size_t rows = bits == 2 ? (d + 1) / 2 : d;
+      std::vector<uint8_t> fb(rows * 16);
+      for (auto& b : fb) b = static_cast<uint8_t>(rng.below(256));
+      std::vector<float> rc(d);
+      for (auto& v : rc) v = static_cast<float>(rng.normal());
+      for (const bool plane : {true, false}) {
+        if (plane && bits == 2) continue;
+        for (const bool ivf : {true, false}) {
+          if (!plane && !ivf) continue;
+          const size_t cbytes = (d + 3) / 4 * 16;
+          std::array<float, 32> cc0{}, ca0{}, ct0{}, cu0{};
+          for (size_t v = 0; v < 32; ++v) cc0[v] = ca0[v] = ct0[v] = cu0[v] = static_cast<float>(v) * 0.25f;
+          auto cc = cc0, ca = ca0, ct = ct0, cu = cu0;
+          std::vector<uint8_t> cb(cbytes + 16, 0xA5);
+          tq::derive_block_ref(fb.data(), dg.size(), dg.data(), tabs.data(), ivf ? rc.data() : nullptr, d, cc.data(),
+                               ca.data(), ct.data(), cu.data(), plane ? cb.data() : nullptr);
+          // The definition, slot by slot, in channel order.
+          for (size_t v = 0; v < 32; ++v) {
+            float ecc = cc0[v], eca = ca0[v], ect = ct0[v], ecu = cu0[v];
+            std::vector<unsigned> sgn(d);
+            for (const auto& p : dg) {
+              const uint8_t byte = fb[p.row * 16 + v % 16];
+              const unsigned c = ((v < 16 ? byte & 15u : byte >> 4) >> p.sh) & p.mask;
+              const float* t = tabs.data() + 48 * p.tab;
+              sgn[p.j] = c >> p.top;
+              if (plane) {
+                ecc += t[c];
+                eca += t[16 + c];
+              }
+              if (ivf) {
+                ect += rc[p.j] * t[32 + c];
+                if (plane) ecu += sgn[p.j] ? rc[p.j] : -rc[p.j];
+              }
+            }
+            ASSERT_EQ(cc[v], ecc) << d << " " << bits << " " << v;
+            ASSERT_EQ(ca[v], eca);
+            ASSERT_EQ(ct[v], ect);
+            ASSERT_EQ(cu[v], ecu);
+            if (!plane) continue;
+            for (size_t j = 0; j < d; ++j) {
+              const uint8_t nib = static_cast<uint8_t>((cb[(j / 4) * 16 + v % 16] >> (v < 16 ? 0 : 4)) & 15);
+              ASSERT_EQ((nib >> (j % 4)) & 1u, sgn[j]) << d << " " << bits << " " << v << " " << j;
+            }
+            for (size_t j = d; j % 4 != 0; ++j)  // the last row's unused channels: 0
+              ASSERT_EQ((cb[(j / 4) * 16 + v % 16] >> ((v < 16 ? 0 : 4) + j % 4)) & 1u, 0u);
+          }
+          if (plane) EXPECT_EQ(cb[cbytes], 0xA5) << "past the plane";
+          for (const auto& level : tq::simd::available_levels()) {
+            tq::simd::ScopedLevel sl(level);
+            auto gcc = cc0, gca = ca0, gct = ct0, gcu = cu0;
+            std::vector<uint8_t> gcb(cb.size(), 0xA5);
+            tq::derive_block(fb.data(), dg.size(), dg.data(), tabs.data(), ivf ? rc.data() : nullptr, d, gcc.data(),
+                             gca.data(), gct.data(), gcu.data(), plane ? gcb.data() : nullptr);
+            EXPECT_EQ(gcc, cc) << "level " << level << " d " << d << " bits " << bits;
+            EXPECT_EQ(gca, ca) << "level " << level;
+            EXPECT_EQ(gct, ct) << "level " << level;
+            EXPECT_EQ(gcu, cu) << "level " << level;
+            if (plane) EXPECT_EQ(gcb, cb) << "level " << level;
+          }
+        }
+      }
+    }
+  }
+}
+
 // The trellis scan (256-entry byte tables, blocks of 64 vectors) equals its reference at every
 // SIMD level (AVX3_DL's byte permutes; the 16-entry shuffles of the XOR-differenced table rows
 // on AVX3, AVX2 and SSE4): channel counts with and without a uint16 flush (> 256 channels),
@@ -2858,6 +2947,50 @@ TEST(IndexTwoLevel, ThePlaneFollowsAddsLoadsAndRemoves) {
     EXPECT_EQ(r.id, rk.id);
     EXPECT_EQ(r.s, rk.s);
   }
+}
+
+// A loaded index with a sign plane takes each record's code bytes as its row: bits a crafted
+// file sets past a segment's last code (within its last byte) stay out of it, so the index
+// searches (one and two levels, and released) and saves as the clean file's. 3.5 bits at
+// d = 390: a 4-bit segment of 195 channels (98 bytes, the last one's high nibble unused) and a
+// 3-bit one of 195 (74 bytes, 7 bits of the last unused), the last 172 bytes of a record.
+TEST(IndexTwoLevel, PaddingBitsOfAFileStayOutOfTheRows) {
+  TempDir t;
+  const int d = 390;
+  const size_t n = 300;
+  auto x = make_data(n, d, 33), q = make_data(8, d, 34);
+  tq::Index idx(cfg_of(d, 3.5, tq::Metric::l2));
+  idx.add(n, x.data());
+  ASSERT_TRUE(idx.has_sign_plane());
+  idx.save(t.path("clean.tqi"));
+  auto b = slurp(t.path("clean.tqi"));
+  auto ld = [&](size_t at) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(b[at + i]) << (8 * i);
+    return static_cast<size_t>(v);
+  };
+  const size_t code_bytes = ld(48), codes_offset = ld(56);
+  ASSERT_EQ(code_bytes, idx.code_bytes());
+  for (size_t r = 0; r < n; ++r) {
+    uint8_t* c = b.data() + codes_offset + r * code_bytes + code_bytes - 172;
+    c[97] |= 0xF0;
+    c[171] |= 0xFE;
+  }
+  fix_payload_checksum(b);
+  EXPECT_NE(b, slurp(t.path("clean.tqi")));
+  const tq::Index clean = tq::Index::load(t.path("clean.tqi"));
+  tq::Index dirty = tq::Index::from_bytes(b.data(), b.size(), "dirty");
+  for (const int tl : {1, 0}) {
+    const auto a = run(clean, q, 10, two_level(tl)), e = run(dirty, q, 10, two_level(tl));
+    EXPECT_EQ(e.id, a.id) << tl;
+    EXPECT_EQ(e.s, a.s) << tl;
+  }
+  dirty.save(t.path("resaved.tqi"));
+  EXPECT_EQ(slurp(t.path("resaved.tqi")), slurp(t.path("clean.tqi")));
+  dirty.release_sign_plane();
+  const auto a = run(clean, q, 10, two_level(0)), e = run(dirty, q, 10, two_level(0));
+  EXPECT_EQ(e.id, a.id);
+  EXPECT_EQ(e.s, a.s);
 }
 
 TEST(IndexTwoLevel, WhereItAppliesAndBadParameters) {

@@ -281,6 +281,24 @@ void code_dot_lanes(size_t g0, size_t g1, int bits, const float* y, const uint8_
 void code_dot_lanes_ref(size_t g0, size_t g1, int bits, const float* y, const uint8_t* codes, const float* cent,
                         float* lanes) noexcept;
 float reduce_lanes16(const float* lanes) noexcept;
+// What an index derives from its codes over one block of 32 slots in the fast layout (fb: rows
+// of 16 bytes, slot v's group code in the low nibble of byte v of a row for v < 16, else the
+// high nibble of byte v - 16): for each digit in order, slot v's channel index
+// c = (code >> sh) & mask of row `row` adds tabs[16 (3 tab) + c] (its squared centroid) to cc[v],
+// tabs[16 (3 tab + 1) + c] (|centroid|) to ca[v], rc[j] * tabs[16 (3 tab + 2) + c] (rc[j] times
+// the centroid) to ct[v], and rc[j] or -rc[j] (as bit `top` of c, its sign, is 1 or 0) to cu[v];
+// the signs make the plane cb (rows of 16 bytes, channel j's bit j % 4 of row j / 4's nibble
+// of slot v as above), each row written when its last channel (j % 4 == 3 or j == d - 1) is
+// done. cb null: no plane (cc, ca, cu and the signs untouched, digits in any channel order);
+// rc null: no ct, cu. SIMD with 16 float lanes (AVX-512), else the reference; the same floats.
+struct PlaneDigit {
+  uint32_t row = 0, j = 0;
+  uint8_t sh = 0, mask = 15, top = 3, tab = 0;
+};
+void derive_block(const uint8_t* fb, size_t nd, const PlaneDigit* dg, const float* tabs, const float* rc,
+                  size_t d, float* cc, float* ca, float* ct, float* cu, uint8_t* cb) noexcept;
+void derive_block_ref(const uint8_t* fb, size_t nd, const PlaneDigit* dg, const float* tabs, const float* rc,
+                      size_t d, float* cc, float* ca, float* ct, float* cu, uint8_t* cb) noexcept;
 
 // Trellis scan over blocks of 64 vectors (an index with trellis codes): codes: n_blocks * d * 64
 // bytes, for channel j the 64 vectors' table indices (windows); lut: d * 256 uint8; out:

@@ -23,6 +23,10 @@
 // index's two bytes to its lane, a shift and a mask the index). The same products and
 // additions in the same order as the reference (this file is built without contraction into
 // fused multiply-adds), so the same floats.
+//
+// derive_block: what an index derives from a block of 32 slots' codes (the sign plane, ||c||^2,
+// sum |c_j|, and IVF's <Pi c_l, c> and <Pi c_l, sign(c)>), slot v in float lane v % 16 of one of
+// two sets of registers, a table lookup per digit and table; the reference's sums in its order.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "search/code_simd.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -113,6 +117,34 @@ void bits3_to_nibbles_ref(size_t n, const uint8_t* in, uint8_t* out) noexcept {
     out[t / 2] = static_cast<uint8_t>(code_at(in, t, 3) | (t + 1 < n ? code_at(in, t + 1, 3) << 4 : 0u));
 }
 
+void derive_block_ref(const uint8_t* fb, size_t nd, const PlaneDigit* dg, const float* tabs, const float* rc,
+                      size_t d, float* cc, float* ca, float* ct, float* cu, uint8_t* cb) noexcept {
+  uint8_t sbits[32] = {};
+  for (size_t k = 0; k < nd; ++k) {
+    const PlaneDigit& g = dg[k];
+    const uint8_t* row = fb + static_cast<size_t>(g.row) * 16;
+    const float* q2 = tabs + 48 * static_cast<size_t>(g.tab);
+    const float *qa = q2 + 16, *qv = q2 + 32;
+    const unsigned t = g.j & 3;
+    for (size_t v = 0; v < 32; ++v) {
+      const unsigned code = v < 16 ? row[v] & 15u : row[v - 16] >> 4;
+      const unsigned c = (code >> g.sh) & g.mask, sgn = c >> g.top;
+      if (rc != nullptr) {
+        ct[v] += rc[g.j] * qv[c];
+        if (cb != nullptr) cu[v] += sgn ? rc[g.j] : -rc[g.j];
+      }
+      if (cb == nullptr) continue;
+      cc[v] += q2[c];
+      ca[v] += qa[c];
+      sbits[v] = static_cast<uint8_t>(sbits[v] | (sgn << t));
+    }
+    if (cb != nullptr && (t == 3 || g.j + 1 == d)) {
+      uint8_t* o = cb + static_cast<size_t>(g.j / 4) * 16;
+      for (size_t v = 0; v < 16; ++v) o[v] = static_cast<uint8_t>(sbits[v] | (sbits[v + 16] << 4));
+      std::memset(sbits, 0, sizeof sbits);
+    }
+  }
+}
 
 float reduce_lanes16(const float* lanes) noexcept {
   float t[16];
@@ -282,6 +314,88 @@ void CodeDotLanes(size_t g0, size_t g1, int bits, const float* HWY_RESTRICT y, c
 #endif
 }
 
+// Slots 0..15 and 16..31 of the block in two sets of 16 float lanes: a row's 16 bytes widened
+// to 32-bit lanes give both halves' codes (low and high nibbles), each digit's index a table
+// lookup of 16 floats per table (TableLookupLanes); the sign bits gather in 32-bit lanes and
+// leave as 16 bytes. The reference's additions in its order: the same floats.
+void DeriveBlock(const uint8_t* HWY_RESTRICT fb, size_t nd, const PlaneDigit* HWY_RESTRICT dg,
+                 const float* HWY_RESTRICT tabs, const float* HWY_RESTRICT rc, size_t d, float* HWY_RESTRICT cc,
+                 float* HWY_RESTRICT ca, float* HWY_RESTRICT ct, float* HWY_RESTRICT cu, uint8_t* HWY_RESTRICT cb) {
+#if HWY_TARGET == HWY_SCALAR || HWY_TARGET > HWY_AVX3 || !HWY_ARCH_X86
+  derive_block_ref(fb, nd, dg, tabs, rc, d, cc, ca, ct, cu, cb);
+#else
+  const hn::FixedTag<float, 16> df;
+  const hn::FixedTag<uint32_t, 16> du;
+  const hn::FixedTag<uint8_t, 16> d8;
+  using VF = hn::Vec<decltype(df)>;
+  using VU = hn::Vec<decltype(du)>;
+  VF cc0 = hn::Zero(df), cc1 = cc0, ca0 = cc0, ca1 = cc0, ct0 = cc0, ct1 = cc0, cu0 = cc0, cu1 = cc0;
+  if (cb != nullptr) {
+    cc0 = hn::LoadU(df, cc);
+    cc1 = hn::LoadU(df, cc + 16);
+    ca0 = hn::LoadU(df, ca);
+    ca1 = hn::LoadU(df, ca + 16);
+  }
+  if (rc != nullptr) {
+    ct0 = hn::LoadU(df, ct);
+    ct1 = hn::LoadU(df, ct + 16);
+    if (cb != nullptr) {
+      cu0 = hn::LoadU(df, cu);
+      cu1 = hn::LoadU(df, cu + 16);
+    }
+  }
+  const VU m15 = hn::Set(du, 15), zero = hn::Zero(du);
+  VU sb0 = zero, sb1 = zero;
+  for (size_t k = 0; k < nd; ++k) {
+    const PlaneDigit& g = dg[k];
+    const VU x = hn::PromoteTo(du, hn::LoadU(d8, fb + static_cast<size_t>(g.row) * 16));
+    const VU mask = hn::Set(du, g.mask);
+    const VU i0 = hn::And(hn::ShiftRightSame(hn::And(x, m15), g.sh), mask);
+    const VU i1 = hn::And(hn::ShiftRightSame(hn::ShiftRight<4>(x), g.sh), mask);
+    const auto x0 = hn::IndicesFromVec(df, i0), x1 = hn::IndicesFromVec(df, i1);
+    const float* q2 = tabs + 48 * static_cast<size_t>(g.tab);
+    const unsigned t = g.j & 3;
+    const VU s0 = hn::ShiftRightSame(i0, g.top), s1 = hn::ShiftRightSame(i1, g.top);
+    if (rc != nullptr) {
+      const VF r = hn::Set(df, rc[g.j]), qv = hn::LoadU(df, q2 + 32);
+      ct0 = hn::Add(ct0, hn::Mul(r, hn::TableLookupLanes(qv, x0)));
+      ct1 = hn::Add(ct1, hn::Mul(r, hn::TableLookupLanes(qv, x1)));
+      if (cb != nullptr) {
+        const VF nr = hn::Neg(r);
+        cu0 = hn::Add(cu0, hn::IfThenElse(hn::RebindMask(df, hn::Ne(s0, zero)), r, nr));
+        cu1 = hn::Add(cu1, hn::IfThenElse(hn::RebindMask(df, hn::Ne(s1, zero)), r, nr));
+      }
+    }
+    if (cb == nullptr) continue;
+    const VF q2v = hn::LoadU(df, q2), qa = hn::LoadU(df, q2 + 16);
+    cc0 = hn::Add(cc0, hn::TableLookupLanes(q2v, x0));
+    cc1 = hn::Add(cc1, hn::TableLookupLanes(q2v, x1));
+    ca0 = hn::Add(ca0, hn::TableLookupLanes(qa, x0));
+    ca1 = hn::Add(ca1, hn::TableLookupLanes(qa, x1));
+    sb0 = hn::Or(sb0, hn::ShiftLeftSame(s0, static_cast<int>(t)));
+    sb1 = hn::Or(sb1, hn::ShiftLeftSame(s1, static_cast<int>(t)));
+    if (t == 3 || g.j + 1 == d) {
+      hn::StoreU(hn::U8FromU32(hn::Or(sb0, hn::ShiftLeft<4>(sb1))), d8, cb + static_cast<size_t>(g.j / 4) * 16);
+      sb0 = sb1 = zero;
+    }
+  }
+  if (cb != nullptr) {
+    hn::StoreU(cc0, df, cc);
+    hn::StoreU(cc1, df, cc + 16);
+    hn::StoreU(ca0, df, ca);
+    hn::StoreU(ca1, df, ca + 16);
+  }
+  if (rc != nullptr) {
+    hn::StoreU(ct0, df, ct);
+    hn::StoreU(ct1, df, ct + 16);
+    if (cb != nullptr) {
+      hn::StoreU(cu0, df, cu);
+      hn::StoreU(cu1, df, cu + 16);
+    }
+  }
+#endif
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace tq
 HWY_AFTER_NAMESPACE();
@@ -291,6 +405,16 @@ namespace tq {
 HWY_EXPORT(VectorToFastLayout);
 HWY_EXPORT(CodeDotLanes);
 HWY_EXPORT(Bits3ToNibbles);
+HWY_EXPORT(DeriveBlock);
+
+void derive_block(const uint8_t* fb, size_t nd, const PlaneDigit* dg, const float* tabs, const float* rc, size_t d,
+                  float* cc, float* ca, float* ct, float* cu, uint8_t* cb) noexcept {
+  if (simd::use_scalar()) {
+    derive_block_ref(fb, nd, dg, tabs, rc, d, cc, ca, ct, cu, cb);
+    return;
+  }
+  HWY_DYNAMIC_DISPATCH(DeriveBlock)(fb, nd, dg, tabs, rc, d, cc, ca, ct, cu, cb);
+}
 
 void bits3_to_nibbles(size_t n, const uint8_t* in, uint8_t* out) noexcept {
   if (simd::use_scalar()) {

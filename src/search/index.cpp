@@ -195,25 +195,36 @@ void Index::Impl::derive(size_t from) {
   const float inv_sqrt_d = 1.f / std::sqrt(static_cast<float>(d));
   const float inv_sqrt_d1 = 1.f / std::sqrt(static_cast<float>(d - 1));
   const float mul = cfg.metric == Metric::l2 ? 2.f : 1.f;
-  // Per segment: each index's squared centroid and |centroid|; the top bit is the sign.
-  std::vector<std::array<float, 16>> c2(segs.size()), ab(segs.size()), cv(segs.size());
+  // Per segment: each index's squared centroid, |centroid| and centroid (derive_block's tables);
+  // the top bit is the sign.
+  std::vector<float> tabs(48 * segs.size(), 0.f);
   for (size_t sg = 0; sg < segs.size(); ++sg)
     for (size_t c = 0; c < segs[sg].cb->centroids.size(); ++c) {
       const float v = segs[sg].cb->centroids[c];
-      c2[sg][c] = v * v;
-      ab[sg][c] = std::fabs(v);
-      cv[sg][c] = v;
+      tabs[48 * sg + c] = v * v;
+      tabs[48 * sg + 16 + c] = std::fabs(v);
+      tabs[48 * sg + 32 + c] = v;
     }
   const bool list_term = ivf();
-  // The segment of each group (groups never straddle segments).
-  std::vector<size_t> gseg(m);
+  // Every channel as a digit of its group's code (groups never straddle segments), in channel order.
+  std::vector<PlaneDigit> digits;
+  digits.reserve(static_cast<size_t>(d));
   for (size_t g = 0, sg = 0; g < m; ++g) {
-    while (groups[g].dim0 >= segs[sg].begin + segs[sg].len) ++sg;
-    gseg[g] = sg;
+    const Group& gr = groups[g];
+    while (gr.dim0 >= segs[sg].begin + segs[sg].len) ++sg;
+    for (int u = 0; u < gr.ndims; ++u) {
+      PlaneDigit pd;
+      pd.row = static_cast<uint32_t>(g);
+      pd.j = static_cast<uint32_t>(gr.dim0 + u);
+      pd.sh = static_cast<uint8_t>(u * gr.bpd);
+      pd.mask = static_cast<uint8_t>((1u << gr.bpd) - 1);
+      pd.top = static_cast<uint8_t>(segs[sg].bits - 1);
+      pd.tab = static_cast<uint8_t>(sg);
+      digits.push_back(pd);
+    }
   }
-  // Whole blocks of 32 slots, group by group: slot v's group code is the low nibble of byte v of
-  // the group's 16 (v < 16), else the high one of byte v - 16; channel dim0 + t of the group is
-  // its digit t (bpd bits). A block's slots before `from` are computed again, to the same values.
+  // Whole blocks of 32 slots (derive_block); a block's slots before `from` are computed again,
+  // to the same values.
   const size_t b0 = from / kBlock, b1 = (slots + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static)
   for (size_t b = b0; b < b1; ++b) {
@@ -222,47 +233,9 @@ void Index::Impl::derive(size_t from) {
     uint8_t* cb = plane ? cblocks.data() + b * cmp * 16 : nullptr;
     // ||c||^2, sum |c_j|; IVF: <Pi c_l, c> and <Pi c_l, sign(c)>
     float cc[kBlock] = {}, ca[kBlock] = {}, ct[kBlock] = {}, cu[kBlock] = {};
-    uint8_t sbits[kBlock] = {};
     // The rotated centroid of the block's list (IVF lists start on whole blocks).
     const float* rc = list_term ? rcentroids.data() + list_of(b * kBlock) * static_cast<size_t>(d) : nullptr;
-    for (size_t g = 0; g < m; ++g) {
-      const Group& gr = groups[g];
-      const size_t sg = gseg[g];
-      const unsigned top = static_cast<unsigned>(segs[sg].bits - 1), mask = (1u << gr.bpd) - 1;
-      const float* q2 = c2[sg].data();
-      const float* qa = ab[sg].data();
-      const float* qv = cv[sg].data();
-      const uint8_t* row = fb + g * 16;
-      for (int u = 0; u < gr.ndims; ++u) {
-        const int j = gr.dim0 + u, t = j & 3;
-        const unsigned sh = static_cast<unsigned>(u * gr.bpd);
-        if (rc != nullptr)  // IVF: <Pi c_l, c>, and with a plane <Pi c_l, sign(c)>
-          for (size_t v = 0; v < 16; ++v) {
-            const unsigned lo = ((row[v] & 15u) >> sh) & mask, hi = ((row[v] >> 4) >> sh) & mask;
-            ct[v] += rc[j] * qv[lo];
-            ct[v + 16] += rc[j] * qv[hi];
-            if (plane) {
-              cu[v] += (lo >> top) ? rc[j] : -rc[j];
-              cu[v + 16] += (hi >> top) ? rc[j] : -rc[j];
-            }
-          }
-        if (!plane) continue;  // the l2 list terms alone
-        for (size_t v = 0; v < 16; ++v) {
-          const unsigned lo = ((row[v] & 15u) >> sh) & mask, hi = ((row[v] >> 4) >> sh) & mask;
-          cc[v] += q2[lo];
-          ca[v] += qa[lo];
-          cc[v + 16] += q2[hi];
-          ca[v + 16] += qa[hi];
-          sbits[v] = static_cast<uint8_t>(sbits[v] | ((lo >> top) << t));
-          sbits[v + 16] = static_cast<uint8_t>(sbits[v + 16] | ((hi >> top) << t));
-        }
-        if (t == 3 || j == d - 1) {
-          uint8_t* o = cb + static_cast<size_t>(j / 4) * 16;
-          for (size_t v = 0; v < 16; ++v) o[v] = static_cast<uint8_t>(sbits[v] | (sbits[v + 16] << 4));
-          std::fill(sbits, sbits + kBlock, uint8_t{0});
-        }
-      }
-    }
+    derive_block(fb, digits.size(), digits.data(), tabs.data(), rc, static_cast<size_t>(d), cc, ca, ct, cu, cb);
     for (size_t v = 0; v < kBlock && b * kBlock + v < slots; ++v) {
       const size_t i = b * kBlock + v;
       // l2's scan list term (padding slots keep their zero).

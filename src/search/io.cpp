@@ -497,14 +497,14 @@ Index Index::from_bytes(const uint8_t* data, size_t size, const std::string& nam
   }
   // The records, decoded in parallel by chunks of 64 storage slots (whole fast-scan and trellis
   // blocks, each written by one thread; a fast-layout block is written row by row from its
-  // slots' group codes). Their stored floats are checked afterwards, record by record, so the
+  // slots' group codes, a vector-layout row is the record's code bytes). Their stored floats are checked afterwards, record by record, so the
   // first bad record is the one named.
   std::vector<size_t> rec(I.slots, SIZE_MAX);  // record of each slot (SIZE_MAX: list padding)
   for (size_t ri = 0; ri < n; ++ri) rec[order[ri]] = ri;
   const size_t chunk = 64, chunks = (I.slots + chunk - 1) / chunk;
 #pragma omp parallel
   {
-    std::vector<uint8_t> idx(d), gc(I.fast_ok ? chunk * I.m : 0);
+    std::vector<uint8_t> idx(d), gc(I.fast_ok && !I.vl() ? chunk * I.m : 0);
 #pragma omp for schedule(static)
     for (size_t c = 0; c < chunks; ++c) {
       const size_t t0 = c * chunk, t1 = std::min(I.slots, t0 + chunk);
@@ -525,21 +525,31 @@ Index Index::from_bytes(const uint8_t* data, size_t size, const std::string& nam
           I.norm[t] = get_norm(r, cfg.norm);
           r += I.norm_bytes;
         }
-        for (const Segment& s : I.segs) {
-          unpack_bits(static_cast<size_t>(s.len), s.bits, r, idx.data() + s.begin);
-          r += packed_bytes(static_cast<size_t>(s.len), s.bits);
-        }
-        if (I.fast_ok) {
-          for (size_t g = 0; g < I.m; ++g) gc[(t - t0) * I.m + g] = I.pack_group(idx.data(), g);
+        if (I.vl()) {  // the row is the record's codes, less the bits past each segment's last code
+          uint8_t* row = I.vrow(t);
+          std::memcpy(row, r, I.seg_bytes);
+          for (const Segment& s : I.segs) {
+            const size_t used = static_cast<size_t>(s.len) * static_cast<size_t>(s.bits);
+            if (used % 8 != 0) row[s.voff + used / 8] &= static_cast<uint8_t>((1u << (used % 8)) - 1);
+          }
+          r += I.seg_bytes;
         } else {
-          I.set_indices(t, idx.data());
+          for (const Segment& s : I.segs) {
+            unpack_bits(static_cast<size_t>(s.len), s.bits, r, idx.data() + s.begin);
+            r += packed_bytes(static_cast<size_t>(s.len), s.bits);
+          }
+          if (I.fast_ok) {
+            for (size_t g = 0; g < I.m; ++g) gc[(t - t0) * I.m + g] = I.pack_group(idx.data(), g);
+          } else {
+            I.set_indices(t, idx.data());
+          }
         }
         if (I.rbytes > 0) {
           I.rscale[t] = get_norm(r, cfg.norm);
           std::memcpy(I.rcodes.data() + t * I.rbytes, r + I.norm_bytes, I.rbytes);
         }
       }
-      if (I.fast_ok)
+      if (I.fast_ok && !I.vl())
         for (size_t b0 = t0; b0 < t1; b0 += kBlock) I.write_block(b0, gc.data() + (b0 - t0) * I.m);
     }
   }
