@@ -290,7 +290,7 @@ float reduce_lanes16(const float* lanes) noexcept;
 // the signs make the plane cb (rows of 16 bytes, channel j's bit j % 4 of row j / 4's nibble
 // of slot v as above), each row written when its last channel (j % 4 == 3 or j == d - 1) is
 // done. cb null: no plane (cc, ca, cu and the signs untouched, digits in any channel order);
-// rc null: no ct, cu. SIMD with 16 float lanes (AVX-512), else the reference; the same floats.
+// rc null: no ct, cu. SIMD with 16 or 8 float lanes (AVX-512, AVX2), else the reference; the same floats.
 struct PlaneDigit {
   uint32_t row = 0, j = 0;
   uint8_t sh = 0, mask = 15, top = 3, tab = 0;

@@ -25,8 +25,8 @@
 // fused multiply-adds), so the same floats.
 //
 // derive_block: what an index derives from a block of 32 slots' codes (the sign plane, ||c||^2,
-// sum |c_j|, and IVF's <Pi c_l, c> and <Pi c_l, sign(c)>), slot v in float lane v % 16 of one of
-// two sets of registers, a table lookup per digit and table; the reference's sums in its order.
+// sum |c_j|, and IVF's <Pi c_l, c> and <Pi c_l, sign(c)>), the slots in 2 (AVX-512) or 4 (AVX2)
+// sets of float lanes, a table lookup per digit and table; the reference's sums in its order.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "search/code_simd.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -314,85 +314,115 @@ void CodeDotLanes(size_t g0, size_t g1, int bits, const float* HWY_RESTRICT y, c
 #endif
 }
 
-// Slots 0..15 and 16..31 of the block in two sets of 16 float lanes: a row's 16 bytes widened
-// to 32-bit lanes give both halves' codes (low and high nibbles), each digit's index a table
-// lookup of 16 floats per table (TableLookupLanes); the sign bits gather in 32-bit lanes and
-// leave as 16 bytes. The reference's additions in its order: the same floats.
+// The block's 32 slots in K = 32 / N sets of N float lanes (N = 16 on AVX-512, 8 on AVX2; set s
+// holds slots s N .. s N + N - 1, the low nibbles of a row's bytes for slots below 16, the high
+// ones above): each digit's index, widened to 32-bit lanes, looks up 16-float tables
+// (TableLookupLanes; with 8 lanes each half of the table and a select on the index's bit 3);
+// the sign bits gather in 32-bit lanes and leave as bytes. The reference's additions in its
+// order: the same floats. Narrower targets run the reference.
+template <class DF>
+HWY_INLINE hn::Vec<DF> Lookup16(DF df, const float* HWY_RESTRICT tab, hn::Vec<hn::RebindToUnsigned<DF>> i) {
+  if constexpr (hn::MaxLanes(df) >= 16) {
+    return hn::TableLookupLanes(hn::LoadU(df, tab), hn::IndicesFromVec(df, i));
+  } else {
+    const hn::RebindToUnsigned<DF> du;
+    const auto lo = hn::IndicesFromVec(df, hn::And(i, hn::Set(du, 7)));
+    const auto upper = hn::RebindMask(df, hn::Gt(i, hn::Set(du, 7)));
+    return hn::IfThenElse(upper, hn::TableLookupLanes(hn::LoadU(df, tab + 8), lo),
+                          hn::TableLookupLanes(hn::LoadU(df, tab), lo));
+  }
+}
+
+#if HWY_TARGET != HWY_SCALAR && HWY_TARGET <= HWY_AVX2 && HWY_ARCH_X86
+// kRc: IVF's list terms (ct, cu); kCb: the plane (cc, ca, cu, the signs). Fixed per call, so the
+// loop over the digits has no branches on them.
+template <bool kRc, bool kCb>
+HWY_INLINE void DeriveBlockT(const uint8_t* HWY_RESTRICT fb, size_t nd, const PlaneDigit* HWY_RESTRICT dg,
+                             const float* HWY_RESTRICT tabs, const float* HWY_RESTRICT rc, size_t d,
+                             float* HWY_RESTRICT cc, float* HWY_RESTRICT ca, float* HWY_RESTRICT ct,
+                             float* HWY_RESTRICT cu, uint8_t* HWY_RESTRICT cb) {
+  const hn::CappedTag<float, 16> df;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::Rebind<uint8_t, decltype(df)> d8;
+  using VF = hn::Vec<decltype(df)>;
+  using VU = hn::Vec<decltype(du)>;
+  constexpr size_t N = hn::MaxLanes(df), K = 32 / N;
+  static_assert(N == 8 || N == 16, "AVX2 or AVX-512");
+  VF vcc[K], vca[K], vct[K], vcu[K];
+  VU sb[K];
+  const VU m15 = hn::Set(du, 15), zero = hn::Zero(du);
+  for (size_t s = 0; s < K; ++s) {
+    vcc[s] = vca[s] = vct[s] = vcu[s] = hn::Zero(df);
+    sb[s] = zero;
+    if constexpr (kCb) {
+      vcc[s] = hn::LoadU(df, cc + s * N);
+      vca[s] = hn::LoadU(df, ca + s * N);
+    }
+    if constexpr (kRc) {
+      vct[s] = hn::LoadU(df, ct + s * N);
+      if constexpr (kCb) vcu[s] = hn::LoadU(df, cu + s * N);
+    }
+  }
+  for (size_t k = 0; k < nd; ++k) {
+    const PlaneDigit& g = dg[k];
+    const uint8_t* row = fb + static_cast<size_t>(g.row) * 16;
+    const float* q2 = tabs + 48 * static_cast<size_t>(g.tab);
+    const VU mask = hn::Set(du, g.mask);
+    const unsigned t = g.j & 3;
+    VU code[K];  // bytes h N.. of the row give sets h (low nibbles) and h + K / 2 (high)
+    for (size_t h = 0; h < K / 2; ++h) {
+      const VU x = hn::PromoteTo(du, hn::LoadU(d8, row + h * N));
+      code[h] = hn::And(x, m15);
+      code[h + K / 2] = hn::ShiftRight<4>(x);
+    }
+    for (size_t s = 0; s < K; ++s) {
+      const VU i = hn::And(hn::ShiftRightSame(code[s], g.sh), mask);
+      const VU sgn = hn::ShiftRightSame(i, g.top);
+      if constexpr (kRc) {
+        const VF r = hn::Set(df, rc[g.j]);
+        vct[s] = hn::Add(vct[s], hn::Mul(r, Lookup16(df, q2 + 32, i)));
+        if constexpr (kCb) vcu[s] = hn::Add(vcu[s], hn::IfThenElse(hn::RebindMask(df, hn::Ne(sgn, zero)), r, hn::Neg(r)));
+      }
+      if constexpr (kCb) {
+        vcc[s] = hn::Add(vcc[s], Lookup16(df, q2, i));
+        vca[s] = hn::Add(vca[s], Lookup16(df, q2 + 16, i));
+        sb[s] = hn::Or(sb[s], hn::ShiftLeftSame(sgn, static_cast<int>(t)));
+      }
+    }
+    if constexpr (kCb) {
+      if (t == 3 || g.j + 1 == d) {
+        uint8_t* o = cb + static_cast<size_t>(g.j / 4) * 16;
+        for (size_t s = 0; s < K / 2; ++s) {  // slots s N.. (low nibbles) and 16 + s N.. (high)
+          const VU w = hn::Or(sb[s], hn::ShiftLeft<4>(sb[s + K / 2]));
+          hn::StoreU(hn::DemoteTo(d8, hn::BitCast(di, w)), d8, o + s * N);
+        }
+        for (size_t s = 0; s < K; ++s) sb[s] = zero;
+      }
+    }
+  }
+  for (size_t s = 0; s < K; ++s) {
+    if constexpr (kCb) {
+      hn::StoreU(vcc[s], df, cc + s * N);
+      hn::StoreU(vca[s], df, ca + s * N);
+    }
+    if constexpr (kRc) {
+      hn::StoreU(vct[s], df, ct + s * N);
+      if constexpr (kCb) hn::StoreU(vcu[s], df, cu + s * N);
+    }
+  }
+}
+#endif
+
 void DeriveBlock(const uint8_t* HWY_RESTRICT fb, size_t nd, const PlaneDigit* HWY_RESTRICT dg,
                  const float* HWY_RESTRICT tabs, const float* HWY_RESTRICT rc, size_t d, float* HWY_RESTRICT cc,
                  float* HWY_RESTRICT ca, float* HWY_RESTRICT ct, float* HWY_RESTRICT cu, uint8_t* HWY_RESTRICT cb) {
-#if HWY_TARGET == HWY_SCALAR || HWY_TARGET > HWY_AVX3 || !HWY_ARCH_X86
+#if HWY_TARGET == HWY_SCALAR || HWY_TARGET > HWY_AVX2 || !HWY_ARCH_X86
   derive_block_ref(fb, nd, dg, tabs, rc, d, cc, ca, ct, cu, cb);
 #else
-  const hn::FixedTag<float, 16> df;
-  const hn::FixedTag<uint32_t, 16> du;
-  const hn::FixedTag<uint8_t, 16> d8;
-  using VF = hn::Vec<decltype(df)>;
-  using VU = hn::Vec<decltype(du)>;
-  VF cc0 = hn::Zero(df), cc1 = cc0, ca0 = cc0, ca1 = cc0, ct0 = cc0, ct1 = cc0, cu0 = cc0, cu1 = cc0;
-  if (cb != nullptr) {
-    cc0 = hn::LoadU(df, cc);
-    cc1 = hn::LoadU(df, cc + 16);
-    ca0 = hn::LoadU(df, ca);
-    ca1 = hn::LoadU(df, ca + 16);
-  }
-  if (rc != nullptr) {
-    ct0 = hn::LoadU(df, ct);
-    ct1 = hn::LoadU(df, ct + 16);
-    if (cb != nullptr) {
-      cu0 = hn::LoadU(df, cu);
-      cu1 = hn::LoadU(df, cu + 16);
-    }
-  }
-  const VU m15 = hn::Set(du, 15), zero = hn::Zero(du);
-  VU sb0 = zero, sb1 = zero;
-  for (size_t k = 0; k < nd; ++k) {
-    const PlaneDigit& g = dg[k];
-    const VU x = hn::PromoteTo(du, hn::LoadU(d8, fb + static_cast<size_t>(g.row) * 16));
-    const VU mask = hn::Set(du, g.mask);
-    const VU i0 = hn::And(hn::ShiftRightSame(hn::And(x, m15), g.sh), mask);
-    const VU i1 = hn::And(hn::ShiftRightSame(hn::ShiftRight<4>(x), g.sh), mask);
-    const auto x0 = hn::IndicesFromVec(df, i0), x1 = hn::IndicesFromVec(df, i1);
-    const float* q2 = tabs + 48 * static_cast<size_t>(g.tab);
-    const unsigned t = g.j & 3;
-    const VU s0 = hn::ShiftRightSame(i0, g.top), s1 = hn::ShiftRightSame(i1, g.top);
-    if (rc != nullptr) {
-      const VF r = hn::Set(df, rc[g.j]), qv = hn::LoadU(df, q2 + 32);
-      ct0 = hn::Add(ct0, hn::Mul(r, hn::TableLookupLanes(qv, x0)));
-      ct1 = hn::Add(ct1, hn::Mul(r, hn::TableLookupLanes(qv, x1)));
-      if (cb != nullptr) {
-        const VF nr = hn::Neg(r);
-        cu0 = hn::Add(cu0, hn::IfThenElse(hn::RebindMask(df, hn::Ne(s0, zero)), r, nr));
-        cu1 = hn::Add(cu1, hn::IfThenElse(hn::RebindMask(df, hn::Ne(s1, zero)), r, nr));
-      }
-    }
-    if (cb == nullptr) continue;
-    const VF q2v = hn::LoadU(df, q2), qa = hn::LoadU(df, q2 + 16);
-    cc0 = hn::Add(cc0, hn::TableLookupLanes(q2v, x0));
-    cc1 = hn::Add(cc1, hn::TableLookupLanes(q2v, x1));
-    ca0 = hn::Add(ca0, hn::TableLookupLanes(qa, x0));
-    ca1 = hn::Add(ca1, hn::TableLookupLanes(qa, x1));
-    sb0 = hn::Or(sb0, hn::ShiftLeftSame(s0, static_cast<int>(t)));
-    sb1 = hn::Or(sb1, hn::ShiftLeftSame(s1, static_cast<int>(t)));
-    if (t == 3 || g.j + 1 == d) {
-      hn::StoreU(hn::U8FromU32(hn::Or(sb0, hn::ShiftLeft<4>(sb1))), d8, cb + static_cast<size_t>(g.j / 4) * 16);
-      sb0 = sb1 = zero;
-    }
-  }
-  if (cb != nullptr) {
-    hn::StoreU(cc0, df, cc);
-    hn::StoreU(cc1, df, cc + 16);
-    hn::StoreU(ca0, df, ca);
-    hn::StoreU(ca1, df, ca + 16);
-  }
-  if (rc != nullptr) {
-    hn::StoreU(ct0, df, ct);
-    hn::StoreU(ct1, df, ct + 16);
-    if (cb != nullptr) {
-      hn::StoreU(cu0, df, cu);
-      hn::StoreU(cu1, df, cu + 16);
-    }
-  }
+  if (rc != nullptr && cb != nullptr) DeriveBlockT<true, true>(fb, nd, dg, tabs, rc, d, cc, ca, ct, cu, cb);
+  else if (cb != nullptr) DeriveBlockT<false, true>(fb, nd, dg, tabs, rc, d, cc, ca, ct, cu, cb);
+  else if (rc != nullptr) DeriveBlockT<true, false>(fb, nd, dg, tabs, rc, d, cc, ca, ct, cu, cb);
 #endif
 }
 
