@@ -382,7 +382,8 @@ HWY_INLINE void DeriveBlockT(const uint8_t* HWY_RESTRICT fb, size_t nd, const Pl
       if constexpr (kRc) {
         const VF r = hn::Set(df, rc[g.j]);
         vct[s] = hn::Add(vct[s], hn::Mul(r, Lookup16(df, q2 + 32, i)));
-        if constexpr (kCb) vcu[s] = hn::Add(vcu[s], hn::IfThenElse(hn::RebindMask(df, hn::Ne(sgn, zero)), r, hn::Neg(r)));
+        if constexpr (kCb)
+          vcu[s] = hn::Add(vcu[s], hn::IfThenElse(hn::RebindMask(df, hn::Ne(sgn, zero)), r, hn::Neg(r)));
       }
       if constexpr (kCb) {
         vcc[s] = hn::Add(vcc[s], Lookup16(df, q2, i));

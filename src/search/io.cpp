@@ -497,8 +497,8 @@ Index Index::from_bytes(const uint8_t* data, size_t size, const std::string& nam
   }
   // The records, decoded in parallel by chunks of 64 storage slots (whole fast-scan and trellis
   // blocks, each written by one thread; a fast-layout block is written row by row from its
-  // slots' group codes, a vector-layout row is the record's code bytes). Their stored floats are checked afterwards, record by record, so the
-  // first bad record is the one named.
+  // slots' group codes, a vector-layout row is the record's code bytes). Their stored floats
+  // are checked afterwards, record by record, so the first bad record is the one named.
   std::vector<size_t> rec(I.slots, SIZE_MAX);  // record of each slot (SIZE_MAX: list padding)
   for (size_t ri = 0; ri < n; ++ri) rec[order[ri]] = ri;
   const size_t chunk = 64, chunks = (I.slots + chunk - 1) / chunk;

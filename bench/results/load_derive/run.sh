@@ -4,6 +4,7 @@
 # on Fashion-MNIST 60k files (d = 784, 3 and 4 bits, flat and IVF-256, l2) and a 1M x 784 IVF-2048
 # 4-bit file; build_s of `tq index build -t 2` (bench/results/flat_encode_ab/run.sh, 5 rounds) of
 # the 60k indexes.
+# With TQ_SIMD=avx2 in the environment both builds run their AVX2 kernels (an AVX2 host's path).
 # Usage (repository root): bash bench/results/load_derive/run.sh BEFORE/tq AFTER/tq WORKDIR [OUTDIR]
 # (data: scripts/fetch-fashion-mnist.sh; the 1M base, data/bench/fashion1m_base.fvecs, from
 # bench/search_vs_faiss.py --dataset fashion1m; its index is built once into WORKDIR)
