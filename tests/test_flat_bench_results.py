@@ -262,4 +262,12 @@ check(round(tf[TR4]["qps"]) == 166 and round(tf[RQ4]["qps"]) == 1489 and
       round(tf[DEF4 + " two-level"]["qps"]) == 1812, "trellis_avx2: Fashion QPS in the text")
 ratio(tf[TR4]["qps"], tf[RQ4]["qps"], 0.1, 0.12, "trellis_avx2: about a ninth at d = 784")
 
+# TurboQuant_prod codes (80-search.md, after the GloVe headline): the run the text names, and its
+# recall far below the MSE codes' at the same bits.
+pr = load("glove/prod_4b.json")
+check(pr["index"].startswith("prod 4 bits") and pr["nq"] == 2000 and pr["threads"] == 2 and pr["bytes_per_vector"] == 55,
+      "prod_4b: the run")
+check(pr["recall_1_at_k"]["1"] < h4["recall_1_at_k"]["1"] - 0.2 and pr["recall_10_at_10"] < h4["recall_10_at_10"] - 0.2,
+      "prod_4b: far below the MSE codes")
+
 finish("flat bench results")
