@@ -286,10 +286,8 @@ struct Index::Impl {
   // from their group codes (fast layout: row by row), slot b0 + v's m codes at gc + v * m
   // (zeros for empty slots).
   void write_block(size_t b0, const uint8_t* gc) noexcept {
-    if (vl()) {  // slot by slot (a group code is its channel's index)
-      for (size_t v = 0; v < kBlock; ++v)
-        for (const Segment& s : segs)
-          pack_bits(static_cast<size_t>(s.len), s.bits, gc + v * m + s.begin, vrow(b0 + v) + s.voff);
+    if (vl()) {  // slot by slot (a group code is its channel's index: m == d)
+      for (size_t v = 0; v < kBlock; ++v) set_indices(b0 + v, gc + v * m);
       return;
     }
     uint8_t* blk = blocks.data() + (b0 / kBlock) * mp * 16;
