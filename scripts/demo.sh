@@ -67,7 +67,8 @@ hr
 echo "speed (prefill and decode tok/s, $THREADS threads; the second row is the compressed cache):"
 "$TQ" bench model -t "$THREADS" --contexts 512,4096 --caches "f16;@$LABEL_FILE" $ATTN --decode 16
 hr
-GEMMA="$(dirname "$0")/../models/gemma-3-270m-q4_k_m.gguf"
-echo "Gemma 3 270M (fetched by 'bash scripts/fetch-model.sh gemma3-270m'; 'make demo' and 'make test' do it):"
-echo "  $TQ generate -m $GEMMA -p 'The capital of France is' -ctk tq4 -ctv tq4   # a base model: no --chat"
-echo "  $TQ perplexity -m $GEMMA -f data/debian-reference.en.txt -c 512 --chunks 8 --compare f16 -ctk tq4 -ctv tq4"
+GEMMA=models/gemma-3-270m-q4_k_m.gguf
+echo "Gemma 3 270M (fetched by 'bash scripts/fetch-model.sh gemma3-270m'; 'make demo' and 'make test' do it),"
+echo "with the cache fitted to it by 'tq calibrate' (or '-ctk auto' for any model):"
+echo "  $TQ generate -m $GEMMA -p 'The capital of France is' --kv-config configs/gemma3-270m-kv4.25.kv   # a base model: no --chat"
+echo "  $TQ perplexity -m $GEMMA -f data/debian-reference.en.txt -c 512 --chunks 8 --compare f16 --kv-config configs/gemma3-270m-kv4.25.kv"

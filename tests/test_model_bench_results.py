@@ -2,11 +2,12 @@
 """Saved model-speed results and what BENCHMARKS.md, README.md and docs/results.md say of them:
 the decode-kernel A/Bs (bench/results/qmatvec_f16c/, qmatvec_prefetch_avx2/ and the
 decode_prefetch_* runs of bench/results/gemma/) and Gemma 3 270M beside llama.cpp with both
-engines at AVX2 (gemma/speed_vs_llama_cpp_avx2_xeon*)."""
+engines at AVX2 (gemma/speed_vs_llama_cpp_avx2_xeon*); SmolLM2's recommended caches beside f16
+(bench/results/speed_recommended/)."""
 import json
 import os
 
-from bench_results_lib import RES, check, finish, load, spread, summarize_module
+from bench_results_lib import RES, ROOT, check, finish, load, spread, summarize_module
 
 # The decode kernels' fp16 scale A/B (71-weight-formats.md "fp16 block scales with F16C", design.md): summary.json is
 # summarize.py's; the Q8_0 kernel takes 0.74-0.76x the time ("a third more" before).
@@ -61,5 +62,43 @@ for ctx, pf, dc in ((512, (1.34, 1.39), (1.31, 1.55)), (4096, (1.21, 1.22), (1.3
     check(len(rs) == 3, f"avx2 llama.cpp: three runs at {ctx}")
     spread([p for p, _ in rs], pf[0], pf[1], f"avx2 llama.cpp: prefill at {ctx}", digits=2)
     spread([d for _, d in rs], dc[0], dc[1], f"avx2 llama.cpp: decode at {ctx}", digits=2)
+
+# SmolLM2's recommended caches beside f16 (50-model-speed.md "Speed of the recommended caches",
+# 60-model-recommended.md, docs/results.md): three rounds of run.sh, each a lut8 process (f16, the
+# 4.25-bit file, auto) and a float one (f16, auto) at 512 / 4096 / 8192, 2 threads; table.md is
+# summarize.py's; the prose's medians and docs/results.md's medians and ranges follow from the runs.
+srec = summarize_module("speed_recommended")
+check(open(os.path.join(RES, "speed_recommended", "table.md")).read() == srec.table(),
+      "speed_recommended/table.md is summarize.py's")
+CACHES = {"lut8": ["f16", "@configs/smollm2-135m-kv4.25.kv", "auto"], "float": ["f16", "auto"]}
+rec = {}
+for kind, caches in CACHES.items():
+    rs = [load(f"speed_recommended/{kind}_r{i}.json") for i in (1, 2, 3)]
+    check(len(srec.rounds(kind)) == 3, f"speed_recommended: three {kind} rounds")
+    for j in rs:
+        check(j["threads"] == 2 and j["attention"] == ("lut8" if kind == "lut8" else "fused"),
+              f"speed_recommended {kind}: 2 threads, kernel {j['attention']}")
+        check([(r["context"], r["cache"]) for r in j["rows"]] == [(c, k) for c in (512, 4096, 8192) for k in caches],
+              f"speed_recommended {kind}: contexts and caches")
+        check(all(r["decode_tokens"] == 32 for r in j["rows"]), f"speed_recommended {kind}: 32 decode steps")
+    for i, row in enumerate(rs[0]["rows"]):
+        rec[(kind, row["context"], row["cache"])] = {k: sorted(j["rows"][i][k] for j in rs)
+                                                    for k in ("prefill_vs_first", "decode_vs_first")}
+kv4, auto = "@configs/smollm2-135m-kv4.25.kv", "auto"
+bm = open(os.path.join(ROOT, "BENCHMARKS.md")).read()
+results_md = open(os.path.join(ROOT, "docs", "results.md")).read()
+med = lambda xs: f"{xs[1]:.2f}"  # noqa: E731
+rng = lambda xs: f"{xs[0]:.2f}-{xs[2]:.2f}"  # noqa: E731
+check(f"the 4.25-bit file {med(rec[('lut8', 4096, kv4)]['decode_vs_first'])}x and `auto` "
+      f"{med(rec[('lut8', 4096, auto)]['decode_vs_first'])}x at 4K, {med(rec[('lut8', 8192, kv4)]['decode_vs_first'])}x and "
+      f"{med(rec[('lut8', 8192, auto)]['decode_vs_first'])}x at 8K" in " ".join(bm.split()),
+      "50-model-speed.md: the lut8 decode medians at 4K and 8K")
+check(all(r["decode_vs_first"][1] > 1 for k, r in rec.items() if k[0] == "lut8" and k[1] >= 4096 and k[2] != "f16"),
+      "speed_recommended: both tq caches decode faster than f16 from 4K on with lut8 (medians)")
+for cache, label in ((kv4, "4.25-bit per-head allocation, `--attn-lut8`"), (auto, "`auto` (tq3h6 / tq4n8, protected), `--attn-lut8`")):
+    for key, what in (("prefill_vs_first", ": prefill"), ("decode_vs_first", None)):
+        cells = " | ".join(f"{med(rec[('lut8', c, cache)][key])}x ({rng(rec[('lut8', c, cache)][key])})" for c in (512, 4096, 8192))
+        row = f"| {label}{what} | {cells} |" if what else f"| the same: decode | {cells} |"
+        check(row in results_md, f"docs/results.md: {row}")
 
 finish("model bench results")
