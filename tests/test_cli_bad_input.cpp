@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -682,6 +683,33 @@ TEST(CliBadInput, BenchModelTakesLabels) {
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("\"kv\": \"k=tq3 v=tq4 sink=1 center=k scale-k\""), std::string::npos) << r.out;  // no w8: label's own flags
   EXPECT_NE(r.out.find("\"kv\": \"k=f16 v=f16 window=8\""), std::string::npos) << r.out;
+}
+
+// bench model's JSON keeps each repetition's tok/s (the row's figure is their median, the
+// ratios medians over medians) and the 1-minute load average at the start and the end.
+TEST(CliBadInput, BenchModelKeepsEachRepAndTheLoad) {
+  Fixtures fx;
+  const RunResult r = run_tq({"bench", "model", "-m", fx.model, "-f", fx.text, "-t", "1", "--contexts", "32",
+                              "--decode", "2", "--caches", "f16,tq4", "--reps", "3", "--json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  for (const char* when : {"start", "end"}) EXPECT_GE(j["load_average_1min"][when].get<double>(), 0.0) << r.out;
+  ASSERT_EQ(j["rows"].size(), 2u) << r.out;
+  double first[2] = {0, 0};
+  for (size_t i = 0; i < 2; ++i) {
+    const auto& row = j["rows"][i];
+    const char* keys[2][2] = {{"prefill_tok_s_each", "prefill_tok_s"}, {"decode_tok_s_each", "decode_tok_s"}};
+    for (int k = 0; k < 2; ++k) {
+      std::vector<double> v = row[keys[k][0]].get<std::vector<double>>();
+      ASSERT_EQ(v.size(), 3u) << r.out;
+      std::sort(v.begin(), v.end());
+      EXPECT_GT(v[0], 0.0) << r.out;
+      EXPECT_EQ(row[keys[k][1]].get<double>(), v[1]) << r.out;
+      if (i == 0) first[k] = v[1];
+    }
+    EXPECT_DOUBLE_EQ(row["prefill_vs_first"].get<double>(), row["prefill_tok_s"].get<double>() / first[0]);
+    EXPECT_DOUBLE_EQ(row["decode_vs_first"].get<double>(), row["decode_tok_s"].get<double>() / first[1]);
+  }
 }
 
 // bench model's prompt starts with the BOS exactly when the model asks for one (add_bos), as

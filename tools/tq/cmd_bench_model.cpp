@@ -2,6 +2,7 @@
 // more KV cache types in the same process (ratios to the first type).
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 
 #include "llm_cli.h"
 
@@ -51,6 +52,13 @@ void setup(CLI::App& app) {
                                                                                 " v=" + tq::kv_format_name(parsed.v))));
       }
     }
+    // The 1-minute load average at the start and the end (the run's own threads count in it): a
+    // figure measured beside other jobs says so in its file.
+    auto load1 = [] {
+      double l[1] = {-1.0};
+      return getloadavg(l, 1) == 1 ? l[0] : -1.0;
+    };
+    const double load_start = load1();
     tq::cli::Progress pb("bench model", total);
     size_t done = 0;
     for (int ctx : *contexts) {
@@ -61,23 +69,23 @@ void setup(CLI::App& app) {
           pb.update(++done);
         }
       for (size_t ci = 0; ci < caches.size(); ++ci) {
-        auto med = [&](auto f) {
+        auto each = [&](size_t c, double tq::SpeedResult::*f) {
           std::vector<double> v;
-          for (auto& x : runs[ci]) v.push_back(f(x));
+          for (auto& x : runs[c]) v.push_back(x.*f);
+          return v;
+        };
+        auto med = [&](size_t c, double tq::SpeedResult::*f) {
+          std::vector<double> v = each(c, f);
           std::sort(v.begin(), v.end());
           return v[v.size() / 2];
         };
-        auto med0 = [&](auto f) {
-          std::vector<double> v;
-          for (auto& x : runs[0]) v.push_back(f(x));
-          std::sort(v.begin(), v.end());
-          return v[v.size() / 2];
-        };
-        const double pf = med([](const tq::SpeedResult& x) { return x.prefill_tok_s; });
-        const double dc = med([](const tq::SpeedResult& x) { return x.decode_tok_s; });
+        const double pf = med(ci, &tq::SpeedResult::prefill_tok_s);
+        const double dc = med(ci, &tq::SpeedResult::decode_tok_s);
         rows.push_back({{"context", ctx}, {"cache", caches[ci]}, {"kv", kvs[ci].resolved(L->model.config()).to_string()}, {"prefill_tok_s", pf}, {"decode_tok_s", dc},
-                        {"prefill_vs_first", pf / med0([](const tq::SpeedResult& x) { return x.prefill_tok_s; })},
-                        {"decode_vs_first", dc / med0([](const tq::SpeedResult& x) { return x.decode_tok_s; })},
+                        {"prefill_vs_first", pf / med(0, &tq::SpeedResult::prefill_tok_s)},
+                        {"decode_vs_first", dc / med(0, &tq::SpeedResult::decode_tok_s)},
+                        {"prefill_tok_s_each", each(ci, &tq::SpeedResult::prefill_tok_s)},
+                        {"decode_tok_s_each", each(ci, &tq::SpeedResult::decode_tok_s)},
                         {"kv_bytes", runs[ci].back().kv_bytes},
                         {"kv_bytes_per_token", runs[ci].back().kv_bytes_per_token},
                         {"kv_tokens", runs[ci].back().kv_tokens}, {"decode_tokens", *decode}, {"reps", runs[ci].size()}});
@@ -87,7 +95,8 @@ void setup(CLI::App& app) {
     if (o->json) {
       tq::cli::print_json({{"threads", L->model.threads()}, {"blas_core", tq::cli::blas_core()}, {"prefill_matmul", tq::cli::prefill_matmul()},
                             {"attention", tq::attn_kernel_name(L->model.attention_kernel())},
-                            {"prompt_bos", !tokens.empty() && L->tok.add_bos() && tokens[0] == L->tok.bos()}, {"rows", rows}});
+                            {"prompt_bos", !tokens.empty() && L->tok.add_bos() && tokens[0] == L->tok.bos()},
+                            {"load_average_1min", {{"start", load_start}, {"end", load1()}}}, {"rows", rows}});
       return;
     }
     // The resolved label: what ran, automatic sink and K means included (shortened).
