@@ -230,7 +230,6 @@ def render_placeholder(root, text, sources):
 def render_template(root, text, sources=None):
     sources = [] if sources is None else sources
     return PLACEHOLDER.sub(lambda m: render_placeholder(root, m.group(1).strip(), sources), text)
-    return out
 
 
 def templates(root):
