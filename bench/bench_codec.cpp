@@ -8,6 +8,7 @@
 #include "tq/distortion.h"
 #include "tq/quantizer.h"
 #include "tq/simd.h"
+#include "tq/trellis.h"
 
 namespace {
 
@@ -60,7 +61,25 @@ void Args(benchmark::internal::Benchmark* b) {
       for (int r = 0; r < 5; ++r) b->Args({d, bits, r});
 }
 
+// The trellis encoder (two Viterbi passes a vector): what a trellis-coded KV cache pays per
+// row part on its write path. 256 random unit vectors of dim d, codes of `bits` bits.
+void BM_TrellisEncode(benchmark::State& st) {
+  const int d = static_cast<int>(st.range(0)), bits = static_cast<int>(st.range(1));
+  const tq::TrellisCode& tc = tq::get_trellis(d, bits);
+  const size_t n = 256;
+  std::vector<float> x(n * d);
+  tq::random_unit_vectors(n, d, 1, x.data());
+  std::vector<uint8_t> codes(d);
+  for (auto _ : st)
+    for (size_t i = 0; i < n; ++i) {
+      tq::trellis_encode(tc, x.data() + i * d, codes.data());
+      benchmark::DoNotOptimize(codes.data());
+    }
+  st.SetItemsProcessed(st.iterations() * n);
+}
+
 BENCHMARK(BM_Encode)->Apply(Args);
+BENCHMARK(BM_TrellisEncode)->ArgsProduct({{64, 128, 256}, {2, 3, 4}});
 BENCHMARK(BM_Decode)->Apply(Args);
 BENCHMARK(BM_Score)->Apply(Args);
 

@@ -710,11 +710,14 @@ TEST(Trellis, CodewordsAreRecoveredExactly) {
   }
 }
 
+// Every SIMD pass (its four-chain minimum from 3 bits on, its broadcast old-state cost where
+// 2^bits >= the vector length) picks the reference's codes, ties included: the 256 / 192 dims
+// are a Gemma head and its split part.
 TEST(Trellis, SimdSearchMatchesReferenceAtEveryLevel) {
   for (const auto& lv : tq::simd::available_levels()) {
   tq::simd::ScopedLevel sl(lv);
   for (int bits = 1; bits <= 4; ++bits)
-    for (int dim : {64, 48, 16}) {
+    for (int dim : {256, 192, 64, 48, 16}) {
       const auto& tc = tq::get_trellis(dim, bits);
       tq::Rng rng(17 + bits);
       std::vector<float> u(dim);
@@ -722,11 +725,38 @@ TEST(Trellis, SimdSearchMatchesReferenceAtEveryLevel) {
       for (int rep = 0; rep < 40; ++rep) {
         for (auto& x : u) x = (float)(rng.normal() / std::sqrt((double)dim)) * (rep % 4 == 3 ? 3.f : 1.f);
         if (rep == 7) u[3] = std::numeric_limits<float>::quiet_NaN();
+        if (rep == 11) std::fill(u.begin(), u.end(), 0.f);  // all-zero: ties among equal table entries
         tq::trellis_encode(tc, u.data(), a.data());
         tq::trellis_encode_ref(tc, u.data(), b.data());
         ASSERT_EQ(a, b) << lv << " D=" << dim << " bits=" << bits << " rep " << rep;
       }
     }
+  }
+}
+
+// Tables of few distinct values make equal path costs everywhere: the SIMD search must keep
+// the reference's choice among them (the lowest candidate index), also across its chains.
+TEST(Trellis, SimdSearchBreaksTiesAsTheReference) {
+  for (const auto& lv : tq::simd::available_levels()) {
+    tq::simd::ScopedLevel sl(lv);
+    for (int bits = 1; bits <= 4; ++bits)
+      for (int dim : {256, 64}) {
+        tq::TrellisCode tc = tq::get_trellis(dim, bits);
+        tq::Rng rng(5 + bits);
+        for (int table = 0; table < 3; ++table) {
+          // all zero; two values; four values
+          for (auto& v : tc.lut) v = table == 0 ? 0.f : (float)(0.05 * (1 + (int)rng.below(table == 1 ? 2 : 4))) *
+                                                           (rng.below(2) ? 1.f : -1.f);
+          std::vector<float> u(dim);
+          std::vector<uint8_t> a(dim), b(dim);
+          for (int rep = 0; rep < 6; ++rep) {
+            for (auto& x : u) x = rep < 2 ? 0.f : (float)(0.05 * (int)rng.below(5) - 0.1);
+            tq::trellis_encode(tc, u.data(), a.data());
+            tq::trellis_encode_ref(tc, u.data(), b.data());
+            ASSERT_EQ(a, b) << lv << " D=" << dim << " bits=" << bits << " table " << table << " rep " << rep;
+          }
+        }
+      }
   }
 }
 
