@@ -3,7 +3,7 @@
 the decode-kernel A/Bs (bench/results/qmatvec_f16c/, qmatvec_prefetch_avx2/ and the
 decode_prefetch_* runs of bench/results/gemma/) and Gemma 3 270M beside llama.cpp with both
 engines at AVX2 (gemma/speed_vs_llama_cpp_avx2_xeon*); SmolLM2's recommended caches beside f16
-(bench/results/speed_recommended/)."""
+(bench/results/speed_recommended/); the trellis encoder's A/B (bench/results/trellis_encode/)."""
 import json
 import os
 
@@ -100,5 +100,24 @@ for cache, label in ((kv4, "4.25-bit per-head allocation, `--attn-lut8`"), (auto
         cells = " | ".join(f"{med(rec[('lut8', c, cache)][key])}x ({rng(rec[('lut8', c, cache)][key])})" for c in (512, 4096, 8192))
         row = f"| {label}{what} | {cells} |" if what else f"| the same: decode | {cells} |"
         check(row in results_md, f"docs/results.md: {row}")
+
+# The trellis encoder's A/B (10-codec.md "Trellis encoder", design.md): table.md is summarize.py's;
+# three rounds a level; the text's "about 0.6x" at 4 bits, 0.67-0.87x at 3 bits (medians over the
+# rounds, every dim and both levels), AVX-512 at 2 bits unchanged; the whole-model 1-thread A/B
+# faster in each of its 5 rounds.
+tsum = summarize_module("trellis_encode")
+check(open(os.path.join(RES, "trellis_encode", "table.md")).read() == tsum.table(), "trellis_encode/table.md is summarize.py's")
+tmed = {}
+for level in ("avx512", "avx2"):
+    check(len(tsum.rounds(level)) == 3, f"trellis_encode: three {level} rounds")
+    for (dim, bits), (rr, _, _) in tsum.ratios(level).items():
+        tmed[(level, dim, bits)] = sorted(rr)[1]
+four = [v for (lv, d, b), v in tmed.items() if b == 4]
+check(all(0.55 <= v <= 0.7 for v in four), f"trellis_encode: 4 bits about 0.6x ({four})")
+spread([v for (lv, d, b), v in tmed.items() if b == 3], 0.67, 0.87, "trellis_encode: 3 bits", digits=2)
+check(all(0.9 <= v <= 1.1 for (lv, d, b), v in tmed.items() if b == 2 and lv == "avx512"), "trellis_encode: 2 bits at AVX-512 unchanged")
+vt = load("gemma/ab_viterbi_c2k_t1.json")["ratios"][0]
+check(vt["rounds"] == 5 and vt["prefill_ratio_min"] > 1.0 and vt["cache"] == "@configs/gemma3-270m-kv4.25.kv",
+      f"ab_viterbi_c2k_t1: prefill faster in each of 5 rounds ({vt})")
 
 finish("model bench results")

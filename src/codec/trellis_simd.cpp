@@ -54,14 +54,74 @@ void TrellisValues(const float* HWY_RESTRICT lut, int bits, int dim, const uint8
   }
 }
 
+// The forward passes of ViterbiPass over the D coordinates (cost: the path costs before
+// coordinate 0). Returns the buffer of the path costs after the last one (cost or next).
+//   kOneState (2^k >= N): the N windows of a candidate share one old state, whose cost is
+//     one broadcast load (else an unaligned load of the N >> k old states and a lookup).
+//   kChains (2^k >= 8): the least of a state's 2^k candidates from four chains over their
+//     quarters, merged in order: the same minimum and the same index (the lowest h on a tie,
+//     as one chain keeps the first strict minimum) with a quarter of the dependent steps. One
+//     chain over 16 candidates bound the 4-bit code, one chunk of states per coordinate, by
+//     its latency; at 2 bits the 4 chunks overlap already and the chains only add work.
+template <bool kOneState, bool kChains, class DF>
+HWY_INLINE float* ViterbiPositions(DF df, const float* HWY_RESTRICT lut, int k, int s, int D,
+                                   const float* HWY_RESTRICT u, float* cost, float* next, uint8_t* HWY_RESTRICT back) {
+  const hn::RebindToSigned<DF> di;
+  const hn::Rebind<uint8_t, DF> d8;
+  using VF = hn::Vec<DF>;
+  using VI = hn::Vec<decltype(di)>;
+  const int N = (int)hn::Lanes(df);
+  const int S = 1 << s, K = 1 << k, Q = K / 4;
+  const auto rep = hn::IndicesFromVec(df, hn::ShiftRightSame(hn::Iota(di, 0), k));  // lane >> k
+  // The path cost through windows h * S + n0.. (N lanes): the old state's cost plus the error.
+  const auto cand = [&](VF vx, int h, int n0) {
+    const int w0 = h * S + n0;
+    const auto e = hn::Sub(vx, hn::LoadU(df, lut + w0));
+    const VF c = kOneState ? hn::Set(df, cost[w0 >> k]) : hn::TableLookupLanes(hn::LoadU(df, cost + (w0 >> k)), rep);
+    return hn::Add(c, hn::Mul(e, e));
+  };
+  // Keeps the lesser of (best, arg) and (c, h); on a tie (best, arg).
+  const auto take = [&](VF& best, VI& arg, VF c, VI h) {
+    const auto lt = hn::Lt(c, best);
+    best = hn::IfThenElse(lt, c, best);
+    arg = hn::IfThenElse(hn::RebindMask(di, lt), h, arg);
+  };
+  for (int i = 0; i < D; ++i) {
+    const float x = std::isnan(u[i]) ? 0.f : u[i];
+    const auto vx = hn::Set(df, x);
+    uint8_t* bk = back + (size_t)i * S;
+    for (int n0 = 0; n0 < S; n0 += N) {
+      VF best = cand(vx, 0, n0);
+      VI arg = hn::Zero(di);
+      if (kChains) {
+        VF b1 = cand(vx, Q, n0), b2 = cand(vx, 2 * Q, n0), b3 = cand(vx, 3 * Q, n0);
+        VI a1 = hn::Set(di, Q), a2 = hn::Set(di, 2 * Q), a3 = hn::Set(di, 3 * Q);
+        for (int h = 1; h < Q; ++h) {
+          take(best, arg, cand(vx, h, n0), hn::Set(di, h));
+          take(b1, a1, cand(vx, Q + h, n0), hn::Set(di, Q + h));
+          take(b2, a2, cand(vx, 2 * Q + h, n0), hn::Set(di, 2 * Q + h));
+          take(b3, a3, cand(vx, 3 * Q + h, n0), hn::Set(di, 3 * Q + h));
+        }
+        take(best, arg, b1, a1);
+        take(b2, a2, b3, a3);
+        take(best, arg, b2, a2);
+      } else {
+        for (int h = 1; h < K; ++h) take(best, arg, cand(vx, h, n0), hn::Set(di, h));
+      }
+      hn::StoreU(best, df, next + n0);
+      hn::StoreU(hn::DemoteTo(d8, arg), d8, bk + n0);
+    }
+    std::swap(cost, next);
+  }
+  return cost;
+}
+
 // cost, next: S + N floats (the loads past S read padding); back: D x S. Returns the final
 // state (start / end < 0: free), or -1 when S is not a multiple of the vector length.
 int ViterbiPass(const float* HWY_RESTRICT lut, int k, int s, int D, const float* HWY_RESTRICT u, int start,
                 int end, uint8_t* HWY_RESTRICT codes, float* HWY_RESTRICT cost, float* HWY_RESTRICT next,
                 uint8_t* HWY_RESTRICT back) {
   const hn::ScalableTag<float> df;
-  const hn::RebindToSigned<decltype(df)> di;
-  const hn::Rebind<uint8_t, decltype(df)> d8;
   const int N = (int)hn::Lanes(df);
   const int S = 1 << s, K = 1 << k;
   if (S % N != 0) return -1;
@@ -71,30 +131,10 @@ int ViterbiPass(const float* HWY_RESTRICT lut, int k, int s, int D, const float*
     for (int n = 0; n < S; ++n) cost[n] = inf;
     cost[start] = 0.f;
   }
-  const auto rep = hn::IndicesFromVec(df, hn::ShiftRightSame(hn::Iota(di, 0), k));  // lane >> k
-  for (int i = 0; i < D; ++i) {
-    const float x = std::isnan(u[i]) ? 0.f : u[i];
-    const auto vx = hn::Set(df, x);
-    uint8_t* bk = back + (size_t)i * S;
-    for (int n0 = 0; n0 < S; n0 += N) {
-      const auto c0 = hn::TableLookupLanes(hn::LoadU(df, cost + (n0 >> k)), rep);
-      const auto e0 = hn::Sub(vx, hn::LoadU(df, lut + n0));
-      auto best = hn::Add(c0, hn::Mul(e0, e0));
-      auto arg = hn::Zero(di);
-      for (int h = 1; h < K; ++h) {
-        const int w0 = h * S + n0;
-        const auto ch = hn::TableLookupLanes(hn::LoadU(df, cost + (w0 >> k)), rep);
-        const auto e = hn::Sub(vx, hn::LoadU(df, lut + w0));
-        const auto c = hn::Add(ch, hn::Mul(e, e));
-        const auto lt = hn::Lt(c, best);
-        best = hn::IfThenElse(lt, c, best);
-        arg = hn::IfThenElse(hn::RebindMask(di, lt), hn::Set(di, h), arg);
-      }
-      hn::StoreU(best, df, next + n0);
-      hn::StoreU(hn::DemoteTo(d8, arg), d8, bk + n0);
-    }
-    std::swap(cost, next);
-  }
+  if (K >= N && K >= 8) cost = ViterbiPositions<true, true>(df, lut, k, s, D, u, cost, next, back);
+  else if (K >= N) cost = ViterbiPositions<true, false>(df, lut, k, s, D, u, cost, next, back);
+  else if (K >= 8) cost = ViterbiPositions<false, true>(df, lut, k, s, D, u, cost, next, back);
+  else cost = ViterbiPositions<false, false>(df, lut, k, s, D, u, cost, next, back);
   int st = end;
   if (st < 0) st = (int)(std::min_element(cost, cost + S) - cost);
   const int fin = st;
