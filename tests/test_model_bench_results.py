@@ -142,4 +142,16 @@ check(f"with the current build on a shared host {a32['decode_vs_first']:.2f}x an
       f"({f4['prefill_vs_first']:.2f}x f16 at 4K, {g[(16383, '@configs/gemma3-270m-kv4.25.kv')]['prefill_vs_first']:.2f}x at 16K"
       in " ".join(results_md.split()), "docs/results.md: the current Gemma figures")
 
+# Gemma's caches on the lookup-table kernel (74-gemma-caches.md "With the lookup-table kernel",
+# README): the file within +1%, auto's deltas as README quotes them, the float kernel's f16.
+lut = {c: load(f"gemma/rope/ppl_c{c}_rope_lut8.json") for c in (512, 2048)}
+flt = {c: load(f"gemma/rope/ppl_c{c}_rope.json") for c in (512, 2048)}
+check(all(lut[c]["results"][0]["ppl_f16"] == flt[c]["results"][0]["ppl_f16"] for c in lut), "rope lut8: the same f16 as the float runs")
+d = {c: [r["ppl_delta_pct"] for r in lut[c]["results"]] for c in lut}
+check(all(d[c][1] < 1.0 and d[c][2] < 3.0 for c in d), f"rope lut8: the files within +1% / +3% ({d})")
+check(f"(+{d[512][0]:.2f}% / +{d[2048][0]:.2f}% with `--attn-lut8`)" in readme and
+      f"`--attn-lut8` on AVX-512 VNNI: +{d[512][1]:.2f}% / +{d[2048][1]:.2f}%, and at 4K {f4['prefill_vs_first']:.2f}x f16's prefill instead of "
+      f"{load('gemma/speed_c4095_kv425_fit512_vs_trellis_encoder2.json')['rows'][2]['prefill_vs_first']:.2f}x)" in readme,
+      "README: the Gemma lut8 figures")
+
 finish("model bench results")
