@@ -252,6 +252,55 @@ TEST(SlidingWindow, TqKernelsMaskTheCutBlockAtEveryLevel) {
     EXPECT_EQ(lut8_cases, 3 * (int)std::size(kWindows) * 2);  // the lut8 kernel did run
 }
 
+// A prefill call past the window runs the queries whose starts cut the same 32-token block
+// together (the cut block from each one's start, the later blocks for all; the groups in
+// parallel). Each query's output is what its own one-query call gives: bit for bit with the
+// float, f16 and row kernels, within float order with lut8. With 3 sinks (starts inside the
+// sinks differ per query), an f16 recent-token window, rope-centred trellis codes, and windows
+// that cut blocks anywhere, at every SIMD level.
+TEST(SlidingWindow, GroupedPrefillEqualsOneQueryCalls) {
+  constexpr double kTolLut8Order = 1e-5;
+  const Data d = make_data(15);
+  int lut8_cases = 0, cases = 0;
+  for (CacheCase cc : cache_cases()) {
+    const std::string name = cc.name;
+    if (name == "f32") continue;
+    cc.cfg.sink = 3;
+    if (name == "tq3 sink1 ck cr cs32") cc.cfg.trellis = true;
+    for (const auto& lv : tq::simd::available_levels())
+      for (tq::AttnKernel k : {tq::AttnKernel::fused, tq::AttnKernel::lut8}) {
+        tq::simd::ScopedLevel sl(lv);
+        tq::KvCache cache(cc.cfg);
+        cache.append(0, kN, d.k.data(), d.v.data(), 2);
+        tq::AttentionParams p;
+        p.n_heads = kHeads;
+        p.kernel = k;
+        p.n_threads = 2;
+        const std::string kern = tq::attention_kernel(cache, 0, p);
+        if (k == tq::AttnKernel::lut8 && kern != "tq-lut8") continue;
+        const size_t qr = static_cast<size_t>(kHeads) * kD;
+        for (int W : {5, 7, 33, 40, 100}) {
+          p.sliding_window = W;
+          p.pos0 = 0;
+          std::vector<float> all(d.q.size()), one(d.q.size());
+          tq::attention(cache, 0, kN, d.q.data(), all.data(), p);
+          for (int i = 0; i < kN; ++i) {
+            p.pos0 = i;
+            tq::attention(cache, 0, 1, d.q.data() + i * qr, one.data() + i * qr, p);
+          }
+          const std::string what = name + " " + lv + " " + kern + " W=" + std::to_string(W);
+          if (kern == "tq-lut8") EXPECT_LT(max_rel(all, one), kTolLut8Order) << what;
+          else EXPECT_EQ(all, one) << what;
+          ++cases;
+          lut8_cases += kern == "tq-lut8";
+        }
+      }
+  }
+  EXPECT_GE(cases, 6 * 5);
+  const auto lv = tq::simd::available_levels();
+  if (std::find(lv.begin(), lv.end(), "avx3_dl") != lv.end()) EXPECT_EQ(lut8_cases, 4 * 5);  // tq4, tq3 protected, tq2h3/tq3, tq4 w16
+}
+
 TEST(SlidingWindow, RejectsNegativeWindow) {
   const Data d = make_data(13);
   tq::KvCache cache(tq_test::kv_config(1, kKvh, kD, kN, "f16", "f16"));

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <string>
 #include <limits>
 #include <memory>
@@ -29,24 +30,32 @@ namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Generic task: queries qd (n_q x G x D, in the K domain), tokens [a, b) of one segment,
-// rows fetched by `fetch(t0, n, kbuf, vbuf)` in the (K domain, V domain).
+// rows fetched by `fetch(t0, n, kbuf, vbuf)` in the (K domain, V domain). Query i sees tokens
+// [lows[i], limits[i]) of them (lows: null for none; the coordinates of limits).
 template <class Fetch>
 void generic_task(const Shape& sh, const float* qd, const int* limits, int a, int b, Fetch&& fetch,
-                  const States& st) {
+                  const States& st, const int* lows = nullptr) {
   const int D = sh.D, G = sh.G;
   const bool scalar = simd::use_scalar();
   std::vector<float> kb((size_t)kBlock * D), vb((size_t)kBlock * D), s(kBlock);
   for (int t = a; t < b; t += kBlock) {
     const int nb = std::min(kBlock, b - t);
-    bool any = false;
-    for (int i = 0; i < sh.n_q; ++i) any |= limits[i] > t;
-    if (!any) break;
+    auto first_row = [&](int i) { return lows ? std::clamp(lows[i] - t, 0, nb) : 0; };
+    bool any = false, later = false;
+    for (int i = 0; i < sh.n_q; ++i) {
+      any |= limits[i] > t && first_row(i) < std::min(nb, limits[i] - t);
+      later |= limits[i] > t;
+    }
+    if (!later) break;
+    if (!any) continue;
     fetch(t, nb, kb.data(), vb.data());
     for (int i = 0; i < sh.n_q; ++i) {
-      const int nt = std::min(nb, limits[i] - t);
+      const int r0 = first_row(i), nt = std::min(nb, limits[i] - t) - r0;
       if (nt <= 0) continue;
+      const float* kr0 = kb.data() + (size_t)r0 * D;
+      const float* vr0 = vb.data() + (size_t)r0 * D;
       if (!scalar) {
-        attend_rows(D, G, sh.scale, qd + (size_t)i * G * D, kb.data(), vb.data(), nt,
+        attend_rows(D, G, sh.scale, qd + (size_t)i * G * D, kr0, vr0, nt,
                     States{st.base + (size_t)i * G * st.stride(), D});
         continue;
       }
@@ -55,7 +64,7 @@ void generic_task(const Shape& sh, const float* qd, const int* limits, int a, in
         const int k = i * G + g;
         float mx = kNegInf;
         for (int j = 0; j < nt; ++j) {
-          const float* kr = kb.data() + (size_t)j * D;
+          const float* kr = kr0 + (size_t)j * D;
           float acc = 0;
           for (int d = 0; d < D; ++d) acc += qv[d] * kr[d];
           s[j] = acc * sh.scale;
@@ -70,7 +79,7 @@ void generic_task(const Shape& sh, const float* qd, const int* limits, int a, in
         float* o = st.acc(k);
         for (int d = 0; d < D; ++d) o[d] *= alpha;
         for (int j = 0; j < nt; ++j) {
-          const float* vr = vb.data() + (size_t)j * D;
+          const float* vr = vr0 + (size_t)j * D;
           const float pj = s[j];
           for (int d = 0; d < D; ++d) o[d] += pj * vr[d];
         }
@@ -229,11 +238,14 @@ bool fused_decode(const Shape& sh, const Stream& sk, const Stream& sv, Kernel k,
 }
 
 // ------------------------------------------------------------------ driver
-// start: the first absolute position every query of the call sees (sliding windows; 0: all).
-// Tokens before it are skipped; a quantized block it cuts runs on the generic float path from
-// `start`, the fused kernels take the blocks after it.
+// starts: per query, the first absolute position it sees (sliding windows; null: all from 0),
+// nondecreasing, and in stream coordinates (after the sinks) all in one 32-token block (from
+// its second token on) or its end, or all equal: the queries share the blocks after that one.
+// Tokens before a query's start are skipped; the quantized block the starts cut runs on the
+// generic float path from each query's start (lut8: its kernel, one query at a time, with the
+// tokens before the start masked), the fused kernels take the blocks after it together.
 void run_attention(const KvCache& cache, int layer, int n_q, const float* q, float* out,
-                   const AttentionParams& p, int start) {
+                   const AttentionParams& p, const int* starts) {
   Prepared P = prepare(cache, layer, n_q, q, out, p);
   if (n_q == 0) return;
   const Shape& sh = P.sh;
@@ -263,7 +275,17 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
   // Causal limits of the queries in stream coordinates of the quantized blocks.
   std::vector<int> qlimits(n_q);
   for (int i = 0; i < n_q; ++i) qlimits[i] = std::clamp(P.limits[i] - q0, 0, nq_tok);
-  const int qstart = std::clamp(start - q0, 0, nq_tok);  // the window's start in stream coordinates
+  // The window's starts in stream coordinates; qstart: the least.
+  std::vector<int> qlows(starts ? n_q : 0);
+  for (size_t i = 0; i < qlows.size(); ++i) qlows[i] = std::clamp(starts[i] - q0, 0, nq_tok);
+  const int start = starts ? starts[0] : 0, qstart = starts ? qlows[0] : 0;
+  const bool one_start = !starts || qlows.back() == qstart;  // in the quantized blocks
+  const bool one_abs_start = !starts || starts[n_q - 1] == start;
+  if (!one_start) {
+    const int e = (qstart / kBlock + 1) * kBlock;  // the cut block's end
+    TQ_ASSERT(qstart % kBlock != 0 && qlows.back() <= e);
+    for (int i = 1; i < n_q; ++i) TQ_ASSERT(starts[i] >= starts[i - 1]);
+  }
   const int dropped = nq_tok > 0 ? L.k[0].n_dropped : 0;  // the same in every stream of a layer
   TQ_CHECK(qstart >= dropped,
            "attention: layer %d keeps tokens from position %d on (sliding window %d); a query that "
@@ -327,19 +349,33 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
       // Tokens [lo, hi) (one K mean) into the states: a fused kernel (with the rope mean
       // coefficients mc of the query rows, or null), else rows of queries qg fetched by fetch_g.
       auto run_range = [&](int lo, int hi, const float* qg, auto&& fetch_g, const float* mc) {
-        // A block cut by the window's start (sliding-window layers: every query after the
-        // first W runs alone with its own start). The lut8 kernel takes the whole block and
-        // masks the tokens before `lo` (Shape::first); the others get rows from `lo` on the
+        // A block cut by the window's starts (sliding-window layers: the queries after the
+        // first W, in groups whose starts cut one block). The lut8 kernel takes the whole block
+        // and masks the tokens before each query's start (Shape::first; one query at a time
+        // when the starts differ); the others get each query's rows from its start on the
         // generic path (for a rope-centred K: decoded, turned back to the original domain and
-        // each row's mean added, per call; the float kernel keeps this exact path, see
+        // each row's mean added, once per call; the float kernel keeps this exact path, see
         // docs/design.md "Sliding-window attention").
         int from = lo;
         if (lo % kBlock != 0) {
-          if (kern == Kernel::tq_lut8) {
-            from = lo / kBlock * kBlock;
+          const int bs = lo / kBlock * kBlock, e = std::min(hi, bs + kBlock);
+          if (kern == Kernel::tq_lut8 && one_start) {
+            from = bs;
           } else {
-            const int e = std::min(hi, (lo / kBlock + 1) * kBlock);
-            generic_task(sh, qg, qlimits.data(), lo, e, fetch_g, st);
+            bool fused = false;
+            if (kern == Kernel::tq_lut8) {  // per query: nothing chosen before the first call
+              fused = true;
+              for (int i = first_seeing(i0, lo); i < n_q && fused; ++i) {
+                if (qlows[i] >= std::min(e, qlimits[i])) continue;
+                Shape shi = sh;
+                shi.first = qlows[i];
+                if (mc) shi.rope_mc = mc + (size_t)i * G * mst;
+                fused = fused_decode(shi, sk, sv, kern, 1, qd + (size_t)i * G * D, &qlimits[i], bs, e,
+                                     States{st.base + (size_t)i * G * st.stride(), D});
+                TQ_ASSERT(fused || i == first_seeing(i0, lo));
+              }
+            }
+            if (!fused) generic_task(sh, qg, qlimits.data(), lo, e, fetch_g, st, starts ? qlows.data() : nullptr);
             if ((lo = from = e) >= hi) return;
           }
         }
@@ -400,8 +436,20 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
           f16_to_f32(D, row(sv, t0 + r), vb + (size_t)r * D);
         }
       };
-      generic_task(sh, &qo[(size_t)h * n_q * G * D], P.limits.data(),
-                   win ? std::max(q0 + nq_tok, start) : std::min(start, n_sink), win ? sh.n_tokens : n_sink, fetch, st);
+      // Rows from each query's start: several starts run a query at a time (the same rows per
+      // fetch as its own call, so the same sums).
+      const float* qoh = &qo[(size_t)h * n_q * G * D];
+      const int to = win ? sh.n_tokens : n_sink;
+      auto from = [&](int s0) { return win ? std::max(q0 + nq_tok, s0) : std::min(s0, n_sink); };
+      if (one_abs_start) {
+        generic_task(sh, qoh, P.limits.data(), from(start), to, fetch, st);
+      } else {
+        Shape s1 = sh;
+        s1.n_q = 1;
+        for (int i = 0; i < n_q; ++i)
+          generic_task(s1, qoh + (size_t)i * G * D, &P.limits[i], from(starts[i]), to, fetch,
+                       States{st.base + (size_t)i * G * st.stride(), D});
+      }
     }
   }
 
@@ -477,11 +525,14 @@ void attention(const KvCache& cache, int layer, int n_q, const float* q, float* 
   const int W = p.sliding_window;
   TQ_CHECK(W >= 0, "attention: negative sliding window %d", W);
   if (W == 0 || n_q == 0) {
-    kv::run_attention(cache, layer, n_q, q, out, p, 0);
+    kv::run_attention(cache, layer, n_q, q, out, p, nullptr);
     return;
   }
-  // Sliding window: the queries whose window starts at 0 run together; each later query runs
-  // alone with its own start (pos - W + 1), so the kernels keep one start per call.
+  // Sliding window: the queries whose window starts at 0 run together. Each later query starts
+  // at pos - W + 1; those whose starts cut the same 32-token block (stream coordinates, after
+  // the sinks; a start at the block's end counts with it) run together: the cut block from each
+  // one's start, the blocks after it for all of them (each query's sums are those of its own
+  // call with the float and f16 kernels). The groups run in parallel, each on one thread.
   TQ_CHECK(layer >= 0 && layer < cache.config().n_layers, "attention: layer %d out of range [0, %d)", layer,
            cache.config().n_layers);
   const int pos0 = p.pos0 >= 0 ? p.pos0 : cache.n_tokens(layer) - n_q;
@@ -490,13 +541,36 @@ void attention(const KvCache& cache, int layer, int n_q, const float* q, float* 
   AttentionParams pi = p;
   if (n_first > 0) {
     pi.pos0 = pos0;
-    kv::run_attention(cache, layer, n_first, q, out, pi, 0);
+    kv::run_attention(cache, layer, n_first, q, out, pi, nullptr);
   }
   const size_t row = (size_t)p.n_heads * cache.config().head_dim;
+  const int q0 = std::min(cache.n_tokens(layer), cache.config().sink);
+  auto cut_block = [&](int i) {  // -1: the start is in the sinks
+    const int j = pos0 + i - W + 1 - q0;
+    return j <= 0 ? -1 : (j - 1) / kv::kBlock;
+  };
+  std::vector<int> group_at, starts(n_q);
   for (int i = n_first; i < n_q; ++i) {
-    pi.pos0 = pos0 + i;
-    kv::run_attention(cache, layer, 1, q + i * row, out + i * row, pi, pos0 + i - W + 1);
+    starts[i] = pos0 + i - W + 1;
+    if (i == n_first || cut_block(i) != cut_block(i - 1)) group_at.push_back(i);
   }
+  const int n_groups = (int)group_at.size();
+  group_at.push_back(n_q);
+  const int n_threads = p.n_threads > 0 ? p.n_threads : omp_get_max_threads();
+  if (n_groups > 1) pi.n_threads = 1;  // one group (a decode step): the call may fork
+  std::exception_ptr err;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads) firstprivate(pi) if (n_threads > 1 && n_groups > 1)
+  for (int g = 0; g < n_groups; ++g) {
+    const int i = group_at[g], m = group_at[g + 1] - i;
+    pi.pos0 = pos0 + i;
+    try {
+      kv::run_attention(cache, layer, m, q + i * row, out + i * row, pi, &starts[i]);
+    } catch (...) {
+#pragma omp critical(tq_attention_error)
+      if (!err) err = std::current_exception();
+    }
+  }
+  if (err) std::rethrow_exception(err);
 }
 
 std::string attention_kernel(const KvCache& cache, int layer, const AttentionParams& p) {
