@@ -16,7 +16,7 @@ trap 'rm -rf "$TMP"' EXIT
 for side in A B; do
   dir=$([ $side = A ] && echo "$A" || echo "$B")
   dir=$(cd "$dir" && pwd)
-  g++ -std=c++20 -O2 -fopenmp -Iinclude bench/attn_cpu_time.cpp -o "$TMP/act_$side" -L"$dir" -lturboquant \
+  g++ -std=c++20 -O2 -fopenmp -Iinclude -Isrc bench/attn_cpu_time.cpp -o "$TMP/act_$side" -L"$dir" -lturboquant \
     -Wl,-rpath,"$dir"
 done
 AUTO="k=tq4h6n8 v=tq3h6n8 sink=1 center=k,rope,512 scale-k"

@@ -351,31 +351,18 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
       auto run_range = [&](int lo, int hi, const float* qg, auto&& fetch_g, const float* mc) {
         // A block cut by the window's starts (sliding-window layers: the queries after the
         // first W, in groups whose starts cut one block). The lut8 kernel takes the whole block
-        // and masks the tokens before each query's start (Shape::first; one query at a time
-        // when the starts differ); the others get each query's rows from its start on the
+        // and masks the tokens before each query's start (Shape::first, or Shape::firsts when
+        // the starts differ); the others get each query's rows from its start on the
         // generic path (for a rope-centred K: decoded, turned back to the original domain and
         // each row's mean added, once per call; the float kernel keeps this exact path, see
         // docs/design.md "Sliding-window attention").
         int from = lo;
         if (lo % kBlock != 0) {
-          const int bs = lo / kBlock * kBlock, e = std::min(hi, bs + kBlock);
-          if (kern == Kernel::tq_lut8 && one_start) {
-            from = bs;
+          if (kern == Kernel::tq_lut8) {
+            from = lo / kBlock * kBlock;
           } else {
-            bool fused = false;
-            if (kern == Kernel::tq_lut8) {  // per query: nothing chosen before the first call
-              fused = true;
-              for (int i = first_seeing(i0, lo); i < n_q && fused; ++i) {
-                if (qlows[i] >= std::min(e, qlimits[i])) continue;
-                Shape shi = sh;
-                shi.first = qlows[i];
-                if (mc) shi.rope_mc = mc + (size_t)i * G * mst;
-                fused = fused_decode(shi, sk, sv, kern, 1, qd + (size_t)i * G * D, &qlimits[i], bs, e,
-                                     States{st.base + (size_t)i * G * st.stride(), D});
-                TQ_ASSERT(fused || i == first_seeing(i0, lo));
-              }
-            }
-            if (!fused) generic_task(sh, qg, qlimits.data(), lo, e, fetch_g, st, starts ? qlows.data() : nullptr);
+            const int e = std::min(hi, (lo / kBlock + 1) * kBlock);
+            generic_task(sh, qg, qlimits.data(), lo, e, fetch_g, st, starts ? qlows.data() : nullptr);
             if ((lo = from = e) >= hi) return;
           }
         }
@@ -383,11 +370,14 @@ void run_attention(const KvCache& cache, int layer, int n_q, const float* q, flo
         if (j0 == n_q) return;
         Shape shf = sh;
         if (mc) shf.rope_mc = mc + (size_t)j0 * G * mst;
-        if (from < lo) shf.first = lo;
+        if (from < lo) {
+          if (one_start) shf.first = lo;
+          else shf.firsts = qlows.data() + j0;
+        }
         if (kern != Kernel::rows && fused_decode(shf, sk, sv, kern, n_q - j0, qd + (size_t)j0 * G * D, &qlimits[j0],
                                                  from, hi, States{st.base + (size_t)j0 * G * st.stride(), D}))
           return;
-        generic_task(sh, qg, qlimits.data(), lo, hi, fetch_g, st);
+        generic_task(sh, qg, qlimits.data(), lo, hi, fetch_g, st, starts ? qlows.data() : nullptr);
       };
       if (kseg < 0) {
         run_range(a, b, qd, fetch, nullptr);

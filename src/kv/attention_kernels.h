@@ -29,9 +29,11 @@ struct Shape {
   // when K has no such mean.
   const float* rope_mc = nullptr;
   // A sliding window's start inside the first block of a call (stream index): the tokens of
-  // [a, first) are masked out. 0 (or <= a): none. Only the lut8 kernel reads it;
-  // run_attention passes it to no other kernel.
+  // [a, first) are masked out. 0 (or <= a): none. firsts: one such start per query of the call
+  // (in place of `first`; null: none). Only the lut8 kernel reads them; run_attention passes
+  // them to no other kernel.
   int first = 0;
+  const int* firsts = nullptr;
 };
 
 // RoPE-rotating K mean. A token's mean m = R mu (Centre::mean_at) adds q.m to its logit

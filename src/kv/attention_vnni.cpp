@@ -472,13 +472,14 @@ void run_rows(const Call& c, int q0, int rows, const Kernels& k) {
     __m512 kn0[2], kn1[2], vn0[2], vn1[2];
     for (int i = 0; i < npk; ++i) c.block_norms(t0, i, &kn0[i], &kn1[i]);
     for (int i = 0; i < npv; ++i) c.block_norms(t0, npk + i, &vn0[i], &vn1[i]);
-    // A sliding window's start inside this block (Shape::first; the call's first block only):
-    // the lanes before it are masked in every row.
+    // A sliding window's start inside this block (Shape::first, or each query's Shape::firsts;
+    // the call's first block only): the lanes before it are masked in the query's rows.
     __mmask16 keep0 = 0xFFFF, keep1 = 0xFFFF;
-    if (sh.first > t0) {
-      keep0 = _mm512_cmpge_epi32_mask(lane, _mm512_set1_epi32(sh.first - t0));
-      keep1 = _mm512_cmpge_epi32_mask(lane, _mm512_set1_epi32(sh.first - t0 - 16));
-    }
+    auto set_keep = [&](int first) {
+      keep0 = first > t0 ? _mm512_cmpge_epi32_mask(lane, _mm512_set1_epi32(first - t0)) : 0xFFFF;
+      keep1 = first > t0 ? _mm512_cmpge_epi32_mask(lane, _mm512_set1_epi32(first - t0 - 16)) : 0xFFFF;
+    };
+    if (!sh.firsts) set_keep(sh.first);
     bool any_w[2] = {false, false};
     bool live[kMaxRows];
     float wsc[2][kMaxRows];
@@ -489,6 +490,7 @@ void run_rows(const Call& c, int q0, int rows, const Kernels& k) {
         continue;
       }
       const int ntr = std::min(kBlock, row_end[r] - t0);
+      if (sh.firsts && r % G == 0) set_keep(sh.firsts[q0 + r / G]);
       const __mmask16 valid0 = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(ntr)) & keep0;
       const __mmask16 valid1 = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(ntr - 16)) & keep1;
       __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
