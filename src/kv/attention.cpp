@@ -242,8 +242,8 @@ bool fused_decode(const Shape& sh, const Stream& sk, const Stream& sv, Kernel k,
 // nondecreasing, and in stream coordinates (after the sinks) all in one 32-token block (from
 // its second token on) or its end, or all equal: the queries share the blocks after that one.
 // Tokens before a query's start are skipped; the quantized block the starts cut runs on the
-// generic float path from each query's start (lut8: its kernel, one query at a time, with the
-// tokens before the start masked), the fused kernels take the blocks after it together.
+// generic float path from each query's start (lut8: its kernel takes the whole block, each
+// query's rows masked before its start), the fused kernels take the blocks after it together.
 void run_attention(const KvCache& cache, int layer, int n_q, const float* q, float* out,
                    const AttentionParams& p, const int* starts) {
   Prepared P = prepare(cache, layer, n_q, q, out, p);
