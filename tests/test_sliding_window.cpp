@@ -258,7 +258,7 @@ TEST(SlidingWindow, TqKernelsMaskTheCutBlockAtEveryLevel) {
 // float, f16 and row kernels, within float order with lut8. With 3 sinks (starts inside the
 // sinks differ per query), an f16 recent-token window, rope-centred trellis codes, and windows
 // that cut blocks anywhere, at every SIMD level.
-TEST(SlidingWindow, GroupedPrefillEqualsOneQueryCalls) {
+TEST(SlidingWindow, GroupedPrefillInParallelEqualsOneQueryCalls) {
   constexpr double kTolLut8Order = 1e-5;
   const Data d = make_data(15);
   int lut8_cases = 0, cases = 0;
