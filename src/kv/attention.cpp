@@ -546,15 +546,22 @@ void attention(const KvCache& cache, int layer, int n_q, const float* q, float* 
   }
   const int n_groups = (int)group_at.size();
   group_at.push_back(n_q);
+  auto run_group = [&](int g, AttentionParams& pg) {
+    const int i = group_at[g];
+    pg.pos0 = pos0 + i;
+    kv::run_attention(cache, layer, group_at[g + 1] - i, q + i * row, out + i * row, pg, &starts[i]);
+  };
+  if (n_groups <= 1) {  // none past W, or a decode step: one call (which may fork) or none
+    if (n_groups == 1) run_group(0, pi);
+    return;
+  }
   const int n_threads = p.n_threads > 0 ? p.n_threads : omp_get_max_threads();
-  if (n_groups > 1) pi.n_threads = 1;  // one group (a decode step): the call may fork
+  pi.n_threads = 1;
   std::exception_ptr err;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads) firstprivate(pi) if (n_threads > 1 && n_groups > 1)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads) firstprivate(pi) if (n_threads > 1)
   for (int g = 0; g < n_groups; ++g) {
-    const int i = group_at[g], m = group_at[g + 1] - i;
-    pi.pos0 = pos0 + i;
     try {
-      kv::run_attention(cache, layer, m, q + i * row, out + i * row, pi, &starts[i]);
+      run_group(g, pi);
     } catch (...) {
 #pragma omp critical(tq_attention_error)
       if (!err) err = std::current_exception();
