@@ -1114,7 +1114,8 @@ TEST(KvCache, ManyQueryCallEqualsOneQueryCalls) {
   // once (the last few queries one at a time in both). Every query's output equals its own
   // one-query call (which reads the codes directly): bit for bit with the float kernel, up to
   // float order with lut8. fp16 and 8-bit log norms, split K, trellis codes, the
-  // RoPE-rotating K mean, causal limits ending mid-block, every G with a kernel instance.
+  // RoPE-rotating K mean, causal limits ending mid-block, every G with a kernel instance. The
+  // f16 kernel runs up to 8 query rows (of one or more queries) through each block: bit for bit.
   const int n = 400, D = 64, KVH = 2, nq = 29;
   struct Case {
     const char *k, *v;
@@ -1124,15 +1125,16 @@ TEST(KvCache, ManyQueryCallEqualsOneQueryCalls) {
   const Case cases[] = {{"tq4", "tq4", false, false, 0},      {"tq3h6n8", "tq4n8", false, true, 0},
                         {"tq3h4", "tq2h3", false, false, 16},
                         {"tq2h4n8", "tq3n8", true, true, 16}, {"tq3", "tq3n8", true, false, 16},
-                        {"tq5", "tq6", false, true, 0},       {"tq8", "tq7", false, false, 0}};
+                        {"tq5", "tq6", false, true, 0},       {"tq8", "tq7", false, false, 0},
+                        {"f16", "f16", false, false, 0}};
   tq::Rng rng(31);
   std::vector<float> k, v;
   fill_kv(rng, n, KVH, D, k, v);
   for (const std::string& lv : tq::simd::available_levels()) {
     if (lv == "scalar") continue;  // no fused tq kernel
     tq::simd::ScopedLevel level(lv);
-    int ran[2] = {0, 0};  // float, lut8
-    int want_float = 0;   // at 4 float lanes (sse4) trellis codes take the row path
+    int ran[3] = {0, 0, 0};  // float, lut8, f16
+    int want_float = 0;      // at 4 float lanes (sse4) trellis codes take the row path
     for (int G : {1, 2, 3, 4, 8}) {
       const int H = KVH * G;
       std::vector<float> q((size_t)nq * H * D);
@@ -1145,21 +1147,23 @@ TEST(KvCache, ManyQueryCallEqualsOneQueryCalls) {
         if (cs.centred) center_rope_k(cfg, D);
         tq::KvCache c(cfg);
         c.append(0, n, k.data(), v.data());
-        want_float += !(cs.trellis && lv == "sse4");
+        const bool f16 = std::string(cs.k) == "f16";
+        want_float += !f16 && !(cs.trellis && lv == "sse4");
         for (bool lut8 : {false, true}) {
           tq::AttentionParams p;
           p.n_heads = H;
           p.kernel = lut8 ? tq::AttnKernel::lut8 : tq::AttnKernel::fused;
           p.pos0 = n - 120;  // limits 281..309: across a block boundary, mid-block ends
-          if (tq::attention_kernel(c, 0, p) != (lut8 ? "tq-lut8" : "tq-float")) continue;
-          ++ran[lut8];
+          if (tq::attention_kernel(c, 0, p) != (f16 ? "f16" : lut8 ? "tq-lut8" : "tq-float") || (f16 && lut8))
+            continue;
+          ++ran[f16 ? 2 : lut8];
           std::vector<float> many(q.size()), ref(q.size());
           tq::attention(c, 0, nq, q.data(), many.data(), p);
           tq::attention_ref(c, 0, nq, q.data(), ref.data(), p);
           const std::vector<float> one = one_query_calls(c, q, nq, H, D, p);
           const std::string what = std::string(cs.k) + "/" + cs.v + (cs.trellis ? " tc" : "") +
                                    (cs.centred ? " centred" : "") + " G " + std::to_string(G) + " " + lv +
-                                   (lut8 ? " lut8" : " float");
+                                   (f16 ? "" : lut8 ? " lut8" : " float");
           if (lut8) {
             EXPECT_LE(rel_err(many, one), kExactRelTol) << what;
             EXPECT_LE(rel_err(many, ref), kFastRelTol) << what;
@@ -1172,7 +1176,8 @@ TEST(KvCache, ManyQueryCallEqualsOneQueryCalls) {
     }
     EXPECT_EQ(ran[0], want_float) << lv << ": the float kernel ran for some cases only";
     // lut8: avx3_dl, up to 6 bits (not tq8/tq7)
-    EXPECT_EQ(ran[1], lv == "avx3_dl" ? 5 * ((int)std::size(cases) - 1) : 0) << lv << ": lut8 ran for some cases only";
+    EXPECT_EQ(ran[1], lv == "avx3_dl" ? 5 * ((int)std::size(cases) - 2) : 0) << lv << ": lut8 ran for some cases only";
+    EXPECT_EQ(ran[2], 5) << lv << ": the f16 kernel ran for some G only";
   }
 }
 

@@ -189,9 +189,7 @@ bool fused_group(const Shape& sh, const Stream& sk, const Stream& sv, Kernel k, 
                  const int* limits, int a, int b, const States& st) {
   switch (k) {
     case Kernel::f16:
-      return each_query(sh, sk, nq, qd, limits, st, [&](const Shape& s, const float* q, int limit, const States& si) {
-        return decode_f16(s, sk, sv, q, limit, a, b, si);
-      });
+      return decode_f16(sh, sk, sv, nq, qd, limits, a, b, st);
     case Kernel::tq_float: return decode_tq_float(sh, sk, sv, nq, qd, limits, a, b, st);
     case Kernel::tq_lut8: return decode_tq_lut8(sh, sk, sv, nq, qd, limits, a, b, st);
     case Kernel::rows: break;

@@ -102,36 +102,18 @@ Kernel pick_kernel(const Shape& sh, const Stream& sk, const Stream& sv, AttnKern
 // Fused attention of nq queries (G heads of one kv head each) over quantized tokens [a, b) (a
 // block aligned) with kernel k (not rows). Query i: rows i G .. i G + G - 1 of qd (D floats
 // apart, K domain), sees the tokens before limits[i], updates rows i G .. of st (V domain).
-// Decode is nq = 1; prefill passes its queries together, so the tq kernels read each block
-// once for several queries (the f16 kernel runs one query at a time). Returns false (st
-// untouched) when the kernel does not run here (then the caller takes the rows path). A G
-// without a kernel instance runs as subgroups of heads (kernel_subgroup), each over copies of
-// its rows: the tokens are read once per subgroup.
+// Decode is nq = 1; prefill passes its queries together, so the kernels read each block once
+// for several queries. Returns false (st untouched) when the kernel does not run here (then
+// the caller takes the rows path). A G without a kernel instance runs as subgroups of heads
+// (kernel_subgroup), each over copies of its rows: the tokens are read once per subgroup.
 bool fused_decode(const Shape& sh, const Stream& sk, const Stream& sv, Kernel k, int nq, const float* qd,
                   const int* limits, int a, int b, const States& st);
 
-// Runs f(shape, qd, limit, states) for each query of a fused_decode call (sh.rope_mc moved to
-// the query's rows); false when f is false for the first (whether a kernel applies depends
-// only on the types, so later queries cannot differ).
-template <class F>
-bool each_query(const Shape& sh, const Stream& sk, int nq, const float* qd, const int* limits,
-                const States& st, F&& f) {
-  Shape shi = sh;
-  for (int i = 0; i < nq; ++i) {
-    if (sh.rope_mc) shi.rope_mc = sh.rope_mc + (size_t)i * sh.G * rope_mc_stride(sk);
-    if (!f(shi, qd + (size_t)i * sh.G * sh.D, limits[i], States{st.base + (size_t)i * sh.G * st.stride(), st.D})) {
-      TQ_ASSERT(i == 0);
-      return false;
-    }
-  }
-  return true;
-}
-
 // The kernels, with fused_decode's arguments for a G with a kernel instance (has_kernel_instance);
 // false when the current target cannot run them.
-// f16 K and V, one query (attention_simd.cpp, Highway).
-bool decode_f16(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a, int b,
-                const States& st);
+// f16 K and V (attention_simd.cpp, Highway; several queries' rows share each block's reads).
+bool decode_f16(const Shape& sh, const Stream& sk, const Stream& sv, int nq, const float* qd, const int* limits,
+                int a, int b, const States& st);
 // tq K (mse 1..8 bits, split) and tq V: float centroids from the codes and float FMAs
 // (attention_tq_simd.cpp, Highway; several queries share each block's float tiles).
 bool decode_tq_float(const Shape& sh, const Stream& sk, const Stream& sv, int nq, const float* qd,

@@ -1,10 +1,11 @@
 // Fused decode-attention kernels, Highway-dispatched (every x86 level; scalar: the generic path).
 //
-//   DecodeF16   f16 K (dim-major blocks) and f16 V (rows): per 32-token block, scores of the G
-//               query heads of one kv head as FMAs of broadcast query values with K columns (no
-//               horizontal sums), block softmax with a vector exp, V rows accumulated for the G
-//               heads with each row converted once. Float arithmetic: equals the reference up
-//               to summation order (test tolerance 1e-5 relative).
+//   DecodeF16   f16 K (dim-major blocks) and f16 V (rows): per 32-token block, scores of up to 8
+//               query rows (the G heads of one kv head, of one or several queries) as FMAs of
+//               broadcast query values with K columns (no horizontal sums), block softmax with a
+//               vector exp, V rows accumulated for the rows with each row converted once. Float
+//               arithmetic: equals the reference up to summation order (test tolerance 1e-5
+//               relative); a query's result is the same bit for bit alone or with others.
 //   tq kernels  attention_tq_simd.cpp (float centroids), attention_vnni.cpp (int8 tables).
 // Which of them runs is pick_kernel's choice (attention.cpp).
 #undef HWY_TARGET_INCLUDE
@@ -28,63 +29,90 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 #include "kv/block_softmax-inl.h"
 
-template <int G>
-void DecodeF16G(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a,
-                int b, const States& st) {
+// One 32-token block (nt tokens) for R query rows: rows r = 0 .. R - 1 of qd (D floats apart)
+// and of st. Each row's sums run in the same order whatever R is, so a row's result does not
+// depend on the rows beside it.
+template <int R>
+void F16Rows(const Shape& sh, const hwy::float16_t* kb, const hwy::float16_t* vb, int nt, const float* qd,
+             const States& st) {
   const hn::ScalableTag<float> df;
   const hn::Rebind<hwy::float16_t, decltype(df)> dh;
   constexpr size_t N = hn::MaxLanes(decltype(df)());
-  constexpr size_t NV = kBlock / N;  // score vectors per head per block (compile time: registers)
-  constexpr size_t kMaxNV = NV;
+  constexpr size_t NV = kBlock / N;  // score vectors per row per block (compile time: registers)
   static_assert(kBlock % N == 0, "block is a whole number of vectors");
   const int D = sh.D;
-  const int end = std::min(b, limit);
-  HWY_ALIGN float pbuf[G][kBlock];
-  float alpha[G];
+  HWY_ALIGN float pbuf[R][kBlock];
+  float alpha[R];
   using V = hn::Vec<decltype(df)>;
-  for (int t0 = a; t0 < end; t0 += kBlock) {
-    const int nt = std::min(kBlock, end - t0);
-    const hwy::float16_t* kb = reinterpret_cast<const hwy::float16_t*>(sk.block(t0 / kBlock));
-    const hwy::float16_t* vb = reinterpret_cast<const hwy::float16_t*>(sv.block(t0 / kBlock));
-    // Scores: acc[g][j] lanes = tokens j*N .. j*N+N-1.
-    V acc[G][kMaxNV];
-    for (int g = 0; g < G; ++g)
-      for (size_t j = 0; j < NV; ++j) acc[g][j] = hn::Zero(df);
-    for (int d = 0; d < D; ++d) {
-      V col[kMaxNV];
-      for (size_t j = 0; j < NV; ++j) col[j] = hn::PromoteTo(df, hn::LoadU(dh, kb + (size_t)d * kBlock + j * N));
-      for (int g = 0; g < G; ++g) {
-        const V qg = hn::Set(df, qd[(size_t)g * D + d]);
-        for (size_t j = 0; j < NV; ++j) acc[g][j] = hn::MulAdd(qg, col[j], acc[g][j]);
-      }
+  // Scores: acc[r][j] lanes = tokens j*N .. j*N+N-1.
+  V acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (size_t j = 0; j < NV; ++j) acc[r][j] = hn::Zero(df);
+  for (int d = 0; d < D; ++d) {
+    V col[NV];
+    for (size_t j = 0; j < NV; ++j) col[j] = hn::PromoteTo(df, hn::LoadU(dh, kb + (size_t)d * kBlock + j * N));
+    for (int r = 0; r < R; ++r) {
+      const V qr = hn::Set(df, qd[(size_t)r * D + d]);
+      for (size_t j = 0; j < NV; ++j) acc[r][j] = hn::MulAdd(qr, col[j], acc[r][j]);
     }
-    // Block softmax per head.
-    for (int g = 0; g < G; ++g) alpha[g] = BlockSoftmax(df, acc[g], NV, nt, sh.scale, st, g, pbuf[g]);
-    // V: out[g] = out[g] * alpha[g] + sum_t p[g][t] V[t].
-    for (int dv = 0; dv < D; dv += (int)N) {
-      V o[G];
-      for (int g = 0; g < G; ++g) o[g] = hn::Mul(hn::LoadU(df, st.acc(g) + dv), hn::Set(df, alpha[g]));
-      for (int t = 0; t < nt; ++t) {
-        const V v = hn::PromoteTo(df, hn::LoadU(dh, vb + (size_t)t * D + dv));
-        for (int g = 0; g < G; ++g) o[g] = hn::MulAdd(hn::Set(df, pbuf[g][t]), v, o[g]);
-      }
-      for (int g = 0; g < G; ++g) hn::StoreU(o[g], df, st.acc(g) + dv);
+  }
+  for (int r = 0; r < R; ++r) alpha[r] = BlockSoftmax(df, acc[r], NV, nt, sh.scale, st, r, pbuf[r]);
+  // V: out[r] = out[r] * alpha[r] + sum_t p[r][t] V[t].
+  for (int dv = 0; dv < D; dv += (int)N) {
+    V o[R];
+    for (int r = 0; r < R; ++r) o[r] = hn::Mul(hn::LoadU(df, st.acc(r) + dv), hn::Set(df, alpha[r]));
+    for (int t = 0; t < nt; ++t) {
+      const V v = hn::PromoteTo(df, hn::LoadU(dh, vb + (size_t)t * D + dv));
+      for (int r = 0; r < R; ++r) o[r] = hn::MulAdd(hn::Set(df, pbuf[r][t]), v, o[r]);
     }
+    for (int r = 0; r < R; ++r) hn::StoreU(o[r], df, st.acc(r) + dv);
   }
 }
 
-bool DecodeF16(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a, int b,
-               const States& st) {
+// Rows per F16Rows call: R NV score vectors stay in registers (AVX-512: 8 rows, AVX2: 4).
+constexpr int kF16Rows = std::max<int>(1, 16 / (kBlock / hn::MaxLanes(hn::ScalableTag<float>())));
+
+void F16RowsN(int n, const Shape& sh, const hwy::float16_t* kb, const hwy::float16_t* vb, int nt, const float* qd,
+              const States& st) {
+  switch (n) {
+    case 1: return F16Rows<1>(sh, kb, vb, nt, qd, st);
+    case 2: return F16Rows<2>(sh, kb, vb, nt, qd, st);
+    case 3: return F16Rows<3>(sh, kb, vb, nt, qd, st);
+    case 4: return F16Rows<4>(sh, kb, vb, nt, qd, st);
+    case 5: return F16Rows<5>(sh, kb, vb, nt, qd, st);
+    case 6: return F16Rows<6>(sh, kb, vb, nt, qd, st);
+    case 7: return F16Rows<7>(sh, kb, vb, nt, qd, st);
+    default: return F16Rows<8>(sh, kb, vb, nt, qd, st);
+  }
+}
+
+// nq queries of G rows each over the blocks of [a, b): block by block, the rows of the queries
+// that see the same number of the block's tokens (all of them, except near a query's causal
+// limit) in calls of up to kF16Rows rows, so each block's K and V are read from memory once per
+// call of the kernel rather than once per query and its f16 -> float conversions are shared by
+// the rows of a call.
+bool DecodeF16(const Shape& sh, const Stream& sk, const Stream& sv, int nq, const float* qd, const int* limits,
+               int a, int b, const States& st) {
   const hn::ScalableTag<float> df;
   if (hn::Lanes(df) != hn::MaxLanes(df) || kBlock / hn::Lanes(df) > 8 || sh.D % hn::Lanes(df) != 0) return false;
-  switch (sh.G) {
-    case 1: DecodeF16G<1>(sh, sk, sv, qd, limit, a, b, st); return true;
-    case 2: DecodeF16G<2>(sh, sk, sv, qd, limit, a, b, st); return true;
-    case 3: DecodeF16G<3>(sh, sk, sv, qd, limit, a, b, st); return true;
-    case 4: DecodeF16G<4>(sh, sk, sv, qd, limit, a, b, st); return true;
-    case 8: DecodeF16G<8>(sh, sk, sv, qd, limit, a, b, st); return true;
-    default: return false;
+  const int G = sh.G, D = sh.D;
+  const int end = std::min(b, *std::max_element(limits, limits + nq));
+  for (int t0 = a; t0 < end; t0 += kBlock) {
+    const hwy::float16_t* kb = reinterpret_cast<const hwy::float16_t*>(sk.block(t0 / kBlock));
+    const hwy::float16_t* vb = reinterpret_cast<const hwy::float16_t*>(sv.block(t0 / kBlock));
+    auto seen = [&](int i) { return std::min(kBlock, std::min(b, limits[i]) - t0); };
+    for (int i0 = 0, i1; i0 < nq; i0 = i1) {
+      const int nt = seen(i0);
+      for (i1 = i0 + 1; i1 < nq && seen(i1) == nt; ++i1) {
+      }
+      if (nt <= 0) continue;
+      for (int r0 = i0 * G, r1 = i1 * G, n; r0 < r1; r0 += n) {
+        n = std::min(kF16Rows, r1 - r0);
+        F16RowsN(n, sh, kb, vb, nt, qd + (size_t)r0 * D, States{st.base + (size_t)r0 * st.stride(), D});
+      }
+    }
   }
+  return true;
 }
 
 // One block of decoded rows (kR, vR: nt x D floats, row-major) for G heads of one query:
@@ -233,9 +261,9 @@ void decode_q4_rows(int D, int n, const uint8_t* rows, float* out) {
   HWY_DYNAMIC_DISPATCH(DecodeQ4Rows)(D, n, rows, out);
 }
 
-bool decode_f16(const Shape& sh, const Stream& sk, const Stream& sv, const float* qd, int limit, int a, int b,
-                const States& st) {
-  return HWY_DYNAMIC_DISPATCH(DecodeF16)(sh, sk, sv, qd, limit, a, b, st);
+bool decode_f16(const Shape& sh, const Stream& sk, const Stream& sv, int nq, const float* qd, const int* limits,
+                int a, int b, const States& st) {
+  return HWY_DYNAMIC_DISPATCH(DecodeF16)(sh, sk, sv, nq, qd, limits, a, b, st);
 }
 
 }  // namespace tq::kv
