@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # One layer's attention call (Gemma 3 270M's shape) in CPU time, two builds of the library
 # alternating (bench/attn_cpu_time.cpp built against each), ROUNDS rounds, 1 thread: windowed
-# calls (sliding window 512: a prefill micro-batch of 128 queries at 16K, a decode step at 32K)
-# and a global decode step at 32K, for `auto`'s cache on Gemma 3 and f16; the 32K decode steps
-# of `auto` on lut8 also cold (FLUSH_MB 64: a 64 MB buffer read before each call, so the codes
-# come from memory as in a model's decode step).
+# calls (sliding window 512: a prefill micro-batch of 128 queries at 16K, a decode step at 32K),
+# a global decode step at 32K and global prefill micro-batches of 128 queries at 4K and 32K, for
+# `auto`'s cache on Gemma 3 and f16; the 32K decode steps of `auto` on lut8 also cold (FLUSH_MB
+# 64: a 64 MB buffer read before each call, so the codes come from memory as in a model's decode
+# step).
 # Usage: bash bench/attn_cpu_ab.sh BUILD_A BUILD_B OUT.jsonl   (build trees holding libturboquant.so)
 # Env:   ROUNDS (3), NICE (5), LABEL_A (a), LABEL_B (b).
 set -eu
@@ -26,7 +27,9 @@ for round in $(seq 1 "$ROUNDS"); do
     label=$([ $side = A ] && echo "$LA" || echo "$LB")
     for args in "$AUTO|16384|128|7|lut8|1|512" "$AUTO|16384|128|7|fused|1|512" "f16|16384|128|7|fused|1|512" \
                 "$AUTO|32768|1|41|lut8|1|512" "$AUTO|32768|1|41|fused|1|512" "f16|32768|1|41|fused|1|512" \
-                "$AUTO|32768|1|21|lut8|1|0" "$AUTO|32768|1|41|lut8|1|512|64" "$AUTO|32768|1|21|lut8|1|0|64"; do
+                "$AUTO|32768|1|21|lut8|1|0" "$AUTO|32768|1|41|lut8|1|512|64" "$AUTO|32768|1|21|lut8|1|0|64" \
+                "$AUTO|4096|128|7|lut8|1|0" "f16|4096|128|7|fused|1|0" "$AUTO|32768|128|3|lut8|1|0" \
+                "f16|32768|128|3|fused|1|0"; do
       IFS='|' read -r s n q st k t w f <<< "$args"
       j=$(nice -n "$NICE" "$TMP/act_$side" "$s" "$n" "$q" "$st" "$k" "$t" "$w" "${f:-0}")
       echo "{\"round\": $round, \"library\": \"$label\", \"loadavg_1min\": $(cut -d' ' -f1 /proc/loadavg), \"result\": $j}" >> "$OUT.tmp"

@@ -121,24 +121,35 @@ check(vt["rounds"] == 5 and vt["prefill_ratio_min"] > 1.0 and vt["cache"] == "@c
       f"ab_viterbi_c2k_t1: prefill faster in each of 5 rounds ({vt})")
 
 # Gemma 3 270M at 4K / 16K / 32K with the current build (74-gemma-caches.md "Speed at 4K, 16K and
-# 32K with the current build", README, docs/results.md): f16, auto and the 4.25-bit file at 2
-# threads, 3 repetitions kept; auto meets the issue's goals at 32K (decode >= 1.3x, prefill >=
-# 0.9x); the figures README and results.md quote.
-gl = load("gemma/speed_long_current.json")
-check(gl["threads"] == 2 and gl["attention"] == "lut8" and "load_average_1min" in gl, "speed_long_current: 2 threads, lut8, load")
-check([(r["context"], r["cache"]) for r in gl["rows"]] ==
-      [(c, k) for c in (4095, 16383, 32767) for k in ("f16", "auto", "@configs/gemma3-270m-kv4.25.kv")],
-      "speed_long_current: contexts and caches")
-check(all(len(r["prefill_tok_s_each"]) == 3 and r["decode_tokens"] == 32 for r in gl["rows"]), "speed_long_current: 3 reps, 32 steps")
-g = {(r["context"], r["cache"]): r for r in gl["rows"]}
+# 32K with the current build", README, docs/results.md): two runs of f16, auto and the 4.25-bit
+# file at 2 threads, 3 repetitions kept; what the text says of the issue's goals (auto's prefill
+# >= 0.9x missed at 4K in both runs and at 16K in one, its 32K decode >= 1.3x met in one run of
+# two); the figures README and results.md quote.
+runs = [load("gemma/speed_long_current.json"), load("gemma/speed_long_current_r2.json")]
+for i, gl in enumerate(runs):
+    what = f"speed_long_current run {i + 1}"
+    check(gl["threads"] == 2 and gl["attention"] == "lut8" and "load_average_1min" in gl, f"{what}: 2 threads, lut8, load")
+    check([(r["context"], r["cache"]) for r in gl["rows"]] ==
+          [(c, k) for c in (4095, 16383, 32767) for k in ("f16", "auto", "@configs/gemma3-270m-kv4.25.kv")],
+          f"{what}: contexts and caches")
+    check(all(len(r["prefill_tok_s_each"]) == 3 and r["decode_tokens"] == 32 for r in gl["rows"]), f"{what}: 3 reps, 32 steps")
+g, g2 = ({(r["context"], r["cache"]): r for r in gl["rows"]} for gl in runs)
 a32, a16, f4 = g[(32767, "auto")], g[(16383, "auto")], g[(4095, "@configs/gemma3-270m-kv4.25.kv")]
-check(a32["decode_vs_first"] >= 1.3 and all(g[(c, "auto")]["prefill_vs_first"] >= 0.9 for c in (4095, 16383, 32767)),
-      "speed_long_current: auto meets the goals at 32K")
+b32, b16, b4, a4 = g2[(32767, "auto")], g2[(16383, "auto")], g2[(4095, "auto")], g[(4095, "auto")]
+check(a4["prefill_vs_first"] < 0.9 and b4["prefill_vs_first"] < 0.9 and
+      [a16["prefill_vs_first"] < 0.9, b16["prefill_vs_first"] < 0.9].count(True) == 1 and
+      [a32["decode_vs_first"] >= 1.3, b32["decode_vs_first"] >= 1.3].count(True) == 1,
+      "speed_long_current: auto's goals as 74-gemma-caches.md states them")
 readme = open(os.path.join(ROOT, "README.md")).read()
-check(f"the current build on a shared one: {a32['decode_vs_first']:.2f}x, {a32['prefill_vs_first']:.2f}x)" in readme and
+check(f"the current build on a shared one: {a32['decode_vs_first']:.2f}x and {b32['decode_vs_first']:.2f}x in two runs) "
+      f"and prefills {a32['prefill_vs_first']:.2f}x and {b32['prefill_vs_first']:.2f}x ({a4['prefill_vs_first']:.3f}x and "
+      f"{b4['prefill_vs_first']:.3f}x at 4K, short of the 0.9x goal)" in readme and
       f"prefills slower ({f4['prefill_vs_first']:.2f}x f16 at 4K)" in readme, "README: the current Gemma 32K figures")
-check(f"with the current build on a shared host {a32['decode_vs_first']:.2f}x and {a32['prefill_vs_first']:.2f}x, "
-      f"{a16['decode_vs_first']:.2f}x and {a16['prefill_vs_first']:.2f}x at 16K" in " ".join(results_md.split()) and
+check(f"with the current build on a shared host {a32['decode_vs_first']:.2f}x and {b32['decode_vs_first']:.2f}x in two runs, "
+      f"{a16['decode_vs_first']:.2f}x and {b16['decode_vs_first']:.2f}x at 16K" in " ".join(results_md.split()) and
+      f"is {a32['prefill_vs_first']:.2f}x and {b32['prefill_vs_first']:.2f}x f16's at 32K, {a16['prefill_vs_first']:.2f}x and "
+      f"{b16['prefill_vs_first']:.2f}x at 16K and {a4['prefill_vs_first']:.3f}x and {b4['prefill_vs_first']:.3f}x at 4K"
+      in " ".join(results_md.split()) and
       f"({f4['prefill_vs_first']:.2f}x f16 at 4K, {g[(16383, '@configs/gemma3-270m-kv4.25.kv')]['prefill_vs_first']:.2f}x at 16K"
       in " ".join(results_md.split()), "docs/results.md: the current Gemma figures")
 
@@ -149,14 +160,14 @@ flt = {c: load(f"gemma/rope/ppl_c{c}_rope.json") for c in (512, 2048)}
 check(all(lut[c]["results"][0]["ppl_f16"] == flt[c]["results"][0]["ppl_f16"] for c in lut), "rope lut8: the same f16 as the float runs")
 d = {c: [r["ppl_delta_pct"] for r in lut[c]["results"]] for c in lut}
 check(all(d[c][1] < 1.0 and d[c][2] < 3.0 for c in d), f"rope lut8: the files within +1% / +3% ({d})")
-# The float kernel's figure: the trellis-cost command re-run after the windowed prefill groups.
-tc = load("gemma/speed_c4095_kv425_fit512_vs_trellis_groups.json")
+# The float kernel's figure: the trellis-cost command re-run with the f16 kernel of the current build.
+tc = load("gemma/f16_multiquery/speed_c4095_kv425_fit512_vs_trellis.json")
 check(tc["attention"] == "fused" and tc["threads"] == 2 and
       [r["cache"] for r in tc["rows"]] == ["f16", "@bench/results/gemma/gemma3-270m-kv4.25-fit512.kv",
-                                           "@configs/gemma3-270m-kv4.25.kv"], "trellis cost after the groups: float kernel, 3 caches")
+                                           "@configs/gemma3-270m-kv4.25.kv"], "trellis cost, current build: float kernel, 3 caches")
 check(f"(+{d[512][0]:.2f}% / +{d[2048][0]:.2f}% with `--attn-lut8`)" in readme and
-      f"`--attn-lut8` on AVX-512 VNNI: +{d[512][1]:.2f}% / +{d[2048][1]:.2f}%, and at 4K {f4['prefill_vs_first']:.2f}x f16's prefill instead of "
-      f"{tc['rows'][2]['prefill_vs_first']:.2f}x)" in readme and
+      f"`--attn-lut8` on AVX-512 VNNI: +{d[512][1]:.2f}% / +{d[2048][1]:.2f}%; its prefill at 4K is {f4['prefill_vs_first']:.2f}x f16's, "
+      f"{tc['rows'][2]['prefill_vs_first']:.2f}x on the default kernel)" in readme and
       f"({tc['rows'][2]['prefill_vs_first']:.2f}x f16 at 4K against {tc['rows'][1]['prefill_vs_first']:.2f}x with scalar codes"
       in " ".join(results_md.split()), "README and docs/results.md: the Gemma lut8 and float-kernel figures")
 

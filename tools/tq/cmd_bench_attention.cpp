@@ -98,8 +98,9 @@ void setup(CLI::App& app) {
       "(e.g. 'tq4h6n8:tq3h6n8@auto@lut8') gives that row the automatic protection as on a QK-norm\n"
       "model such as Gemma 3 (sink=1 center=k,rope,512 scale-k; RoPE base 1e6 over the whole head,\n"
       "scale-k fed the synthetic queries) instead of the bare types; '@autoN' the same with one K mean per N\n"
-      "tokens (center=k,rope,N). --sliding-window W times the\n"
-      "calls of a windowed layer (each query sees its last W tokens; past W queries, one call each).");
+      "tokens (center=k,rope,N). --sliding-window W times the calls of a windowed layer (each query\n"
+      "sees its last W tokens; past W, the queries whose windows start in the same 32-token block run\n"
+      "as one group, the groups in parallel).");
   sub->add_option("--head-dim", o->head_dim, "head dimension D")->capture_default_str();
   sub->add_option("--n-heads", o->n_heads, "query heads")->capture_default_str();
   sub->add_option("--n-kv-heads", o->n_kv_heads, "kv heads (n-heads must be a multiple)")->capture_default_str();
