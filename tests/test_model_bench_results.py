@@ -121,11 +121,12 @@ check(vt["rounds"] == 5 and vt["prefill_ratio_min"] > 1.0 and vt["cache"] == "@c
       f"ab_viterbi_c2k_t1: prefill faster in each of 5 rounds ({vt})")
 
 # Gemma 3 270M at 4K / 16K / 32K with the current build (74-gemma-caches.md "Speed at 4K, 16K and
-# 32K with the current build", README, docs/results.md): two runs of f16, auto and the 4.25-bit
-# file at 2 threads, 3 repetitions kept; what the text says of the issue's goals (auto's prefill
-# >= 0.9x missed at 4K in both runs and at 16K in one, its 32K decode >= 1.3x met in one run of
-# two); the figures README and results.md quote.
-runs = [load("gemma/speed_long_current.json"), load("gemma/speed_long_current_r2.json")]
+# 32K with the current build", README, docs/results.md): three runs of f16, auto and the 4.25-bit
+# file at 2 threads, 3 repetitions kept; what the text says of the issue's goals (the quietest
+# run, the third, meets auto's prefill >= 0.9x at every context and decode >= 1.3x at 32K; the two
+# loaded runs miss the prefill goal at 4K, the second also at 16K, and the first the decode goal);
+# the figures README and results.md quote.
+runs = [load(f"gemma/speed_long_current{x}.json") for x in ("", "_r2", "_r3")]
 for i, gl in enumerate(runs):
     what = f"speed_long_current run {i + 1}"
     check(gl["threads"] == 2 and gl["attention"] == "lut8" and "load_average_1min" in gl, f"{what}: 2 threads, lut8, load")
@@ -133,24 +134,23 @@ for i, gl in enumerate(runs):
           [(c, k) for c in (4095, 16383, 32767) for k in ("f16", "auto", "@configs/gemma3-270m-kv4.25.kv")],
           f"{what}: contexts and caches")
     check(all(len(r["prefill_tok_s_each"]) == 3 and r["decode_tokens"] == 32 for r in gl["rows"]), f"{what}: 3 reps, 32 steps")
-g, g2 = ({(r["context"], r["cache"]): r for r in gl["rows"]} for gl in runs)
-a32, a16, f4 = g[(32767, "auto")], g[(16383, "auto")], g[(4095, "@configs/gemma3-270m-kv4.25.kv")]
-b32, b16, b4, a4 = g2[(32767, "auto")], g2[(16383, "auto")], g2[(4095, "auto")], g[(4095, "auto")]
-check(a4["prefill_vs_first"] < 0.9 and b4["prefill_vs_first"] < 0.9 and
-      [a16["prefill_vs_first"] < 0.9, b16["prefill_vs_first"] < 0.9].count(True) == 1 and
-      [a32["decode_vs_first"] >= 1.3, b32["decode_vs_first"] >= 1.3].count(True) == 1,
-      "speed_long_current: auto's goals as 74-gemma-caches.md states them")
+gs = [{(r["context"], r["cache"]): r for r in gl["rows"]} for gl in runs]
+ga = [[g[(c, "auto")] for g in gs] for c in (4095, 16383, 32767)]  # auto's rows [context][run]
+pf = [[r["prefill_vs_first"] for r in a] for a in ga]
+dc = [[r["decode_vs_first"] for r in a] for a in ga]
+check([p_ >= 0.9 for p_ in pf[0]] == [False, False, True] and [p_ >= 0.9 for p_ in pf[1]] == [True, False, True] and
+      all(p_ >= 0.9 for p_ in pf[2]) and [d >= 1.3 for d in dc[2]] == [False, True, True] and
+      runs[2]["rows"][0]["prefill_tok_s"] > max(runs[0]["rows"][0]["prefill_tok_s"], runs[1]["rows"][0]["prefill_tok_s"]),
+      "speed_long_current: auto's goals as 74-gemma-caches.md states them, the third run the quietest")
+f4 = gs[0][(4095, "@configs/gemma3-270m-kv4.25.kv")]
+j = lambda xs, fmt=".2f": " / ".join(format(x, fmt) for x in xs)  # noqa: E731
 readme = open(os.path.join(ROOT, "README.md")).read()
-check(f"the current build on a shared one: {a32['decode_vs_first']:.2f}x and {b32['decode_vs_first']:.2f}x in two runs) "
-      f"and prefills {a32['prefill_vs_first']:.2f}x and {b32['prefill_vs_first']:.2f}x ({a4['prefill_vs_first']:.3f}x and "
-      f"{b4['prefill_vs_first']:.3f}x at 4K, short of the 0.9x goal)" in readme and
+check(f"the current build on a shared one, three runs: {j(dc[2])}x) and prefills {j(pf[2])}x ({j(pf[0], '.3f')}x at 4K: "
+      f"the 0.9x goal met in the quietest run only)" in readme and
       f"prefills slower ({f4['prefill_vs_first']:.2f}x f16 at 4K)" in readme, "README: the current Gemma 32K figures")
-check(f"with the current build on a shared host {a32['decode_vs_first']:.2f}x and {b32['decode_vs_first']:.2f}x in two runs, "
-      f"{a16['decode_vs_first']:.2f}x and {b16['decode_vs_first']:.2f}x at 16K" in " ".join(results_md.split()) and
-      f"is {a32['prefill_vs_first']:.2f}x and {b32['prefill_vs_first']:.2f}x f16's at 32K, {a16['prefill_vs_first']:.2f}x and "
-      f"{b16['prefill_vs_first']:.2f}x at 16K and {a4['prefill_vs_first']:.3f}x and {b4['prefill_vs_first']:.3f}x at 4K"
-      in " ".join(results_md.split()) and
-      f"({f4['prefill_vs_first']:.2f}x f16 at 4K, {g[(16383, '@configs/gemma3-270m-kv4.25.kv')]['prefill_vs_first']:.2f}x at 16K"
+check(f"with the current build on a shared host {j(dc[2])}x in three runs, {j(dc[1])}x at 16K" in " ".join(results_md.split()) and
+      f"is {j(pf[2])}x f16's at 32K, {j(pf[1])}x at 16K and {j(pf[0], '.3f')}x at 4K" in " ".join(results_md.split()) and
+      f"({f4['prefill_vs_first']:.2f}x f16 at 4K, {gs[0][(16383, '@configs/gemma3-270m-kv4.25.kv')]['prefill_vs_first']:.2f}x at 16K"
       in " ".join(results_md.split()), "docs/results.md: the current Gemma figures")
 
 # Gemma's caches on the lookup-table kernel (74-gemma-caches.md "With the lookup-table kernel",
