@@ -1060,8 +1060,8 @@ std::vector<float> one_query_calls(const tq::KvCache& c, const std::vector<float
 }  // namespace
 
 TEST(Attention, GqaRatiosWithoutInstanceRunAsSubgroups) {
-  // 5, 6, 7, 12 query heads per kv head: the fused kernels run on subgroups of instanced sizes
-  // (8, 4, 3, 2, 1) over copies of their rows. Decode and prefill calls, f16 and tq caches, RoPE-rotating K means (their per-row coefficients are copied too), a sink and a window.
+  // 5, 6, 7, 12 query heads per kv head: the tq kernels run on subgroups of instanced sizes
+  // (8, 4, 3, 2, 1) over copies of their rows, the f16 kernel on all the rows in one call. Decode and prefill calls, f16 and tq caches, RoPE-rotating K means (their per-row coefficients are copied too), a sink and a window.
   const int n = small() ? 200 : 420, D = 64, KVH = 2;
   tq::Rng rng(41);
   std::vector<float> k, v;

@@ -200,7 +200,8 @@ bool fused_group(const Shape& sh, const Stream& sk, const Stream& sv, Kernel k, 
 
 bool fused_decode(const Shape& sh, const Stream& sk, const Stream& sv, Kernel k, int nq, const float* qd,
                   const int* limits, int a, int b, const States& st) {
-  if (has_kernel_instance(sh.G)) return fused_group(sh, sk, sv, k, nq, qd, limits, a, b, st);
+  // The f16 kernel takes any number of rows (its passes span queries), so any G in one call.
+  if (k == Kernel::f16 || has_kernel_instance(sh.G)) return fused_group(sh, sk, sv, k, nq, qd, limits, a, b, st);
   // Heads g0 .. g0 + gs - 1 of every query: their query rows, states and RoPE-mean coefficients
   // copied to rows i gs + g, a call with G = gs, the states copied back. Whether a kernel runs
   // depends on the types only, so a false comes from the first subgroup, before any copy-back.

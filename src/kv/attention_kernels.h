@@ -15,8 +15,8 @@ namespace tq::kv {
 constexpr int kChunkTokens = 2048;  // KV-length split (multiple of kBlock): fixed, so results
                                     // do not depend on the thread count
 
-// GQA ratios with fused kernel instances (DecodeF16, DecodeTq, lut8). fused_decode runs the
-// others (5, 6, 7, 9+ query heads per kv head) as subgroups of these sizes.
+// GQA ratios with tq kernel instances (DecodeTq, lut8). fused_decode runs the others (5, 6, 7,
+// 9+ query heads per kv head) as subgroups of these sizes; DecodeF16 takes any G.
 inline bool has_kernel_instance(int G) noexcept { return G == 1 || G == 2 || G == 3 || G == 4 || G == 8; }
 // The size of the next subgroup when `left` heads of a group remain: the largest instance that fits.
 inline int kernel_subgroup(int left) noexcept { return left >= 8 ? 8 : left >= 4 ? 4 : left; }
@@ -105,7 +105,8 @@ Kernel pick_kernel(const Shape& sh, const Stream& sk, const Stream& sv, AttnKern
 // Decode is nq = 1; prefill passes its queries together, so the kernels read each block once
 // for several queries. Returns false (st untouched) when the kernel does not run here (then
 // the caller takes the rows path). A G without a kernel instance runs as subgroups of heads
-// (kernel_subgroup), each over copies of its rows: the tokens are read once per subgroup.
+// (kernel_subgroup), each over copies of its rows: the tokens are read once per subgroup
+// (the f16 kernel takes any G in one call).
 bool fused_decode(const Shape& sh, const Stream& sk, const Stream& sv, Kernel k, int nq, const float* qd,
                   const int* limits, int a, int b, const States& st);
 
