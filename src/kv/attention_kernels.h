@@ -66,11 +66,22 @@ inline void rope_mean_coefs(const Stream& s, int G, const float* q, const float*
 // d = sum_slow w_i u_i, e = -sum_slow w_i^2 v_i / 2 (Centre::mean_at's second-order turn),
 // a2 = v_i and b2 = u_i. Token j of block b then gets, with x = j - 15.5,
 // c + d x + e x^2 + sum_{i < F} a2_i cos(j w_i) + b2_i sin(j w_i) (Centre::rope_j). Highway,
-// vectorized over blocks (attention_tq_simd.cpp); both tq kernels call it once per call.
+// vectorized over blocks (attention_tq_simd.cpp); both tq kernels call it once per query (or
+// group of rows) of a call. cs: the blocks' angles from rope_block_angles(s, b0, nb' >= nb,
+// cs), which a call of several queries turns once for all of them; null: turned here (the
+// same floats).
 constexpr int kRopeMaxBlocks = kChunkTokens / kBlock;
 constexpr int kRopeSlowRows = 3;  // c, d, e
 constexpr int rope_terms_stride() noexcept { return (kRopeSlowRows + 2 * kRopeExactPairs) * kRopeMaxBlocks; }
-void rope_block_terms(const Stream& s, const float* mc, int G, int b0, int nb, float* out);
+void rope_block_terms(const Stream& s, const float* mc, int G, int b0, int nb, float* out,
+                      const float* cs = nullptr);
+// cos / sin of every RoPE pair's angle at blocks [b0, b0 + nb) (nb <= kRopeMaxBlocks): pair i's
+// cosines at cs[2 i kRopeMaxBlocks + k], sines at cs[(2 i + 1) kRopeMaxBlocks + k], k < nb
+// rounded up to the vector width (rope_angles_floats(s) floats).
+inline size_t rope_angles_floats(const Stream& s) noexcept {
+  return (size_t)s.centre.rope_freq.size() * 2 * kRopeMaxBlocks;
+}
+void rope_block_angles(const Stream& s, int b0, int nb, float* cs);
 
 // Online-softmax states of n rows (query x head): [m, l, pad..., acc[D]] each, stride D + 16.
 struct States {

@@ -463,12 +463,24 @@ void DecodeTqG(const Shape& sh, const Stream& sk, const Stream& sv, int nq, cons
   const size_t q_part[2] = {round16((size_t)QB * G * pk[0].dim), npk > 1 ? round16((size_t)QB * G * pk[1].dim) : 0};
   const size_t kt_part[2] = {(size_t)pk[0].dim * 32, npk > 1 ? (size_t)pk[1].dim * 32 : 0};
   const size_t vt_part[2] = {(size_t)pv[0].dim * 32, npv > 1 ? (size_t)pv[1].dim * 32 : 0};
+  // Several queries with a RoPE-rotating K mean: the blocks' angles, turned once for all of them.
+  const size_t ang_floats = rope && tiles ? round16(rope_angles_floats(sk)) : 0;
   float* mem = scratch_floats(q_part[0] + q_part[1] + QB * r_floats + kt_part[0] + kt_part[1] + vt_part[0] +
-                             vt_part[1]);
+                             vt_part[1] + ang_floats);
   float* qs[2] = {mem, mem + q_part[0]};
   float* rts = qs[1] + q_part[1];
   float* ktp[2] = {rts + QB * r_floats, rts + QB * r_floats + kt_part[0]};
   float* vtp[2] = {ktp[1] + kt_part[1], ktp[1] + kt_part[1] + vt_part[0]};
+  const float* angles = nullptr;
+  if (ang_floats) {
+    int end = a;
+    for (int i = 0; i < nq; ++i) end = std::max(end, std::min(b, limits[i]));
+    if (end > a) {
+      float* cs = vtp[1] + vt_part[1];
+      rope_block_angles(sk, a / kBlock, (end - a + kBlock - 1) / kBlock, cs);
+      angles = cs;
+    }
+  }
   HWY_ALIGN float nk[2][32], nv[2][32];
   HWY_ALIGN float p[32];
   auto load_norms = [&](const uint8_t* blk, const Part& P, float* out) HWY_ATTR {
@@ -569,7 +581,7 @@ void DecodeTqG(const Shape& sh, const Stream& sk, const Stream& sv, int nq, cons
       // RoPE-rotating K mean: the terms of every block the query sees, once.
       if (rope && ends[i] > a)
         rope_block_terms(sk, sh.rope_mc + (size_t)(q0 + i) * G * rope_mc_stride(sk), G, a / kBlock,
-                         (ends[i] - a + kBlock - 1) / kBlock, rts + i * r_floats);
+                         (ends[i] - a + kBlock - 1) / kBlock, rts + i * r_floats, angles);
     }
     for (int t0 = a; t0 < pass_end; t0 += kBlock) {
       const uint8_t* kb = sk.block(t0 / kBlock);
@@ -633,8 +645,29 @@ HWY_INLINE void TurnSeed(DFT df, const double* seed, const double* lane, V* C, V
 #endif
 }
 
-template <int GN>
-HWY_INLINE void RopeBlockTermsN(const Stream& s, const float* mc, int b0, int nb, float* out) {
+// cos / sin of every pair's angle at blocks [b0, b0 + nb), rounded up to whole vectors:
+// [pair][cos (kRopeMaxBlocks)][sin (kRopeMaxBlocks)] (rope_block_angles).
+void RopeBlockAngles(const Stream& s, int b0, int nb, float* cs) {
+  const hn::ScalableTag<float> df;
+  using V = hn::Vec<decltype(df)>;
+  const int N = (int)hn::Lanes(df);
+  const int P = (int)s.centre.rope_freq.size();
+  TQ_ASSERT(N <= kRopeSeedBlocks && nb <= kRopeMaxBlocks);
+  for (int j = 0; j < nb; j += N) {
+    const int k0 = (b0 + j) % kRopeSeedBlocks;
+    const double* seed = s.centre.rope_seed + (size_t)((b0 + j) / kRopeSeedBlocks) * P * 2;
+    for (int i = 0; i < P; ++i) {
+      V C, S;
+      TurnSeed(df, seed + 2 * i, s.centre.rope_lane + (size_t)i * 4 * kRopeSeedBlocks + k0, &C, &S);
+      hn::StoreU(C, df, cs + (size_t)i * 2 * kRopeMaxBlocks + j);
+      hn::StoreU(S, df, cs + (size_t)(2 * i + 1) * kRopeMaxBlocks + j);
+    }
+  }
+}
+
+// kTable: the angles from cs (RopeBlockAngles from block b0); else turned here from the seeds.
+template <int GN, bool kTable>
+HWY_INLINE void RopeBlockTermsN(const Stream& s, const float* mc, int b0, int nb, float* out, const float* cs) {
   const hn::ScalableTag<float> df;
   using V = hn::Vec<decltype(df)>;
   const int N = (int)hn::Lanes(df);
@@ -652,7 +685,12 @@ HWY_INLINE void RopeBlockTermsN(const Stream& s, const float* mc, int b0, int nb
     }
     for (int i = 0; i < P; ++i) {
       V C, S;
-      TurnSeed(df, seed + 2 * i, s.centre.rope_lane + (size_t)i * 4 * kRopeSeedBlocks + k0, &C, &S);
+      if constexpr (kTable) {
+        C = hn::LoadU(df, cs + (size_t)i * 2 * kRopeMaxBlocks + j);
+        S = hn::LoadU(df, cs + (size_t)(2 * i + 1) * kRopeMaxBlocks + j);
+      } else {
+        TurnSeed(df, seed + 2 * i, s.centre.rope_lane + (size_t)i * 4 * kRopeSeedBlocks + k0, &C, &S);
+      }
       if (i < F) {
         for (int g = 0; g < GN; ++g) {
           const float* m = mc + (size_t)g * mst;
@@ -684,17 +722,23 @@ HWY_INLINE void RopeBlockTermsN(const Stream& s, const float* mc, int b0, int nb
   }
 }
 
-void RopeBlockTerms(const Stream& s, const float* mc, int G, int b0, int nb, float* out) {
+template <bool kTable>
+void RopeBlockTermsT(const Stream& s, const float* mc, int G, int b0, int nb, float* out, const float* cs) {
   const int mst = rope_mc_stride(s);
   for (int g = 0; g < G;) {
     const float* m = mc + (size_t)g * mst;
     float* r = out + (size_t)g * rope_terms_stride();
     const int left = G - g;
-    if (left >= 4) RopeBlockTermsN<4>(s, m, b0, nb, r), g += 4;
-    else if (left == 3) RopeBlockTermsN<3>(s, m, b0, nb, r), g += 3;
-    else if (left == 2) RopeBlockTermsN<2>(s, m, b0, nb, r), g += 2;
-    else RopeBlockTermsN<1>(s, m, b0, nb, r), g += 1;
+    if (left >= 4) RopeBlockTermsN<4, kTable>(s, m, b0, nb, r, cs), g += 4;
+    else if (left == 3) RopeBlockTermsN<3, kTable>(s, m, b0, nb, r, cs), g += 3;
+    else if (left == 2) RopeBlockTermsN<2, kTable>(s, m, b0, nb, r, cs), g += 2;
+    else RopeBlockTermsN<1, kTable>(s, m, b0, nb, r, cs), g += 1;
   }
+}
+
+void RopeBlockTerms(const Stream& s, const float* mc, int G, int b0, int nb, float* out, const float* cs) {
+  if (cs) return RopeBlockTermsT<true>(s, mc, G, b0, nb, out, cs);
+  RopeBlockTermsT<false>(s, mc, G, b0, nb, out, nullptr);
 }
 
 bool DecodeTq(const Shape& sh, const Stream& sk, const Stream& sv, int nq, const float* qd, const int* limits,
@@ -734,9 +778,13 @@ namespace tq::kv {
 HWY_EXPORT(DecodeTq);
 HWY_EXPORT(DecodeTqLanes);
 HWY_EXPORT(RopeBlockTerms);
+HWY_EXPORT(RopeBlockAngles);
 
-void rope_block_terms(const Stream& s, const float* mc, int G, int b0, int nb, float* out) {
-  HWY_DYNAMIC_DISPATCH(RopeBlockTerms)(s, mc, G, b0, nb, out);
+void rope_block_terms(const Stream& s, const float* mc, int G, int b0, int nb, float* out, const float* cs) {
+  HWY_DYNAMIC_DISPATCH(RopeBlockTerms)(s, mc, G, b0, nb, out, cs);
+}
+void rope_block_angles(const Stream& s, int b0, int nb, float* cs) {
+  HWY_DYNAMIC_DISPATCH(RopeBlockAngles)(s, b0, nb, cs);
 }
 
 int decode_tq_float_lanes() { return HWY_DYNAMIC_DISPATCH(DecodeTqLanes)(); }

@@ -379,6 +379,7 @@ struct Call {
   __m512i tblK[2][4], tblV[2][4];
   float ck[2], cv[2];
   const float* norms = nullptr;  // per block of [a, ..): [K parts][V parts] x 32; null: decode per block
+  const float* angles = nullptr;  // RoPE-rotating K mean, several queries: rope_block_angles from a / 32
 
   Call(const Shape& s, const Stream& k, const Stream& v, const float* q, const int* l, int a_, int b_,
        const States& st_)
@@ -456,7 +457,7 @@ void run_rows(const Call& c, int q0, int rows, const Kernels& k) {
   alignas(64) float rterms[kMaxRows * rope_terms_stride()];
   if (sh.rope_mc && end > c.a)
     rope_block_terms(c.sk, sh.rope_mc + (size_t)r0 * rope_mc_stride(c.sk), rows, c.a / kBlock,
-                     (end - c.a + kBlock - 1) / kBlock, rterms);
+                     (end - c.a + kBlock - 1) / kBlock, rterms, c.angles);
   const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
   for (int t0 = c.a; t0 < end; t0 += kBlock) {
     const int nt = std::min(kBlock, end - t0);  // the longest row's tokens in this block
@@ -599,6 +600,12 @@ bool run(const Shape& sh, const Stream& sk, const Stream& sv, int nq, const floa
       }
     }
     c.norms = buf.data();
+    if (sh.rope_mc && end > a) {  // the blocks' angles, turned once for all the queries
+      thread_local std::vector<float> angles;
+      angles.resize(rope_angles_floats(sk));
+      rope_block_angles(sk, a / kBlock, (end - a + kBlock - 1) / kBlock, angles.data());
+      c.angles = angles.data();
+    }
   }
   int q = 0;
   if (R > 1)
