@@ -121,12 +121,12 @@ check(vt["rounds"] == 5 and vt["prefill_ratio_min"] > 1.0 and vt["cache"] == "@c
       f"ab_viterbi_c2k_t1: prefill faster in each of 5 rounds ({vt})")
 
 # Gemma 3 270M at 4K / 16K / 32K with the current build (74-gemma-caches.md "Speed at 4K, 16K and
-# 32K with the current build", README, docs/results.md): three runs of f16, auto and the 4.25-bit
-# file at 2 threads, 3 repetitions kept; what the text says of the issue's goals (the quietest
-# run, the third, meets auto's prefill >= 0.9x at every context and decode >= 1.3x at 32K; the two
-# loaded runs miss the prefill goal at 4K, the second also at 16K, and the first the decode goal);
-# the figures README and results.md quote.
-runs = [load(f"gemma/speed_long_current{x}.json") for x in ("", "_r2", "_r3")]
+# 32K with the current build", README, docs/results.md): five runs of f16, auto and the 4.25-bit
+# file at 2 threads, 3 repetitions kept; what the text says of the issue's goals (prefill >= 0.9x
+# at every context in the three quiet runs, 3-5, missed at 4K in the two loaded ones and at 16K in
+# the second; decode >= 1.3x at 32K in runs 2-4, missed in 1 and 5); the third run the quietest of
+# the Xeon three; the ctx-64 decode the text's bound comes from; the figures README and results.md quote.
+runs = [load(f"gemma/speed_long_current{x}.json") for x in ("", "_r2", "_r3", "_r4", "_r5")]
 for i, gl in enumerate(runs):
     what = f"speed_long_current run {i + 1}"
     check(gl["threads"] == 2 and gl["attention"] == "lut8" and "load_average_1min" in gl, f"{what}: 2 threads, lut8, load")
@@ -138,17 +138,27 @@ gs = [{(r["context"], r["cache"]): r for r in gl["rows"]} for gl in runs]
 ga = [[g[(c, "auto")] for g in gs] for c in (4095, 16383, 32767)]  # auto's rows [context][run]
 pf = [[r["prefill_vs_first"] for r in a] for a in ga]
 dc = [[r["decode_vs_first"] for r in a] for a in ga]
-check([p_ >= 0.9 for p_ in pf[0]] == [False, False, True] and [p_ >= 0.9 for p_ in pf[1]] == [True, False, True] and
-      all(p_ >= 0.9 for p_ in pf[2]) and [d >= 1.3 for d in dc[2]] == [False, True, True] and
+check([p_ >= 0.9 for p_ in pf[0]] == [False, False, True, True, True] and
+      [p_ >= 0.9 for p_ in pf[1]] == [True, False, True, True, True] and
+      all(p_ >= 0.9 for p_ in pf[2]) and [d >= 1.3 for d in dc[2]] == [False, True, True, True, False] and
       runs[2]["rows"][0]["prefill_tok_s"] > max(runs[0]["rows"][0]["prefill_tok_s"], runs[1]["rows"][0]["prefill_tok_s"]),
-      "speed_long_current: auto's goals as 74-gemma-caches.md states them, the third run the quietest")
+      "speed_long_current: auto's goals as 74-gemma-caches.md states them, the third run the quietest of the first three")
+c64 = load("gemma/decode_c64.json")
+check(c64["threads"] == 2 and [r["cache"] for r in c64["rows"]] == ["f16", "auto"] and c64["rows"][0]["context"] == 64,
+      "decode_c64: f16 and auto at context 64, 2 threads")
+step = lambda r: 1000.0 / r["decode_tok_s"]  # noqa: E731  ms a decode step
+f32k, a32k, f64 = gs[4][(32767, "f16")], gs[4][(32767, "auto")], c64["rows"][0]
+check(abs(step(f32k) / step(f64) - 1.57) < 0.005 and abs(step(f32k) - step(f64) - 6.7) < 0.05 and
+      abs(step(a32k) - step(f64) - 2.6) < 0.05, "74-gemma-caches.md: the 32K decode bound (1.57x, 6.7 and 2.6 ms)")
 f4 = gs[0][(4095, "@configs/gemma3-270m-kv4.25.kv")]
 j = lambda xs, fmt=".2f": " / ".join(format(x, fmt) for x in xs)  # noqa: E731
 readme = open(os.path.join(ROOT, "README.md")).read()
-check(f"the current build on a shared one, three runs: {j(dc[2])}x) and prefills {j(pf[2])}x ({j(pf[0], '.3f')}x at 4K: "
-      f"the 0.9x goal met in the quietest run only)" in readme and
-      f"prefills slower ({f4['prefill_vs_first']:.2f}x f16 at 4K)" in readme, "README: the current Gemma 32K figures")
-check(f"with the current build on a shared host {j(dc[2])}x in three runs, {j(dc[1])}x at 16K" in " ".join(results_md.split()) and
+f4s = sorted(g[(4095, "@configs/gemma3-270m-kv4.25.kv")]["prefill_vs_first"] for g in gs)
+check(f"the current build in five runs on two hosts, the first two loaded: {j(dc[2])}x) and prefills {j(pf[2])}x "
+      f"({j(pf[0], '.3f')}x at 4K: the 0.9x goal met in the three quiet runs)" in readme and
+      f"prefills slower ({f4s[0]:.2f}-{f4s[-1]:.2f}x f16 at 4K)" in readme, "README: the current Gemma 32K figures")
+check(f"with the current build in five runs on two hosts, the first two loaded, {j(dc[2])}x, {j(dc[1])}x at 16K"
+      in " ".join(results_md.split()) and
       f"is {j(pf[2])}x f16's at 32K, {j(pf[1])}x at 16K and {j(pf[0], '.3f')}x at 4K" in " ".join(results_md.split()) and
       f"({f4['prefill_vs_first']:.2f}x f16 at 4K, {gs[0][(16383, '@configs/gemma3-270m-kv4.25.kv')]['prefill_vs_first']:.2f}x at 16K"
       in " ".join(results_md.split()), "docs/results.md: the current Gemma figures")
