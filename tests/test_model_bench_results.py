@@ -120,6 +120,36 @@ vt = load("gemma/ab_viterbi_c2k_t1.json")["ratios"][0]
 check(vt["rounds"] == 5 and vt["prefill_ratio_min"] > 1.0 and vt["cache"] == "@configs/gemma3-270m-kv4.25.kv",
       f"ab_viterbi_c2k_t1: prefill faster in each of 5 rounds ({vt})")
 
+# The shared RoPE-mean angles' A/B (50-model-speed.md "RoPE-rotating K mean: a prefill call turns
+# its blocks' angles once", design.md): medians of the rounds' medians, as attn_cpu_ab.sh prints them.
+import statistics  # noqa: E402
+ra = [json.loads(x) for x in open(os.path.join(RES, "gemma/rope_angles/attn_cpu_ab.jsonl"))]
+check(sorted({r["round"] for r in ra}) == [1, 2, 3, 4, 5] and all(r["result"]["threads"] == 1 for r in ra),
+      "rope_angles: 5 rounds, 1 thread")
+
+
+def ra_ms(lib, spec, ctx, kernel, window, q=128):
+    v = [r["result"]["cpu_ms_median"] for r in ra if r["library"] == lib and r["result"]["spec"].startswith(spec) and
+         r["result"]["context"] == ctx and r["result"]["kernel"] == kernel and r["result"]["sliding_window"] == window and
+         r["result"]["queries"] == q and r["result"].get("flush_mb", 0) == 0]
+    return statistics.median(v)
+
+
+bench_md = open(os.path.join(ROOT, "bench", "benchmarks", "50-model-speed.md")).read()
+for call, ctx, window, cols in (("windowed (512 tokens), context 16K", 16384, 512, ("lut8", "fused")),
+                                ("global, context 4K", 4096, 0, ("lut8",)), ("global, context 32K", 32768, 0, ("lut8",))):
+    fmt = ".2f" if ctx < 32768 else ".1f"
+    cells = []
+    for k in ("lut8", "fused"):
+        cells += [f"{ra_ms(lib, 'k=tq4h6n8', ctx, k, window):{fmt}} ms" if k in cols else "" for lib in ("before", "after")]
+    f16 = " / ".join(f"{ra_ms(lib, 'f16', ctx, 'fused', window):{fmt}}" for lib in ("before", "after"))
+    row = f"| {call} | " + " | ".join(cells) + f" | {f16} ms |"
+    while "|  |" in row:
+        row = row.replace("|  |", "| |")
+    check(row in bench_md, f"50-model-speed.md rope angles row: {row}")
+    check(ra_ms("after", "k=tq4h6n8", ctx, "lut8", window) < ra_ms("before", "k=tq4h6n8", ctx, "lut8", window),
+          f"rope_angles: lut8 faster at {call}")
+
 # Gemma 3 270M at 4K / 16K / 32K with the current build (74-gemma-caches.md "Speed at 4K, 16K and
 # 32K with the current build", README, docs/results.md): five runs of f16, auto and the 4.25-bit
 # file at 2 threads, 3 repetitions kept; what the text says of the issue's goals (prefill >= 0.9x
