@@ -120,6 +120,21 @@ vt = load("gemma/ab_viterbi_c2k_t1.json")["ratios"][0]
 check(vt["rounds"] == 5 and vt["prefill_ratio_min"] > 1.0 and vt["cache"] == "@configs/gemma3-270m-kv4.25.kv",
       f"ab_viterbi_c2k_t1: prefill faster in each of 5 rounds ({vt})")
 
+# Gemma 3 270M beside llama.cpp on the AVX-512 host (73-architectures.md "Gemma 3 270M speed beside
+# llama.cpp", README, results.md): 5 rounds, 2 threads, f16 caches; tq faster in every round, as the
+# text says; the medians README and results.md quote.
+vl = load("gemma/speed_vs_llama_cpp.json")
+vr = {r["context"]: r for r in vl["speed_ratio"]}
+check(sorted(vr) == [512, 4096] and all(r["rounds"] == 5 and r["cache"] == "f16" for r in vr.values()) and
+      all(s_["threads"] == 2 for s_ in vl["speed"]), "speed_vs_llama_cpp: 5 rounds at 512 and 4096, f16, 2 threads")
+check(all(x > 1 for r in vr.values() for x in r["prefill_ratio"] + r["decode_ratio"]),
+      "speed_vs_llama_cpp: tq faster in every round")
+vp = f"{vr[512]['prefill_ratio_median']:.2f}x / {vr[4096]['prefill_ratio_median']:.2f}x"
+vd = f"{vr[512]['decode_ratio_median']:.2f}x / {vr[4096]['decode_ratio_median']:.2f}x"
+check(f"AVX-512 host: prefill {vp}, decode {vd};" in open(os.path.join(ROOT, "README.md")).read() and
+      f"tq decodes {vd} as fast as llama.cpp at ctx 512 / 4096 and prefills {vp}" in " ".join(results_md.split()),
+      "README / results.md: the llama.cpp comparison's medians")
+
 # The shared RoPE-mean angles' A/B (50-model-speed.md "RoPE-rotating K mean: a prefill call turns
 # its blocks' angles once", design.md): medians of the rounds' medians, as attn_cpu_ab.sh prints them.
 import statistics  # noqa: E402
