@@ -6,6 +6,7 @@ engines at AVX2 (gemma/speed_vs_llama_cpp_avx2_xeon*); SmolLM2's recommended cac
 (bench/results/speed_recommended/); the trellis encoder's A/B (bench/results/trellis_encode/)."""
 import json
 import os
+import statistics
 
 from bench_results_lib import RES, ROOT, check, finish, load, spread, summarize_module
 
@@ -137,7 +138,6 @@ check(f"AVX-512 host: prefill {vp}, decode {vd};" in open(os.path.join(ROOT, "RE
 
 # The shared RoPE-mean angles' A/B (50-model-speed.md "RoPE-rotating K mean: a prefill call turns
 # its blocks' angles once", design.md): medians of the rounds' medians, as attn_cpu_ab.sh prints them.
-import statistics  # noqa: E402
 ra = [json.loads(x) for x in open(os.path.join(RES, "gemma/rope_angles/attn_cpu_ab.jsonl"))]
 check(sorted({r["round"] for r in ra}) == [1, 2, 3, 4, 5] and all(r["result"]["threads"] == 1 for r in ra),
       "rope_angles: 5 rounds, 1 thread")
@@ -158,9 +158,7 @@ for call, ctx, window, cols in (("windowed (512 tokens), context 16K", 16384, 51
     for k in ("lut8", "fused"):
         cells += [f"{ra_ms(lib, 'k=tq4h6n8', ctx, k, window):{fmt}} ms" if k in cols else "" for lib in ("before", "after")]
     f16 = " / ".join(f"{ra_ms(lib, 'f16', ctx, 'fused', window):{fmt}}" for lib in ("before", "after"))
-    row = f"| {call} | " + " | ".join(cells) + f" | {f16} ms |"
-    while "|  |" in row:
-        row = row.replace("|  |", "| |")
+    row = "|" + "|".join(f" {c} " if c else " " for c in [call, *cells, f"{f16} ms"]) + "|"
     check(row in bench_md, f"50-model-speed.md rope angles row: {row}")
     check(ra_ms("after", "k=tq4h6n8", ctx, "lut8", window) < ra_ms("before", "k=tq4h6n8", ctx, "lut8", window),
           f"rope_angles: lut8 faster at {call}")

@@ -76,11 +76,10 @@ constexpr int rope_terms_stride() noexcept { return (kRopeSlowRows + 2 * kRopeEx
 void rope_block_terms(const Stream& s, const float* mc, int G, int b0, int nb, float* out,
                       const float* cs = nullptr);
 // cos / sin of every RoPE pair's angle at blocks [b0, b0 + nb) (nb <= kRopeMaxBlocks): pair i's
-// cosines at cs[2 i kRopeMaxBlocks + k], sines at cs[(2 i + 1) kRopeMaxBlocks + k], k < nb
+// cosines at cs[rope_angle_row(i, 0) + k], sines at cs[rope_angle_row(i, 1) + k], k < nb
 // rounded up to the vector width (rope_angles_floats(s) floats).
-inline size_t rope_angles_floats(const Stream& s) noexcept {
-  return (size_t)s.centre.rope_freq.size() * 2 * kRopeMaxBlocks;
-}
+constexpr size_t rope_angle_row(int pair, int sine) noexcept { return (size_t)(2 * pair + sine) * kRopeMaxBlocks; }
+inline size_t rope_angles_floats(const Stream& s) noexcept { return rope_angle_row((int)s.centre.rope_freq.size(), 0); }
 void rope_block_angles(const Stream& s, int b0, int nb, float* cs);
 
 // Online-softmax states of n rows (query x head): [m, l, pad..., acc[D]] each, stride D + 16.

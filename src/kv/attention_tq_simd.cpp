@@ -659,8 +659,8 @@ void RopeBlockAngles(const Stream& s, int b0, int nb, float* cs) {
     for (int i = 0; i < P; ++i) {
       V C, S;
       TurnSeed(df, seed + 2 * i, s.centre.rope_lane + (size_t)i * 4 * kRopeSeedBlocks + k0, &C, &S);
-      hn::StoreU(C, df, cs + (size_t)i * 2 * kRopeMaxBlocks + j);
-      hn::StoreU(S, df, cs + (size_t)(2 * i + 1) * kRopeMaxBlocks + j);
+      hn::StoreU(C, df, cs + rope_angle_row(i, 0) + j);
+      hn::StoreU(S, df, cs + rope_angle_row(i, 1) + j);
     }
   }
 }
@@ -686,8 +686,8 @@ HWY_INLINE void RopeBlockTermsN(const Stream& s, const float* mc, int b0, int nb
     for (int i = 0; i < P; ++i) {
       V C, S;
       if constexpr (kTable) {
-        C = hn::LoadU(df, cs + (size_t)i * 2 * kRopeMaxBlocks + j);
-        S = hn::LoadU(df, cs + (size_t)(2 * i + 1) * kRopeMaxBlocks + j);
+        C = hn::LoadU(df, cs + rope_angle_row(i, 0) + j);
+        S = hn::LoadU(df, cs + rope_angle_row(i, 1) + j);
       } else {
         TurnSeed(df, seed + 2 * i, s.centre.rope_lane + (size_t)i * 4 * kRopeSeedBlocks + k0, &C, &S);
       }
